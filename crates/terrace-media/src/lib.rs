@@ -1,0 +1,33 @@
+//! terrace-media: where bytes live.
+//!
+//! The lowest layer of Terrace. Everything above it (kinds, pool, cache) asks this crate
+//! for address ranges and for ways to make bytes durable; nothing here knows about
+//! allocation, objects or items.
+//!
+//! # Glossary
+//! - **medium**: a kind of memory with a known speed and durability: DRAM, a file mapping
+//!   (DAX persistent memory, tmpfs, page cache), a NUMA node, or flash (block I/O).
+//! - **region** ([`Region`]): one mapped, contiguous address range on a medium. Regions are
+//!   aligned to [`registry::GRANULE`] so the registry can own them whole.
+//! - **reservation**: making sure a file region's backing store holds blocks for a range
+//!   (`fallocate`), so that first touch cannot turn a full file system into `SIGBUS`.
+//! - **durability** ([`Durability`]): what a write survives once persisted: nothing (DRAM),
+//!   a process crash (tmpfs, page cache before `msync`), or a power loss (DAX with cache-line
+//!   flushes, or a file after `msync`).
+//! - **registry** ([`registry`]): process-wide map from any address to the tag of the region
+//!   owning it, in O(1) however many regions exist.
+//! - **flash** ([`flash::FlashFile`]): a file used through `pread`/`pwrite` (O_DIRECT where
+//!   the file system supports it), never mapped.
+//!
+//! All operating-system calls live in [`os`]; the other modules speak in terms of it.
+
+pub mod error;
+pub mod flash;
+pub mod numa;
+pub mod os;
+pub mod persist;
+pub mod region;
+pub mod registry;
+
+pub use error::MediaError;
+pub use region::{Durability, FileLocation, FileOptions, MediumKind, Region};

@@ -1,0 +1,267 @@
+//! The operating-system interface of Terrace: every `mmap`, `fallocate`, `madvise`,
+//! `mbind`, `statfs` and friends goes through here, so the rest of the media layer reads as
+//! plain Rust and the OS surface is visible in one file (mimalloc's `prim.h` habit).
+//!
+//! Functions return `io::Error` from `errno`; callers attach the path or size.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr::NonNull;
+
+/// `MAP_SHARED_VALIDATE`: fail on unknown flags instead of ignoring them (needed so that
+/// `MAP_SYNC` on a non-DAX file reports `EOPNOTSUPP` rather than silently mapping).
+pub const MAP_SHARED_VALIDATE: libc::c_int = 0x03;
+/// `MAP_SYNC`: page faults on a DAX mapping guarantee metadata durability, so cache-line
+/// flushes alone make stores durable.
+pub const MAP_SYNC: libc::c_int = 0x80000;
+/// `statfs.f_type` of tmpfs.
+pub const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size <= 0 {
+        4096
+    } else {
+        size as usize
+    }
+}
+
+/// Reserves `len` bytes of address space aligned to `align` (a power of two), with no
+/// access and no backing. The caller maps over it with [`map_fixed`] or unmaps it.
+pub fn reserve_aligned(len: usize, align: usize) -> io::Result<NonNull<u8>> {
+    let padded = len
+        .checked_add(align)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    // SAFETY: anonymous PROT_NONE mapping at a kernel-chosen address touches no existing
+    // memory.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            padded,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let start = raw as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    let head = aligned - start;
+    let tail = padded - head - len;
+    // SAFETY: head and tail lie inside the mapping just created and are not used by anyone.
+    unsafe {
+        if head > 0 {
+            libc::munmap(raw, head);
+        }
+        if tail > 0 {
+            libc::munmap((aligned + len) as *mut libc::c_void, tail);
+        }
+    }
+    NonNull::new(aligned as *mut u8).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+}
+
+/// Maps anonymous read-write memory over `[addr, addr+len)`, which must be a reservation
+/// owned by the caller.
+///
+/// # Safety
+/// `addr..addr+len` must be address space owned by the caller (from [`reserve_aligned`]);
+/// anything mapped there before is replaced.
+pub unsafe fn map_anonymous_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
+    // SAFETY: the caller owns the range (function contract); MAP_FIXED replaces only it.
+    let raw = unsafe {
+        libc::mmap(
+            addr.as_ptr().cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Maps `len` bytes of `fd` from offset 0 shared and read-write over `[addr, addr+len)`.
+/// With `sync` the mapping asks for `MAP_SYNC` (DAX only) and fails with `EOPNOTSUPP` or
+/// `EINVAL` elsewhere.
+///
+/// # Safety
+/// As for [`map_anonymous_fixed`].
+pub unsafe fn map_file_fixed(
+    addr: NonNull<u8>,
+    len: usize,
+    fd: BorrowedFd<'_>,
+    sync: bool,
+) -> io::Result<()> {
+    let flags = if sync {
+        MAP_SHARED_VALIDATE | MAP_SYNC | libc::MAP_FIXED
+    } else {
+        libc::MAP_SHARED | libc::MAP_FIXED
+    };
+    // SAFETY: the caller owns the range (function contract); the fd is open.
+    let raw = unsafe {
+        libc::mmap(
+            addr.as_ptr().cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Unmaps `[addr, addr+len)`.
+///
+/// # Safety
+/// Nothing may use the range afterwards.
+pub unsafe fn unmap(addr: NonNull<u8>, len: usize) {
+    // SAFETY: the caller gives up the range (function contract).
+    unsafe {
+        libc::munmap(addr.as_ptr().cast(), len);
+    }
+}
+
+/// `fallocate(fd, mode, offset, len)`, retried on `EINTR`.
+pub fn fallocate(fd: BorrowedFd<'_>, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+    loop {
+        // SAFETY: fallocate only reads its scalar arguments.
+        let rc = unsafe {
+            libc::fallocate(fd.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t)
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
+}
+
+/// Deallocates the file blocks behind `[offset, offset+len)` keeping the file size.
+pub fn punch_hole(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    fallocate(
+        fd,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        offset,
+        len,
+    )
+}
+
+/// `madvise(addr, len, advice)`.
+///
+/// # Safety
+/// The range must be a mapping owned by the caller; advices such as `MADV_DONTNEED`
+/// discard its contents.
+pub unsafe fn madvise(addr: *mut u8, len: usize, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: the caller owns the range (function contract).
+    if unsafe { libc::madvise(addr.cast(), len, advice) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `msync(addr, len, MS_SYNC)` on the pages covering the range.
+///
+/// # Safety
+/// The range must lie in a live mapping.
+pub unsafe fn msync(addr: *const u8, len: usize) -> io::Result<()> {
+    let page = page_size();
+    let start = addr as usize & !(page - 1);
+    let end = addr as usize + len;
+    // SAFETY: the rounded-down start is in the same mapping as addr (mappings are
+    // page-aligned), and the caller guarantees the range is live.
+    if unsafe { libc::msync(start as *mut libc::c_void, end - start, libc::MS_SYNC) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The file system type (`statfs.f_type`) holding the open file.
+pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
+    // SAFETY: statfs is plain data; all-zero is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type as i64)
+}
+
+/// Bytes available to an unprivileged writer on the file system holding the file.
+pub fn fs_available(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: statvfs is plain data; all-zero is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer.
+    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// `mbind(addr, len, MPOL_BIND, {node}, ..)`: future page faults in the range take memory
+/// from `node` only.
+///
+/// # Safety
+/// The range must be an anonymous mapping owned by the caller.
+pub unsafe fn mbind_node(addr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+    const MPOL_BIND: libc::c_long = 2;
+    let bits = u64::BITS as usize;
+    let words = node as usize / bits + 1;
+    let mut mask = vec![0u64; words];
+    mask[node as usize / bits] |= 1u64 << (node as usize % bits);
+    // maxnode counts bits and the kernel ignores the last one.
+    let maxnode = (words * bits + 1) as libc::c_ulong;
+    // SAFETY: mask outlives the call and holds maxnode-1 bits; the caller owns the range.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            addr,
+            len,
+            MPOL_BIND,
+            mask.as_ptr(),
+            maxnode,
+            0 as libc::c_ulong,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The NUMA node of the CPU this thread runs on (0 where the kernel cannot say).
+pub fn current_node() -> u32 {
+    let mut cpu: libc::c_uint = 0;
+    let mut node: libc::c_uint = 0;
+    // SAFETY: both out-pointers are valid; the third argument is unused by the kernel.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_getcpu,
+            &mut cpu as *mut libc::c_uint,
+            &mut node as *mut libc::c_uint,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    if rc == 0 {
+        node
+    } else {
+        0
+    }
+}

@@ -1,0 +1,546 @@
+//! Regions: one mapped, contiguous address range on one medium.
+//!
+//! A [`Region`] owns its mapping (and, for file media, its file) and releases both on drop,
+//! in O(1) calls: one `munmap`, one `close` (an unlinked file vanishes with its last
+//! descriptor). Regions are what the layers above carve objects, runs and segments from.
+//!
+//! Invariants:
+//! - `base` is aligned to [`GRANULE`] and `len` is a multiple of it, so a region can be
+//!   registered whole in the [`registry`](crate::registry);
+//! - a file region's file is at least `len` bytes long; blocks are guaranteed only for
+//!   ranges passed to [`Region::reserve`] (a sparse shared mapping turns a full file system
+//!   into `SIGBUS` at first touch, so users of file regions reserve before handing out);
+//! - DAX is detected by trying `MAP_SYNC`, never by trusting the path.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::num::NonZeroU32;
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{MediaError, Result};
+use crate::registry::GRANULE;
+use crate::{numa, os, persist, registry};
+
+/// What a write survives once persisted through [`Region::persist`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Durability {
+    /// Nothing: the memory vanishes with the process (DRAM, NUMA nodes).
+    None,
+    /// A process crash, not a power loss (tmpfs and ramfs: the emulated persistent tier).
+    Process,
+    /// A power loss (DAX with cache-line flushes, or a disk-backed file after `msync`).
+    Power,
+}
+
+/// The medium a region lives on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MediumKind {
+    /// Anonymous memory.
+    Dram,
+    /// A shared file mapping.
+    File,
+    /// Anonymous memory bound to one NUMA node.
+    Numa(u32),
+}
+
+/// Where a file region's file lives.
+#[derive(Clone, Debug)]
+pub enum FileLocation {
+    /// A fresh, unlinked file in this directory: nothing is left behind on exit.
+    TempIn(PathBuf),
+    /// A named file, created if missing and kept after the region is dropped.
+    Path(PathBuf),
+}
+
+/// How to create a file region.
+#[derive(Clone, Debug)]
+pub struct FileOptions {
+    pub location: FileLocation,
+    /// Size of the mapping in bytes (rounded up to the registry granule). For
+    /// `FileLocation::Path`, 0 means "the existing file's size".
+    pub size: usize,
+    /// Give freed ranges' blocks back to the file system (`FALLOC_FL_PUNCH_HOLE`). Off by
+    /// default: punching costs as much as reserving again (memkind's `MEMKIND_HOG_MEMORY`
+    /// lesson), and a file system without hole punching simply keeps the blocks.
+    pub hole_punching: bool,
+}
+
+impl FileOptions {
+    /// An unlinked file of `size` bytes in `dir`.
+    pub fn temp_in(dir: impl Into<PathBuf>, size: usize) -> Self {
+        FileOptions {
+            location: FileLocation::TempIn(dir.into()),
+            size,
+            hole_punching: false,
+        }
+    }
+
+    /// A kept file of `size` bytes at `path`.
+    pub fn at_path(path: impl Into<PathBuf>, size: usize) -> Self {
+        FileOptions {
+            location: FileLocation::Path(path.into()),
+            size,
+            hole_punching: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct FileBacking {
+    file: File,
+    path: PathBuf,
+    dax: bool,
+    hole_punching: bool,
+}
+
+/// A mapped address range on one medium. See the module docs for its invariants.
+#[derive(Debug)]
+pub struct Region {
+    base: NonNull<u8>,
+    len: usize,
+    medium: MediumKind,
+    durability: Durability,
+    file: Option<FileBacking>,
+    registered: Option<NonZeroU32>,
+    /// Bytes currently reserved in the backing file (statistics only).
+    reserved: AtomicU64,
+}
+
+// SAFETY: a Region is an owned address range plus a file descriptor; the raw base pointer
+// is only an address, and every mutation of the mapping's bytes is the caller's business
+// (done through raw pointers under the caller's own synchronisation).
+unsafe impl Send for Region {}
+// SAFETY: as above; the methods taking &self only issue system calls or atomic updates.
+unsafe impl Sync for Region {}
+
+fn round_to_granule(size: usize) -> Result<usize> {
+    if size == 0 {
+        return Err(MediaError::InvalidSize { size, why: "a region cannot be empty" });
+    }
+    if size > isize::MAX as usize - GRANULE {
+        return Err(MediaError::InvalidSize { size, why: "larger than the address space" });
+    }
+    Ok((size + GRANULE - 1) & !(GRANULE - 1))
+}
+
+impl Region {
+    /// Anonymous memory of `size` bytes (rounded up to 2 MiB), optionally advised to use
+    /// transparent huge pages. Pages are committed on first touch.
+    pub fn dram(size: usize, huge_pages: bool) -> Result<Region> {
+        let len = round_to_granule(size)?;
+        let base = Self::map_anonymous(len)?;
+        if huge_pages {
+            // SAFETY: the mapping was just created and is owned here. Failure only means
+            // the kernel does not offer THP; the memory still works.
+            let _ = unsafe { os::madvise(base.as_ptr(), len, libc::MADV_HUGEPAGE) };
+        }
+        Ok(Region::anonymous(base, len, MediumKind::Dram))
+    }
+
+    /// Anonymous memory of `size` bytes bound to NUMA node `node` with `mbind`.
+    pub fn numa(node: u32, size: usize) -> Result<Region> {
+        let topology = numa::Topology::discover();
+        match topology.node(node) {
+            None => {
+                return Err(MediaError::NoSuchNode { node, why: "not online".into() });
+            }
+            Some(info) if !info.has_memory => {
+                return Err(MediaError::NoSuchNode { node, why: "has no memory".into() });
+            }
+            Some(_) => {}
+        }
+        let len = round_to_granule(size)?;
+        let base = Self::map_anonymous(len)?;
+        let region = Region::anonymous(base, len, MediumKind::Numa(node));
+        // SAFETY: the mapping is anonymous and owned by `region`.
+        unsafe { os::mbind_node(base.as_ptr(), len, node) }
+            .map_err(|source| MediaError::Bind { node, source })?;
+        Ok(region)
+    }
+
+    fn map_anonymous(len: usize) -> Result<NonNull<u8>> {
+        let base = os::reserve_aligned(len, GRANULE)
+            .map_err(|source| MediaError::Map { size: len, source })?;
+        // SAFETY: `base..base+len` is the reservation just made.
+        if let Err(source) = unsafe { os::map_anonymous_fixed(base, len) } {
+            // SAFETY: the reservation is ours and unused.
+            unsafe { os::unmap(base, len) };
+            return Err(MediaError::Map { size: len, source });
+        }
+        Ok(base)
+    }
+
+    fn anonymous(base: NonNull<u8>, len: usize, medium: MediumKind) -> Region {
+        Region {
+            base,
+            len,
+            medium,
+            durability: Durability::None,
+            file: None,
+            registered: None,
+            reserved: AtomicU64::new(0),
+        }
+    }
+
+    /// A shared mapping of a file. On a DAX file system the mapping uses `MAP_SYNC` and
+    /// [`persist`](Self::persist) flushes cache lines; elsewhere it uses `msync`.
+    pub fn file(options: &FileOptions) -> Result<Region> {
+        let (file, path, existing_len) = match &options.location {
+            FileLocation::TempIn(dir) => (open_temp_in(dir)?, dir.clone(), 0),
+            FileLocation::Path(path) => {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o600)
+                    .open(path)
+                    .map_err(|source| MediaError::Open { path: path.clone(), source })?;
+                let len = file
+                    .metadata()
+                    .map_err(|source| io_err("stat", path, source))?
+                    .len();
+                (file, path.clone(), len)
+            }
+        };
+        let wanted = if options.size == 0 {
+            usize::try_from(existing_len).unwrap_or(usize::MAX)
+        } else {
+            options.size
+        };
+        let len = round_to_granule(wanted)?;
+        if (len as u64) > existing_len {
+            file.set_len(len as u64).map_err(|source| {
+                if source.raw_os_error() == Some(libc::ENOSPC)
+                    || source.raw_os_error() == Some(libc::EFBIG)
+                {
+                    MediaError::NoSpace { path: path.clone(), offset: 0, len: len as u64 }
+                } else {
+                    io_err("ftruncate", &path, source)
+                }
+            })?;
+        }
+        let tmpfs = matches!(os::fs_type(file.as_fd()), Ok(t) if t == os::TMPFS_MAGIC || t == 0x8584_58f6);
+        let base = os::reserve_aligned(len, GRANULE)
+            .map_err(|source| MediaError::Map { size: len, source })?;
+        // SAFETY: `base..base+len` is the reservation just made; the file is open.
+        let dax = match unsafe { os::map_file_fixed(base, len, file.as_fd(), true) } {
+            Ok(()) => true,
+            Err(_) => {
+                // Not DAX (EOPNOTSUPP/EINVAL): a plain shared mapping.
+                // SAFETY: as above; the failed attempt left the reservation in place.
+                if let Err(source) = unsafe { os::map_file_fixed(base, len, file.as_fd(), false) } {
+                    // SAFETY: the reservation is ours and unused.
+                    unsafe { os::unmap(base, len) };
+                    return Err(MediaError::Map { size: len, source });
+                }
+                false
+            }
+        };
+        let durability = if tmpfs && !dax { Durability::Process } else { Durability::Power };
+        Ok(Region {
+            base,
+            len,
+            medium: MediumKind::File,
+            durability,
+            file: Some(FileBacking { file, path, dax, hole_punching: options.hole_punching }),
+            registered: None,
+            reserved: AtomicU64::new(0),
+        })
+    }
+
+    /// First byte of the region (aligned to [`GRANULE`]).
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+
+    /// Length in bytes (a multiple of [`GRANULE`]).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: regions are never empty. Present for API symmetry with `len`.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn medium(&self) -> MediumKind {
+        self.medium
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// True when the file is on a DAX file system and mapped with `MAP_SYNC`.
+    pub fn is_dax(&self) -> bool {
+        self.file.as_ref().is_some_and(|f| f.dax)
+    }
+
+    /// The file's path, or its directory for an unlinked temporary file.
+    pub fn path(&self) -> Option<&Path> {
+        self.file.as_ref().map(|f| f.path.as_path())
+    }
+
+    /// Bytes reserved in the backing file through [`reserve`](Self::reserve).
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved.load(Ordering::Relaxed)
+    }
+
+    /// True when `addr` lies inside the region.
+    pub fn contains(&self, addr: usize) -> bool {
+        let start = self.base.as_ptr() as usize;
+        addr >= start && addr - start < self.len
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(MediaError::OutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                size: self.len as u64,
+            }),
+        }
+    }
+
+    /// Guarantees backing blocks for `[offset, offset+len)`, so touching it cannot fault.
+    /// A full file system is `Err(NoSpace)`, not a crash. No-op for anonymous memory.
+    pub fn reserve(&self, offset: usize, len: usize) -> Result<()> {
+        self.check_range(offset, len)?;
+        let Some(backing) = &self.file else {
+            return Ok(());
+        };
+        os::fallocate(backing.file.as_fd(), 0, offset as u64, len as u64).map_err(|source| {
+            match source.raw_os_error() {
+                Some(libc::ENOSPC) | Some(libc::EFBIG) | Some(libc::EDQUOT) => {
+                    MediaError::NoSpace {
+                        path: backing.path.clone(),
+                        offset: offset as u64,
+                        len: len as u64,
+                    }
+                }
+                _ => io_err("fallocate", &backing.path, source),
+            }
+        })?;
+        self.reserved.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Gives the memory behind `[offset, offset+len)` back: anonymous pages are dropped
+    /// (they read as zero afterwards); file blocks are punched out only when hole punching
+    /// was chosen. Returns whether anything was released (so the caller knows whether the
+    /// range now reads as zero). The range must be page-aligned.
+    pub fn release(&self, offset: usize, len: usize) -> Result<bool> {
+        self.check_range(offset, len)?;
+        match &self.file {
+            None => {
+                // SAFETY: the range lies in this region's anonymous mapping (checked above);
+                // the caller no longer uses its contents.
+                unsafe { os::madvise(self.base.as_ptr().add(offset), len, libc::MADV_DONTNEED) }
+                    .map(|()| true)
+                    .map_err(|source| MediaError::Map { size: len, source })
+            }
+            Some(backing) if backing.hole_punching => {
+                match os::punch_hole(backing.file.as_fd(), offset as u64, len as u64) {
+                    Ok(()) => {
+                        self.reserved.fetch_sub(
+                            (len as u64).min(self.reserved.load(Ordering::Relaxed)),
+                            Ordering::Relaxed,
+                        );
+                        Ok(true)
+                    }
+                    // File systems without hole punching keep the blocks: not an error.
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(false),
+                    Err(source) => Err(io_err("punch hole", &backing.path, source)),
+                }
+            }
+            Some(_) => Ok(false),
+        }
+    }
+
+    /// Makes `[offset, offset+len)` durable to the region's [`Durability`]: cache-line
+    /// flushes and a fence on DAX, `msync` on other files, nothing on anonymous memory.
+    pub fn persist(&self, offset: usize, len: usize) -> Result<()> {
+        self.check_range(offset, len)?;
+        let Some(backing) = &self.file else {
+            return Ok(());
+        };
+        // SAFETY: the range is inside the mapping (checked above).
+        let addr = unsafe { self.base.as_ptr().add(offset) };
+        if backing.dax {
+            persist::flush_range(addr, len);
+            persist::drain();
+            Ok(())
+        } else {
+            // SAFETY: the range is inside the live mapping (checked above).
+            unsafe { os::msync(addr, len) }.map_err(|source| io_err("msync", &backing.path, source))
+        }
+    }
+
+    /// Records `tag` as this region's owner in the process-wide registry; unregistered
+    /// again on drop.
+    pub fn register(&mut self, tag: NonZeroU32) -> Result<()> {
+        if let Some(old) = self.registered.take() {
+            registry::unregister(self.base.as_ptr() as usize, self.len, old);
+        }
+        registry::register(self.base.as_ptr() as usize, self.len, tag)?;
+        self.registered = Some(tag);
+        Ok(())
+    }
+
+    /// Bytes the file system holding a file region can still give (None for anonymous).
+    pub fn fs_available(&self) -> Option<u64> {
+        self.file.as_ref().and_then(|b| os::fs_available(b.file.as_fd()).ok())
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if let Some(tag) = self.registered {
+            registry::unregister(self.base.as_ptr() as usize, self.len, tag);
+        }
+        // SAFETY: the region owns its mapping; after drop nobody may use it (Region is the
+        // only handle to the range).
+        unsafe { os::unmap(self.base, self.len) };
+    }
+}
+
+fn io_err(op: &'static str, path: &Path, source: io::Error) -> MediaError {
+    MediaError::Io { op, path: path.to_path_buf(), source }
+}
+
+/// Opens an unlinked file in `dir`: `O_TMPFILE` where the file system supports it, else a
+/// uniquely named file unlinked at once.
+fn open_temp_in(dir: &Path) -> Result<File> {
+    let open_err = |source| MediaError::Open { path: dir.to_path_buf(), source };
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+    {
+        Ok(file) => return Ok(file),
+        Err(e)
+            if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::EISDIR)) => {}
+        Err(e) => return Err(open_err(e)),
+    }
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let name = format!(
+            ".terrace-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = dir.join(name);
+        match OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path) {
+            Ok(file) => {
+                std::fs::remove_file(&path).map_err(open_err)?;
+                return Ok(file);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(open_err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry;
+
+    #[test]
+    fn dram_region_is_aligned_zeroed_and_writable() {
+        let region = Region::dram(3 << 20, false).unwrap();
+        assert_eq!(region.base().as_ptr() as usize % GRANULE, 0);
+        assert_eq!(region.len(), 4 << 20);
+        assert_eq!(region.durability(), Durability::None);
+        let p = region.base().as_ptr();
+        // SAFETY: inside the live mapping.
+        unsafe {
+            assert_eq!(*p.add(12345), 0);
+            *p.add(12345) = 9;
+        }
+        assert!(region.release(0, 1 << 20).unwrap());
+        // SAFETY: inside the live mapping; released pages read as zero.
+        assert_eq!(unsafe { *p.add(12345) }, 0);
+    }
+
+    #[test]
+    fn temp_file_region_leaves_nothing_behind_and_reports_tmpfs() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let region = Region::file(&FileOptions::temp_in(dir.path(), 8 << 20)).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        assert_eq!(region.durability(), Durability::Process);
+        assert!(!region.is_dax());
+        region.reserve(0, 4 << 20).unwrap();
+        assert_eq!(region.reserved_bytes(), 4 << 20);
+        // SAFETY: reserved range of the live mapping.
+        unsafe { region.base().as_ptr().add(100).write(5) };
+        region.persist(0, 4096).unwrap();
+    }
+
+    #[test]
+    fn named_file_is_kept_and_reopened_with_contents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kept");
+        {
+            let region = Region::file(&FileOptions::at_path(&path, 2 << 20)).unwrap();
+            region.reserve(0, 4096).unwrap();
+            // SAFETY: reserved range of the live mapping.
+            unsafe { region.base().as_ptr().write(0xAB) };
+            region.persist(0, 1).unwrap();
+            assert_eq!(region.durability(), Durability::Power);
+        }
+        let region = Region::file(&FileOptions::at_path(&path, 0)).unwrap();
+        assert_eq!(region.len(), 2 << 20);
+        // SAFETY: inside the live mapping.
+        assert_eq!(unsafe { region.base().as_ptr().read() }, 0xAB);
+    }
+
+    #[test]
+    fn missing_and_unwritable_directories_are_errors() {
+        let err = Region::file(&FileOptions::temp_in("/nonexistent/terrace", 1 << 20)).unwrap_err();
+        assert!(matches!(err, MediaError::Open { .. }), "{err}");
+        // /sys refuses new files even to root.
+        let err = Region::file(&FileOptions::temp_in("/sys", 1 << 20)).unwrap_err();
+        assert!(matches!(err, MediaError::Open { .. }), "{err}");
+        assert!(matches!(
+            Region::file(&FileOptions::temp_in("/dev/shm", 0)),
+            Err(MediaError::InvalidSize { .. })
+        ));
+        assert!(matches!(Region::dram(usize::MAX, false), Err(MediaError::InvalidSize { .. })));
+    }
+
+    #[test]
+    fn out_of_bounds_ranges_are_errors() {
+        let region = Region::dram(GRANULE, false).unwrap();
+        assert!(matches!(region.reserve(GRANULE, 1), Err(MediaError::OutOfBounds { .. })));
+        assert!(matches!(region.persist(usize::MAX, 2), Err(MediaError::OutOfBounds { .. })));
+    }
+
+    #[test]
+    fn registered_region_is_found_and_forgotten_on_drop() {
+        let mut region = Region::dram(GRANULE * 2, false).unwrap();
+        let tag = NonZeroU32::new(77).unwrap();
+        region.register(tag).unwrap();
+        let inside = region.base().as_ptr() as usize + GRANULE + 5;
+        assert_eq!(registry::lookup(inside), Some(tag));
+        drop(region);
+        assert_eq!(registry::lookup(inside), None);
+    }
+
+    #[test]
+    fn numa_node_zero_binds_and_missing_node_is_an_error() {
+        let region = Region::numa(0, GRANULE).unwrap();
+        // SAFETY: inside the live mapping.
+        unsafe { region.base().as_ptr().write(1) };
+        assert_eq!(region.medium(), MediumKind::Numa(0));
+        assert!(matches!(Region::numa(4000, GRANULE), Err(MediaError::NoSuchNode { .. })));
+    }
+}
