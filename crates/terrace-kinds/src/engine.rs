@@ -1,0 +1,347 @@
+//! The allocation engine: jemalloc, bound to a kind's [`Space`](crate::space::Space)
+//! through extent hooks — the way memkind itself works, minus its limits.
+//!
+//! # Why jemalloc
+//! The kinds layer must not hand-write a general-purpose malloc. Of the proven engines,
+//! jemalloc (5.3, built from source by `tikv-jemalloc-sys`, symbols prefixed so the
+//! process's own malloc is untouched) fits best:
+//! - *extent hooks* call back whenever an arena needs more memory, asks to commit a range
+//!   or offers to purge one. That is exactly where a file kind must reserve file blocks
+//!   (`fallocate` on commit, in large chunks) so a full file system becomes an allocation
+//!   failure instead of `SIGBUS`; mimalloc's arena API instead takes a whole pre-committed
+//!   range up front, which on tmpfs means paying for the kind's maximum size at creation;
+//! - up to 4,095 arenas (mimalloc 2 manages about a hundred), each with its own hooks;
+//! - explicit thread caches (`tcache.create`) make the fast path a few nanoseconds.
+//!
+//! # One explicit tcache per (thread, kind)
+//! jemalloc's implicit thread cache is shared by all arenas: an object freed into it could
+//! be handed out again by a `mallocx` naming another arena, i.e. from the wrong medium. So
+//! every kind uses explicit caches, one per thread that touches it ([`crate::tcache`]), and
+//! every free goes to the cache of the object's own kind (found through the registry).
+//!
+//! # Hooks
+//! Each kind slot embeds its `extent_hooks_t` as its first field, so a hook finds its slot
+//! from the hooks pointer alone (also during `arenas.create`, before the arena index is
+//! known). Hooks lock the slot's space mutex, a leaf lock: nothing is called while holding
+//! it except the media layer's system calls.
+//! - `alloc`: bump address space from the space (committing, i.e. reserving file blocks,
+//!   only when jemalloc asks for committed memory);
+//! - `commit`: reserve file blocks for the range; failure makes the allocation fail;
+//! - `decommit`: refused (memory stays committed and is reused);
+//! - `purge_forced`: `MADV_DONTNEED` on anonymous memory, hole punching on files only
+//!   when the kind asked for it, otherwise refused;
+//! - `purge_lazy`: the same, except on files without hole punching, where it succeeds and
+//!   keeps the contents (see [`create_arena`] for why);
+//! - `dalloc`: refused (jemalloc keeps the range as "retained" and reuses it);
+//! - `destroy`: nothing — the space unmaps its regions when the kind is destroyed;
+//! - `split`/`merge`: always allowed (a kind's space is contiguous per region).
+
+use std::ffi::{c_int, c_uint, c_void, CString};
+use std::ptr;
+
+use tikv_jemalloc_sys as je;
+
+use crate::error::{KindError, Result};
+use crate::slots::Slot;
+
+/// jemalloc's start-up options (its weak `malloc_conf` symbol, prefixed as the crate
+/// builds it):
+/// - `lg_extent_max_active_fit:48` — by default jemalloc refuses to carve a request from
+///   a free extent more than 64× its size. Kinds never give memory back (decay is off
+///   unless hole punching is asked for), so freed slabs coalesce into large free extents;
+///   with the default those are never reused for smaller requests and a file kind would
+///   reserve fresh file blocks instead (measured: 2.5 GB reserved for a 1 GiB peak).
+#[used]
+#[export_name = "_rjem_malloc_conf"]
+static MALLOC_CONF: ConfString = ConfString(c"lg_extent_max_active_fit:48".as_ptr());
+
+#[repr(transparent)]
+struct ConfString(*const std::ffi::c_char);
+// SAFETY: points at an immutable static C string.
+unsafe impl Sync for ConfString {}
+
+/// Reads a jemalloc control value.
+pub(crate) fn read<T: Copy + Default>(name: &str) -> Result<T> {
+    let cname = CString::new(name).map_err(|_| engine_err(name, libc::EINVAL))?;
+    let mut value = T::default();
+    let mut len = std::mem::size_of::<T>();
+    // SAFETY: value/len describe a writable buffer of exactly size_of::<T>() bytes and T is
+    // plain data of the type jemalloc documents for `name` (callers pick T accordingly).
+    let rc = unsafe {
+        je::mallctl(cname.as_ptr(), (&mut value as *mut T).cast(), &mut len, ptr::null_mut(), 0)
+    };
+    if rc != 0 {
+        return Err(engine_err(name, rc));
+    }
+    Ok(value)
+}
+
+/// Writes a jemalloc control value.
+pub(crate) fn write<T: Copy>(name: &str, mut value: T) -> Result<()> {
+    let cname = CString::new(name).map_err(|_| engine_err(name, libc::EINVAL))?;
+    // SAFETY: value is a readable T of the type jemalloc documents for `name`.
+    let rc = unsafe {
+        je::mallctl(
+            cname.as_ptr(),
+            ptr::null_mut(),
+            ptr::null_mut(),
+            (&mut value as *mut T).cast(),
+            std::mem::size_of::<T>(),
+        )
+    };
+    if rc != 0 {
+        return Err(engine_err(name, rc));
+    }
+    Ok(())
+}
+
+/// Runs a jemalloc control that takes no value (e.g. `arena.<i>.destroy`).
+pub(crate) fn run(name: &str) -> Result<()> {
+    let cname = CString::new(name).map_err(|_| engine_err(name, libc::EINVAL))?;
+    // SAFETY: no buffers are passed.
+    let rc = unsafe {
+        je::mallctl(cname.as_ptr(), ptr::null_mut(), ptr::null_mut(), ptr::null_mut(), 0)
+    };
+    if rc != 0 {
+        return Err(engine_err(name, rc));
+    }
+    Ok(())
+}
+
+fn engine_err(what: &str, code: c_int) -> KindError {
+    KindError::Engine { what: what.to_string(), code }
+}
+
+/// Largest step by which an arena's address space grows at once (and so the most a file
+/// kind reserves beyond what it uses).
+const GROW_LIMIT: usize = 64 << 20;
+
+/// Creates an arena whose memory comes from `slot`'s space through its hooks.
+pub(crate) fn create_arena(slot: &'static Slot, purges: bool) -> Result<u32> {
+    let mut arena: c_uint = 0;
+    let mut len = std::mem::size_of::<c_uint>();
+    let mut hooks = slot.hooks_ptr();
+    // SAFETY: arena/len describe a writable c_uint; the new value is a pointer to the
+    // slot's hooks, which live in a static for the rest of the process.
+    let rc = unsafe {
+        je::mallctl(
+            c"arenas.create".as_ptr(),
+            (&mut arena as *mut c_uint).cast(),
+            &mut len,
+            (&mut hooks as *mut *mut je::extent_hooks_t).cast(),
+            std::mem::size_of::<*mut je::extent_hooks_t>(),
+        )
+    };
+    match rc {
+        0 => {}
+        libc::EAGAIN | libc::EFAULT => {
+            return Err(KindError::TooManyKinds { why: "jemalloc arena limit reached" })
+        }
+        libc::ENOMEM => {
+            return Err(KindError::OutOfMemory {
+                kind: "new kind".into(),
+                size: 0,
+            })
+        }
+        code => return Err(engine_err("arenas.create", code)),
+    }
+    if !purges {
+        // Memory is never given back. Freed extents go from "dirty" to "muzzy" at once
+        // (the lazy purge hook keeps the contents and succeeds), because jemalloc coalesces
+        // muzzy extents eagerly but dirty ones only while purging: without this, freed
+        // slabs stay fragments too small for larger requests and the kind reserves fresh
+        // file blocks instead. Muzzy extents are never force-purged.
+        write(&format!("arena.{arena}.dirty_decay_ms"), 0isize)?;
+        write(&format!("arena.{arena}.muzzy_decay_ms"), -1isize)?;
+    }
+    // jemalloc grows an arena by geometrically larger steps; everything handed out is
+    // reserved at once, so cap the step to bound the reservation beyond actual use.
+    write(&format!("arena.{arena}.retain_grow_limit"), GROW_LIMIT)?;
+    Ok(arena)
+}
+
+/// Destroys an arena and every allocation in it. All explicit caches that hold its objects
+/// must have been destroyed first.
+pub(crate) fn destroy_arena(arena: u32) -> Result<()> {
+    run(&format!("arena.{arena}.destroy"))
+}
+
+/// Creates an explicit thread cache; `None` when jemalloc has no more.
+pub(crate) fn tcache_create() -> Option<u32> {
+    read::<c_uint>("tcache.create").ok()
+}
+
+/// Flushes and destroys an explicit thread cache.
+pub(crate) fn tcache_destroy(tcache: u32) {
+    let _ = write("tcache.destroy", tcache as c_uint);
+}
+
+/// Refreshes jemalloc's statistics snapshot.
+pub(crate) fn refresh_stats() {
+    let _ = write("epoch", 1u64);
+}
+
+/// The hooks every kind arena uses; the slot is found from the hooks pointer.
+pub(crate) const HOOKS: je::extent_hooks_t = je::extent_hooks_t {
+    alloc: Some(hook_alloc),
+    dalloc: Some(hook_dalloc),
+    destroy: Some(hook_destroy),
+    commit: Some(hook_commit),
+    decommit: Some(hook_decommit),
+    purge_lazy: Some(hook_purge_lazy),
+    purge_forced: Some(hook_purge_forced),
+    split: Some(hook_split),
+    merge: Some(hook_merge),
+};
+
+/// # Safety
+/// `hooks` must be a pointer handed to jemalloc by [`create_arena`].
+unsafe fn slot_of(hooks: *mut je::extent_hooks_t) -> &'static Slot {
+    // SAFETY: per the contract, hooks points at the first field of a static Slot (repr(C)).
+    unsafe { Slot::from_hooks(hooks) }
+}
+
+unsafe extern "C" fn hook_alloc(
+    hooks: *mut je::extent_hooks_t,
+    new_addr: *mut c_void,
+    size: usize,
+    alignment: usize,
+    zero: *mut bool,
+    commit: *mut bool,
+    _arena: c_uint,
+) -> *mut c_void {
+    // Only fresh address space is handed out; jemalloc asks for a specific address only to
+    // grow in place, which a bump allocator cannot promise.
+    if !new_addr.is_null() {
+        return ptr::null_mut();
+    }
+    // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
+    let slot = unsafe { slot_of(hooks) };
+    // Always hand out committed (reserved) memory: jemalloc never coalesces extents whose
+    // commit state differs, so a mix of committed and uncommitted extents fragments the
+    // kind and makes it reserve fresh blocks instead of reusing freed ones. Over-reserving
+    // is bounded by the arena's growth limit (see create_arena).
+    let want_commit = true;
+    let mut space = slot.lock_space();
+    let Some(space) = space.as_mut() else {
+        return ptr::null_mut();
+    };
+    match space.alloc(size, alignment, want_commit) {
+        Some((addr, is_zero)) => {
+            // SAFETY: valid out-pointers (see above). Fresh space is zero-filled and, when
+            // asked, committed.
+            unsafe {
+                *zero = is_zero;
+                *commit = want_commit;
+            }
+            addr.cast()
+        }
+        None => ptr::null_mut(),
+    }
+}
+
+unsafe extern "C" fn hook_commit(
+    hooks: *mut je::extent_hooks_t,
+    addr: *mut c_void,
+    _size: usize,
+    offset: usize,
+    length: usize,
+    _arena: c_uint,
+) -> bool {
+    // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
+    let slot = unsafe { slot_of(hooks) };
+    let mut space = slot.lock_space();
+    let Some(space) = space.as_mut() else {
+        return true;
+    };
+    // false = success in jemalloc's convention.
+    !space.commit(addr.cast::<u8>().wrapping_add(offset), length)
+}
+
+unsafe extern "C" fn hook_purge_forced(
+    hooks: *mut je::extent_hooks_t,
+    addr: *mut c_void,
+    _size: usize,
+    offset: usize,
+    length: usize,
+    _arena: c_uint,
+) -> bool {
+    // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
+    let slot = unsafe { slot_of(hooks) };
+    let space = slot.lock_space();
+    let Some(space) = space.as_ref() else {
+        return true;
+    };
+    !space.purge(addr.cast::<u8>().wrapping_add(offset), length)
+}
+
+unsafe extern "C" fn hook_purge_lazy(
+    hooks: *mut je::extent_hooks_t,
+    addr: *mut c_void,
+    _size: usize,
+    offset: usize,
+    length: usize,
+    _arena: c_uint,
+) -> bool {
+    // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
+    let slot = unsafe { slot_of(hooks) };
+    let space = slot.lock_space();
+    let Some(space) = space.as_ref() else {
+        return true;
+    };
+    !space.purge_lazy(addr.cast::<u8>().wrapping_add(offset), length)
+}
+
+unsafe extern "C" fn hook_dalloc(
+    _hooks: *mut je::extent_hooks_t,
+    _addr: *mut c_void,
+    _size: usize,
+    _committed: bool,
+    _arena: c_uint,
+) -> bool {
+    true
+}
+
+unsafe extern "C" fn hook_destroy(
+    _hooks: *mut je::extent_hooks_t,
+    _addr: *mut c_void,
+    _size: usize,
+    _committed: bool,
+    _arena: c_uint,
+) {
+}
+
+unsafe extern "C" fn hook_decommit(
+    _hooks: *mut je::extent_hooks_t,
+    _addr: *mut c_void,
+    _size: usize,
+    _offset: usize,
+    _length: usize,
+    _arena: c_uint,
+) -> bool {
+    true
+}
+
+unsafe extern "C" fn hook_split(
+    _hooks: *mut je::extent_hooks_t,
+    _addr: *mut c_void,
+    _size: usize,
+    _size_a: usize,
+    _size_b: usize,
+    _committed: bool,
+    _arena: c_uint,
+) -> bool {
+    false
+}
+
+unsafe extern "C" fn hook_merge(
+    _hooks: *mut je::extent_hooks_t,
+    _addr_a: *mut c_void,
+    _size_a: usize,
+    _addr_b: *mut c_void,
+    _size_b: usize,
+    _committed: bool,
+    _arena: c_uint,
+) -> bool {
+    false
+}
