@@ -11,6 +11,7 @@ fn main() {
             let t1 = Instant::now();
             for p in ptrs { unsafe { free(p.as_ptr()); } }
             let t2 = Instant::now();
+            if name == "file" { eprintln!("   pages {:?} reserved {}", kind.engine_pages().unwrap().map(|v| v >> 20), kind.stats().unwrap().reserved >> 20); }
             println!("{name},{size},{n},{:.0},{:.0}", (t1 - t0).as_nanos() as f64 / n as f64, (t2 - t1).as_nanos() as f64 / n as f64);
         }
     }

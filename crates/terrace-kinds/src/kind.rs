@@ -23,7 +23,7 @@ use tikv_jemalloc_sys as je;
 use crate::engine;
 use crate::error::{KindError, Result};
 use crate::slots::{self, Slot, SlotKind};
-use crate::space::{Space, SpaceMedium};
+use crate::space::{self, Space, SpaceMedium};
 use crate::tcache;
 use crate::unified::{Strategy, Unified};
 
@@ -62,12 +62,22 @@ pub struct FileKindOptions {
     pub max_size: usize,
     /// Punch freed memory out of the file (off by default: see `terrace_media::FileOptions`).
     pub hole_punching: bool,
+    /// File bytes to keep reserved ahead of use by the background reserver (None: an
+    /// eighth of `max_size`, at most 1 GiB; 0: reserve only on demand). Reserving ahead
+    /// takes the `fallocate` cost off the allocating thread; the price is up to this many
+    /// bytes reserved but unused (on tmpfs: memory).
+    pub reserve_ahead: Option<usize>,
 }
 
 impl FileKindOptions {
     /// An unlinked file of at most `max_size` bytes in `dir`.
     pub fn in_dir(dir: impl Into<std::path::PathBuf>, max_size: usize) -> Self {
-        FileKindOptions { location: FileLocation::TempIn(dir.into()), max_size, hole_punching: false }
+        FileKindOptions {
+            location: FileLocation::TempIn(dir.into()),
+            max_size,
+            hole_punching: false,
+            reserve_ahead: None,
+        }
     }
 }
 
@@ -119,9 +129,10 @@ impl Kind {
             size: options.max_size,
             hole_punching: options.hole_punching,
         };
+        let headroom = options.reserve_ahead.unwrap_or_else(|| space::default_headroom(options.max_size));
         create_arena_kind(
             format!("file:{where_}"),
-            SpaceMedium::File(media),
+            SpaceMedium::File { options: media, headroom },
             options.max_size,
             None,
         )
@@ -277,7 +288,7 @@ impl Kind {
         match space.as_ref()?.medium() {
             SpaceMedium::Dram { .. } => Some(KindMedium::Dram),
             SpaceMedium::Numa { node } => Some(KindMedium::Numa(*node)),
-            SpaceMedium::File(_) => Some(KindMedium::File),
+            SpaceMedium::File { .. } => Some(KindMedium::File),
         }
     }
 
@@ -434,6 +445,18 @@ impl Kind {
         })
     }
 
+    /// jemalloc's page counts for the kind's arena (debugging aid): dirty, muzzy,
+    /// retained bytes and mapped bytes.
+    #[doc(hidden)]
+    pub fn engine_pages(self) -> Result<[u64; 4]> {
+        let slot = self.live_slot()?;
+        engine::refresh_stats();
+        let arena = slot.arena.load(Ordering::Acquire);
+        let read = |name: &str| engine::read::<usize>(&format!("stats.arenas.{arena}.{name}")).unwrap_or(0) as u64;
+        let page = terrace_media::os::page_size() as u64;
+        Ok([read("pdirty") * page, read("pmuzzy") * page, read("retained"), read("mapped")])
+    }
+
     /// Destroys the kind and everything allocated from it (memkind_destroy_kind). The
     /// default kind cannot be destroyed. Members of a unified kind are not destroyed with it.
     pub fn destroy(self) -> Result<()> {
@@ -470,7 +493,7 @@ impl Kind {
 
 fn create_arena_kind(name: String, medium: SpaceMedium, capacity: usize, fixed: Option<u32>) -> Result<Kind> {
     let purges = match &medium {
-        SpaceMedium::File(options) => options.hole_punching,
+        SpaceMedium::File { options, .. } => options.hole_punching,
         _ => true,
     };
     let (index, generation) = slots::create_with(

@@ -13,7 +13,8 @@
 //!
 //! Modules: [`kind`] (the API), [`unified`] (strategies), `slots` (the kind table),
 //! `engine` (jemalloc binding and hooks — read it for why jemalloc), `tcache` (per-thread
-//! caches), `space` (address space and file-block reservation).
+//! caches), `space` (address space of a kind), `reserve` (file-block reservation ahead of
+//! use, on a background thread).
 //!
 //! Differences from memkind worth knowing:
 //! - no limit of a few dozen file kinds: up to 4,095 kinds of any mix at once;
@@ -27,6 +28,7 @@ mod engine;
 pub mod error;
 pub mod kind;
 mod slots;
+mod reserve;
 mod space;
 mod tcache;
 pub mod unified;

@@ -4,34 +4,39 @@
 //! - DRAM and NUMA spaces grow by mapping further regions of at least [`DRAM_CHUNK`]
 //!   (address space only: pages are committed by the kernel on first touch).
 //! - A file space is one region of the kind's maximum size, mapped at creation. Address
-//!   space is handed to the engine by bumping an offset; *file blocks* are reserved
-//!   (`fallocate`) only when the engine commits a range, in chunks (see [`MAX_RESERVE_CHUNK`]), so a
-//!   full file system surfaces as a failed commit (an allocation returning NULL), never as
-//!   `SIGBUS` at first touch, and the cost of reserving is paid once per chunk rather than
-//!   once per object.
+//!   space is handed to the engine by bumping an offset, and only bytes whose file blocks
+//!   are reserved are handed out ([`crate::reserve`]), so a full file system is a failed
+//!   allocation, never `SIGBUS` at first touch.
 //!
 //! Invariants:
 //! - every byte handed out lies in a region registered under the kind's tag;
-//! - in a file space, every committed byte lies in a reserved chunk;
+//! - in a file space, every byte handed out is reserved;
 //! - `handed_out <= capacity`.
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
-use terrace_media::{FileOptions, MediumKind, Region};
+use terrace_media::{FileOptions, Region};
 
 use crate::error::Result;
+use crate::reserve::Reservation;
 
 /// Minimum address-space step of DRAM and NUMA spaces.
 pub const DRAM_CHUNK: usize = 1 << 30;
-/// File blocks are reserved in chunks of a sixteenth of the file, clamped to
-/// `[MIN_RESERVE_CHUNK, MAX_RESERVE_CHUNK]` (the last chunk may be shorter): large steps
-/// amortise the `fallocate` calls, and small kinds do not reserve far beyond their use.
+/// Largest single `fallocate` step of a file space.
 pub const MAX_RESERVE_CHUNK: usize = 64 << 20;
-/// See [`MAX_RESERVE_CHUNK`].
+/// Smallest single `fallocate` step of a file space.
 pub const MIN_RESERVE_CHUNK: usize = 2 << 20;
 
+/// Reservation step for a file of `len` bytes: a sixteenth of it within
+/// `[MIN_RESERVE_CHUNK, MAX_RESERVE_CHUNK]`, so small kinds do not reserve far beyond use.
 fn reserve_chunk_for(len: usize) -> usize {
-    (len / 16).clamp(MIN_RESERVE_CHUNK, MAX_RESERVE_CHUNK).next_power_of_two()
+    (len / 16).clamp(MIN_RESERVE_CHUNK, MAX_RESERVE_CHUNK)
+}
+
+/// Default headroom reserved ahead of use: an eighth of the file, at most 1 GiB.
+pub(crate) fn default_headroom(len: usize) -> usize {
+    (len / 8).min(1 << 30)
 }
 
 /// The medium a space lives on.
@@ -39,17 +44,16 @@ fn reserve_chunk_for(len: usize) -> usize {
 pub enum SpaceMedium {
     Dram { huge_pages: bool },
     Numa { node: u32 },
-    File(FileOptions),
+    /// A file, with the bytes to keep reserved ahead of use.
+    File { options: FileOptions, headroom: usize },
 }
 
 struct Piece {
-    region: Region,
+    region: Arc<Region>,
     /// Offset of the first byte never handed out.
     bump: usize,
-    /// Reservation chunk size of this piece (a power of two).
-    chunk: usize,
-    /// One bit per chunk: set when its blocks are reserved (file spaces only).
-    reserved: Vec<u64>,
+    /// File spaces only.
+    reservation: Option<Arc<Reservation>>,
 }
 
 /// See the module docs.
@@ -67,31 +71,28 @@ impl Space {
     pub fn new(medium: SpaceMedium, capacity: usize, tag: NonZeroU32) -> Result<Space> {
         let mut space = Space { medium, tag, pieces: Vec::new(), capacity, handed_out: 0 };
         let first = match &space.medium {
-            SpaceMedium::File(options) => options.size,
+            SpaceMedium::File { options, .. } => options.size,
             _ => DRAM_CHUNK.min(capacity),
         };
         space.map_piece(first)?;
-        if let SpaceMedium::File(_) = space.medium {
+        if let SpaceMedium::File { .. } = space.medium {
             space.capacity = space.pieces[0].region.len();
         }
         Ok(space)
     }
 
     fn map_piece(&mut self, size: usize) -> Result<()> {
-        let mut region = match &self.medium {
-            SpaceMedium::Dram { huge_pages } => Region::dram(size, *huge_pages)?,
-            SpaceMedium::Numa { node } => Region::numa(*node, size)?,
-            SpaceMedium::File(options) => Region::file(options)?,
+        let (mut region, headroom) = match &self.medium {
+            SpaceMedium::Dram { huge_pages } => (Region::dram(size, *huge_pages)?, None),
+            SpaceMedium::Numa { node } => (Region::numa(*node, size)?, None),
+            SpaceMedium::File { options, headroom } => (Region::file(options)?, Some(*headroom)),
         };
         region.register(self.tag)?;
-        let chunk = reserve_chunk_for(region.len());
-        let chunks = region.len().div_ceil(chunk);
-        let reserved = if region.medium() == MediumKind::File {
-            vec![0u64; chunks.div_ceil(64)]
-        } else {
-            Vec::new()
-        };
-        self.pieces.push(Piece { region, bump: 0, chunk, reserved });
+        let region = Arc::new(region);
+        let reservation = headroom.map(|headroom| {
+            Reservation::new(region.clone(), reserve_chunk_for(region.len()), headroom)
+        });
+        self.pieces.push(Piece { region, bump: 0, reservation });
         Ok(())
     }
 
@@ -100,9 +101,9 @@ impl Space {
         self.capacity
     }
 
-    /// File bytes reserved with `fallocate` (0 for anonymous spaces).
+    /// File bytes reserved so far (0 for anonymous spaces).
     pub fn reserved_bytes(&self) -> u64 {
-        self.pieces.iter().map(|p| p.region.reserved_bytes()).sum()
+        self.pieces.iter().filter_map(|p| p.reservation.as_ref()).map(|r| r.reserved() as u64).sum()
     }
 
     /// The medium of this space's regions.
@@ -112,15 +113,13 @@ impl Space {
 
     /// The regions of this space (for diagnostics and durability queries).
     pub fn regions(&self) -> impl Iterator<Item = &Region> {
-        self.pieces.iter().map(|p| &p.region)
+        self.pieces.iter().map(|p| p.region.as_ref())
     }
 
-    /// Hands out `size` bytes aligned to `align` (both multiples of the page size). With
-    /// `commit` the range is usable on return (file blocks reserved); without, the engine
-    /// will call [`commit`](Self::commit) before using it. Returns the address and whether
-    /// the memory is known to be zero, or `None` when the space is exhausted (or the file
-    /// system is full).
-    pub fn alloc(&mut self, size: usize, align: usize, commit: bool) -> Option<(*mut u8, bool)> {
+    /// Hands out `size` bytes aligned to `align`, usable at once (file blocks reserved).
+    /// Returns the address, or `None` when the space is exhausted or the file system full.
+    /// Fresh address space always reads as zero.
+    pub fn alloc(&mut self, size: usize, align: usize) -> Option<*mut u8> {
         let align = align.max(1);
         if !align.is_power_of_two() || size == 0 {
             return None;
@@ -128,7 +127,7 @@ impl Space {
         let (index, offset) = match self.fit(size, align) {
             Some(found) => found,
             None => {
-                if matches!(self.medium, SpaceMedium::File(_)) {
+                if matches!(self.medium, SpaceMedium::File { .. }) {
                     return None;
                 }
                 let remaining = self.capacity.checked_sub(self.handed_out)?;
@@ -141,15 +140,15 @@ impl Space {
             }
         };
         let piece = &mut self.pieces[index];
-        let skipped = offset - piece.bump;
-        if commit && !reserve_chunks(piece, offset, size) {
-            return None;
+        if let Some(reservation) = &piece.reservation {
+            if !reservation.ensure(offset + size) {
+                return None;
+            }
         }
+        self.handed_out += offset + size - piece.bump;
         piece.bump = offset + size;
-        self.handed_out += skipped + size;
         // SAFETY: offset + size <= region length (checked by `fit`).
-        let addr = unsafe { piece.region.base().as_ptr().add(offset) };
-        Some((addr, true))
+        Some(unsafe { piece.region.base().as_ptr().add(offset) })
     }
 
     /// The piece and offset where `size` bytes aligned to `align` fit in the current piece.
@@ -160,8 +159,7 @@ impl Space {
         let start = (base + piece.bump).checked_add(align - 1)? & !(align - 1);
         let offset = start - base;
         let end = offset.checked_add(size)?;
-        let grows_by = end - piece.bump;
-        if end > piece.region.len() || self.handed_out + grows_by > self.capacity {
+        if end > piece.region.len() || self.handed_out + (end - piece.bump) > self.capacity {
             return None;
         }
         Some((index, offset))
@@ -175,64 +173,26 @@ impl Space {
         })
     }
 
-    /// Makes `[addr, addr+len)` usable: reserves file blocks for it. False on failure (full
-    /// file system), in which case the engine treats the allocation as failed.
-    pub fn commit(&mut self, addr: *mut u8, len: usize) -> bool {
-        let Some((index, offset)) = self.piece_of(addr, len) else {
-            return false;
-        };
-        reserve_chunks(&mut self.pieces[index], offset, len)
-    }
-
-    /// Lazy purge: the engine no longer needs the contents of `[addr, addr+len)` but may
-    /// reuse the range without committing it again. On a file space without hole punching
-    /// the contents simply stay (a lazy purge allows that) and this succeeds at once; that
-    /// is what lets freed file memory coalesce and be reused. Elsewhere it releases.
-    pub fn purge_lazy(&self, addr: *mut u8, len: usize) -> bool {
-        match &self.medium {
-            SpaceMedium::File(options) if !options.hole_punching => true,
-            _ => self.purge(addr, len),
-        }
-    }
-
     /// Gives the pages of `[addr, addr+len)` back to the medium, if the medium does that
-    /// (anonymous memory always; files only with hole punching). True when released.
+    /// (anonymous memory always; files only with hole punching). True when released: the
+    /// range then reads as zero.
     pub fn purge(&self, addr: *mut u8, len: usize) -> bool {
         let Some((index, offset)) = self.piece_of(addr, len) else {
             return false;
         };
         matches!(self.pieces[index].region.release(offset, len), Ok(true))
     }
-}
 
-/// Reserves the file chunks covering `[offset, offset+len)` of `piece` (no-op for
-/// anonymous memory). False when the file system is full.
-fn reserve_chunks(piece: &mut Piece, offset: usize, len: usize) -> bool {
-    if piece.reserved.is_empty() || len == 0 {
-        return true;
-    }
-    let first = offset / piece.chunk;
-    let last = (offset + len - 1) / piece.chunk;
-    for chunk in first..=last {
-        let (word, bit) = (chunk / 64, 1u64 << (chunk % 64));
-        if piece.reserved[word] & bit != 0 {
-            continue;
+    /// Lazy purge: the engine no longer needs the contents of `[addr, addr+len)` but keeps
+    /// the range. A file space without hole punching keeps the contents (a lazy purge
+    /// allows that) and succeeds: that moves freed extents to jemalloc's eagerly coalesced
+    /// "muzzy" state, where they are reused. Elsewhere this releases the pages.
+    pub fn purge_lazy(&self, addr: *mut u8, len: usize) -> bool {
+        match &self.medium {
+            SpaceMedium::File { options, .. } if !options.hole_punching => true,
+            _ => self.purge(addr, len),
         }
-        let start = chunk * piece.chunk;
-        let chunk_len = piece.chunk.min(piece.region.len() - start);
-        if piece.region.reserve(start, chunk_len).is_err() {
-            // A chunk can fail on a nearly full file system while the exact range still
-            // fits: reserve just what is asked for (not recorded as a whole chunk).
-            let lo = offset.max(start);
-            let hi = (offset + len).min(start + chunk_len);
-            if piece.region.reserve(lo, hi - lo).is_err() {
-                return false;
-            }
-            continue;
-        }
-        piece.reserved[word] |= bit;
     }
-    true
 }
 
 #[cfg(test)]
@@ -243,33 +203,51 @@ mod tests {
         NonZeroU32::new(0xF00D).unwrap()
     }
 
+    fn file_space(dir: &std::path::Path, size: usize, headroom: usize) -> Space {
+        let medium = SpaceMedium::File { options: FileOptions::temp_in(dir, size), headroom };
+        Space::new(medium, 0, tag()).unwrap()
+    }
+
     #[test]
-    fn file_space_reserves_in_chunks_and_stops_at_capacity() {
+    fn file_space_reserves_what_it_hands_out_and_stops_at_capacity() {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let mut space =
-            Space::new(SpaceMedium::File(FileOptions::temp_in(dir.path(), 128 << 20)), 0, tag())
-                .unwrap();
+        let mut space = file_space(dir.path(), 128 << 20, 0);
         assert_eq!(space.capacity(), 128 << 20);
-        let (a, zero) = space.alloc(1 << 20, 4096, false).unwrap();
-        assert!(zero);
-        assert_eq!(space.reserved_bytes(), 0, "nothing reserved before commit");
-        assert!(space.commit(a, 4096));
+        assert_eq!(space.reserved_bytes(), 0);
+        let a = space.alloc(1 << 20, 4096).unwrap();
         assert_eq!(space.reserved_bytes(), reserve_chunk_for(128 << 20) as u64);
-        let (b, _) = space.alloc(2 << 20, 2 << 20, true).unwrap();
+        let b = space.alloc(2 << 20, 2 << 20).unwrap();
         assert_eq!(b as usize % (2 << 20), 0);
-        assert!(space.alloc(200 << 20, 4096, false).is_none());
-        // SAFETY: committed range of the space.
-        unsafe { b.write(1) };
+        assert!(space.alloc(200 << 20, 4096).is_none());
+        // SAFETY: handed-out, reserved ranges of the space.
+        unsafe {
+            a.write(1);
+            b.write(1);
+        }
+    }
+
+    #[test]
+    fn background_reserver_gets_ahead_within_headroom() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let mut space = file_space(dir.path(), 256 << 20, 32 << 20);
+        space.alloc(4096, 4096).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while space.reserved_bytes() < 32 << 20 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let reserved = space.reserved_bytes();
+        assert!(reserved >= 32 << 20, "reserver did not get ahead: {reserved}");
+        assert!(reserved <= (32 << 20) + reserve_chunk_for(256 << 20) as u64, "beyond headroom: {reserved}");
     }
 
     #[test]
     fn dram_space_grows_by_new_regions_up_to_capacity() {
         let mut space = Space::new(SpaceMedium::Dram { huge_pages: false }, 3 << 30, tag()).unwrap();
-        assert!(space.alloc(DRAM_CHUNK - 4096, 4096, true).is_some());
-        let (p, _) = space.alloc(1 << 30, 4096, true).unwrap();
+        assert!(space.alloc(DRAM_CHUNK - 4096, 4096).is_some());
+        let p = space.alloc(1 << 30, 4096).unwrap();
         assert_eq!(space.regions().count(), 2);
-        // SAFETY: handed-out, committed anonymous memory.
+        // SAFETY: handed-out anonymous memory.
         unsafe { p.write(3) };
-        assert!(space.alloc(2 << 30, 4096, true).is_none(), "over capacity");
+        assert!(space.alloc(2 << 30, 4096).is_none(), "over capacity");
     }
 }
