@@ -101,12 +101,19 @@ static SELECTIONS: Mutex<[Option<Kind>; 4]> = Mutex::new([None; 4]);
 
 impl Kind {
     /// The default DRAM kind (memkind's `MEMKIND_DEFAULT`), created on first use.
-    pub const DEFAULT: Kind = Kind { index: 0, generation: 1 };
+    pub const DEFAULT: Kind = Kind {
+        index: 0,
+        generation: 1,
+    };
 
     /// A DRAM kind of its own, optionally on transparent huge pages.
     pub fn create_dram(huge_pages: bool) -> Result<Kind> {
         create_arena_kind(
-            if huge_pages { "dram (huge pages)".into() } else { "dram".into() },
+            if huge_pages {
+                "dram (huge pages)".into()
+            } else {
+                "dram".into()
+            },
             SpaceMedium::Dram { huge_pages },
             DRAM_CAPACITY,
             None,
@@ -116,10 +123,15 @@ impl Kind {
     /// A file kind: volatile memory in a file (an emulated or real persistent/CXL tier).
     pub fn create_file(options: &FileKindOptions) -> Result<Kind> {
         if options.max_size < MIN_FILE_KIND_SIZE {
-            return Err(KindError::SizeTooSmall { size: options.max_size, minimum: MIN_FILE_KIND_SIZE });
+            return Err(KindError::SizeTooSmall {
+                size: options.max_size,
+                minimum: MIN_FILE_KIND_SIZE,
+            });
         }
         if options.max_size > MAX_REQUEST / 2 {
-            return Err(KindError::TooLarge { size: options.max_size });
+            return Err(KindError::TooLarge {
+                size: options.max_size,
+            });
         }
         let where_ = match &options.location {
             FileLocation::TempIn(dir) | FileLocation::Path(dir) => dir.display().to_string(),
@@ -129,10 +141,15 @@ impl Kind {
             size: options.max_size,
             hole_punching: options.hole_punching,
         };
-        let headroom = options.reserve_ahead.unwrap_or_else(|| space::default_headroom(options.max_size));
+        let headroom = options
+            .reserve_ahead
+            .unwrap_or_else(|| space::default_headroom(options.max_size));
         create_arena_kind(
             format!("file:{where_}"),
-            SpaceMedium::File { options: media, headroom },
+            SpaceMedium::File {
+                options: media,
+                headroom,
+            },
             options.max_size,
             None,
         )
@@ -143,9 +160,20 @@ impl Kind {
         let topology = Topology::discover();
         let capacity = topology
             .node(node)
-            .map(|n| if n.mem_total > 0 { n.mem_total as usize } else { DRAM_CAPACITY })
+            .map(|n| {
+                if n.mem_total > 0 {
+                    n.mem_total as usize
+                } else {
+                    DRAM_CAPACITY
+                }
+            })
             .unwrap_or(DRAM_CAPACITY);
-        create_arena_kind(format!("numa:{node}"), SpaceMedium::Numa { node }, capacity, None)
+        create_arena_kind(
+            format!("numa:{node}"),
+            SpaceMedium::Numa { node },
+            capacity,
+            None,
+        )
     }
 
     /// A unified kind over `members` (at least one; not themselves unified).
@@ -174,7 +202,9 @@ impl Kind {
                 *slot.name.lock().unwrap_or_else(|p| p.into_inner()) = name;
                 Ok(())
             },
-            || KindError::TooManyKinds { why: "kind table is full" },
+            || KindError::TooManyKinds {
+                why: "kind table is full",
+            },
         );
         match created {
             Ok((index, generation)) => Ok(Kind { index, generation }),
@@ -205,7 +235,10 @@ impl Kind {
                 why: "no NUMA node matches this selection".into(),
             }));
         }
-        let members: Vec<Kind> = nodes.iter().map(|&n| Kind::create_numa(n)).collect::<Result<_>>()?;
+        let members: Vec<Kind> = nodes
+            .iter()
+            .map(|&n| Kind::create_numa(n))
+            .collect::<Result<_>>()?;
         Kind::create_unified(&members, strategy)
     }
 
@@ -213,7 +246,12 @@ impl Kind {
     /// (memkind's `MEMKIND_LOWEST_LATENCY_LOCAL`, plus overflow).
     pub fn lowest_latency_local() -> Result<Kind> {
         Kind::selection(0, |t| {
-            let nodes: Vec<u32> = t.nodes().iter().filter(|n| n.has_memory).map(|n| n.id).collect();
+            let nodes: Vec<u32> = t
+                .nodes()
+                .iter()
+                .filter(|n| n.has_memory)
+                .map(|n| n.id)
+                .collect();
             Kind::per_node(&nodes, Strategy::NumaLocal)
         })
     }
@@ -221,7 +259,9 @@ impl Kind {
     /// Memory on the node with the most capacity (memkind's `MEMKIND_HIGHEST_CAPACITY`).
     pub fn highest_capacity() -> Result<Kind> {
         Kind::selection(1, |t| {
-            let node = t.highest_capacity(terrace_media::os::current_node()).unwrap_or(0);
+            let node = t
+                .highest_capacity(terrace_media::os::current_node())
+                .unwrap_or(0);
             Kind::create_numa(node)
         })
     }
@@ -235,23 +275,27 @@ impl Kind {
     /// Memory on nodes with CPUs (memkind's `MEMKIND_REGULAR`), nearest first.
     pub fn regular() -> Result<Kind> {
         Kind::selection(3, |t| {
-            let nodes: Vec<u32> =
-                t.nodes().iter().filter(|n| n.has_memory && !n.cpus.is_empty()).map(|n| n.id).collect();
+            let nodes: Vec<u32> = t
+                .nodes()
+                .iter()
+                .filter(|n| n.has_memory && !n.cpus.is_empty())
+                .map(|n| n.id)
+                .collect();
             Kind::per_node(&nodes, Strategy::NumaLocal)
         })
     }
 
     /// The slot number, stable for the kind's life (for the C ABI).
-    pub fn index(self) -> u32 {
+    pub const fn index(self) -> u32 {
         self.index
     }
 
     /// Rebuilds a handle from [`index`](Self::index) and [`generation`](Self::generation).
-    pub fn from_parts(index: u32, generation: u32) -> Kind {
+    pub const fn from_parts(index: u32, generation: u32) -> Kind {
         Kind { index, generation }
     }
 
-    pub fn generation(self) -> u32 {
+    pub const fn generation(self) -> u32 {
         self.generation
     }
 
@@ -318,7 +362,10 @@ impl Kind {
         // SAFETY: size is non-zero; flags name a live arena of this kind and a cache
         // created for it.
         let ptr = unsafe { je::mallocx(size, flags) };
-        NonNull::new(ptr.cast()).ok_or_else(|| KindError::OutOfMemory { kind: slot.name(), size })
+        NonNull::new(ptr.cast()).ok_or_else(|| KindError::OutOfMemory {
+            kind: slot.name(),
+            size,
+        })
     }
 
     #[cold]
@@ -330,7 +377,11 @@ impl Kind {
         // SAFETY: a live unified slot's pointer stays valid until the kind is destroyed,
         // which must not race with its use (module docs).
         let unified = unsafe { &*unified };
-        unified.alloc(|member| member.alloc_flags(size, extra), size, || slot.name())
+        unified.alloc(
+            |member| member.alloc_flags(size, extra),
+            size,
+            || slot.name(),
+        )
     }
 
     /// Allocates `size` bytes (memkind_malloc).
@@ -341,7 +392,9 @@ impl Kind {
 
     /// Allocates `count * size` zeroed bytes (memkind_calloc).
     pub fn calloc(self, count: usize, size: usize) -> Result<NonNull<u8>> {
-        let total = count.checked_mul(size).ok_or(KindError::TooLarge { size: usize::MAX })?;
+        let total = count
+            .checked_mul(size)
+            .ok_or(KindError::TooLarge { size: usize::MAX })?;
         self.alloc_flags(total, je::MALLOCX_ZERO)
     }
 
@@ -363,7 +416,11 @@ impl Kind {
     ///
     /// # Safety
     /// `ptr` must be a live allocation from a kind, not used after a successful call.
-    pub unsafe fn realloc(self, ptr: Option<NonNull<u8>>, size: usize) -> Result<Option<NonNull<u8>>> {
+    pub unsafe fn realloc(
+        self,
+        ptr: Option<NonNull<u8>>,
+        size: usize,
+    ) -> Result<Option<NonNull<u8>>> {
         let Some(ptr) = ptr else {
             return self.malloc(size).map(Some);
         };
@@ -407,7 +464,10 @@ impl Kind {
         let flags = slot.flags() | tcache::flags(self.index, slot, self.generation);
         // SAFETY: ptr belongs to this kind's arena (contract); flags name that arena.
         let moved = unsafe { je::rallocx(ptr.as_ptr().cast(), size, flags) };
-        NonNull::new(moved.cast()).ok_or_else(|| KindError::OutOfMemory { kind: slot.name(), size })
+        NonNull::new(moved.cast()).ok_or_else(|| KindError::OutOfMemory {
+            kind: slot.name(),
+            size,
+        })
     }
 
     /// Statistics of this kind.
@@ -430,11 +490,15 @@ impl Kind {
         }
         engine::refresh_stats();
         let arena = slot.arena.load(Ordering::Acquire);
-        let read = |name: &str| engine::read::<usize>(&format!("stats.arenas.{arena}.{name}")).unwrap_or(0) as u64;
+        let read = |name: &str| {
+            engine::read::<usize>(&format!("stats.arenas.{arena}.{name}")).unwrap_or(0) as u64
+        };
         let page = terrace_media::os::page_size() as u64;
         let (capacity, reserved) = {
             let space = slot.lock_space();
-            space.as_ref().map_or((0, 0), |s| (s.capacity() as u64, s.reserved_bytes()))
+            space
+                .as_ref()
+                .map_or((0, 0), |s| (s.capacity() as u64, s.reserved_bytes()))
         };
         Ok(KindStats {
             allocated: read("small.allocated") + read("large.allocated"),
@@ -452,16 +516,26 @@ impl Kind {
         let slot = self.live_slot()?;
         engine::refresh_stats();
         let arena = slot.arena.load(Ordering::Acquire);
-        let read = |name: &str| engine::read::<usize>(&format!("stats.arenas.{arena}.{name}")).unwrap_or(0) as u64;
+        let read = |name: &str| {
+            engine::read::<usize>(&format!("stats.arenas.{arena}.{name}")).unwrap_or(0) as u64
+        };
         let page = terrace_media::os::page_size() as u64;
-        Ok([read("pdirty") * page, read("pmuzzy") * page, read("retained"), read("mapped")])
+        Ok([
+            read("pdirty") * page,
+            read("pmuzzy") * page,
+            read("retained"),
+            read("mapped"),
+        ])
     }
 
     /// Destroys the kind and everything allocated from it (memkind_destroy_kind). The
     /// default kind cannot be destroyed. Members of a unified kind are not destroyed with it.
     pub fn destroy(self) -> Result<()> {
         if self == Kind::DEFAULT {
-            return Err(KindError::Unsupported { kind: "dram".into(), why: "the default kind is static" });
+            return Err(KindError::Unsupported {
+                kind: "dram".into(),
+                why: "the default kind is static",
+            });
         }
         let slot = self.live_slot()?;
         let what = slot.what();
@@ -491,7 +565,12 @@ impl Kind {
     }
 }
 
-fn create_arena_kind(name: String, medium: SpaceMedium, capacity: usize, fixed: Option<u32>) -> Result<Kind> {
+fn create_arena_kind(
+    name: String,
+    medium: SpaceMedium,
+    capacity: usize,
+    fixed: Option<u32>,
+) -> Result<Kind> {
     let purges = match &medium {
         SpaceMedium::File { options, .. } => options.hole_punching,
         _ => true,
@@ -504,7 +583,8 @@ fn create_arena_kind(name: String, medium: SpaceMedium, capacity: usize, fixed: 
             match engine::create_arena(slot, purges) {
                 Ok(arena) => {
                     slot.arena.store(arena, Ordering::Release);
-                    slot.arena_flags.store(je::MALLOCX_ARENA(arena as usize), Ordering::Release);
+                    slot.arena_flags
+                        .store(je::MALLOCX_ARENA(arena as usize), Ordering::Release);
                     slot.what.store(SlotKind::Arena as u8, Ordering::Release);
                     *slot.name.lock().unwrap_or_else(|p| p.into_inner()) = name;
                     Ok(())
@@ -515,15 +595,22 @@ fn create_arena_kind(name: String, medium: SpaceMedium, capacity: usize, fixed: 
                 }
             }
         },
-        || KindError::TooManyKinds { why: "kind table is full" },
+        || KindError::TooManyKinds {
+            why: "kind table is full",
+        },
     )?;
     Ok(Kind { index, generation })
 }
 
 #[cold]
 fn init_default() -> Result<()> {
-    create_arena_kind("dram".into(), SpaceMedium::Dram { huge_pages: false }, DRAM_CAPACITY, Some(0))
-        .map(|_| ())
+    create_arena_kind(
+        "dram".into(),
+        SpaceMedium::Dram { huge_pages: false },
+        DRAM_CAPACITY,
+        Some(0),
+    )
+    .map(|_| ())
 }
 
 /// The kind owning `ptr` (memkind_detect_kind), or None if no live kind owns it.

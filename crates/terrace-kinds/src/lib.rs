@@ -27,8 +27,8 @@
 mod engine;
 pub mod error;
 pub mod kind;
-mod slots;
 mod reserve;
+mod slots;
 mod space;
 mod tcache;
 pub mod unified;

@@ -4,22 +4,23 @@
 //! kind hands out only bytes whose blocks are reserved (`fallocate`). Reserving is not free:
 //! on tmpfs it allocates the pages (measured here: about 0.23 ms per MiB, more than the
 //! whole cost of allocating the objects in those pages). So reservation runs ahead of the
-//! allocator on a background thread, within a bounded headroom, and the allocating thread
-//! only reserves itself when it outruns the reserver.
+//! allocator on a background thread, within a bounded headroom; an allocating thread that
+//! outruns it reserves chunks itself, in parallel with the background thread (each claims
+//! a different chunk), and waits only for a chunk someone else is still reserving.
 //!
 //! Invariants:
-//! - `[0, reserved)` of the region has blocks (reservation is contiguous from offset 0);
-//! - `reserved <= wanted_end <= region length`, and `wanted_end` is at most `headroom`
-//!   beyond the highest offset the allocator asked for (so at most `headroom` bytes are
-//!   reserved and unused);
-//! - one `fallocate` at a time per reservation (`lock`), one chunk per call, so an
-//!   allocating thread waits at most one chunk for the background thread.
+//! - `[0, reserved)` of the region has blocks; `reserved` only grows and is the contiguous
+//!   prefix of finished chunks (chunks finish out of order; `finished` holds the others);
+//! - every chunk below `claimed` is being reserved or finished, by exactly one claimant;
+//! - the background thread never claims beyond `wanted_end`, which is at most `headroom`
+//!   beyond the highest offset the allocator asked for (so at most `headroom` plus one
+//!   chunk per claimant is reserved and unused).
 //!
-//! After a failed reservation (full file system) the background thread stops for that
-//! region; the allocating thread still tries the exact range it needs, and failing that
-//! the allocation fails with out-of-memory.
+//! A failed chunk (full file system) stops the background thread for the region; the
+//! allocating thread then tries the exact range it needs, and failing that the allocation
+//! fails with out-of-memory.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
@@ -32,12 +33,26 @@ pub(crate) struct Reservation {
     chunk: usize,
     /// Bytes kept reserved beyond the allocator's highest request (0: no reserving ahead).
     headroom: usize,
+    /// Start of the first chunk nobody has claimed.
+    claimed: AtomicUsize,
     reserved: AtomicUsize,
     wanted_end: AtomicUsize,
     exhausted: AtomicBool,
     /// Set while the reservation waits in the reserver's queue (queued at most once).
     queued: AtomicBool,
-    lock: Mutex<()>,
+    /// Finished chunks above `reserved` (their start offsets), and the failure flag's
+    /// companion: waiters sleep on `progress` until `reserved` moves or a claimant fails.
+    finished: Mutex<BTreeSet<usize>>,
+    progress: Condvar,
+}
+
+enum Claim {
+    /// Reserved a chunk.
+    Done,
+    /// Nothing left to claim (all chunks up to the limit are claimed).
+    NothingToClaim,
+    /// The file system refused the chunk.
+    Failed,
 }
 
 impl Reservation {
@@ -46,46 +61,106 @@ impl Reservation {
             region,
             chunk,
             headroom,
+            claimed: AtomicUsize::new(0),
             reserved: AtomicUsize::new(0),
             wanted_end: AtomicUsize::new(0),
             exhausted: AtomicBool::new(false),
             queued: AtomicBool::new(false),
-            lock: Mutex::new(()),
+            finished: Mutex::new(BTreeSet::new()),
+            progress: Condvar::new(),
         });
         reservation.want(0);
         reservation
     }
 
-    /// Bytes reserved so far.
+    /// Bytes reserved so far (the contiguous prefix).
     pub(crate) fn reserved(&self) -> usize {
         self.reserved.load(Ordering::Acquire)
     }
 
-    /// Ensures `[0, end)` is reserved, reserving synchronously what the background thread
-    /// has not yet. False when the file system is full.
+    /// Ensures `[0, end)` is reserved, reserving chunks itself while the background thread
+    /// is behind. False when the file system is full.
     pub(crate) fn ensure(self: &Arc<Self>, end: usize) -> bool {
         self.want(end);
-        if end <= self.reserved() {
-            return true;
+        loop {
+            if end <= self.reserved() {
+                return true;
+            }
+            if self.exhausted.load(Ordering::Acquire) {
+                return self.reserve_exact(end);
+            }
+            match self.claim(end) {
+                Claim::Done => continue,
+                Claim::Failed => return self.reserve_exact(end),
+                Claim::NothingToClaim => self.wait_for_progress(end),
+            }
         }
-        let _one_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let start = self.reserved();
+    }
+
+    /// Claims the next chunk if it starts below `limit`, and reserves it.
+    fn claim(&self, limit: usize) -> Claim {
+        let len = self.region.len();
+        let mut start = self.claimed.load(Ordering::Acquire);
+        loop {
+            if start >= limit.min(len) {
+                return Claim::NothingToClaim;
+            }
+            match self.claimed.compare_exchange_weak(
+                start,
+                start + self.chunk,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => start = now,
+            }
+        }
+        let chunk_len = self.chunk.min(len - start);
+        let ok = self.region.reserve(start, chunk_len).is_ok();
+        let mut finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
+        if ok {
+            finished.insert(start);
+            // Advance the contiguous prefix over every finished chunk.
+            let mut prefix = self.reserved.load(Ordering::Acquire);
+            while finished.remove(&prefix) {
+                prefix = (prefix + self.chunk).min(len);
+            }
+            self.reserved.store(prefix, Ordering::Release);
+        } else {
+            self.exhausted.store(true, Ordering::Release);
+        }
+        drop(finished);
+        self.progress.notify_all();
+        if ok {
+            Claim::Done
+        } else {
+            Claim::Failed
+        }
+    }
+
+    /// Sleeps until `reserved` reaches `end` or a claimant fails (chunks below `end` are
+    /// all claimed by others).
+    fn wait_for_progress(&self, end: usize) {
+        let finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
+        if end <= self.reserved() || self.exhausted.load(Ordering::Acquire) {
+            return;
+        }
+        drop(self.progress.wait(finished));
+    }
+
+    /// After a failed chunk: reserve exactly `[reserved, end)` once the other claimants
+    /// are done. The prefix then ends exactly at `end`.
+    fn reserve_exact(&self, end: usize) -> bool {
+        let mut finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
+        let start = self.reserved.load(Ordering::Acquire);
         if end <= start {
             return true;
         }
-        let len = self.region.len();
-        let chunk_end = end.div_ceil(self.chunk).saturating_mul(self.chunk).min(len);
-        let reached = if self.region.reserve(start, chunk_end - start).is_ok() {
-            chunk_end
-        } else if self.region.reserve(start, end - start).is_ok() {
-            // Nearly full: a whole chunk does not fit, the exact range does.
-            self.exhausted.store(true, Ordering::Release);
-            end
-        } else {
-            self.exhausted.store(true, Ordering::Release);
+        if self.region.reserve(start, end - start).is_err() {
             return false;
-        };
-        self.reserved.store(reached, Ordering::Release);
+        }
+        finished.retain(|&chunk| chunk >= end);
+        self.reserved.store(end, Ordering::Release);
         true
     }
 
@@ -105,24 +180,14 @@ impl Reservation {
         }
     }
 
-    /// Reserves one more chunk toward `wanted_end`; false when there is nothing to do.
-    fn step(&self) -> bool {
-        if self.exhausted.load(Ordering::Acquire) {
-            return false;
+    /// Background work: claims chunks up to `wanted_end`.
+    fn run_ahead(&self) {
+        while !self.exhausted.load(Ordering::Acquire) {
+            match self.claim(self.wanted_end.load(Ordering::Acquire)) {
+                Claim::Done => {}
+                Claim::NothingToClaim | Claim::Failed => return,
+            }
         }
-        let _one_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let start = self.reserved();
-        let target = self.wanted_end.load(Ordering::Acquire);
-        if start >= target {
-            return false;
-        }
-        let end = (start + self.chunk).min(self.region.len());
-        if self.region.reserve(start, end - start).is_err() {
-            self.exhausted.store(true, Ordering::Release);
-            return false;
-        }
-        self.reserved.store(end, Ordering::Release);
-        end < target
     }
 }
 
@@ -136,8 +201,10 @@ struct Reserver {
 fn reserver() -> &'static Reserver {
     static RESERVER: OnceLock<&'static Reserver> = OnceLock::new();
     RESERVER.get_or_init(|| {
-        let reserver: &'static Reserver =
-            Box::leak(Box::new(Reserver { queue: Mutex::new(VecDeque::new()), wake: Condvar::new() }));
+        let reserver: &'static Reserver = Box::leak(Box::new(Reserver {
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+        }));
         let started = std::thread::Builder::new()
             .name("terrace-reserver".into())
             .spawn(move || reserver.run());
@@ -168,7 +235,7 @@ impl Reserver {
             };
             if let Some(reservation) = next.upgrade() {
                 reservation.queued.store(false, Ordering::Release);
-                while reservation.step() {}
+                reservation.run_ahead();
             }
         }
     }

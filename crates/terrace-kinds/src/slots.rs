@@ -116,7 +116,10 @@ struct Allocation {
 }
 
 /// Serialises kind creation and destruction (the first lock in the lock order).
-static CREATE: Mutex<Allocation> = Mutex::new(Allocation { next_unused: 0, free: Vec::new() });
+static CREATE: Mutex<Allocation> = Mutex::new(Allocation {
+    next_unused: 0,
+    free: Vec::new(),
+});
 
 pub(crate) fn slot(index: u32) -> Option<&'static Slot> {
     SLOTS.get(index as usize)
@@ -172,14 +175,23 @@ pub(crate) fn create_with<E>(
 
 /// Marks a slot dead and hands it back; `teardown` runs under the creation lock after the
 /// generation moved on, so no new thread cache can be created for the old kind.
-pub(crate) fn destroy_with(index: u32, generation: u32, teardown: impl FnOnce(&'static Slot)) -> bool {
+pub(crate) fn destroy_with(
+    index: u32,
+    generation: u32,
+    teardown: impl FnOnce(&'static Slot),
+) -> bool {
     let mut alloc = CREATE.lock().unwrap_or_else(|p| p.into_inner());
     let slot = &SLOTS[index as usize];
     {
         let _caches = slot.lock_tcaches();
         if slot
             .generation
-            .compare_exchange(generation, generation + 1, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                generation,
+                generation + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_err()
         {
             return false;

@@ -42,10 +42,17 @@ pub(crate) fn default_headroom(len: usize) -> usize {
 /// The medium a space lives on.
 #[derive(Clone, Debug)]
 pub enum SpaceMedium {
-    Dram { huge_pages: bool },
-    Numa { node: u32 },
+    Dram {
+        huge_pages: bool,
+    },
+    Numa {
+        node: u32,
+    },
     /// A file, with the bytes to keep reserved ahead of use.
-    File { options: FileOptions, headroom: usize },
+    File {
+        options: FileOptions,
+        headroom: usize,
+    },
 }
 
 struct Piece {
@@ -69,7 +76,13 @@ impl Space {
     /// Creates a space and maps its first region, so a bad directory, a missing node or a
     /// too-large file surfaces here rather than at the first allocation.
     pub fn new(medium: SpaceMedium, capacity: usize, tag: NonZeroU32) -> Result<Space> {
-        let mut space = Space { medium, tag, pieces: Vec::new(), capacity, handed_out: 0 };
+        let mut space = Space {
+            medium,
+            tag,
+            pieces: Vec::new(),
+            capacity,
+            handed_out: 0,
+        };
         let first = match &space.medium {
             SpaceMedium::File { options, .. } => options.size,
             _ => DRAM_CHUNK.min(capacity),
@@ -92,7 +105,11 @@ impl Space {
         let reservation = headroom.map(|headroom| {
             Reservation::new(region.clone(), reserve_chunk_for(region.len()), headroom)
         });
-        self.pieces.push(Piece { region, bump: 0, reservation });
+        self.pieces.push(Piece {
+            region,
+            bump: 0,
+            reservation,
+        });
         Ok(())
     }
 
@@ -103,7 +120,11 @@ impl Space {
 
     /// File bytes reserved so far (0 for anonymous spaces).
     pub fn reserved_bytes(&self) -> u64 {
-        self.pieces.iter().filter_map(|p| p.reservation.as_ref()).map(|r| r.reserved() as u64).sum()
+        self.pieces
+            .iter()
+            .filter_map(|p| p.reservation.as_ref())
+            .map(|r| r.reserved() as u64)
+            .sum()
     }
 
     /// The medium of this space's regions.
@@ -204,7 +225,10 @@ mod tests {
     }
 
     fn file_space(dir: &std::path::Path, size: usize, headroom: usize) -> Space {
-        let medium = SpaceMedium::File { options: FileOptions::temp_in(dir, size), headroom };
+        let medium = SpaceMedium::File {
+            options: FileOptions::temp_in(dir, size),
+            headroom,
+        };
         Space::new(medium, 0, tag()).unwrap()
     }
 
@@ -236,13 +260,20 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let reserved = space.reserved_bytes();
-        assert!(reserved >= 32 << 20, "reserver did not get ahead: {reserved}");
-        assert!(reserved <= (32 << 20) + reserve_chunk_for(256 << 20) as u64, "beyond headroom: {reserved}");
+        assert!(
+            reserved >= 32 << 20,
+            "reserver did not get ahead: {reserved}"
+        );
+        assert!(
+            reserved <= (32 << 20) + reserve_chunk_for(256 << 20) as u64,
+            "beyond headroom: {reserved}"
+        );
     }
 
     #[test]
     fn dram_space_grows_by_new_regions_up_to_capacity() {
-        let mut space = Space::new(SpaceMedium::Dram { huge_pages: false }, 3 << 30, tag()).unwrap();
+        let mut space =
+            Space::new(SpaceMedium::Dram { huge_pages: false }, 3 << 30, tag()).unwrap();
         assert!(space.alloc(DRAM_CHUNK - 4096, 4096).is_some());
         let p = space.alloc(1 << 30, 4096).unwrap();
         assert_eq!(space.regions().count(), 2);

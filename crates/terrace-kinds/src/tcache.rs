@@ -36,7 +36,9 @@ impl Drop for ThreadCaches {
             if cache == NO_CACHE {
                 continue;
             }
-            let Some(slot) = slots::slot(index as u32) else { continue };
+            let Some(slot) = slots::slot(index as u32) else {
+                continue;
+            };
             let mut caches = slot.lock_tcaches();
             if slot.generation.load(Ordering::Acquire) == generation {
                 if let Some(at) = caches.iter().position(|&c| c == cache) {

@@ -58,7 +58,10 @@ impl Unified {
                     let rank = match members[i].medium() {
                         Some(KindMedium::Dram) => 0,
                         Some(KindMedium::Numa(node)) => {
-                            1 + proximity.iter().position(|&n| n == node).unwrap_or(proximity.len())
+                            1 + proximity
+                                .iter()
+                                .position(|&n| n == node)
+                                .unwrap_or(proximity.len())
                         }
                         _ => usize::MAX,
                     };
@@ -67,7 +70,13 @@ impl Unified {
                 order
             })
             .collect();
-        Unified { members, strategy, next: AtomicUsize::new(0), node_order, cpu_node }
+        Unified {
+            members,
+            strategy,
+            next: AtomicUsize::new(0),
+            node_order,
+            cpu_node,
+        }
     }
 
     pub(crate) fn strategy(&self) -> Strategy {

@@ -19,10 +19,18 @@ pub enum MediaError {
     Open { path: PathBuf, source: io::Error },
     /// The file system has no room for the requested reservation.
     #[error("no space left on {path} for {len} bytes at offset {offset}")]
-    NoSpace { path: PathBuf, offset: u64, len: u64 },
+    NoSpace {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+    },
     /// Another I/O error on a file-backed medium.
     #[error("{op} failed on {path}: {source}")]
-    Io { op: &'static str, path: PathBuf, source: io::Error },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
     /// A NUMA node that does not exist or has no memory.
     #[error("NUMA node {node} is not available: {why}")]
     NoSuchNode { node: u32, why: String },

@@ -32,7 +32,12 @@ impl FlashFile {
     pub fn open(path: &Path, size: u64) -> Result<FlashFile> {
         let open = |direct: bool| {
             let mut options = OpenOptions::new();
-            options.read(true).write(true).create(true).truncate(false).mode(0o600);
+            options
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600);
             if direct {
                 options.custom_flags(libc::O_DIRECT);
             }
@@ -41,10 +46,18 @@ impl FlashFile {
         let (file, direct) = match open(true) {
             Ok(f) => (f, true),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (
-                open(false).map_err(|source| MediaError::Open { path: path.into(), source })?,
+                open(false).map_err(|source| MediaError::Open {
+                    path: path.into(),
+                    source,
+                })?,
                 false,
             ),
-            Err(source) => return Err(MediaError::Open { path: path.into(), source }),
+            Err(source) => {
+                return Err(MediaError::Open {
+                    path: path.into(),
+                    source,
+                })
+            }
         };
         if size == 0 || size % BLOCK as u64 != 0 {
             return Err(MediaError::InvalidSize {
@@ -55,12 +68,25 @@ impl FlashFile {
         use std::os::fd::AsFd;
         crate::os::fallocate(file.as_fd(), 0, 0, size).map_err(|source| {
             if source.raw_os_error() == Some(libc::ENOSPC) {
-                MediaError::NoSpace { path: path.into(), offset: 0, len: size }
+                MediaError::NoSpace {
+                    path: path.into(),
+                    offset: 0,
+                    len: size,
+                }
             } else {
-                MediaError::Io { op: "fallocate", path: path.into(), source }
+                MediaError::Io {
+                    op: "fallocate",
+                    path: path.into(),
+                    source,
+                }
             }
         })?;
-        Ok(FlashFile { file, path: path.into(), size, direct })
+        Ok(FlashFile {
+            file,
+            path: path.into(),
+            size,
+            direct,
+        })
     }
 
     pub fn size(&self) -> u64 {
@@ -83,7 +109,11 @@ impl FlashFile {
             && buf.len() % BLOCK == 0
             && buf.as_ptr() as usize % BLOCK == 0;
         if end.is_none_or(|e| e > self.size) || (self.direct && !aligned) {
-            return Err(MediaError::OutOfBounds { offset, len, size: self.size });
+            return Err(MediaError::OutOfBounds {
+                offset,
+                len,
+                size: self.size,
+            });
         }
         Ok(())
     }
@@ -93,7 +123,11 @@ impl FlashFile {
         self.check(offset, buf)?;
         self.file
             .read_exact_at(buf, offset)
-            .map_err(|source| MediaError::Io { op: "pread", path: self.path.clone(), source })
+            .map_err(|source| MediaError::Io {
+                op: "pread",
+                path: self.path.clone(),
+                source,
+            })
     }
 
     /// Writes `buf` at `offset`.
@@ -101,14 +135,20 @@ impl FlashFile {
         self.check(offset, buf)?;
         self.file
             .write_all_at(buf, offset)
-            .map_err(|source| MediaError::Io { op: "pwrite", path: self.path.clone(), source })
+            .map_err(|source| MediaError::Io {
+                op: "pwrite",
+                path: self.path.clone(),
+                source,
+            })
     }
 
     /// Makes completed writes durable (`fdatasync`).
     pub fn sync(&self) -> Result<()> {
-        self.file
-            .sync_data()
-            .map_err(|source| MediaError::Io { op: "fdatasync", path: self.path.clone(), source })
+        self.file.sync_data().map_err(|source| MediaError::Io {
+            op: "fdatasync",
+            path: self.path.clone(),
+            source,
+        })
     }
 }
 
@@ -151,7 +191,10 @@ impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this exact layout.
         unsafe {
-            alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, BLOCK))
+            alloc::dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.len, BLOCK),
+            )
         }
     }
 }
@@ -177,8 +220,14 @@ mod tests {
             let mut back = AlignedBuf::new(8192);
             flash.read_at(4096, &mut back).unwrap();
             assert_eq!(&back[..5], b"hello");
-            assert!(matches!(flash.write_at((1 << 20) - 4096, &out), Err(MediaError::OutOfBounds { .. })));
-            assert!(matches!(flash.read_at(u64::MAX - 10, &mut back), Err(MediaError::OutOfBounds { .. })));
+            assert!(matches!(
+                flash.write_at((1 << 20) - 4096, &out),
+                Err(MediaError::OutOfBounds { .. })
+            ));
+            assert!(matches!(
+                flash.read_at(u64::MAX - 10, &mut back),
+                Err(MediaError::OutOfBounds { .. })
+            ));
         }
     }
 

@@ -107,7 +107,11 @@ impl Topology {
     pub fn by_proximity(&self, from: u32) -> Vec<u32> {
         let mut memory: Vec<&NodeInfo> = self.nodes.iter().filter(|n| n.has_memory).collect();
         memory.sort_by_key(|n| {
-            let latency = if n.id == from { 0 } else { n.access.read_latency_ns.unwrap_or(u64::MAX) };
+            let latency = if n.id == from {
+                0
+            } else {
+                n.access.read_latency_ns.unwrap_or(u64::MAX)
+            };
             (self.distance(from, n.id), latency, n.id)
         });
         memory.iter().map(|n| n.id).collect()
@@ -123,24 +127,27 @@ impl Topology {
     /// `MEMKIND_HIGHEST_CAPACITY`).
     pub fn highest_capacity(&self, from: u32) -> Option<u32> {
         let order = self.by_proximity(from);
-        order
-            .iter()
-            .copied()
-            .max_by_key(|&id| {
-                let rank = order.len() - order.iter().position(|&o| o == id).unwrap_or(0);
-                (self.node(id).map_or(0, |n| n.mem_total), rank)
-            })
+        order.iter().copied().max_by_key(|&id| {
+            let rank = order.len() - order.iter().position(|&o| o == id).unwrap_or(0);
+            (self.node(id).map_or(0, |n| n.mem_total), rank)
+        })
     }
 
     /// CPU-less memory nodes (PMem/CXL as system RAM; memkind's `MEMKIND_DAX_KMEM`).
     pub fn cpu_less(&self) -> Vec<u32> {
-        self.nodes.iter().filter(|n| n.is_cpu_less()).map(|n| n.id).collect()
+        self.nodes
+            .iter()
+            .filter(|n| n.is_cpu_less())
+            .map(|n| n.id)
+            .collect()
     }
 }
 
 fn read_node(root: &Path, id: u32) -> NodeInfo {
     let dir = root.join(format!("node{id}"));
-    let cpus = read_trimmed(&dir.join("cpulist")).map(|s| parse_cpu_list(&s)).unwrap_or_default();
+    let cpus = read_trimmed(&dir.join("cpulist"))
+        .map(|s| parse_cpu_list(&s))
+        .unwrap_or_default();
     let mem_total = read_trimmed(&dir.join("meminfo"))
         .and_then(|s| {
             s.lines().find_map(|line| {
@@ -151,7 +158,11 @@ fn read_node(root: &Path, id: u32) -> NodeInfo {
         })
         .unwrap_or(0);
     let distances = read_trimmed(&dir.join("distance"))
-        .map(|s| s.split_whitespace().filter_map(|d| d.parse().ok()).collect())
+        .map(|s| {
+            s.split_whitespace()
+                .filter_map(|d| d.parse().ok())
+                .collect()
+        })
         .unwrap_or_default();
     let access_dir: PathBuf = dir.join("access0").join("initiators");
     let attr = |name: &str| read_trimmed(&access_dir.join(name)).and_then(|s| s.parse().ok());

@@ -139,7 +139,12 @@ pub fn fallocate(fd: BorrowedFd<'_>, mode: libc::c_int, offset: u64, len: u64) -
     loop {
         // SAFETY: fallocate only reads its scalar arguments.
         let rc = unsafe {
-            libc::fallocate(fd.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t)
+            libc::fallocate(
+                fd.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
         };
         if rc == 0 {
             return Ok(());

@@ -119,10 +119,16 @@ unsafe impl Sync for Region {}
 
 fn round_to_granule(size: usize) -> Result<usize> {
     if size == 0 {
-        return Err(MediaError::InvalidSize { size, why: "a region cannot be empty" });
+        return Err(MediaError::InvalidSize {
+            size,
+            why: "a region cannot be empty",
+        });
     }
     if size > isize::MAX as usize - GRANULE {
-        return Err(MediaError::InvalidSize { size, why: "larger than the address space" });
+        return Err(MediaError::InvalidSize {
+            size,
+            why: "larger than the address space",
+        });
     }
     Ok((size + GRANULE - 1) & !(GRANULE - 1))
 }
@@ -146,10 +152,16 @@ impl Region {
         let topology = numa::Topology::discover();
         match topology.node(node) {
             None => {
-                return Err(MediaError::NoSuchNode { node, why: "not online".into() });
+                return Err(MediaError::NoSuchNode {
+                    node,
+                    why: "not online".into(),
+                });
             }
             Some(info) if !info.has_memory => {
-                return Err(MediaError::NoSuchNode { node, why: "has no memory".into() });
+                return Err(MediaError::NoSuchNode {
+                    node,
+                    why: "has no memory".into(),
+                });
             }
             Some(_) => {}
         }
@@ -199,7 +211,10 @@ impl Region {
                     .truncate(false)
                     .mode(0o600)
                     .open(path)
-                    .map_err(|source| MediaError::Open { path: path.clone(), source })?;
+                    .map_err(|source| MediaError::Open {
+                        path: path.clone(),
+                        source,
+                    })?;
                 let len = file
                     .metadata()
                     .map_err(|source| io_err("stat", path, source))?
@@ -218,13 +233,18 @@ impl Region {
                 if source.raw_os_error() == Some(libc::ENOSPC)
                     || source.raw_os_error() == Some(libc::EFBIG)
                 {
-                    MediaError::NoSpace { path: path.clone(), offset: 0, len: len as u64 }
+                    MediaError::NoSpace {
+                        path: path.clone(),
+                        offset: 0,
+                        len: len as u64,
+                    }
                 } else {
                     io_err("ftruncate", &path, source)
                 }
             })?;
         }
-        let tmpfs = matches!(os::fs_type(file.as_fd()), Ok(t) if t == os::TMPFS_MAGIC || t == 0x8584_58f6);
+        let tmpfs =
+            matches!(os::fs_type(file.as_fd()), Ok(t) if t == os::TMPFS_MAGIC || t == 0x8584_58f6);
         let base = os::reserve_aligned(len, GRANULE)
             .map_err(|source| MediaError::Map { size: len, source })?;
         // SAFETY: `base..base+len` is the reservation just made; the file is open.
@@ -241,13 +261,22 @@ impl Region {
                 false
             }
         };
-        let durability = if tmpfs && !dax { Durability::Process } else { Durability::Power };
+        let durability = if tmpfs && !dax {
+            Durability::Process
+        } else {
+            Durability::Power
+        };
         Ok(Region {
             base,
             len,
             medium: MediumKind::File,
             durability,
-            file: Some(FileBacking { file, path, dax, hole_punching: options.hole_punching }),
+            file: Some(FileBacking {
+                file,
+                path,
+                dax,
+                hole_punching: options.hole_punching,
+            }),
             registered: None,
             reserved: AtomicU64::new(0),
         })
@@ -395,7 +424,9 @@ impl Region {
 
     /// Bytes the file system holding a file region can still give (None for anonymous).
     pub fn fs_available(&self) -> Option<u64> {
-        self.file.as_ref().and_then(|b| os::fs_available(b.file.as_fd()).ok())
+        self.file
+            .as_ref()
+            .and_then(|b| os::fs_available(b.file.as_fd()).ok())
     }
 }
 
@@ -411,13 +442,20 @@ impl Drop for Region {
 }
 
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> MediaError {
-    MediaError::Io { op, path: path.to_path_buf(), source }
+    MediaError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Opens an unlinked file in `dir`: `O_TMPFILE` where the file system supports it, else a
 /// uniquely named file unlinked at once.
 fn open_temp_in(dir: &Path) -> Result<File> {
-    let open_err = |source| MediaError::Open { path: dir.to_path_buf(), source };
+    let open_err = |source| MediaError::Open {
+        path: dir.to_path_buf(),
+        source,
+    };
     match OpenOptions::new()
         .read(true)
         .write(true)
@@ -427,7 +465,10 @@ fn open_temp_in(dir: &Path) -> Result<File> {
     {
         Ok(file) => return Ok(file),
         Err(e)
-            if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::EISDIR)) => {}
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::EISDIR)
+            ) => {}
         Err(e) => return Err(open_err(e)),
     }
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -438,7 +479,13 @@ fn open_temp_in(dir: &Path) -> Result<File> {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         let path = dir.join(name);
-        match OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path) {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
             Ok(file) => {
                 std::fs::remove_file(&path).map_err(open_err)?;
                 return Ok(file);
@@ -514,14 +561,23 @@ mod tests {
             Region::file(&FileOptions::temp_in("/dev/shm", 0)),
             Err(MediaError::InvalidSize { .. })
         ));
-        assert!(matches!(Region::dram(usize::MAX, false), Err(MediaError::InvalidSize { .. })));
+        assert!(matches!(
+            Region::dram(usize::MAX, false),
+            Err(MediaError::InvalidSize { .. })
+        ));
     }
 
     #[test]
     fn out_of_bounds_ranges_are_errors() {
         let region = Region::dram(GRANULE, false).unwrap();
-        assert!(matches!(region.reserve(GRANULE, 1), Err(MediaError::OutOfBounds { .. })));
-        assert!(matches!(region.persist(usize::MAX, 2), Err(MediaError::OutOfBounds { .. })));
+        assert!(matches!(
+            region.reserve(GRANULE, 1),
+            Err(MediaError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            region.persist(usize::MAX, 2),
+            Err(MediaError::OutOfBounds { .. })
+        ));
     }
 
     #[test]
@@ -541,6 +597,9 @@ mod tests {
         // SAFETY: inside the live mapping.
         unsafe { region.base().as_ptr().write(1) };
         assert_eq!(region.medium(), MediumKind::Numa(0));
-        assert!(matches!(Region::numa(4000, GRANULE), Err(MediaError::NoSuchNode { .. })));
+        assert!(matches!(
+            Region::numa(4000, GRANULE),
+            Err(MediaError::NoSuchNode { .. })
+        ));
     }
 }

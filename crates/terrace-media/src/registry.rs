@@ -79,7 +79,9 @@ fn granules(base: usize, len: usize) -> Result<std::ops::Range<usize>> {
             why: "registered ranges are whole, aligned registry granules",
         });
     }
-    let end = base.checked_add(len).ok_or(MediaError::Overlap { base, len })?;
+    let end = base
+        .checked_add(len)
+        .ok_or(MediaError::Overlap { base, len })?;
     if end > 1usize << ADDRESS_BITS {
         return Err(MediaError::InvalidSize {
             size: len,
@@ -92,7 +94,9 @@ fn granules(base: usize, len: usize) -> Result<std::ops::Range<usize>> {
 /// Records `tag` as the owner of `[base, base+len)`.
 pub fn register(base: usize, len: usize, tag: NonZeroU32) -> Result<()> {
     let range = granules(base, len)?;
-    let _writers = WRITERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _writers = WRITERS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if range.clone().any(|g| {
         let (root, slot) = split(g);
         let leaf = ROOT[root].load(Ordering::Acquire);
@@ -113,7 +117,9 @@ pub fn unregister(base: usize, len: usize, tag: NonZeroU32) {
     let Ok(range) = granules(base, len) else {
         return;
     };
-    let _writers = WRITERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _writers = WRITERS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     for g in range {
         let (root, slot) = split(g);
         let leaf = ROOT[root].load(Ordering::Acquire);

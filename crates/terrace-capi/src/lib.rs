@@ -1,0 +1,17 @@
+//! terrace-capi: the one crate with `extern "C"`. It builds `libterrace.so`, whose
+//! functions are declared in `include/terrace.h` (the native API) and
+//! `include/memkind.h` (a memkind-compatible subset, so memkind programs recompile
+//! unchanged against Terrace).
+//!
+//! Conventions shared by both APIs:
+//! - a kind handle (`terrace_kind_t`, `memkind_t`) is an opaque, never-dereferenced
+//!   pointer-sized value encoding the kind's slot and generation ([`handle`]); a handle of
+//!   a destroyed kind is detected and refused, not followed;
+//! - functions never panic across the boundary: bad input is an error code plus `errno`,
+//!   and the message of the last error on this thread is kept ([`error`]);
+//! - freeing a pointer no kind owns (foreign, or from a destroyed kind) does nothing.
+
+pub mod error;
+pub mod handle;
+pub mod memkind;
+pub mod native;
