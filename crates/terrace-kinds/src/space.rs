@@ -16,7 +16,7 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use terrace_media::{FileOptions, Region};
+use terrace_media::{FileOptions, MediaError, Region};
 
 use crate::error::Result;
 use crate::reserve::Reservation;
@@ -37,6 +37,14 @@ fn reserve_chunk_for(len: usize) -> usize {
 /// Default headroom reserved ahead of use: an eighth of the file, at most 1 GiB.
 pub(crate) fn default_headroom(len: usize) -> usize {
     (len / 8).min(1 << 30)
+}
+
+/// Bytes of a file space reserved at creation, before the kind is handed out: the
+/// headroom, at most 256 MiB, at least one chunk. Early allocations then never wait for
+/// `fallocate` (on tmpfs the first 256 MiB cost ~60 ms to reserve), and a file system too
+/// full for the first chunk fails the creation instead of the first allocations.
+fn initial_lead(len: usize, headroom: usize) -> usize {
+    headroom.min(256 << 20).max(reserve_chunk_for(len)).min(len)
 }
 
 /// The medium a space lives on.
@@ -102,9 +110,24 @@ impl Space {
         };
         region.register(self.tag)?;
         let region = Arc::new(region);
-        let reservation = headroom.map(|headroom| {
-            Reservation::new(region.clone(), reserve_chunk_for(region.len()), headroom)
-        });
+        let reservation = match headroom {
+            None => None,
+            Some(headroom) => {
+                let len = region.len();
+                let chunk = reserve_chunk_for(len);
+                let reservation = Reservation::new(region.clone(), chunk, headroom);
+                if !reservation.ensure(initial_lead(len, headroom)) {
+                    let path = region.path().map(|p| p.to_path_buf()).unwrap_or_default();
+                    return Err(MediaError::NoSpace {
+                        path,
+                        offset: 0,
+                        len: chunk as u64,
+                    }
+                    .into());
+                }
+                Some(reservation)
+            }
+        };
         self.pieces.push(Piece {
             region,
             bump: 0,
@@ -237,9 +260,20 @@ mod tests {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let mut space = file_space(dir.path(), 128 << 20, 0);
         assert_eq!(space.capacity(), 128 << 20);
-        assert_eq!(space.reserved_bytes(), 0);
+        let chunk = reserve_chunk_for(128 << 20) as u64;
+        assert_eq!(
+            space.reserved_bytes(),
+            chunk,
+            "one chunk is reserved at creation"
+        );
         let a = space.alloc(1 << 20, 4096).unwrap();
-        assert_eq!(space.reserved_bytes(), reserve_chunk_for(128 << 20) as u64);
+        assert_eq!(space.reserved_bytes(), chunk);
+        space.alloc(chunk as usize, 4096).unwrap();
+        assert_eq!(
+            space.reserved_bytes(),
+            2 * chunk,
+            "reserved on demand past the first chunk"
+        );
         let b = space.alloc(2 << 20, 2 << 20).unwrap();
         assert_eq!(b as usize % (2 << 20), 0);
         assert!(space.alloc(200 << 20, 4096).is_none());
