@@ -204,6 +204,11 @@ pub(crate) fn tcache_create() -> Option<u32> {
     read::<c_uint>("tcache.create").ok()
 }
 
+/// Returns the objects held by an explicit thread cache to their arenas.
+pub(crate) fn tcache_flush(tcache: u32) {
+    let _ = write("tcache.flush", tcache as c_uint);
+}
+
 /// Flushes and destroys an explicit thread cache.
 pub(crate) fn tcache_destroy(tcache: u32) {
     let _ = write("tcache.destroy", tcache as c_uint);

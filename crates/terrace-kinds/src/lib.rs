@@ -24,6 +24,7 @@
 //!   (`FileKindOptions::hole_punching`); file systems without hole punching just work;
 //! - freeing a pointer no kind owns is a no-op that reports `false`.
 
+mod allocation;
 mod engine;
 pub mod error;
 pub mod kind;
@@ -33,6 +34,7 @@ mod space;
 mod tcache;
 pub mod unified;
 
+pub use allocation::Allocation;
 pub use error::{KindError, Result};
 pub use kind::{
     detect_kind, free, medium_of, usable_size, FileKindOptions, Kind, KindMedium, KindStats,
@@ -41,6 +43,13 @@ pub use kind::{
 pub use slots::MAX_KINDS;
 pub use terrace_media::FileLocation;
 pub use unified::Strategy;
+
+/// Returns every object the calling thread holds in its per-kind caches to its kind.
+/// Threads flush automatically when they exit; call this before reading exact statistics
+/// or before a thread goes idle for long.
+pub fn flush_thread_caches() {
+    tcache::flush_thread();
+}
 
 /// The strategy of a unified kind (None for other kinds).
 pub fn unified_strategy(kind: Kind) -> Option<Strategy> {

@@ -145,6 +145,28 @@ fn create(slot: &'static Slot, generation: u32) -> u32 {
     }
 }
 
+/// Returns every object cached by the calling thread, in every kind, to its kind (so the
+/// kinds' statistics count them as free).
+pub(crate) fn flush_thread() {
+    let _ = TABLE.try_with(|t| {
+        let (ptr, len) = t.get();
+        for index in 0..len {
+            // SAFETY: as in `flags`.
+            let entry = unsafe { *ptr.add(index) };
+            let cache = (entry as u32).wrapping_sub(1);
+            let Some(slot) = slots::slot(index as u32) else {
+                continue;
+            };
+            if entry != 0
+                && cache != NO_CACHE
+                && slot.generation.load(Ordering::Acquire) == (entry >> 32) as u32
+            {
+                engine::tcache_flush(cache);
+            }
+        }
+    });
+}
+
 /// Flushes and destroys every cache of a kind being destroyed (called by the destroyer
 /// after the slot's generation moved on).
 pub(crate) fn destroy_all(slot: &Slot) {

@@ -1,0 +1,80 @@
+//! `terrace`: a thin command line over the Terrace crates.
+//!
+//! - `terrace info [--dir DIR]`: what the media layer sees on this machine — NUMA nodes
+//!   (CPU-less ones are PMem/CXL), HMAT attributes, the cache-flush instruction, and for a
+//!   directory whether it is DAX, what a persisted write there survives and how much room
+//!   it has.
+//! - `terrace bench kinds [--dir DIR] [--max-size BYTES]`: allocation speed of a file kind
+//!   (the persistent/CXL tier emulated by a file in DIR) against the DRAM kind, over the
+//!   sizes memkind's own anchor uses.
+//!
+//! The memcached-compatible server (`terrace serve`) arrives with the server crate.
+
+#![forbid(unsafe_code)]
+
+mod bench;
+mod info;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "terrace",
+    version,
+    about = "Tiered-memory engine: heaps, pools and caches over DRAM, PMem/CXL and flash"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the memory media this machine offers.
+    Info {
+        /// Also probe this directory as a file tier (DAX? durability? free space?).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Run a benchmark.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// File kind against DRAM kind: malloc and free (kind detected) per size.
+    Kinds {
+        /// Directory of the file kind (a tmpfs such as /dev/shm emulates PMem).
+        #[arg(long, default_value = "/dev/shm")]
+        dir: PathBuf,
+        /// Maximum size of the file kind in bytes.
+        #[arg(long, default_value_t = 4 << 30)]
+        max_size: usize,
+        /// Bytes allocated per size (objects = min(this / size, 4,000,000)).
+        #[arg(long, default_value_t = 1 << 30)]
+        volume: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info { dir } => info::run(dir.as_deref()),
+        Command::Bench(BenchCommand::Kinds {
+            dir,
+            max_size,
+            volume,
+        }) => bench::kinds(&dir, max_size, volume),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("terrace: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
