@@ -62,10 +62,11 @@ pub struct FileKindOptions {
     pub max_size: usize,
     /// Punch freed memory out of the file (off by default: see `terrace_media::FileOptions`).
     pub hole_punching: bool,
-    /// File bytes to keep reserved ahead of use by the background reserver (None: an
-    /// eighth of `max_size`, at most 1 GiB; 0: reserve only on demand). Reserving ahead
-    /// takes the `fallocate` cost off the allocating thread; the price is up to this many
-    /// bytes reserved but unused (on tmpfs: memory).
+    /// File bytes kept reserved ahead of use, from creation on (None: an eighth of
+    /// `max_size`, at most 512 MiB; 0: reserve one chunk at a time, on demand). Creation
+    /// reserves them; afterwards a background thread keeps them ahead. This takes the
+    /// `fallocate` cost off the allocating thread; the price is up to this many bytes
+    /// reserved but unused (on tmpfs: memory) and a slower creation.
     pub reserve_ahead: Option<usize>,
 }
 
@@ -636,6 +637,11 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
         return false;
     };
     let generation = slot.generation.load(Ordering::Acquire);
+    if generation % 2 == 0 {
+        // The owner was destroyed; its regions may still be registered for an instant
+        // while a background reservation lets go of them.
+        return false;
+    }
     let flags = tcache::flags(index, slot, generation);
     // SAFETY: the registry says a live kind's arena owns ptr, and the caller guarantees it
     // is a live allocation; the cache belongs to that kind.
@@ -648,7 +654,7 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
 /// # Safety
 /// If a kind owns `ptr`, it must be a live allocation.
 pub unsafe fn usable_size(ptr: *const u8) -> usize {
-    if registry::lookup(ptr as usize).is_none() {
+    if detect_kind(ptr).is_none() {
         return 0;
     }
     // SAFETY: owned by a kind's arena and live (contract).

@@ -69,8 +69,13 @@ impl Reservation {
             finished: Mutex::new(BTreeSet::new()),
             progress: Condvar::new(),
         });
-        reservation.want(0);
         reservation
+    }
+
+    /// Stops reserving ahead: the space is being destroyed. The background thread drops
+    /// its reference after at most the chunk it is working on.
+    pub(crate) fn stop(&self) {
+        self.exhausted.store(true, Ordering::Release);
     }
 
     /// Bytes reserved so far (the contiguous prefix).
@@ -95,6 +100,20 @@ impl Reservation {
                 Claim::NothingToClaim => self.wait_for_progress(end),
             }
         }
+    }
+
+    /// Reserves `[0, end)` at creation, on the calling thread, without moving the
+    /// background target: the headroom starts out reserved and the reserver wakes only as
+    /// use approaches its end. False when the file system is full.
+    pub(crate) fn prefill(&self, end: usize) -> bool {
+        while self.reserved() < end {
+            match self.claim(end) {
+                Claim::Done => {}
+                Claim::NothingToClaim => return self.reserved() >= end,
+                Claim::Failed => return false,
+            }
+        }
+        true
     }
 
     /// Claims the next chunk if it starts below `limit`, and reserves it.

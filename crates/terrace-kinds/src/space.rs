@@ -34,17 +34,18 @@ fn reserve_chunk_for(len: usize) -> usize {
     (len / 16).clamp(MIN_RESERVE_CHUNK, MAX_RESERVE_CHUNK)
 }
 
-/// Default headroom reserved ahead of use: an eighth of the file, at most 1 GiB.
+/// Default headroom reserved ahead of use: an eighth of the file, at most 512 MiB.
 pub(crate) fn default_headroom(len: usize) -> usize {
-    (len / 8).min(1 << 30)
+    (len / 8).min(512 << 20)
 }
 
-/// Bytes of a file space reserved at creation, before the kind is handed out: the
-/// headroom, at most 256 MiB, at least one chunk. Early allocations then never wait for
-/// `fallocate` (on tmpfs the first 256 MiB cost ~60 ms to reserve), and a file system too
-/// full for the first chunk fails the creation instead of the first allocations.
+/// Bytes of a file space reserved at creation: the headroom (a kind keeps `headroom`
+/// bytes reserved ahead of its use from the start), at least one chunk. Early allocations
+/// then never wait for `fallocate` (on tmpfs 512 MiB take ~120 ms to reserve), and a file
+/// system too full for the first chunk fails the creation instead of the first
+/// allocations.
 fn initial_lead(len: usize, headroom: usize) -> usize {
-    headroom.min(256 << 20).max(reserve_chunk_for(len)).min(len)
+    headroom.max(reserve_chunk_for(len)).min(len)
 }
 
 /// The medium a space lives on.
@@ -116,7 +117,7 @@ impl Space {
                 let len = region.len();
                 let chunk = reserve_chunk_for(len);
                 let reservation = Reservation::new(region.clone(), chunk, headroom);
-                if !reservation.ensure(initial_lead(len, headroom)) {
+                if !reservation.prefill(initial_lead(len, headroom)) {
                     let path = region.path().map(|p| p.to_path_buf()).unwrap_or_default();
                     return Err(MediaError::NoSpace {
                         path,
@@ -235,6 +236,21 @@ impl Space {
         match &self.medium {
             SpaceMedium::File { options, .. } if !options.hole_punching => true,
             _ => self.purge(addr, len),
+        }
+    }
+}
+
+impl Drop for Space {
+    /// Forgets the regions in the registry at once, even if the background reserver still
+    /// holds one for an instant: from here on no address of this kind is found, and the
+    /// kind's slot may be reused safely.
+    fn drop(&mut self) {
+        for piece in &self.pieces {
+            let base = piece.region.base().as_ptr() as usize;
+            terrace_media::registry::unregister(base, piece.region.len(), self.tag);
+            if let Some(reservation) = &piece.reservation {
+                reservation.stop();
+            }
         }
     }
 }
