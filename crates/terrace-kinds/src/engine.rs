@@ -25,7 +25,8 @@
 //! known). Hooks lock the slot's space mutex, a leaf lock: nothing is called while holding
 //! it except the media layer's system calls.
 //! - `alloc`: bump address space from the space, always committed (file blocks
-//!   reserved); a full file system fails the allocation;
+//!   reserved); a full file system fails the allocation; a request for a given address
+//!   (in-place growth) succeeds only at the space's bump end;
 //! - `commit`: nothing to do (everything handed out is committed);
 //! - `decommit`: refused (memory stays committed and is reused);
 //! - `purge_forced`: `MADV_DONTNEED` on anonymous memory, hole punching on files only
@@ -248,11 +249,6 @@ unsafe extern "C" fn hook_alloc(
     commit: *mut bool,
     _arena: c_uint,
 ) -> *mut c_void {
-    // Only fresh address space is handed out; jemalloc asks for a specific address only to
-    // grow in place, which a bump allocator cannot promise.
-    if !new_addr.is_null() {
-        return ptr::null_mut();
-    }
     // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
     let slot = unsafe { slot_of(hooks) };
     // Always hand out committed (reserved) memory: jemalloc never coalesces extents whose
@@ -263,7 +259,14 @@ unsafe extern "C" fn hook_alloc(
     let Some(space) = space.as_mut() else {
         return ptr::null_mut();
     };
-    match space.alloc(size, alignment) {
+    // jemalloc names an address only to grow a block in place: possible exactly when the
+    // block ends where the space's never-used part begins.
+    let handed = if new_addr.is_null() {
+        space.alloc(size, alignment)
+    } else {
+        space.alloc_at(new_addr.cast(), size)
+    };
+    match handed {
         Some(addr) => {
             // SAFETY: valid out-pointers (jemalloc's contract). Fresh space is zero-filled
             // and committed.

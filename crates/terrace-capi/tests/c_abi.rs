@@ -1,0 +1,246 @@
+//! C tests of the C ABI: compiles the programs in `tests/c/` against `include/*.h` and the
+//! `libterrace.so` that this `cargo test` run built, runs each with a fresh scratch
+//! directory on /dev/shm, and requires exit status 0 (printing the program's output
+//! otherwise). One more test builds the memkind anchor benchmark
+//! (`<workspace>/../shared/anchors/memkind_speed.c`) unchanged against Terrace's
+//! `memkind.h` and checks its CSV output.
+//!
+//! Where the library is: `cargo test` builds this package's library with all its crate
+//! types (cdylib and rlib) before the integration tests, into `<target>/<profile>/deps/`,
+//! the directory of this test binary. Unlike `cargo build` it does not copy it up to
+//! `<target>/<profile>/`, so a `libterrace.so` there may be stale; the copy next to this
+//! binary is the one built from the current sources, and the only one used.
+//!
+//! Needs a C compiler as `cc` and a tmpfs on /dev/shm with room for the anchor benchmark
+//! (it reserves 1 GiB of file blocks there at its peak).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A C program that runs longer than this is assumed hung (deadlock) and killed.
+const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The workspace root (holds `include/`).
+fn workspace() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.canonicalize()
+        .unwrap_or_else(|e| panic!("cannot resolve workspace root {}: {e}", root.display()))
+}
+
+/// The directory holding the `libterrace.so` built by this `cargo test` run: the
+/// directory of this test binary (see the module docs). A copy in `<target>/<profile>/`
+/// is deliberately not used as a fallback: it is left over from some `cargo build` and
+/// may be stale.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("cannot find the path of the test binary");
+    let deps = exe
+        .parent()
+        .unwrap_or_else(|| panic!("test binary {} has no parent directory", exe.display()));
+    assert!(
+        deps.join("libterrace.so").is_file(),
+        "libterrace.so not found in {} (cargo test builds the cdylib next to the test \
+         binary {}; has the crate-type of terrace-capi changed?)",
+        deps.display(),
+        exe.display()
+    );
+    deps.to_path_buf()
+}
+
+/// Compiles one C file against the headers and libterrace.so into `out_dir`; panics with
+/// the compiler's output if it fails (warnings are errors).
+fn compile(source: &Path, out_dir: &Path) -> PathBuf {
+    assert!(
+        source.is_file(),
+        "C source {} does not exist",
+        source.display()
+    );
+    let include = workspace().join("include");
+    let lib = lib_dir();
+    let name = source
+        .file_stem()
+        .unwrap_or_else(|| panic!("{} has no file name", source.display()));
+    let binary = out_dir.join(name);
+    let mut cc = Command::new("cc");
+    cc.args([
+        "-std=c11",
+        "-O1",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-D_GNU_SOURCE",
+    ])
+    .arg(format!("-I{}", include.display()))
+    .arg(source)
+    .arg(format!("-L{}", lib.display()))
+    .args(["-lterrace", "-lpthread"])
+    .arg(format!("-Wl,-rpath,{}", lib.display()))
+    .arg("-o")
+    .arg(&binary);
+    let output = cc
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `cc`: {e}"));
+    assert!(
+        output.status.success(),
+        "compiling {} failed ({}):\n{:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        source.display(),
+        output.status,
+        cc,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    binary
+}
+
+/// A fresh scratch directory on /dev/shm (tmpfs), removed when dropped.
+fn scratch_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("terrace-c-abi-")
+        .tempdir_in("/dev/shm")
+        .unwrap_or_else(|e| panic!("cannot create a scratch directory in /dev/shm: {e}"))
+}
+
+/// Runs `binary scratch`, capturing its output; kills it after [`RUN_TIMEOUT`].
+fn run(binary: &Path, scratch: &Path) -> Output {
+    let mut child = Command::new(binary)
+        .arg(scratch)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+    // Read both pipes on their own threads so a chatty program never blocks on a full pipe.
+    let reader = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = reader(Box::new(child.stdout.take().expect("stdout is piped")));
+    let stderr = reader(Box::new(child.stderr.take().expect("stderr is piped")));
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() > RUN_TIMEOUT => {
+                let _ = child.kill();
+                let status = child.wait().expect("cannot reap the killed program");
+                eprintln!(
+                    "{} did not finish within {RUN_TIMEOUT:?} and was killed",
+                    binary.display()
+                );
+                break status;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("cannot wait for {}: {e}", binary.display()),
+        }
+    };
+    Output {
+        status,
+        stdout: stdout.join().expect("stdout reader panicked"),
+        stderr: stderr.join().expect("stderr reader panicked"),
+    }
+}
+
+/// Compiles `source`, runs it with a fresh /dev/shm scratch directory, requires success
+/// and returns its standard output.
+fn compile_and_run(source: &Path) -> String {
+    let build =
+        tempfile::tempdir().unwrap_or_else(|e| panic!("cannot create a build directory: {e}"));
+    let binary = compile(source, build.path());
+    let scratch = scratch_dir();
+    let output = run(&binary, scratch.path());
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{} failed ({})\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+        source.display(),
+        output.status
+    );
+    // Shown with --nocapture: the programs report a few measurements on stderr.
+    eprint!("{stderr}");
+    stdout
+}
+
+fn c_test(name: &str) -> String {
+    compile_and_run(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/c")
+            .join(name),
+    )
+}
+
+/// memkind.h: allocation functions, kind detection, error codes and messages, bad input,
+/// statistics, configurations, destroyed handles.
+#[test]
+fn memkind_api() {
+    let out = c_test("memkind_api.c");
+    assert!(out.contains("memkind_api: ok"), "unexpected output: {out}");
+}
+
+/// terrace.h: kept and temporary file kinds, ordered and round-robin unified kinds,
+/// realloc across kinds, NUMA kinds, statistics and the error conventions.
+#[test]
+fn terrace_api() {
+    let out = c_test("terrace_api.c");
+    assert!(out.contains("terrace_api: ok"), "unexpected output: {out}");
+}
+
+/// Four threads sharing a file kind and the default kind, freeing each other's objects.
+#[test]
+fn threads() {
+    let out = c_test("threads.c");
+    assert!(out.contains("threads: ok"), "unexpected output: {out}");
+}
+
+/// The memkind anchor benchmark builds unchanged against Terrace's memkind.h and runs:
+/// a CSV header and one row per (size, kind) — pmem then dram for each of 5 sizes — with
+/// positive object counts and timings.
+#[test]
+fn memkind_speed_anchor() {
+    let anchor = workspace().join("../shared/anchors/memkind_speed.c");
+    assert!(
+        anchor.is_file(),
+        "the memkind anchor benchmark is missing: looked for {}",
+        anchor.display()
+    );
+    let out = compile_and_run(&anchor);
+    let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some("kind,size,objects,malloc_ns,free_detect_ns"),
+        "unexpected header in:\n{out}"
+    );
+    let rows = &lines[1..];
+    assert_eq!(rows.len(), 10, "expected 10 CSV rows in:\n{out}");
+    let sizes = [64u64, 512, 4096, 65536, 1048576];
+    for (i, row) in rows.iter().enumerate() {
+        let fields: Vec<&str> = row.split(',').collect();
+        assert_eq!(fields.len(), 5, "row {row:?} does not have 5 fields");
+        let kind = if i % 2 == 0 { "pmem" } else { "dram" };
+        assert_eq!(fields[0], kind, "row {row:?}: expected kind {kind}");
+        let size: u64 = fields[1]
+            .parse()
+            .unwrap_or_else(|e| panic!("row {row:?}: size is not a number: {e}"));
+        assert_eq!(size, sizes[i / 2], "row {row:?}: unexpected size");
+        for field in &fields[2..] {
+            let value: f64 = field
+                .parse()
+                .unwrap_or_else(|e| panic!("row {row:?}: {field:?} is not a number: {e}"));
+            assert!(
+                value.is_finite() && value > 0.0,
+                "row {row:?}: {field:?} is not a positive number"
+            );
+        }
+        // The benchmark asks for 1 GiB per size (at most 4M objects); fewer means a
+        // kind ran out of room.
+        let wanted = ((1u64 << 30) / size).min(4_000_000);
+        let objects: u64 = fields[2]
+            .parse()
+            .unwrap_or_else(|e| panic!("row {row:?}: objects is not an integer: {e}"));
+        assert_eq!(objects, wanted, "row {row:?}: allocation stopped early");
+    }
+}
