@@ -7,16 +7,7 @@
 
 use std::ffi::c_void;
 
-use terrace_kinds::{Kind, KindError, Result};
-
-/// The static kinds a handle may name before they exist.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Selection {
-    Regular = 0,
-    HighestCapacity = 1,
-    LowestLatencyLocal = 2,
-    CpuLessMemory = 3,
-}
+use terrace_kinds::{Kind, KindError, Result, Selection};
 
 const SELECTION_BASE: u64 = 0xFFFF_FF00;
 
@@ -40,6 +31,15 @@ impl Handle {
         )
     }
 
+    /// The handle of the kind owning an object: a selection's handle when the kind serves a
+    /// selection (memkind returns `MEMKIND_REGULAR` for its objects), else the kind's own.
+    pub fn owner_of(kind: Kind) -> Handle {
+        match terrace_kinds::selection_of(kind) {
+            Some(which) => Handle::selection(which),
+            None => Handle::of(kind),
+        }
+    }
+
     /// The handle naming a static selection.
     pub const fn selection(which: Selection) -> Handle {
         Handle((SELECTION_BASE + which as u64) as usize as *mut c_void)
@@ -54,10 +54,10 @@ impl Handle {
         }
         if generation == 0 {
             return match low.checked_sub(SELECTION_BASE) {
-                Some(0) => Kind::regular(),
-                Some(1) => Kind::highest_capacity(),
-                Some(2) => Kind::lowest_latency_local(),
-                Some(3) => Kind::cpu_less_memory(),
+                Some(0) => Kind::selected(Selection::LowestLatencyLocal),
+                Some(1) => Kind::selected(Selection::HighestCapacity),
+                Some(2) => Kind::selected(Selection::CpuLessMemory),
+                Some(3) => Kind::selected(Selection::Regular),
                 _ => Err(KindError::NoSuchKind),
             };
         }

@@ -16,8 +16,9 @@ use terrace_kinds::{FileKindOptions, FileLocation, Kind, KindError};
 use terrace_media::{FileOptions, MediaError, Region};
 
 use crate::error;
-use crate::handle::{Handle, Selection};
+use crate::handle::Handle;
 use crate::native;
+use terrace_kinds::Selection;
 
 pub const MEMKIND_SUCCESS: c_int = 0;
 pub const MEMKIND_ERROR_UNAVAILABLE: c_int = -1;
@@ -52,6 +53,12 @@ pub static MEMKIND_DAX_KMEM_ALL: Handle = Handle::selection(Selection::CpuLessMe
 /// The memkind error code for a kinds error (also recorded as the thread's last error).
 fn code_of(err: &KindError) -> c_int {
     error::record(err);
+    let code = memkind_code(err);
+    error::tag_memkind_code(code);
+    code
+}
+
+fn memkind_code(err: &KindError) -> c_int {
     match err {
         KindError::SizeTooSmall { .. }
         | KindError::BadAlignment { .. }
@@ -356,8 +363,9 @@ pub extern "C" fn memkind_get_version() -> c_int {
     1_014_000
 }
 
-/// Writes the text of a memkind error code (or of the last error on this thread, for
-/// codes that carry detail) into `msg`, NUL-terminated and truncated to `size`.
+/// Writes the text of a memkind error code into `msg`, NUL-terminated and truncated to
+/// `size`; when the calling thread's last failure produced this code, its detail (which
+/// path, which size) is appended.
 ///
 /// # Safety
 /// `msg` must hold `size` bytes.
@@ -383,7 +391,8 @@ pub unsafe extern "C" fn memkind_error_message(err: c_int, msg: *mut c_char, siz
     };
     // SAFETY: last_message returns a NUL-terminated string owned by this thread.
     let detail = unsafe { CStr::from_ptr(error::last_message()) }.to_string_lossy();
-    let text = if detail.is_empty() || err == MEMKIND_SUCCESS {
+    // Detail only when this thread's last error was recorded for this very code.
+    let text = if detail.is_empty() || err == MEMKIND_SUCCESS || error::last_memkind_code() != err {
         base.to_string()
     } else {
         format!("{base}: {detail}")

@@ -268,7 +268,7 @@ pub unsafe extern "C" fn terrace_usable_size(ptr: *const c_void) -> usize {
 /// The kind owning `ptr`, or NULL.
 #[no_mangle]
 pub extern "C" fn terrace_detect_kind(ptr: *const c_void) -> Handle {
-    terrace_kinds::detect_kind(ptr.cast()).map_or(Handle::NULL, Handle::of)
+    terrace_kinds::detect_kind(ptr.cast()).map_or(Handle::NULL, Handle::owner_of)
 }
 
 /// Fills `*out` with the statistics of `kind`.

@@ -76,6 +76,8 @@ fn compile(source: &Path, out_dir: &Path) -> PathBuf {
     .arg(format!("-L{}", lib.display()))
     .args(["-lterrace", "-lpthread"])
     .arg(format!("-Wl,-rpath,{}", lib.display()))
+    // DT_RPATH rather than DT_RUNPATH: it also applies to libterrace.so's own lookups.
+    .arg("-Wl,--disable-new-dtags")
     .arg("-o")
     .arg(&binary);
     let output = cc
@@ -104,6 +106,10 @@ fn scratch_dir() -> tempfile::TempDir {
 /// Runs `binary scratch`, capturing its output; kills it after [`RUN_TIMEOUT`].
 fn run(binary: &Path, scratch: &Path) -> Output {
     let mut child = Command::new(binary)
+        // cargo puts target/<profile> on LD_LIBRARY_PATH, which beats the binary's RUNPATH:
+        // a libterrace.so left there by an earlier `cargo build` would be tested instead
+        // of the one this run built.
+        .env_remove("LD_LIBRARY_PATH")
         .arg(scratch)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

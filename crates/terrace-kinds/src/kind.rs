@@ -98,7 +98,46 @@ pub struct KindStats {
     pub reserved: u64,
 }
 
+/// The static NUMA-based kinds memkind offers, created on first use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// Nearest node first (memkind's `MEMKIND_LOWEST_LATENCY_LOCAL`, plus overflow).
+    LowestLatencyLocal = 0,
+    /// The node with the most memory (`MEMKIND_HIGHEST_CAPACITY`).
+    HighestCapacity = 1,
+    /// CPU-less nodes: PMem or CXL as system RAM (`MEMKIND_DAX_KMEM`).
+    CpuLessMemory = 2,
+    /// Nodes with CPUs (`MEMKIND_REGULAR`).
+    Regular = 3,
+}
+
+const SELECTION_ORDER: [Selection; 4] = [
+    Selection::LowestLatencyLocal,
+    Selection::HighestCapacity,
+    Selection::CpuLessMemory,
+    Selection::Regular,
+];
+
 static SELECTIONS: Mutex<[Option<Kind>; 4]> = Mutex::new([None; 4]);
+
+/// The selection whose kind is `kind` or has `kind` as a member (so the C ABI can report
+/// `MEMKIND_REGULAR` for memory allocated through it, as memkind does).
+pub fn selection_of(kind: Kind) -> Option<Selection> {
+    let selections = *SELECTIONS.lock().unwrap_or_else(|p| p.into_inner());
+    selections
+        .iter()
+        .zip(SELECTION_ORDER)
+        .find_map(|(selected, which)| {
+            let selected = (*selected)?;
+            let member = selected.live_slot().ok().is_some_and(|slot| {
+                let unified = slot.unified.load(Ordering::Acquire);
+                // SAFETY: a live unified slot's pointer stays valid until the kind is
+                // destroyed, which must not race with its use (module docs).
+                !unified.is_null() && unsafe { &*unified }.members.contains(&kind)
+            });
+            (selected == kind || member).then_some(which)
+        })
+}
 
 impl Kind {
     /// The default DRAM kind (memkind's `MEMKIND_DEFAULT`), created on first use.
@@ -217,7 +256,18 @@ impl Kind {
         }
     }
 
-    fn selection(which: usize, make: impl FnOnce(&Topology) -> Result<Kind>) -> Result<Kind> {
+    /// The kind of a static selection, created on first use.
+    pub fn selected(which: Selection) -> Result<Kind> {
+        match which {
+            Selection::LowestLatencyLocal => Kind::lowest_latency_local(),
+            Selection::HighestCapacity => Kind::highest_capacity(),
+            Selection::CpuLessMemory => Kind::cpu_less_memory(),
+            Selection::Regular => Kind::regular(),
+        }
+    }
+
+    fn selection(which: Selection, make: impl FnOnce(&Topology) -> Result<Kind>) -> Result<Kind> {
+        let which = which as usize;
         let mut selections = SELECTIONS.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(kind) = selections[which] {
             if kind.live_slot().is_ok() {
@@ -246,7 +296,7 @@ impl Kind {
     /// Memory on the node nearest the calling thread, overflowing to farther nodes
     /// (memkind's `MEMKIND_LOWEST_LATENCY_LOCAL`, plus overflow).
     pub fn lowest_latency_local() -> Result<Kind> {
-        Kind::selection(0, |t| {
+        Kind::selection(Selection::LowestLatencyLocal, |t| {
             let nodes: Vec<u32> = t
                 .nodes()
                 .iter()
@@ -259,7 +309,7 @@ impl Kind {
 
     /// Memory on the node with the most capacity (memkind's `MEMKIND_HIGHEST_CAPACITY`).
     pub fn highest_capacity() -> Result<Kind> {
-        Kind::selection(1, |t| {
+        Kind::selection(Selection::HighestCapacity, |t| {
             let node = t
                 .highest_capacity(terrace_media::os::current_node())
                 .unwrap_or(0);
@@ -270,12 +320,14 @@ impl Kind {
     /// Memory on CPU-less nodes — PMem or CXL onlined as system RAM (memkind's
     /// `MEMKIND_DAX_KMEM`), nearest first. An error on machines without such nodes.
     pub fn cpu_less_memory() -> Result<Kind> {
-        Kind::selection(2, |t| Kind::per_node(&t.cpu_less(), Strategy::NumaLocal))
+        Kind::selection(Selection::CpuLessMemory, |t| {
+            Kind::per_node(&t.cpu_less(), Strategy::NumaLocal)
+        })
     }
 
     /// Memory on nodes with CPUs (memkind's `MEMKIND_REGULAR`), nearest first.
     pub fn regular() -> Result<Kind> {
-        Kind::selection(3, |t| {
+        Kind::selection(Selection::Regular, |t| {
             let nodes: Vec<u32> = t
                 .nodes()
                 .iter()

@@ -37,8 +37,8 @@ pub mod unified;
 pub use allocation::Allocation;
 pub use error::{KindError, Result};
 pub use kind::{
-    detect_kind, free, medium_of, usable_size, FileKindOptions, Kind, KindMedium, KindStats,
-    MIN_FILE_KIND_SIZE,
+    detect_kind, free, medium_of, selection_of, usable_size, FileKindOptions, Kind, KindMedium,
+    KindStats, Selection, MIN_FILE_KIND_SIZE,
 };
 pub use slots::MAX_KINDS;
 pub use terrace_media::FileLocation;

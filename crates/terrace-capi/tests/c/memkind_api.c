@@ -221,6 +221,15 @@ static void bad_requests(memkind_t pm) {
     memkind_error_message(err, tiny, 0); /* size 0 writes nothing */
     CHECK(tiny[0] == '\0' && tiny[1] == 'X');
 
+    /* The detail belongs to the failure that produced it: the directory's path is named in
+     * the message for that failure's code, and not appended to an unrelated code. */
+    memset(msg, 0, sizeof msg);
+    memkind_error_message(err, msg, MEMKIND_ERROR_MESSAGE_SIZE);
+    CHECK(strstr(msg, "does/not/exist") != NULL);
+    int unrelated = err == MEMKIND_ERROR_TOOMANY ? MEMKIND_ERROR_MBIND : MEMKIND_ERROR_TOOMANY;
+    memkind_error_message(unrelated, msg, MEMKIND_ERROR_MESSAGE_SIZE);
+    CHECK(strstr(msg, "does/not/exist") == NULL);
+
     /* Every code has a message (also codes without a failure behind them). */
     int codes[] = {MEMKIND_SUCCESS, MEMKIND_ERROR_UNAVAILABLE, MEMKIND_ERROR_INVALID,
                    MEMKIND_ERROR_TOOMANY, MEMKIND_ERROR_MMAP, -12345};
@@ -233,6 +242,19 @@ static void bad_requests(memkind_t pm) {
     /* tmpfs is not DAX. */
     CHECK(memkind_check_dax_path("/dev/shm") != 0);
     CHECK(memkind_check_dax_path(missing) != 0);
+}
+
+/* Memory from a static kind is reported as that kind, as memkind does, so programs can
+ * compare memkind_detect_kind's result with MEMKIND_REGULAR and friends. */
+static void static_kinds(void) {
+    memkind_t statics[] = {MEMKIND_REGULAR, MEMKIND_LOWEST_LATENCY_LOCAL, MEMKIND_HIGHEST_CAPACITY};
+    for (size_t i = 0; i < sizeof statics / sizeof statics[0]; i++) {
+        CHECK(memkind_check_available(statics[i]) == 0);
+        void *p = memkind_malloc(statics[i], 100);
+        CHECK(p != NULL);
+        CHECK(memkind_detect_kind(p) == statics[i]);
+        memkind_free(NULL, p);
+    }
 }
 
 /* memkind_realloc(kind, p, 0) frees p and returns NULL; the ALLOCATED statistic follows
@@ -339,6 +361,7 @@ int main(int argc, char **argv) {
     CHECK(memkind_check_available(pm) == 0);
 
     heap_functions(pm);
+    static_kinds();
     bad_requests(pm);
     statistics(pm);
     configuration();
