@@ -50,14 +50,14 @@ enum Claim {
     /// Reserved a chunk.
     Done,
     /// Nothing left to claim (all chunks up to the limit are claimed).
-    NothingToClaim,
+    Nothing,
     /// The file system refused the chunk.
     Failed,
 }
 
 impl Reservation {
     pub(crate) fn new(region: Arc<Region>, chunk: usize, headroom: usize) -> Arc<Reservation> {
-        let reservation = Arc::new(Reservation {
+        Arc::new(Reservation {
             region,
             chunk,
             headroom,
@@ -68,8 +68,7 @@ impl Reservation {
             queued: AtomicBool::new(false),
             finished: Mutex::new(BTreeSet::new()),
             progress: Condvar::new(),
-        });
-        reservation
+        })
     }
 
     /// Stops reserving ahead: the space is being destroyed. The background thread drops
@@ -97,7 +96,7 @@ impl Reservation {
             match self.claim(end) {
                 Claim::Done => continue,
                 Claim::Failed => return self.reserve_exact(end),
-                Claim::NothingToClaim => self.wait_for_progress(end),
+                Claim::Nothing => self.wait_for_progress(end),
             }
         }
     }
@@ -109,7 +108,7 @@ impl Reservation {
         while self.reserved() < end {
             match self.claim(end) {
                 Claim::Done => {}
-                Claim::NothingToClaim => return self.reserved() >= end,
+                Claim::Nothing => return self.reserved() >= end,
                 Claim::Failed => return false,
             }
         }
@@ -122,7 +121,7 @@ impl Reservation {
         let mut start = self.claimed.load(Ordering::Acquire);
         loop {
             if start >= limit.min(len) {
-                return Claim::NothingToClaim;
+                return Claim::Nothing;
             }
             match self.claimed.compare_exchange_weak(
                 start,
@@ -204,7 +203,7 @@ impl Reservation {
         while !self.exhausted.load(Ordering::Acquire) {
             match self.claim(self.wanted_end.load(Ordering::Acquire)) {
                 Claim::Done => {}
-                Claim::NothingToClaim | Claim::Failed => return,
+                Claim::Nothing | Claim::Failed => return,
             }
         }
     }

@@ -111,10 +111,8 @@ fn calloc_zeroes_and_realloc_preserves_contents_across_kinds() {
         .all(|(i, &b)| b == 7u8.wrapping_add(i as u8)));
     // Size 0 frees.
     // SAFETY: moved is live and not used afterwards.
-    assert_eq!(
-        unsafe { Kind::DEFAULT.realloc(Some(moved), 0) }.unwrap(),
-        None
-    );
+    let freed = unsafe { Kind::DEFAULT.realloc(Some(moved), 0) };
+    assert_eq!(freed.unwrap(), None);
     file.destroy().unwrap();
 }
 
