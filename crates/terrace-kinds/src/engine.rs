@@ -44,6 +44,7 @@ use tikv_jemalloc_sys as je;
 
 use crate::error::{KindError, Result};
 use crate::slots::Slot;
+use crate::space::Space;
 
 /// jemalloc's start-up options (its weak `malloc_conf` symbol, prefixed as the crate
 /// builds it):
@@ -240,6 +241,25 @@ unsafe fn slot_of(hooks: *mut je::extent_hooks_t) -> &'static Slot {
     unsafe { Slot::from_hooks(hooks) }
 }
 
+/// Runs `f` on the space behind `hooks` (under its lock), or returns `absent` when the
+/// slot has none (a kind being torn down).
+///
+/// # Safety
+/// `hooks` must be a pointer handed to jemalloc by [`create_arena`].
+unsafe fn with_space<R>(
+    hooks: *mut je::extent_hooks_t,
+    absent: R,
+    f: impl FnOnce(&mut Space) -> R,
+) -> R {
+    // SAFETY: forwarded contract.
+    let slot = unsafe { slot_of(hooks) };
+    let mut space = slot.lock_space();
+    match space.as_mut() {
+        Some(space) => f(space),
+        None => absent,
+    }
+}
+
 unsafe extern "C" fn hook_alloc(
     hooks: *mut je::extent_hooks_t,
     new_addr: *mut c_void,
@@ -249,22 +269,22 @@ unsafe extern "C" fn hook_alloc(
     commit: *mut bool,
     _arena: c_uint,
 ) -> *mut c_void {
-    // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
-    let slot = unsafe { slot_of(hooks) };
     // Always hand out committed (reserved) memory: jemalloc never coalesces extents whose
     // commit state differs, so a mix of committed and uncommitted extents fragments the
-    // kind and makes it reserve fresh blocks instead of reusing freed ones. Over-reserving
-    // is bounded by the arena's growth limit (see create_arena).
-    let mut space = slot.lock_space();
-    let Some(space) = space.as_mut() else {
-        return ptr::null_mut();
-    };
-    // jemalloc names an address only to grow a block in place: possible exactly when the
-    // block ends where the space's never-used part begins.
-    let handed = if new_addr.is_null() {
-        space.alloc(size, alignment)
-    } else {
-        space.alloc_at(new_addr.cast(), size)
+    // kind and makes it reserve fresh blocks instead of reusing freed ones. jemalloc asks
+    // for exactly what it needs (no `retain`), so nothing is reserved beyond use except
+    // the space's own headroom.
+    // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
+    let handed = unsafe {
+        with_space(hooks, None, |space| {
+            // jemalloc names an address only to grow a block in place: possible exactly
+            // when the block ends where the space's never-used part begins.
+            if new_addr.is_null() {
+                space.alloc(size, alignment)
+            } else {
+                space.alloc_at(new_addr.cast(), size)
+            }
+        })
     };
     match handed {
         Some(addr) => {
@@ -301,13 +321,10 @@ unsafe extern "C" fn hook_purge_forced(
     length: usize,
     _arena: c_uint,
 ) -> bool {
-    // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
-    let slot = unsafe { slot_of(hooks) };
-    let space = slot.lock_space();
-    let Some(space) = space.as_ref() else {
-        return true;
-    };
-    !space.purge(addr.cast::<u8>().wrapping_add(offset), length)
+    let at = addr.cast::<u8>().wrapping_add(offset);
+    // SAFETY: jemalloc calls hooks with the pointer given at arena creation. jemalloc's
+    // convention: false = purged.
+    !unsafe { with_space(hooks, false, |space| space.purge(at, length)) }
 }
 
 unsafe extern "C" fn hook_purge_lazy(
@@ -318,13 +335,9 @@ unsafe extern "C" fn hook_purge_lazy(
     length: usize,
     _arena: c_uint,
 ) -> bool {
-    // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
-    let slot = unsafe { slot_of(hooks) };
-    let space = slot.lock_space();
-    let Some(space) = space.as_ref() else {
-        return true;
-    };
-    !space.purge_lazy(addr.cast::<u8>().wrapping_add(offset), length)
+    let at = addr.cast::<u8>().wrapping_add(offset);
+    // SAFETY: as in hook_purge_forced.
+    !unsafe { with_space(hooks, false, |space| space.purge_lazy(at, length)) }
 }
 
 unsafe extern "C" fn hook_dalloc(

@@ -4,6 +4,7 @@
  * argv[1]. Exits 0 when every CHECK holds; otherwise prints the failed check and exits 1.
  */
 #include <memkind.h>
+#include "check.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -11,15 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond)                                                             \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-
-#define MiB ((size_t)1 << 20)
 
 static const char *dir;
 
@@ -28,20 +20,6 @@ static int all_bytes(const void *p, size_t n, unsigned char b) {
     const unsigned char *c = p;
     for (size_t i = 0; i < n; i++)
         if (c[i] != b)
-            return 0;
-    return 1;
-}
-
-static void fill_pattern(void *p, size_t n, unsigned seed) {
-    unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        c[i] = (unsigned char)(seed + i * 13u);
-}
-
-static int has_pattern(const void *p, size_t n, unsigned seed) {
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        if (c[i] != (unsigned char)(seed + i * 13u))
             return 0;
     return 1;
 }

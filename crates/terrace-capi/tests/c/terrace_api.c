@@ -7,6 +7,7 @@
  * make); the Rust tests of terrace-kinds cover it.
  */
 #include <terrace.h>
+#include "check.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -17,31 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CHECK(cond)                                                             \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-
-#define MiB ((size_t)1 << 20)
 
 static const char *dir;
-
-static void fill_pattern(void *p, size_t n, unsigned seed) {
-    unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        c[i] = (unsigned char)(seed + i * 29u);
-}
-
-static int has_pattern(const void *p, size_t n, unsigned seed) {
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        if (c[i] != (unsigned char)(seed + i * 29u))
-            return 0;
-    return 1;
-}
 
 /* Number of entries in a directory other than "." and "..". */
 static int entries(const char *path) {

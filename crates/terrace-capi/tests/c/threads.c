@@ -11,6 +11,7 @@
  * Run by tests/c_abi.rs with a scratch directory on /dev/shm as argv[1].
  */
 #include <terrace.h>
+#include "check.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -19,15 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond)                                                             \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-
-#define MiB ((size_t)1 << 20)
 #define NTHREADS 4
 #define OBJECTS 4000
 #define MIN_SIZE 16
