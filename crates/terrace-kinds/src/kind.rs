@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use terrace_media::numa::Topology;
-use terrace_media::{registry, FileLocation, FileOptions, MediumKind};
+use terrace_media::{registry, FileLocation, FileOptions};
 use tikv_jemalloc_sys as je;
 
 use crate::engine;
@@ -365,6 +365,14 @@ impl Kind {
         Err(KindError::NoSuchKind)
     }
 
+    /// The strategy of a unified kind (None for other kinds).
+    pub fn strategy(self) -> Option<Strategy> {
+        let slot = self.live_slot().ok()?;
+        let unified = slot.unified.load(Ordering::Acquire);
+        // SAFETY: as in unified_alloc.
+        (!unified.is_null()).then(|| unsafe { &*unified }.strategy())
+    }
+
     /// Whether the kind is live.
     pub fn is_live(self) -> bool {
         self.live_slot().is_ok()
@@ -562,25 +570,6 @@ impl Kind {
         })
     }
 
-    /// jemalloc's page counts for the kind's arena (debugging aid): dirty, muzzy,
-    /// retained bytes and mapped bytes.
-    #[doc(hidden)]
-    pub fn engine_pages(self) -> Result<[u64; 4]> {
-        let slot = self.live_slot()?;
-        engine::refresh_stats();
-        let arena = slot.arena.load(Ordering::Acquire);
-        let read = |name: &str| {
-            engine::read::<usize>(&format!("stats.arenas.{arena}.{name}")).unwrap_or(0) as u64
-        };
-        let page = terrace_media::os::page_size() as u64;
-        Ok([
-            read("pdirty") * page,
-            read("pmuzzy") * page,
-            read("retained"),
-            read("mapped"),
-        ])
-    }
-
     /// Destroys the kind and everything allocated from it (memkind_destroy_kind). The
     /// default kind cannot be destroyed. Members of a unified kind are not destroyed with it.
     pub fn destroy(self) -> Result<()> {
@@ -711,21 +700,4 @@ pub unsafe fn usable_size(ptr: *const u8) -> usize {
     }
     // SAFETY: owned by a kind's arena and live (contract).
     unsafe { je::sallocx(ptr.cast(), 0) }
-}
-
-/// The medium of the region holding `ptr`, if a kind owns it.
-pub fn medium_of(ptr: *const u8) -> Option<MediumKind> {
-    let kind = detect_kind(ptr)?;
-    match kind.medium()? {
-        KindMedium::Dram => Some(MediumKind::Dram),
-        KindMedium::File => Some(MediumKind::File),
-        KindMedium::Numa(n) => Some(MediumKind::Numa(n)),
-    }
-}
-
-pub(crate) fn unified_strategy(kind: Kind) -> Option<Strategy> {
-    let slot = kind.live_slot().ok()?;
-    let unified = slot.unified.load(Ordering::Acquire);
-    // SAFETY: as in unified_alloc.
-    (!unified.is_null()).then(|| unsafe { &*unified }.strategy())
 }

@@ -37,8 +37,8 @@ pub mod unified;
 pub use allocation::Allocation;
 pub use error::{KindError, Result};
 pub use kind::{
-    detect_kind, free, medium_of, selection_of, usable_size, FileKindOptions, Kind, KindMedium,
-    KindStats, Selection, MIN_FILE_KIND_SIZE,
+    detect_kind, free, selection_of, usable_size, FileKindOptions, Kind, KindMedium, KindStats,
+    Selection, MIN_FILE_KIND_SIZE,
 };
 pub use slots::MAX_KINDS;
 pub use terrace_media::FileLocation;
@@ -49,9 +49,4 @@ pub use unified::Strategy;
 /// or before a thread goes idle for long.
 pub fn flush_thread_caches() {
     tcache::flush_thread();
-}
-
-/// The strategy of a unified kind (None for other kinds).
-pub fn unified_strategy(kind: Kind) -> Option<Strategy> {
-    kind::unified_strategy(kind)
 }

@@ -317,6 +317,8 @@ fn unified_kinds_overflow_and_follow_their_strategy() {
     let a = file_kind(dir.path(), 16 << 20);
     let b = file_kind(dir.path(), 16 << 20);
     let ordered = Kind::create_unified(&[a, b], Strategy::Ordered).unwrap();
+    assert_eq!(ordered.strategy(), Some(Strategy::Ordered));
+    assert_eq!(a.strategy(), None);
     let mut blocks = Vec::new();
     let err = loop {
         match ordered.malloc(1 << 20) {
