@@ -393,12 +393,20 @@ impl Region {
     }
 
     /// Makes `[offset, offset+len)` durable to the region's [`Durability`]: cache-line
-    /// flushes and a fence on DAX, `msync` on other files, nothing on anonymous memory.
+    /// flushes and a fence on DAX, `msync` on disk-backed files, and on tmpfs (process
+    /// durability) only a fence: a shared mapping's stores are in the page cache once
+    /// executed and survive a process crash, so what a persist point must guarantee there is
+    /// that no later store becomes visible before the earlier ones. Nothing on anonymous
+    /// memory.
     pub fn persist(&self, offset: usize, len: usize) -> Result<()> {
         self.check_range(offset, len)?;
         let Some(backing) = &self.file else {
             return Ok(());
         };
+        if self.durability == Durability::Process {
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            return Ok(());
+        }
         // SAFETY: the range is inside the mapping (checked above).
         let addr = unsafe { self.base.as_ptr().add(offset) };
         if backing.dax {
