@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use terrace_media::numa::Topology;
-use terrace_media::{registry, FileLocation, FileOptions};
+use terrace_media::{registry, FileLocation, FileOptions, MediaError};
 use tikv_jemalloc_sys as je;
 
 use crate::engine;
@@ -174,7 +174,27 @@ impl Kind {
             });
         }
         let where_ = match &options.location {
-            FileLocation::TempIn(dir) | FileLocation::Path(dir) => dir.display().to_string(),
+            FileLocation::TempIn(dir) => dir.display().to_string(),
+            FileLocation::Path(path) => {
+                // A volatile kind starts empty: the engine is told fresh space reads as
+                // zero, so a kept file from an earlier run is emptied first.
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(path)
+                    .map_err(|source| MediaError::Open {
+                        path: path.clone(),
+                        source,
+                    })?;
+                path.display().to_string()
+            }
+            FileLocation::Existing(_) => {
+                return Err(KindError::Unsupported {
+                    kind: "file".into(),
+                    why: "a volatile kind starts empty; use FileLocation::Path to reuse a file",
+                })
+            }
         };
         let media = FileOptions {
             location: options.location.clone(),

@@ -274,17 +274,42 @@ fn kept_file_kind_leaves_its_file() {
     let kind = Kind::create_file(&FileKindOptions {
         location: FileLocation::Path(path.clone()),
         max_size: 32 << 20,
-        hole_punching: true,
+        hole_punching: false,
         reserve_ahead: Some(0),
     })
     .unwrap();
-    let p = kind.malloc(1 << 20).unwrap();
-    exercise(p, 1 << 20, 3);
+    // Leave data all over the file (no hole punching: it stays there after destroy).
+    let p = kind.malloc(24 << 20).unwrap();
+    exercise(p, 24 << 20, 3);
     // SAFETY: live, not used afterwards.
     unsafe { free(p.as_ptr()) };
     kind.destroy().unwrap();
     assert!(path.exists());
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 32 << 20);
+    // Creating a kind on the kept file again starts empty: calloc'd memory is zero even
+    // though the file held the pattern written above.
+    let again = Kind::create_file(&FileKindOptions {
+        location: FileLocation::Path(path.clone()),
+        max_size: 32 << 20,
+        hole_punching: false,
+        reserve_ahead: None,
+    })
+    .unwrap();
+    let z = again.calloc(1, 24 << 20).unwrap();
+    // SAFETY: live zeroed allocation of 24 MiB.
+    assert!(unsafe { std::slice::from_raw_parts(z.as_ptr(), 24 << 20) }
+        .iter()
+        .all(|&b| b == 0));
+    // SAFETY: live, not used afterwards.
+    unsafe { free(z.as_ptr()) };
+    again.destroy().unwrap();
+    let existing = Kind::create_file(&FileKindOptions {
+        location: FileLocation::Existing(path),
+        max_size: 32 << 20,
+        hole_punching: false,
+        reserve_ahead: None,
+    });
+    assert!(matches!(existing, Err(KindError::Unsupported { .. })));
 }
 
 #[test]

@@ -54,6 +54,9 @@ pub enum FileLocation {
     TempIn(PathBuf),
     /// A named file, created if missing and kept after the region is dropped.
     Path(PathBuf),
+    /// An existing file, mapped whole as it is: never created, never resized (its length
+    /// must be a non-zero multiple of the registry granule). For reopening pools and tiers.
+    Existing(PathBuf),
 }
 
 /// How to create a file region.
@@ -202,6 +205,9 @@ impl Region {
     /// [`persist`](Self::persist) flushes cache lines; elsewhere it uses `msync`.
     pub fn file(options: &FileOptions) -> Result<Region> {
         let (file, path, existing_len) = match &options.location {
+            FileLocation::Existing(path) => {
+                return Region::map_existing(path, options.hole_punching)
+            }
             FileLocation::TempIn(dir) => (open_temp_in(dir)?, dir.clone(), 0),
             FileLocation::Path(path) => {
                 let file = OpenOptions::new()
@@ -243,6 +249,35 @@ impl Region {
                 }
             })?;
         }
+        Region::map_file(file, path, len, options.hole_punching)
+    }
+
+    /// Maps an existing file whole, without creating or resizing it.
+    fn map_existing(path: &Path, hole_punching: bool) -> Result<Region> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|source| MediaError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let len = file
+            .metadata()
+            .map_err(|source| io_err("stat", path, source))?
+            .len();
+        if len == 0 || len % GRANULE as u64 != 0 || len > isize::MAX as u64 {
+            return Err(MediaError::InvalidSize {
+                size: usize::try_from(len).unwrap_or(usize::MAX),
+                why: "an existing file must be a non-zero multiple of 2 MiB to be mapped whole",
+            });
+        }
+        Region::map_file(file, path.to_path_buf(), len as usize, hole_punching)
+    }
+
+    /// Maps the first `len` bytes (a multiple of GRANULE) of an open file, trying
+    /// `MAP_SYNC` first.
+    fn map_file(file: File, path: PathBuf, len: usize, hole_punching: bool) -> Result<Region> {
         let tmpfs =
             matches!(os::fs_type(file.as_fd()), Ok(t) if t == os::TMPFS_MAGIC || t == 0x8584_58f6);
         let base = os::reserve_aligned(len, GRANULE)
@@ -275,7 +310,7 @@ impl Region {
                 file,
                 path,
                 dax,
-                hole_punching: options.hole_punching,
+                hole_punching,
             }),
             registered: None,
             reserved: AtomicU64::new(0),
@@ -556,6 +591,37 @@ mod tests {
         assert_eq!(region.len(), 2 << 20);
         // SAFETY: inside the live mapping.
         assert_eq!(unsafe { region.base().as_ptr().read() }, 0xAB);
+    }
+
+    #[test]
+    fn existing_files_are_mapped_as_they_are() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = dir.path().join("existing");
+        let existing = |path: &std::path::Path| FileOptions {
+            location: FileLocation::Existing(path.to_path_buf()),
+            size: 0,
+            hole_punching: false,
+        };
+        let missing = Region::file(&existing(&path));
+        assert!(
+            matches!(missing, Err(MediaError::Open { .. })),
+            "never created"
+        );
+        assert!(!path.exists());
+        std::fs::write(&path, vec![0u8; 3 << 20]).unwrap();
+        let odd = Region::file(&existing(&path));
+        assert!(matches!(odd, Err(MediaError::InvalidSize { .. })));
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            3 << 20,
+            "never resized"
+        );
+        std::fs::write(&path, vec![7u8; 4 << 20]).unwrap();
+        let region = Region::file(&existing(&path)).unwrap();
+        assert_eq!(region.len(), 4 << 20);
+        // SAFETY: inside the live mapping.
+        let last = unsafe { region.base().as_ptr().add((4 << 20) - 1).read() };
+        assert_eq!(last, 7);
     }
 
     #[test]
