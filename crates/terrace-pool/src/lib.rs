@@ -1,0 +1,305 @@
+//! terrace-pool: a persistent, crash-consistent, transactional object heap in a file — the
+//! successor to PMDK's libpmemobj and Intel's LLPL, built on `terrace-media`.
+//!
+//! A pool is a file mapped shared. Objects inside it are named by their offset from the
+//! start of the pool ([`Oid`]), so the pool can be mapped anywhere next time. Allocation
+//! is crash-atomic and *publishes* the new handle into a location inside the pool in the
+//! same atomic step ([`Dest`]); transactions snapshot what they overwrite (undo log) and
+//! allocate and free at commit (redo log). Opening a pool recovers from any crash.
+//!
+//! ```
+//! use terrace_pool::{Dest, Pool, RecordingBackend};
+//! # fn main() -> terrace_pool::Result<()> {
+//! // Pool::create(path, size, layout) on a real file; a simulated medium here.
+//! let pool = Pool::create_on(RecordingBackend::new(4 << 20), "example", 2)?;
+//! let root = pool.root(64)?;
+//! // Allocate 100 bytes of type 1 and publish the handle in the root's first word.
+//! let obj = pool.alloc_with(100, 1, Dest::Word(root.offset()), |w| w.write(0, b"hi"))?;
+//! pool.tx(|tx| {
+//!     tx.write(obj, 2, b" there")?; // snapshotted, then written
+//!     tx.write_u64(root, 8, 1)
+//! })?;
+//! assert_eq!(pool.objects(Some(1))?.len(), 1);
+//! pool.check()?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Glossary
+//! - **pool**: one file holding a header, a state block, lanes, page descriptors and the
+//!   heap; addressed by offsets. [`Pool`].
+//! - **heap**: the pool's pages that hold objects (4 KiB each), and the allocator over them.
+//! - **zone** (libpmemobj's word): Terrace has a single zone — the whole heap, described by
+//!   one array of page descriptors. Nothing limits a pool's size but the 2^32-page index.
+//! - **chunk**: in Terrace the unit of heap space is the 4 KiB *page*; a run or an extent is
+//!   a span of whole pages. (libpmemobj's 256 KiB chunks are what make its large objects
+//!   waste up to 25%.)
+//! - **span**: consecutive pages that are one run or one extent; its first page is the
+//!   *head* and carries the descriptor.
+//! - **run**: a span holding slots of one size (its *unit*) and one type number; an
+//!   allocation bitmap (one bit per slot) lives in the run's page descriptors, so objects
+//!   carry no header.
+//! - **extent**: a span holding one large object (above 128 KiB), sized in whole pages.
+//! - **size class**: the unit serving a request size ([`class`]): multiples of 16 B from
+//!   64 B to 1 KiB, then 32 steps per power of two up to 128 KiB (< 3.1% rounding).
+//! - **arena**: a volatile set of runs used by a group of threads; an arena that has no
+//!   slot takes a new run from the free pages, and failing that takes a slot from another
+//!   arena, before an allocation fails.
+//! - **lane**: a per-operation log area (redo + undo). An allocation or free takes any
+//!   free lane for its commit; a transaction holds one lane from begin to end.
+//! - **redo log**: a lane's list of word updates (`set`, `or`, `and-not`) that become
+//!   durable together: the atomic step of every allocation, free and commit.
+//! - **undo log**: a lane's list of snapshots taken by a transaction before it first
+//!   writes a range; rolled back on abort and at open after a crash.
+//! - **persist point**: one call to [`Backend::persist`]; after it returns, what it
+//!   covered survives a crash (to the medium's [`Durability`]). Crash tests take the
+//!   durable image at every persist point.
+//! - **publish**: storing an object's handle in a destination inside the pool, atomically
+//!   with allocating (or, for free, clearing) it.
+//!
+//! # On-media format (version 1)
+//!
+//! All integers are little-endian. All references are byte offsets from the start of the
+//! pool file, never pointers. `P` is the page size, 4096.
+//!
+//! | offset | size | what |
+//! |---|---|---|
+//! | 0 | 4096 | header page: the 256-byte header, then zeros |
+//! | 4096 | 4096 | state block (root object), then zeros |
+//! | 8192 | `lanes * 65536` | lanes |
+//! | `meta_off` | `pages * 32`, rounded up to `P` | page descriptors |
+//! | `heap_off` | `pages * P` | heap pages |
+//! | … | < `P + 32` per page | unused tail |
+//!
+//! The pool size is a multiple of 2 MiB (the media layer's mapping granule), at least
+//! 2 MiB. `lanes` is chosen at create (one per 32 MiB, 2 to 64). `pages` is the largest
+//! `n` with `round_up(n * 32, P) + n * P <= size - meta_off`. The geometry is a pure
+//! function of (size, lanes) ([`format::Geometry::compute`]) and `open` recomputes and
+//! compares it.
+//!
+//! ## Header (offset 0, 256 bytes; written once at create, never changed)
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `"TRCPOOL\0"` |
+//! | 8 | 4 | format version (1) |
+//! | 12 | 4 | header length covered by the layout (256) |
+//! | 16 | 16 | pool uuid (random); bytes 16..24 are `pool_uuid_lo` of a `PMEMoid` |
+//! | 32 | 8 | pool size in bytes (must equal the file length) |
+//! | 40 | 64 | layout name, UTF-8, NUL-padded (at most 63 bytes) |
+//! | 104 | 4 | page size (4096) |
+//! | 108 | 4 | lane count |
+//! | 112 | 8 | lane size (65536) |
+//! | 120 | 8 | `lanes_off` (8192) |
+//! | 128 | 8 | `meta_off` |
+//! | 136 | 8 | `heap_off` |
+//! | 144 | 8 | page count |
+//! | 152 | 8 | creation time, ns since the Unix epoch |
+//! | 160 | 92 | reserved, zero |
+//! | 252 | 4 | CRC-32 (IEEE, `crc32fast`) of bytes 0..252 |
+//!
+//! `open` checks, in order: the file exists and is a regular file; it is at least 256
+//! bytes and starts with the magic (else `NotAPool`: foreign, empty, or creation never
+//! finished); version and header length (`UnsupportedVersion`); checksum (`BadChecksum`);
+//! layout name (`LayoutMismatch`); size against the file length (`SizeMismatch`:
+//! truncated or extended); geometry fields against the recomputed geometry (`Corrupt`).
+//! The file is mapped only after all of that passes, so a foreign file is never touched.
+//!
+//! ## State block (offset 4096)
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 4096 | 8 | root object offset (0: none yet) |
+//! | 4104 | 8 | root object size as requested (0 iff no root) |
+//!
+//! Both words change only through a redo log, together with the root's allocation.
+//!
+//! ## Lanes (lane `i` at `8192 + i * 65536`)
+//!
+//! A lane is 8 KiB of redo area followed by 56 KiB of undo area.
+//!
+//! Redo area (lane + 0):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | header: 0 = empty, else `count` (bits 0..32) and `crc` (bits 32..64) |
+//! | 8 | 56 | zero (the header has its cache line to itself) |
+//! | 64 | `16 * count` | entries, at most 508 |
+//!
+//! `crc` is CRC-32 over `count` (4 bytes LE) followed by the `16 * count` entry bytes. An
+//! entry is `word_offset | op` (8 bytes; the offset is 8-aligned so its low 3 bits hold
+//! `op`: 0 set, 1 or, 2 and-not) and `value` (8 bytes). Applying an entry: set stores
+//! `value`; or stores `word | value`; and-not stores `word & !value`. Every entry is
+//! idempotent. A redo entry may only target offsets at or after the state block.
+//!
+//! Undo area (lane + 8192):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | state: `gen << 1 \| active` |
+//! | 8 | 56 | zero |
+//! | 64 | … | entries, back to back |
+//!
+//! An undo entry is `offset` (8), `len` (4, > 0), `crc` (4) = CRC-32 of `gen` (8 bytes
+//! LE), `offset`, `len` and the data, then `len` bytes of data, padded with zeros to a
+//! multiple of 16. `gen` is the transaction generation of the lane, incremented by every
+//! transaction that snapshots anything. The valid entries of an active state are those
+//! from offset 64 up to the first whose `len` is 0, does not fit, or whose `crc` does not
+//! verify *for the current `gen`* (so entries left from older transactions are never
+//! taken for current ones). Snapshots must lie in the heap.
+//!
+//! ## Page descriptors (32 bytes per heap page, at `meta_off + 32 * page`)
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | kind: 0 free, 1 run, 2 extent (head pages only; 0 on every other page) |
+//! | 1 | 3 | reserved, zero |
+//! | 4 | 4 | span length in pages (heads only) |
+//! | 8 | 4 | run unit in bytes: a multiple of 16, at least 64 (run heads only) |
+//! | 12 | 4 | reserved |
+//! | 16 | 8 | type number of every object in the span (heads only) |
+//! | 24 | 8 | allocation bitmap word: on page `h + j` of the run headed at `h`, bit `b` is slot `64 j + b` |
+//!
+//! Bytes 0..8 are one word (`kind | pages << 32`), written atomically. A run of `p` pages
+//! and unit `u` has `floor(p * 4096 / u)` slots (at most `64 p`, since `u >= 64`); slot `k`
+//! is at `heap_off + 4096 h + k u`. An extent's object starts at its first page and is
+//! `p * 4096` bytes. The type of the root object is `u64::MAX`.
+//!
+//! Descriptor invariants (verified by `open` and [`Pool::check`]): scanning from page 0 and
+//! skipping each head's span visits exactly the heads and the free pages; every non-head
+//! page has word 0 equal to 0; free pages and extent pages have bitmap words of 0; bits
+//! beyond a run's slot count are 0. A run with no bit set is allowed (it serves
+//! allocations of its class). Volatile structures are rebuilt from these descriptors alone.
+//!
+//! # Commit protocol
+//!
+//! **Redo commit** (the primitive, module `log`): (1) write the entries, then the header, and
+//! persist header and entries together — *this persist is the commit point*; (2) apply the
+//! entries and persist every line they touched; (3) store 0 in the header and persist it.
+//! The lane is not reused before (3) completes.
+//!
+//! **Allocation with publish** (`alloc`, `zalloc`, `alloc_with`): reserve a slot or span in
+//! the volatile heap; write the initial contents (constructor, zeroing) into the reserved
+//! object and persist them; then one redo commit with: the run's descriptor words (when
+//! the run may not yet be durably described), `or` of the slot's bit (or, for an
+//! extent, its descriptor words), and the publish words (`Dest::Word`: the offset;
+//! `Dest::Oid`: `pool_uuid_lo`, then the offset).
+//!
+//! **Free** (`free`): mark the slot pending-free in the volatile heap; one redo commit
+//! with `and-not` of its bit (plus word 0 := 0 when it was the run's last object and the
+//! run is released) or extent word 0 := 0, and the cleared destination. The volatile heap
+//! makes the space reusable only after the commit completes.
+//!
+//! **Realloc and root growth**: reserve the new block, copy (and zero the rest), persist
+//! it, then one redo commit holding the new allocation, the free of the old block and the
+//! publish (or the root words).
+//!
+//! **Transactions** ([`Tx`]): the first snapshot sets the lane's undo state to
+//! `(gen + 1) << 1 | 1` and persists it; every snapshot appends an entry and persists it
+//! before the caller may write the range; allocations are volatile reservations (their
+//! memory is not touched on the medium's metadata) and frees are pending tickets. Commit:
+//! persist every snapshotted range and every new object, then one redo commit with the
+//! new objects' bits, the frees' bits, and the undo state := `gen << 1` (inactive). Abort:
+//! restore the snapshots newest first, persist them, set the state inactive and persist;
+//! drop reservations and tickets. Nested transactions are flattened (a failure at any
+//! depth aborts the whole). Dropping an active `Tx` — an early return, or a panic
+//! unwinding — aborts it.
+//!
+//! **Recovery at open**: for every lane, first replay its redo log if the header's `crc`
+//! verifies, then clear the header; then, if its undo state is active, roll back (restore
+//! the valid entries newest first, persist, set inactive). Then validate the descriptors
+//! and rebuild the volatile heap.
+//!
+//! **Create**: zero and persist the state block, lanes and descriptors; then write and
+//! persist the header. The magic becomes durable last.
+//!
+//! # Why every crash point recovers
+//!
+//! Assumptions about the medium: an aligned 8-byte store is never torn; a store survives
+//! once a persist covering it has returned; before that, any subset of the cache lines
+//! written so far may have reached the medium, in any order. (The crash suite builds
+//! exactly these images: the durable image at every persist point, and variants with a
+//! random subset of the dirty lines applied.)
+//!
+//! - *Redo commit, crash before the header and entries are durable*: recovery computes the
+//!   crc over what it finds; a header that is 0, or whose entries are not all the new
+//!   ones, fails the check (up to the CRC-32 collision probability) and is discarded.
+//!   Nothing was applied yet (application starts after the persist returns), so the words
+//!   are all old: the operation did not happen. Stale entries of an older log cannot pass
+//!   a check computed over the new count and the new entries unless they equal them.
+//! - *Crash after the commit point, during application or before the header is cleared*:
+//!   the log verifies; recovery re-applies every entry. Because entries are idempotent
+//!   (set, or, and-not), applying some of them twice gives the same words: the operation
+//!   happened completely.
+//! - *Crash after the header is cleared*: everything was applied and persisted before.
+//! - *Allocation*: the object's contents are persisted before the redo commit, so a
+//!   published object always has its initial contents. Before the commit point, the bit
+//!   is clear and the destination old: the reservation was volatile and disappears. The
+//!   run descriptor is rewritten by every allocation until one commit that wrote it
+//!   completed, so a bit is never durable in a run whose descriptor is not.
+//! - *Free*: the space returns to the volatile heap only after the commit completed, so no
+//!   new allocation can be durably placed in a slot whose free could still be undone.
+//!   A run is released only with its last object, and only if no other free in it is in
+//!   flight, so a released run never has a bit set.
+//! - *Transaction before the commit point*: the undo state is active (it was made durable
+//!   before the first snapshot), and every range written has a durable snapshot (each
+//!   snapshot is persisted before its range is written). Recovery restores them; a torn
+//!   last snapshot was never followed by a write to its range, so stopping at the first
+//!   entry that does not verify loses nothing. Allocations and frees never touched the
+//!   durable bitmaps, so rollback needs no allocator work. If the state word itself is
+//!   not durable, nothing was written yet.
+//! - *Transaction after the commit point*: the redo log carries the bitmap changes *and*
+//!   the undo state := inactive; recovery replays it first, so the rollback does not run
+//!   and every snapshotted range keeps its new contents (persisted before the commit).
+//! - *Abort interrupted*: the state is still active; restoring snapshots is idempotent.
+//! - *Lanes are independent*: bitmap words shared by concurrent operations are changed only
+//!   with `or` / `and-not` on distinct bits, never with `set`, so replaying one lane's log
+//!   cannot undo another lane's completed change. Redo logs are replayed before any undo
+//!   log, and a transaction's undo ranges are not touched by another lane's redo entries
+//!   (which target metadata and publish destinations the caller owns).
+//!
+//! Caller obligations (as in libpmemobj): a destination or snapshotted range must not be
+//! written by another thread while the operation runs, and a handle must not be used after
+//! the object is freed.
+//!
+//! # Volatile state and concurrency
+//!
+//! The `heap` module keeps, per arena, the runs it owns
+//! with a copy of their bitmaps (which also mark reservations and pending frees), per
+//! (unit, type) the runs with free slots, and globally the free page spans (best fit,
+//! coalescing) and extents. A thread uses arena `thread % arenas`; lanes are taken with
+//! `try_lock` (never blocking on one lane). Lock order: one arena lock, then the pages
+//! lock; a lane lock is taken with no heap lock held.
+//!
+//! # Durability per medium
+//!
+//! [`RegionBackend`] follows terrace-media: on DAX, cache-line flush + `sfence`; on other
+//! disk-backed files, `msync`; on tmpfs (`Durability::Process`), a fence only, because the
+//! page cache *is* the medium there: the pool survives a process crash, not a power loss,
+//! and [`Pool::durability`] says so.
+//!
+//! # Present limits
+//! - A transaction's snapshots must fit in one lane's undo area (56 KiB minus headers);
+//!   larger is `TxLogFull` (libpmemobj extends logs into the heap; not done yet).
+//! - A redo commit holds at most 508 distinct word updates (updates of one bitmap word
+//!   merge), bounding the allocations and frees of one transaction.
+//! - Size classes are built in; custom classes are not yet recorded in the pool.
+//! - `check` needs a quiescent pool (no operation or transaction in flight).
+
+pub mod backend;
+pub mod class;
+pub mod error;
+pub mod format;
+mod heap;
+mod log;
+mod mem;
+pub mod pool;
+pub mod recording;
+pub mod tx;
+
+pub use backend::{Backend, RegionBackend};
+pub use error::{PoolError, Result};
+pub use heap::Stats;
+pub use pool::{CheckReport, Dest, Object, ObjectWriter, Oid, Pool, ROOT_TYPE};
+pub use recording::{PersistEvent, Recording, RecordingBackend};
+pub use terrace_media::Durability;
+pub use tx::Tx;

@@ -1,0 +1,916 @@
+//! The pool: create, open (validation and recovery), close, check, the root object, and
+//! the crash-atomic allocation operations (alloc / zalloc / realloc / free with publish).
+//!
+//! Owns the backend, the decoded header, the lanes and the heap. Every operation that
+//! changes persistent allocation state takes a lane and commits through the lane's redo
+//! log (crate docs, "Commit protocol"); volatile heap changes follow the rules in
+//! the `heap` module.
+//!
+//! Invariants: after `open` returns, every lane's redo header is 0 and every undo state is
+//! idle (recovery ran), and the volatile heap equals the persistent descriptors.
+
+use std::fs::File;
+use std::hash::{BuildHasher, Hasher};
+use std::io::Read;
+use std::num::NonZeroU64;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use terrace_media::{Durability, FileLocation, FileOptions, Region};
+
+use crate::backend::{Backend, RegionBackend};
+use crate::error::{corrupt, PoolError, Result};
+use crate::format::{
+    self, Geometry, Header, HEADER_LEN, KIND_RUN, LANES_OFF, POOL_ALIGN, ROOT_OFF_WORD,
+    ROOT_SIZE_WORD, STATE_OFF,
+};
+use crate::heap::{self, Freeing, Heap, Reserved, Stats};
+use crate::log::{self, Entry};
+
+/// The type number of the root object (never handed to user allocations).
+pub const ROOT_TYPE: u64 = u64::MAX;
+
+/// A handle to a persistent object: its offset from the start of the pool (relocatable:
+/// valid wherever the pool is mapped next time). Never zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Oid(NonZeroU64);
+
+impl Oid {
+    /// The handle for a pool offset (`None` for 0, the null handle).
+    pub fn from_offset(off: u64) -> Option<Oid> {
+        NonZeroU64::new(off).map(Oid)
+    }
+    pub fn offset(self) -> u64 {
+        self.0.get()
+    }
+}
+
+/// Where an allocation's handle is published (atomically with the allocation), and from
+/// where a free takes the handle it clears.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dest {
+    /// Nowhere: the caller keeps the returned handle (it leaks if the process crashes
+    /// before the caller stores it somewhere persistent).
+    None,
+    /// A little-endian u64 holding the object's offset, at this pool offset.
+    Word(u64),
+    /// A 16-byte `PMEMoid` `{pool_uuid_lo, off}` at this pool offset.
+    Oid(u64),
+}
+
+/// A live object found by iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Object {
+    pub oid: Oid,
+    pub type_num: u64,
+    pub usable: u64,
+}
+
+/// What [`Pool::check`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    pub objects: u64,
+    pub runs: u64,
+    pub extents: u64,
+    pub free_pages: u64,
+    pub allocated_bytes: u64,
+}
+
+/// One lane: a redo area and an undo area used by one operation or transaction at a time.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    pub off: u64,
+    /// Generation of the last transaction that used the undo area.
+    pub gen: u64,
+}
+
+/// A persistent pool. See the crate docs.
+#[derive(Debug)]
+pub struct Pool<B: Backend = RegionBackend> {
+    pub(crate) backend: B,
+    header: Header,
+    pub(crate) geo: Geometry,
+    pub(crate) heap: Heap,
+    lanes: Vec<Mutex<Lane>>,
+    root_lock: Mutex<()>,
+    poisoned: AtomicBool,
+    path: Option<PathBuf>,
+}
+
+fn new_uuid() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for half in out.chunks_mut(8) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        h.write_u32(std::process::id());
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
+
+fn io_err(op: &'static str, path: &Path, source: std::io::Error) -> PoolError {
+    PoolError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Pool<RegionBackend> {
+    /// Creates a pool file of `size` bytes (rounded up to 2 MiB) with a layout name. The
+    /// file must not exist; all its blocks are reserved, so a full file system fails here
+    /// and never later.
+    pub fn create(path: impl AsRef<Path>, size: u64, layout: &str) -> Result<Self> {
+        let path = path.as_ref();
+        format::check_layout(layout)?;
+        let size = size.div_ceil(POOL_ALIGN).max(1) * POOL_ALIGN;
+        Geometry::compute(size, Geometry::default_lanes(size))?;
+        if path.symlink_metadata().is_ok() {
+            return Err(PoolError::Exists {
+                path: path.to_path_buf(),
+            });
+        }
+        let made = (|| {
+            let region = Region::file(&FileOptions::at_path(path, size as usize))?;
+            region.reserve(0, size as usize)?;
+            let backend = RegionBackend::new(region, size)?;
+            let mut pool = Pool::create_on(backend, layout, Geometry::default_lanes(size))?;
+            pool.path = Some(path.to_path_buf());
+            Ok(pool)
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        made
+    }
+
+    /// Opens a pool file created with `layout`. A missing, foreign, truncated or corrupt
+    /// file is a typed error; the file is not modified unless it is a valid pool (then
+    /// recovery may roll interrupted operations forward or back).
+    pub fn open(path: impl AsRef<Path>, layout: &str) -> Result<Self> {
+        let path = path.as_ref();
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(PoolError::NotFound {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(e) => return Err(io_err("stat", path, e)),
+        };
+        if !meta.is_file() {
+            return Err(PoolError::NotAPool {
+                why: "not a regular file",
+            });
+        }
+        let file_len = meta.len();
+        let mut head = vec![0u8; HEADER_LEN as usize];
+        let mut file = File::open(path).map_err(|e| io_err("open", path, e))?;
+        let mut got = 0;
+        while got < head.len() {
+            match file.read(&mut head[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err("read", path, e)),
+            }
+        }
+        let header = Header::decode(&head[..got])?;
+        check_layout_matches(&header, layout)?;
+        if header.geometry.pool_size != file_len {
+            return Err(PoolError::SizeMismatch {
+                header: header.geometry.pool_size,
+                file: file_len,
+            });
+        }
+        // Mapped as it is: never created, never resized (its length was just checked to be
+        // the pool size).
+        let region = Region::file(&FileOptions {
+            location: FileLocation::Existing(path.to_path_buf()),
+            size: 0,
+            hole_punching: false,
+        })?;
+        let backend = RegionBackend::new(region, file_len)?;
+        let mut pool = Pool::open_on(backend, layout)?;
+        pool.path = Some(path.to_path_buf());
+        Ok(pool)
+    }
+
+    /// The pool file's path.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Opens (recovering as `open` does) and checks a pool file: `terrace pool check`.
+    pub fn check_file(path: impl AsRef<Path>, layout: &str) -> Result<CheckReport> {
+        Pool::open(path, layout)?.check()
+    }
+}
+
+fn check_layout_matches(header: &Header, layout: &str) -> Result<()> {
+    if header.layout != layout {
+        return Err(PoolError::LayoutMismatch {
+            expected: layout.to_string(),
+            found: header.layout.clone(),
+        });
+    }
+    Ok(())
+}
+
+impl<B: Backend> Pool<B> {
+    /// Formats `backend` (all of it) as a new pool with `lanes` lanes and opens it.
+    ///
+    /// Protocol: zero the state block, lanes and descriptors and persist them; only then
+    /// write and persist the header. A crash before the header is durable leaves a file
+    /// without magic, which `open` reports as `NotAPool`.
+    pub fn create_on(backend: B, layout: &str, lanes: u32) -> Result<Self> {
+        format::check_layout(layout)?;
+        let geo = Geometry::compute(backend.len(), lanes)?;
+        backend.fill(STATE_OFF, geo.heap_off - STATE_OFF, 0)?;
+        backend.persist(STATE_OFF, geo.heap_off - STATE_OFF)?;
+        let header = Header {
+            uuid: new_uuid(),
+            layout: layout.to_string(),
+            geometry: geo,
+            created_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+        };
+        backend.write(0, &header.encode())?;
+        backend.persist(0, HEADER_LEN)?;
+        Pool::open_on(backend, layout)
+    }
+
+    /// Opens the pool in `backend`: validates the header, recovers every lane (replay
+    /// complete redo logs, then roll back active undo logs), validates the page
+    /// descriptors and rebuilds the volatile heap.
+    pub fn open_on(backend: B, layout: &str) -> Result<Self> {
+        let len = backend.len();
+        let mut head = vec![0u8; (HEADER_LEN).min(len) as usize];
+        backend.read(0, &mut head)?;
+        let header = Header::decode(&head)?;
+        check_layout_matches(&header, layout)?;
+        let geo = header.geometry;
+        if geo.pool_size != len {
+            return Err(PoolError::SizeMismatch {
+                header: geo.pool_size,
+                file: len,
+            });
+        }
+        debug_assert_eq!(geo.lanes_off, LANES_OFF);
+        let mut lanes = Vec::with_capacity(geo.lane_count as usize);
+        for l in 0..geo.lane_count {
+            let off = geo.lane_off(l);
+            log::redo_recover(&backend, off, &geo)?;
+            log::undo_rollback(&backend, off, &geo)?;
+            let gen = backend.load_u64(log::undo_state_off(off))? >> 1;
+            lanes.push(Mutex::new(Lane { off, gen }));
+        }
+        let root_off = backend.load_u64(ROOT_OFF_WORD)?;
+        let root_size = backend.load_u64(ROOT_SIZE_WORD)?;
+        if (root_off == 0) != (root_size == 0) {
+            return Err(corrupt(
+                format!("root offset {root_off:#x} with root size {root_size}"),
+                ROOT_OFF_WORD,
+            ));
+        }
+        let (spans, _free) = heap::scan(&backend, &geo)?;
+        let arenas = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(4)
+            .clamp(1, 32);
+        let heap = Heap::load(geo, &spans, arenas);
+        Ok(Pool {
+            backend,
+            header,
+            geo,
+            heap,
+            lanes,
+            root_lock: Mutex::new(()),
+            poisoned: AtomicBool::new(false),
+            path: None,
+        })
+    }
+
+    /// Closes the pool. Everything acknowledged is already durable; this only unmaps.
+    pub fn close(self) {}
+
+    /// The backend (for tests and tools).
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Gives the backend back (e.g. a recording backend after a test).
+    pub fn into_backend(self) -> B {
+        self.backend
+    }
+
+    /// The decoded header (for `terrace pool info`).
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn layout(&self) -> &str {
+        &self.header.layout
+    }
+
+    pub fn uuid(&self) -> [u8; 16] {
+        self.header.uuid
+    }
+
+    /// The low 64 bits of the uuid (`PMEMoid.pool_uuid_lo`).
+    pub fn uuid_lo(&self) -> u64 {
+        self.header.uuid_lo()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.geo.pool_size
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    /// What a persisted write survives on this pool's medium.
+    pub fn durability(&self) -> Durability {
+        self.backend.durability()
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.heap.stats()
+    }
+
+    pub(crate) fn ensure_healthy(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(PoolError::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// Records that a persistence step failed midway: the pool refuses further work.
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// Takes a free lane, preferring the thread's own; waits (yielding) while all are
+    /// busy. It never blocks on one particular lane, so a thread that holds a lane for a
+    /// transaction and allocates outside it cannot wait for itself.
+    pub(crate) fn lane(&self) -> MutexGuard<'_, Lane> {
+        let n = self.lanes.len();
+        let start = heap::thread_slot() % n;
+        loop {
+            for k in 0..n {
+                match self.lanes[(start + k) % n].try_lock() {
+                    Ok(g) => return g,
+                    Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => {}
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Runs a redo commit; a failure poisons the pool (the medium's state is unknown).
+    pub(crate) fn commit_entries(&self, lane_off: u64, entries: &[Entry]) -> Result<()> {
+        log::redo_commit(&self.backend, lane_off, entries).inspect_err(|e| {
+            if !matches!(e, PoolError::TxLogFull { .. }) {
+                self.poison();
+            }
+        })
+    }
+
+    fn check_dest(&self, dest: Dest) -> Result<()> {
+        let (at, len) = match dest {
+            Dest::None => return Ok(()),
+            Dest::Word(at) => (at, 8),
+            Dest::Oid(at) => (at, 16),
+        };
+        if at % 8 != 0 || at < self.geo.heap_off || at.saturating_add(len) > self.geo.heap_end() {
+            return Err(PoolError::InvalidArgument {
+                what: "destination",
+                detail: format!("{at:#x}: must be 8-byte aligned inside the heap"),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn publish_entries(&self, dest: Dest, off: Option<u64>, out: &mut Vec<Entry>) {
+        match dest {
+            Dest::None => {}
+            Dest::Word(at) => out.push(Entry::set(at, off.unwrap_or(0))),
+            Dest::Oid(at) => {
+                out.push(Entry::set(at, off.map_or(0, |_| self.uuid_lo())));
+                out.push(Entry::set(at + 8, off.unwrap_or(0)));
+            }
+        }
+    }
+
+    /// The handle stored at `dest` (0 → `None`).
+    pub fn load_dest(&self, dest: Dest) -> Result<Option<Oid>> {
+        self.check_dest(dest)?;
+        Ok(match dest {
+            Dest::None => None,
+            Dest::Word(at) => Oid::from_offset(self.backend.load_u64(at)?),
+            Dest::Oid(at) => Oid::from_offset(self.backend.load_u64(at + 8)?),
+        })
+    }
+
+    /// Allocates `size` bytes of type `type_num`, lets `init` fill them (its writes are
+    /// persisted), and publishes the handle to `dest`, atomically: after a crash the
+    /// object is allocated and published, or neither.
+    pub fn alloc_with(
+        &self,
+        size: u64,
+        type_num: u64,
+        dest: Dest,
+        init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
+    ) -> Result<Oid> {
+        self.ensure_healthy()?;
+        self.check_dest(dest)?;
+        if type_num == ROOT_TYPE {
+            return Err(PoolError::InvalidArgument {
+                what: "type number",
+                detail: "u64::MAX is reserved for the root object".into(),
+            });
+        }
+        let r = self.heap.reserve(size, type_num)?;
+        match self.finish_alloc(&r, dest, init, None, &[]) {
+            Ok(oid) => Ok(oid),
+            Err(e) => {
+                self.heap.cancel(&r);
+                Err(e)
+            }
+        }
+    }
+
+    fn finish_alloc(
+        &self,
+        r: &Reserved,
+        dest: Dest,
+        init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
+        freeing: Option<&Freeing>,
+        extra: &[Entry],
+    ) -> Result<Oid> {
+        let oid = Oid::from_offset(r.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
+        let writer = ObjectWriter {
+            pool: self,
+            off: r.off,
+            usable: r.usable,
+            dirty: Mutex::new(None),
+        };
+        init(&writer)?;
+        writer.persist()?;
+        let mut entries = Vec::new();
+        self.heap.alloc_entries(r, &mut entries);
+        if let Some(f) = freeing {
+            self.heap.free_entries(f, &mut entries);
+        }
+        self.publish_entries(dest, Some(r.off), &mut entries);
+        entries.extend_from_slice(extra);
+        let lane = self.lane();
+        self.commit_entries(lane.off, &entries)?;
+        drop(lane);
+        self.heap.alloc_done(r);
+        Ok(oid)
+    }
+
+    /// Allocates without initialising (contents are whatever the medium held).
+    pub fn alloc(&self, size: u64, type_num: u64, dest: Dest) -> Result<Oid> {
+        self.alloc_with(size, type_num, dest, |_| Ok(()))
+    }
+
+    /// Allocates zero-filled memory.
+    pub fn zalloc(&self, size: u64, type_num: u64, dest: Dest) -> Result<Oid> {
+        self.alloc_with(size, type_num, dest, |w| w.zero())
+    }
+
+    /// Frees the object whose handle is at `dest` and clears `dest`, atomically. A null
+    /// handle is a no-op.
+    pub fn free(&self, dest: Dest) -> Result<()> {
+        self.ensure_healthy()?;
+        let Some(oid) = self.load_dest(dest)? else {
+            return Ok(());
+        };
+        self.free_published(oid, dest)
+    }
+
+    /// Frees `oid`, whose handle the caller holds outside the pool.
+    pub fn free_oid(&self, oid: Oid) -> Result<()> {
+        self.ensure_healthy()?;
+        self.free_published(oid, Dest::None)
+    }
+
+    fn free_published(&self, oid: Oid, dest: Dest) -> Result<()> {
+        if self.heap.object(oid.offset())?.type_num == ROOT_TYPE {
+            return Err(PoolError::InvalidArgument {
+                what: "object",
+                detail: "the root object cannot be freed".into(),
+            });
+        }
+        let f = self.heap.begin_free(oid.offset())?;
+        let mut entries = Vec::new();
+        self.heap.free_entries(&f, &mut entries);
+        self.publish_entries(dest, None, &mut entries);
+        let lane = self.lane();
+        match self.commit_entries(lane.off, &entries) {
+            Ok(()) => {
+                drop(lane);
+                self.heap.free_done(f);
+                Ok(())
+            }
+            Err(e) => {
+                drop(lane);
+                self.heap.free_cancel(f);
+                Err(e)
+            }
+        }
+    }
+
+    /// Resizes the object whose handle is at `dest` to `size` bytes of type `type_num`:
+    /// a new object gets the old contents (up to the smaller size) and replaces the old
+    /// one in `dest`, atomically. A null handle allocates; a fitting object (same class
+    /// and type) is returned unchanged.
+    pub fn realloc(&self, dest: Dest, size: u64, type_num: u64) -> Result<Oid> {
+        self.ensure_healthy()?;
+        let Some(old) = self.load_dest(dest)? else {
+            return self.alloc(size, type_num, dest);
+        };
+        let info = self.heap.object(old.offset())?;
+        if info.type_num == ROOT_TYPE || type_num == ROOT_TYPE {
+            return Err(PoolError::InvalidArgument {
+                what: "object",
+                detail: "use root() to resize the root object".into(),
+            });
+        }
+        let fits = match crate::class::unit_for(size) {
+            Some(unit) => unit as u64 == info.usable,
+            None => crate::class::extent_pages(size) * format::PAGE == info.usable,
+        };
+        if fits && info.type_num == type_num {
+            return Ok(old);
+        }
+        self.move_object(old, info.usable, size, type_num, dest, &[])
+    }
+
+    fn move_object(
+        &self,
+        old: Oid,
+        old_usable: u64,
+        size: u64,
+        type_num: u64,
+        dest: Dest,
+        extra: &[Entry],
+    ) -> Result<Oid> {
+        let r = self.heap.reserve(size, type_num)?;
+        let f = match self.heap.begin_free(old.offset()) {
+            Ok(f) => f,
+            Err(e) => {
+                self.heap.cancel(&r);
+                return Err(e);
+            }
+        };
+        let keep = old_usable.min(size);
+        let copy = |w: &ObjectWriter<'_, B>| {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut done = 0;
+            while done < keep {
+                let n = (keep - done).min(buf.len() as u64) as usize;
+                self.backend.read(old.offset() + done, &mut buf[..n])?;
+                w.write(done, &buf[..n])?;
+                done += n as u64;
+            }
+            if w.usable > keep {
+                w.fill(keep, w.usable - keep, 0)?;
+            }
+            Ok(())
+        };
+        match self.finish_alloc(&r, dest, copy, Some(&f), extra) {
+            Ok(oid) => {
+                self.heap.free_done(f);
+                Ok(oid)
+            }
+            Err(e) => {
+                self.heap.free_cancel(f);
+                self.heap.cancel(&r);
+                Err(e)
+            }
+        }
+    }
+
+    /// The root object, at least `size` bytes: allocated zeroed on first request, grown
+    /// (contents kept, the rest zeroed) when a larger size is asked for; atomically.
+    pub fn root(&self, size: u64) -> Result<Oid> {
+        self.ensure_healthy()?;
+        let _guard = self.root_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let off = self.backend.load_u64(ROOT_OFF_WORD)?;
+        let have = self.backend.load_u64(ROOT_SIZE_WORD)?;
+        if let Some(oid) = Oid::from_offset(off) {
+            if size <= have {
+                return Ok(oid);
+            }
+        }
+        if size == 0 {
+            return Err(PoolError::InvalidArgument {
+                what: "root size",
+                detail: "0 bytes".into(),
+            });
+        }
+        // The root words change in the same redo log as the root's allocation.
+        let extra = [Entry::set(ROOT_SIZE_WORD, size)];
+        match Oid::from_offset(off) {
+            None => {
+                let r = self.heap.reserve(size, ROOT_TYPE)?;
+                let mut extra = extra.to_vec();
+                extra.push(Entry::set(ROOT_OFF_WORD, r.off));
+                self.finish_alloc(&r, Dest::None, |w| w.zero(), None, &extra)
+                    .inspect_err(|_| self.heap.cancel(&r))
+            }
+            Some(old) => {
+                let usable = self.heap.object(old.offset())?.usable;
+                let r = self.heap.reserve(size, ROOT_TYPE)?;
+                let f = match self.heap.begin_free(old.offset()) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        self.heap.cancel(&r);
+                        return Err(e);
+                    }
+                };
+                let mut extra = extra.to_vec();
+                extra.push(Entry::set(ROOT_OFF_WORD, r.off));
+                let copy = |w: &ObjectWriter<'_, B>| {
+                    let mut buf = vec![0u8; have.min(usable) as usize];
+                    self.backend.read(old.offset(), &mut buf)?;
+                    w.write(0, &buf)?;
+                    w.fill(buf.len() as u64, w.usable - buf.len() as u64, 0)
+                };
+                match self.finish_alloc(&r, Dest::None, copy, Some(&f), &extra) {
+                    Ok(oid) => {
+                        self.heap.free_done(f);
+                        Ok(oid)
+                    }
+                    Err(e) => {
+                        self.heap.free_cancel(f);
+                        self.heap.cancel(&r);
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The root object's requested size (0 if there is none yet).
+    pub fn root_size(&self) -> Result<u64> {
+        self.backend.load_u64(ROOT_SIZE_WORD)
+    }
+
+    /// Usable bytes of a live object (its slot or extent size).
+    pub fn usable_size(&self, oid: Oid) -> Result<u64> {
+        Ok(self.heap.object(oid.offset())?.usable)
+    }
+
+    /// Type number of a live object.
+    pub fn type_of(&self, oid: Oid) -> Result<u64> {
+        Ok(self.heap.object(oid.offset())?.type_num)
+    }
+
+    fn object_range(&self, oid: Oid, offset: u64, len: u64) -> Result<u64> {
+        let usable = self.usable_size(oid)?;
+        match offset.checked_add(len) {
+            Some(end) if end <= usable => Ok(oid.offset() + offset),
+            _ => Err(PoolError::OutOfBounds {
+                offset,
+                len,
+                what: "the object",
+                limit: usable,
+            }),
+        }
+    }
+
+    /// Reads object bytes (bounds-checked against the object's size).
+    pub fn read(&self, oid: Oid, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let at = self.object_range(oid, offset, buf.len() as u64)?;
+        self.backend.read(at, buf)
+    }
+
+    /// Writes object bytes without persisting them ("raw" mode: call [`Pool::persist`]).
+    pub fn write(&self, oid: Oid, offset: u64, data: &[u8]) -> Result<()> {
+        let at = self.object_range(oid, offset, data.len() as u64)?;
+        self.backend.write(at, data)
+    }
+
+    /// Writes object bytes and persists them ("durable" mode).
+    pub fn write_durable(&self, oid: Oid, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(oid, offset, data)?;
+        self.persist(oid, offset, data.len() as u64)
+    }
+
+    /// Persists a range of an object.
+    pub fn persist(&self, oid: Oid, offset: u64, len: u64) -> Result<()> {
+        let at = self.object_range(oid, offset, len)?;
+        self.backend.persist(at, len)
+    }
+
+    /// Reads the u64 at `offset` inside an object.
+    pub fn read_u64(&self, oid: Oid, offset: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(oid, offset, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// The address of an object in this process (`pmemobj_direct`); `None` on simulated
+    /// backends. Valid while the pool is open.
+    pub fn direct(&self, oid: Oid) -> Option<NonNull<u8>> {
+        self.backend.address(oid.offset())
+    }
+
+    /// Every durably allocated object of type `type_num` (or of every type except the
+    /// root's, for `None`), in address order, read from the page descriptors.
+    pub fn objects(&self, type_num: Option<u64>) -> Result<Vec<Object>> {
+        let (spans, _) = heap::scan(&self.backend, &self.geo)?;
+        let mut out = Vec::new();
+        for s in spans {
+            let wanted = match type_num {
+                Some(t) => s.type_num == t,
+                None => s.type_num != ROOT_TYPE,
+            };
+            if !wanted {
+                continue;
+            }
+            let base = self.geo.page_addr(s.head as u64);
+            if s.kind == KIND_RUN {
+                for (w, &word) in s.bits.iter().enumerate() {
+                    let mut word = word;
+                    while word != 0 {
+                        let idx = w as u64 * 64 + word.trailing_zeros() as u64;
+                        word &= word - 1;
+                        if let Some(oid) = Oid::from_offset(base + idx * s.unit as u64) {
+                            out.push(Object {
+                                oid,
+                                type_num: s.type_num,
+                                usable: s.unit as u64,
+                            });
+                        }
+                    }
+                }
+            } else if let Some(oid) = Oid::from_offset(base) {
+                out.push(Object {
+                    oid,
+                    type_num: s.type_num,
+                    usable: s.pages as u64 * format::PAGE,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Verifies every invariant of the pool: header, idle lanes, page descriptors, the
+    /// root, and that the volatile heap agrees with the medium. Call with no operation or
+    /// transaction in flight. The first violation is returned as `Corrupt`.
+    pub fn check(&self) -> Result<CheckReport> {
+        let mut head = vec![0u8; HEADER_LEN as usize];
+        self.backend.read(0, &mut head)?;
+        let header = Header::decode(&head)?;
+        if header != self.header {
+            return Err(corrupt("header changed since open", 0));
+        }
+        for l in 0..self.geo.lane_count {
+            let off = self.geo.lane_off(l);
+            if self.backend.load_u64(off)? != 0 {
+                return Err(corrupt(format!("lane {l} has a pending redo log"), off));
+            }
+            let undo = log::undo_state_off(off);
+            if self.backend.load_u64(undo)? & 1 != 0 {
+                return Err(corrupt(format!("lane {l} has an active undo log"), undo));
+            }
+        }
+        let (spans, free_pages) = heap::scan(&self.backend, &self.geo)?;
+        let mut report = CheckReport {
+            free_pages,
+            ..CheckReport::default()
+        };
+        let root_off = self.backend.load_u64(ROOT_OFF_WORD)?;
+        let root_size = self.backend.load_u64(ROOT_SIZE_WORD)?;
+        let mut root_found = root_off == 0;
+        for s in &spans {
+            let base = self.geo.page_addr(s.head as u64);
+            if s.kind == KIND_RUN {
+                report.runs += 1;
+                let n: u64 = s.bits.iter().map(|w| w.count_ones() as u64).sum();
+                report.objects += n;
+                report.allocated_bytes += n * s.unit as u64;
+                if root_off >= base && root_off < base + s.pages as u64 * format::PAGE {
+                    let rel = root_off - base;
+                    let idx = rel / s.unit as u64;
+                    root_found = rel % s.unit as u64 == 0
+                        && s.bits[idx as usize / 64] & (1 << (idx % 64)) != 0
+                        && s.type_num == ROOT_TYPE
+                        && root_size <= s.unit as u64;
+                }
+            } else {
+                report.extents += 1;
+                report.objects += 1;
+                report.allocated_bytes += s.pages as u64 * format::PAGE;
+                if root_off == base {
+                    root_found =
+                        s.type_num == ROOT_TYPE && root_size <= s.pages as u64 * format::PAGE;
+                }
+            }
+            if s.type_num == ROOT_TYPE
+                && (root_off < base || root_off >= base + s.pages as u64 * format::PAGE)
+            {
+                let live = s.kind != KIND_RUN || s.bits.iter().any(|&w| w != 0);
+                if live {
+                    return Err(corrupt(
+                        format!("a root-typed object at page {} is not the root", s.head),
+                        self.geo.meta(s.head as u64),
+                    ));
+                }
+            }
+        }
+        if !root_found {
+            return Err(corrupt(
+                format!("root {root_off:#x} ({root_size} bytes) is not a live root object"),
+                ROOT_OFF_WORD,
+            ));
+        }
+        self.heap
+            .verify_against(&spans, free_pages)
+            .map_err(|what| {
+                corrupt(
+                    format!("volatile heap disagrees: {what}"),
+                    self.geo.meta_off,
+                )
+            })?;
+        Ok(report)
+    }
+}
+
+/// Bounded writes into an object being initialised (before it is published); the
+/// written range is persisted before the allocation commits.
+pub struct ObjectWriter<'p, B: Backend> {
+    pool: &'p Pool<B>,
+    off: u64,
+    usable: u64,
+    dirty: Mutex<Option<(u64, u64)>>,
+}
+
+impl<B: Backend> ObjectWriter<'_, B> {
+    /// Usable bytes of the object.
+    pub fn usable(&self) -> u64 {
+        self.usable
+    }
+
+    /// The object's handle.
+    pub fn oid(&self) -> Option<Oid> {
+        Oid::from_offset(self.off)
+    }
+
+    fn range(&self, offset: u64, len: u64) -> Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.usable => {
+                let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+                *d = Some(match *d {
+                    None => (offset, end),
+                    Some((s, e)) => (s.min(offset), e.max(end)),
+                });
+                Ok(self.off + offset)
+            }
+            _ => Err(PoolError::OutOfBounds {
+                offset,
+                len,
+                what: "the object",
+                limit: self.usable,
+            }),
+        }
+    }
+
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let at = self.range(offset, data.len() as u64)?;
+        self.pool.backend.write(at, data)
+    }
+
+    pub fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<()> {
+        let at = self.range(offset, len)?;
+        self.pool.backend.fill(at, len, byte)
+    }
+
+    pub fn zero(&self) -> Result<()> {
+        self.fill(0, self.usable, 0)
+    }
+
+    fn persist(&self) -> Result<()> {
+        let d = *self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        match d {
+            Some((s, e)) if e > s => self.pool.backend.persist(self.off + s, e - s),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Transactions: undo-logged writes plus allocations and frees that take effect at commit.
+//!
+//! Owns the transaction state ([`Tx`]): the lane held for the whole transaction, the
+//! snapshots taken, the blocks reserved and the frees pending. Protocol and crash
+//! argument: crate docs, "Transactions".
+//!
+//! Invariants while a `Tx` is active:
+//! - every byte written through [`Tx::write`] outside this transaction's new objects lies
+//!   in a range whose snapshot is durable in the lane's undo log (generation `gen`), and
+//!   the lane's undo state word is `gen << 1 | 1` durably before the first snapshot;
+//! - allocations are volatile reservations and frees are pending tickets; neither touches
+//!   the medium before commit, so an abort or a crash only has to restore snapshots;
+//! - dropping an active `Tx` (an early return, a `?`, a panic unwinding) aborts it.
+
+use std::sync::MutexGuard;
+
+use crate::backend::Backend;
+use crate::error::{PoolError, Result};
+use crate::heap::{Freeing, Reserved};
+use crate::log::{self, Entry};
+use crate::pool::{Lane, Oid, Pool, ROOT_TYPE};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Active,
+    /// An operation failed or a nested transaction aborted: commit will abort.
+    Failed,
+    Done,
+}
+
+/// An active transaction. See the module docs.
+pub struct Tx<'p, B: Backend> {
+    pool: &'p Pool<B>,
+    lane: MutexGuard<'p, Lane>,
+    gen: u64,
+    undo_active: bool,
+    tail: u64,
+    snapshots: Vec<(u64, u64)>,
+    allocs: Vec<Reserved>,
+    frees: Vec<Freeing>,
+    depth: u32,
+    state: State,
+}
+
+impl<B: Backend> Pool<B> {
+    /// Begins a transaction on a free lane.
+    pub fn begin(&self) -> Result<Tx<'_, B>> {
+        self.ensure_healthy()?;
+        let lane = self.lane();
+        let gen = lane.gen;
+        Ok(Tx {
+            pool: self,
+            lane,
+            gen,
+            undo_active: false,
+            tail: log::UNDO_FIRST,
+            snapshots: Vec::new(),
+            allocs: Vec::new(),
+            frees: Vec::new(),
+            depth: 0,
+            state: State::Active,
+        })
+    }
+
+    /// Runs `f` in a transaction: commits if it returns `Ok`, aborts if it returns `Err`
+    /// (that error is returned) or panics (the panic continues after the rollback).
+    pub fn tx<T>(&self, f: impl FnOnce(&mut Tx<'_, B>) -> Result<T>) -> Result<T> {
+        let mut tx = self.begin()?;
+        match f(&mut tx) {
+            Ok(v) => {
+                tx.commit()?;
+                Ok(v)
+            }
+            Err(e) => {
+                tx.abort()?;
+                Err(e)
+            }
+        }
+    }
+}
+
+impl<'p, B: Backend> Tx<'p, B> {
+    fn fail<T>(&mut self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.state = State::Failed;
+        }
+        r
+    }
+
+    fn check_active(&self) -> Result<()> {
+        match self.state {
+            State::Active => Ok(()),
+            State::Failed => Err(PoolError::TxAborted),
+            State::Done => Err(PoolError::TxNotActive),
+        }
+    }
+
+    fn is_fresh(&self, off: u64, len: u64) -> bool {
+        self.allocs
+            .iter()
+            .any(|r| off >= r.off && off + len <= r.off + r.usable)
+    }
+
+    fn snapshot(&mut self, off: u64, len: u64) -> Result<()> {
+        self.check_active()?;
+        let geo = self.pool.geo;
+        if off < geo.heap_off || off.checked_add(len).is_none_or(|e| e > geo.heap_end()) {
+            return Err(PoolError::OutOfBounds {
+                offset: off,
+                len,
+                what: "the heap",
+                limit: geo.heap_end(),
+            });
+        }
+        if len == 0
+            || self.is_fresh(off, len)
+            || self
+                .snapshots
+                .iter()
+                .any(|&(s, l)| off >= s && off + len <= s + l)
+        {
+            return Ok(());
+        }
+        let b = &self.pool.backend;
+        let lane_off = self.lane.off;
+        if !self.undo_active {
+            let gen = self.gen + 1;
+            let state = log::undo_state_off(lane_off);
+            b.store_u64(state, gen << 1 | 1)?;
+            b.persist(state, 8)?;
+            self.gen = gen;
+            self.lane.gen = gen;
+            self.undo_active = true;
+        }
+        log::undo_append(b, lane_off, self.gen, &mut self.tail, off, len)?;
+        self.snapshots.push((off, len));
+        Ok(())
+    }
+
+    /// Snapshots `[offset, offset+len)` of an object so that it can be written and is
+    /// restored if the transaction does not commit.
+    pub fn add_range(&mut self, oid: Oid, offset: u64, len: u64) -> Result<()> {
+        let r = self.object_range(oid, offset, len);
+        let r = r.and_then(|at| self.snapshot(at, len));
+        self.fail(r)
+    }
+
+    /// Snapshots a heap range given by pool offset (`pmemobj_tx_add_range_direct`).
+    pub fn add_range_direct(&mut self, off: u64, len: u64) -> Result<()> {
+        let r = self.snapshot(off, len);
+        self.fail(r)
+    }
+
+    fn object_range(&self, oid: Oid, offset: u64, len: u64) -> Result<u64> {
+        let usable = self.pool.usable_size(oid)?;
+        match offset.checked_add(len) {
+            Some(end) if end <= usable => Ok(oid.offset() + offset),
+            _ => Err(PoolError::OutOfBounds {
+                offset,
+                len,
+                what: "the object",
+                limit: usable,
+            }),
+        }
+    }
+
+    /// Writes object bytes transactionally: snapshots them first (unless the object was
+    /// allocated by this transaction), persisted at commit.
+    pub fn write(&mut self, oid: Oid, offset: u64, data: &[u8]) -> Result<()> {
+        let r = (|| {
+            let at = self.object_range(oid, offset, data.len() as u64)?;
+            self.snapshot(at, data.len() as u64)?;
+            self.pool.backend.write(at, data)
+        })();
+        self.fail(r)
+    }
+
+    /// Writes a little-endian u64 transactionally.
+    pub fn write_u64(&mut self, oid: Oid, offset: u64, value: u64) -> Result<()> {
+        self.write(oid, offset, &value.to_le_bytes())
+    }
+
+    /// Reads object bytes (sees this transaction's writes).
+    pub fn read(&self, oid: Oid, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.pool.read(oid, offset, buf)
+    }
+
+    /// Allocates an object that exists only if the transaction commits. Its contents are
+    /// persisted at commit.
+    pub fn alloc(&mut self, size: u64, type_num: u64) -> Result<Oid> {
+        let r = (|| {
+            self.check_active()?;
+            if type_num == ROOT_TYPE {
+                return Err(PoolError::InvalidArgument {
+                    what: "type number",
+                    detail: "u64::MAX is reserved for the root object".into(),
+                });
+            }
+            let r = self.pool.heap.reserve(size, type_num)?;
+            let oid = Oid::from_offset(r.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
+            self.allocs.push(r);
+            Ok(oid)
+        })();
+        self.fail(r)
+    }
+
+    /// [`Tx::alloc`], zero-filled.
+    pub fn zalloc(&mut self, size: u64, type_num: u64) -> Result<Oid> {
+        let oid = self.alloc(size, type_num)?;
+        let usable = self.pool.usable_size(oid);
+        let r = usable.and_then(|u| self.pool.backend.fill(oid.offset(), u, 0));
+        self.fail(r)?;
+        Ok(oid)
+    }
+
+    /// Frees an object when the transaction commits (at once if this transaction
+    /// allocated it).
+    pub fn free(&mut self, oid: Oid) -> Result<()> {
+        let r = (|| {
+            self.check_active()?;
+            if let Some(i) = self.allocs.iter().position(|r| r.off == oid.offset()) {
+                let r = self.allocs.swap_remove(i);
+                self.pool.heap.cancel(&r);
+                return Ok(());
+            }
+            if self.pool.type_of(oid)? == ROOT_TYPE {
+                return Err(PoolError::InvalidArgument {
+                    what: "object",
+                    detail: "the root object cannot be freed".into(),
+                });
+            }
+            let f = self.pool.heap.begin_free(oid.offset())?;
+            self.frees.push(f);
+            Ok(())
+        })();
+        self.fail(r)
+    }
+
+    /// Runs `f` as a nested transaction, flattened into this one: its work commits with
+    /// the outermost transaction, and its failure aborts the outermost one.
+    pub fn nested<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.check_active()?;
+        self.depth += 1;
+        let r = f(self);
+        self.depth -= 1;
+        self.fail(r)
+    }
+
+    /// Nesting depth (0 for the outermost transaction).
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Commits: persists snapshotted ranges and new objects, then one redo log makes the
+    /// allocations, frees and the end of the undo log durable together (the commit
+    /// point). A failed transaction is aborted instead and `TxAborted` returned.
+    pub fn commit(mut self) -> Result<()> {
+        if self.state == State::Failed {
+            self.rollback()?;
+            return Err(PoolError::TxAborted);
+        }
+        self.check_active()?;
+        let pool = self.pool;
+        let r = (|| {
+            for &(off, len) in &self.snapshots {
+                pool.backend.persist(off, len)?;
+            }
+            for r in &self.allocs {
+                pool.backend.persist(r.off, r.usable)?;
+            }
+            let mut entries: Vec<Entry> = Vec::new();
+            for r in &self.allocs {
+                pool.heap.alloc_entries(r, &mut entries);
+            }
+            for f in &self.frees {
+                pool.heap.free_entries(f, &mut entries);
+            }
+            if self.undo_active {
+                entries.push(Entry::set(
+                    log::undo_state_off(self.lane.off),
+                    self.gen << 1,
+                ));
+            }
+            pool.commit_entries(self.lane.off, &entries)
+        })();
+        if let Err(e) = r {
+            if matches!(e, PoolError::TxLogFull { .. }) {
+                self.rollback()?;
+            } else {
+                pool.poison();
+                self.state = State::Done;
+            }
+            return Err(e);
+        }
+        self.state = State::Done;
+        for r in self.allocs.drain(..) {
+            pool.heap.alloc_done(&r);
+        }
+        for f in self.frees.drain(..) {
+            pool.heap.free_done(f);
+        }
+        Ok(())
+    }
+
+    /// Aborts: restores every snapshot, drops the reservations and pending frees.
+    pub fn abort(mut self) -> Result<()> {
+        self.rollback()
+    }
+
+    fn rollback(&mut self) -> Result<()> {
+        if self.state == State::Done {
+            return Ok(());
+        }
+        self.state = State::Done;
+        let pool = self.pool;
+        if self.undo_active {
+            if let Err(e) = log::undo_rollback(&pool.backend, self.lane.off, &pool.geo) {
+                pool.poison();
+                return Err(e);
+            }
+            self.undo_active = false;
+        }
+        for r in self.allocs.drain(..) {
+            pool.heap.cancel(&r);
+        }
+        for f in self.frees.drain(..) {
+            pool.heap.free_cancel(f);
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Drop for Tx<'_, B> {
+    fn drop(&mut self) {
+        // An unfinished transaction (early return, panic) aborts; a failure to roll back
+        // has already poisoned the pool, and recovery at the next open rolls back.
+        let _ = self.rollback();
+    }
+}
