@@ -1,7 +1,8 @@
 //! terrace-capi: the one crate with `extern "C"`. It builds `libterrace.so`, whose
 //! functions are declared in `include/terrace.h` (the native API) and
 //! `include/memkind.h` (a memkind-compatible subset, so memkind programs recompile
-//! unchanged against Terrace).
+//! unchanged against Terrace) and `include/libpmemobj.h` (the libpmemobj-compatible subset
+//! over the persistent pool).
 //!
 //! Conventions shared by both APIs:
 //! - a kind handle (`terrace_kind_t`, `memkind_t`) is an opaque, never-dereferenced
@@ -15,3 +16,4 @@ pub mod error;
 pub mod handle;
 pub mod memkind;
 pub mod native;
+pub mod pmemobj;

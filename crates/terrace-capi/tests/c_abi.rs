@@ -103,14 +103,14 @@ fn scratch_dir() -> tempfile::TempDir {
         .unwrap_or_else(|e| panic!("cannot create a scratch directory in /dev/shm: {e}"))
 }
 
-/// Runs `binary scratch`, capturing its output; kills it after [`RUN_TIMEOUT`].
-fn run(binary: &Path, scratch: &Path) -> Output {
+/// Runs `binary args…`, capturing its output; kills it after [`RUN_TIMEOUT`].
+fn run(binary: &Path, args: &[std::ffi::OsString]) -> Output {
     let mut child = Command::new(binary)
         // cargo puts target/<profile> on LD_LIBRARY_PATH, which beats the binary's RUNPATH:
         // a libterrace.so left there by an earlier `cargo build` would be tested instead
         // of the one this run built.
         .env_remove("LD_LIBRARY_PATH")
-        .arg(scratch)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -150,14 +150,22 @@ fn run(binary: &Path, scratch: &Path) -> Output {
     }
 }
 
-/// Compiles `source`, runs it with a fresh /dev/shm scratch directory, requires success
-/// and returns its standard output.
+/// Compiles `source`, runs it with a fresh /dev/shm scratch directory as its only
+/// argument, requires success and returns its standard output.
 fn compile_and_run(source: &Path) -> String {
+    compile_and_run_with(source, |scratch| vec![scratch.into()])
+}
+
+/// As [`compile_and_run`], with the arguments made from the scratch directory by `args`.
+fn compile_and_run_with(
+    source: &Path,
+    args: impl FnOnce(&Path) -> Vec<std::ffi::OsString>,
+) -> String {
     let build =
         tempfile::tempdir().unwrap_or_else(|e| panic!("cannot create a build directory: {e}"));
     let binary = compile(source, build.path());
     let scratch = scratch_dir();
-    let output = run(&binary, scratch.path());
+    let output = run(&binary, &args(scratch.path()));
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -249,4 +257,88 @@ fn memkind_speed_anchor() {
             .unwrap_or_else(|e| panic!("row {row:?}: objects is not an integer: {e}"));
         assert_eq!(objects, wanted, "row {row:?}: allocation stopped early");
     }
+}
+
+/// The libpmemobj-compatible API: pools, root, atomic allocation with publishing,
+/// iteration, persistence helpers, function-level transactions, and bad input.
+#[test]
+fn pmemobj_api() {
+    let out = c_test("pmemobj_api.c");
+    assert!(out.contains("pmemobj_api: ok"), "unexpected output: {out}");
+}
+
+/// Parses an anchor's CSV output: the header, then rows of numbers.
+fn csv_rows(out: &str, header: &str) -> Vec<Vec<f64>> {
+    let mut lines = out
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("single-thread"));
+    assert_eq!(lines.next(), Some(header), "unexpected header in:\n{out}");
+    lines
+        .map(|row| {
+            row.split(',')
+                .map(|f| {
+                    f.parse()
+                        .unwrap_or_else(|e| panic!("{row:?}: {f:?} is not a number: {e}"))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn anchor(name: &str) -> std::path::PathBuf {
+    let path = workspace().join("../shared/anchors").join(name);
+    assert!(
+        path.is_file(),
+        "the anchor {name} is missing: looked for {}",
+        path.display()
+    );
+    path
+}
+
+/// PMDK's utilization anchor, unchanged, on a 256 MiB pool (its default is 1 GiB; smaller
+/// pools leave too few 2 MiB slots for 97%): it must run to completion and fill at least
+/// 97% of the pool at every object size (space, not speed: speed is measured by
+/// bench/pool-vs-pmemobj.sh).
+#[test]
+fn pmemobj_util_anchor() {
+    let out = compile_and_run_with(&anchor("pmemobj_util.c"), |scratch| {
+        vec![
+            scratch.join("util.pool").into(),
+            (256u64 << 20).to_string().into(),
+        ]
+    });
+    let rows = csv_rows(&out, "size,objects,utilization_pct,alloc_ns,free_ns");
+    let sizes = [
+        64.0, 512.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 2097152.0,
+    ];
+    assert_eq!(rows.len(), sizes.len(), "one row per size in:\n{out}");
+    for (row, size) in rows.iter().zip(sizes) {
+        assert_eq!(row[0], size);
+        assert!(
+            row[2] >= 97.0,
+            "utilization {}% at {size} B (want >= 97%):\n{out}",
+            row[2]
+        );
+    }
+}
+
+/// PMDK's multi-threaded anchor, unchanged: 4 threads fill a 64 MiB pool with 4-64 KiB
+/// objects; the pool must end at least 97% full.
+#[test]
+fn pmemobj_mt_anchor() {
+    let out = compile_and_run_with(&anchor("pmemobj_mt.c"), |scratch| {
+        vec![
+            scratch.join("mt.pool").into(),
+            (64u64 << 20).to_string().into(),
+            "4".into(),
+        ]
+    });
+    let rows = csv_rows(&out, "threads,objects,utilization_pct,allocs_per_s");
+    assert_eq!(rows.len(), 1, "one result row in:\n{out}");
+    assert_eq!(rows[0][0], 4.0);
+    assert!(
+        rows[0][2] >= 97.0,
+        "utilization {}% with 4 threads:\n{out}",
+        rows[0][2]
+    );
 }

@@ -155,7 +155,16 @@ impl Pool<RegionBackend> {
     /// file is a typed error; the file is not modified unless it is a valid pool (then
     /// recovery may roll interrupted operations forward or back).
     pub fn open(path: impl AsRef<Path>, layout: &str) -> Result<Self> {
-        let path = path.as_ref();
+        Pool::open_with(path.as_ref(), Some(layout))
+    }
+
+    /// Opens a pool file whatever its layout name (libpmemobj's `pmemobj_open(path, NULL)`);
+    /// every other check of [`Pool::open`] applies.
+    pub fn open_any_layout(path: impl AsRef<Path>) -> Result<Self> {
+        Pool::open_with(path.as_ref(), None)
+    }
+
+    fn open_with(path: &Path, layout: Option<&str>) -> Result<Self> {
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -198,7 +207,7 @@ impl Pool<RegionBackend> {
             hole_punching: false,
         })?;
         let backend = RegionBackend::new(region, file_len)?;
-        let mut pool = Pool::open_on(backend, layout)?;
+        let mut pool = Pool::open_on_with(backend, layout)?;
         pool.path = Some(path.to_path_buf());
         Ok(pool)
     }
@@ -214,7 +223,10 @@ impl Pool<RegionBackend> {
     }
 }
 
-fn check_layout_matches(header: &Header, layout: &str) -> Result<()> {
+fn check_layout_matches(header: &Header, layout: Option<&str>) -> Result<()> {
+    let Some(layout) = layout else {
+        return Ok(());
+    };
     if header.layout != layout {
         return Err(PoolError::LayoutMismatch {
             expected: layout.to_string(),
@@ -253,6 +265,10 @@ impl<B: Backend> Pool<B> {
     /// complete redo logs, then roll back active undo logs), validates the page
     /// descriptors and rebuilds the volatile heap.
     pub fn open_on(backend: B, layout: &str) -> Result<Self> {
+        Pool::open_on_with(backend, Some(layout))
+    }
+
+    fn open_on_with(backend: B, layout: Option<&str>) -> Result<Self> {
         let len = backend.len();
         let mut head = vec![0u8; (HEADER_LEN).min(len) as usize];
         backend.read(0, &mut head)?;

@@ -45,6 +45,12 @@ fn create_open_close_keeps_root_objects_and_layout() {
         Pool::open(&path, "other"),
         Err(PoolError::LayoutMismatch { .. })
     ));
+    {
+        // libpmemobj's open with a NULL layout: any layout name is accepted.
+        let any = Pool::open_any_layout(&path).unwrap();
+        assert_eq!(any.layout(), "app");
+        assert_eq!(any.uuid(), uuid);
+    }
     let pool = Pool::open(&path, "app").unwrap();
     assert_eq!(pool.uuid(), uuid);
     assert_eq!(pool.root(64).unwrap(), root);

@@ -1,0 +1,998 @@
+//! The libpmemobj-compatible subset (`include/libpmemobj.h`) over `terrace-pool`.
+//!
+//! - A `PMEMobjpool *` is a leaked [`PoolHandle`]; `pmemobj_close` reclaims it (and refuses
+//!   to, leaking it, while a transaction on it is active on any thread).
+//! - Open pools are listed in a process-wide table by `pool_uuid_lo` and address range, so
+//!   `pmemobj_direct`, `pmemobj_free` and `pmemobj_oid` find a pool from an OID or a
+//!   pointer; a per-thread cache of the last pool makes `pmemobj_direct` a few compares.
+//! - A destination `PMEMoid *` inside a pool is published crash-atomically by the pool;
+//!   one in volatile memory is written after the call, as libpmemobj does.
+//! - Transactions: one per thread, held in a thread-local with the lane it locked;
+//!   nesting is flattened (an inner abort aborts the outermost transaction).
+//!
+//! Errors set `errno` and the thread's message (`pmemobj_errormsg`), never panic.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use terrace_pool::{Backend, Dest, Oid, Pool, PoolError, RegionBackend, Tx};
+
+use crate::error;
+
+/// `PMEMoid`: `{pool_uuid_lo, off}`; `off == 0` is the null OID.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PMEMoid {
+    pub pool_uuid_lo: u64,
+    pub off: u64,
+}
+
+const OID_NULL: PMEMoid = PMEMoid {
+    pool_uuid_lo: 0,
+    off: 0,
+};
+
+/// What a `PMEMobjpool *` points to.
+pub struct PoolHandle {
+    pool: Pool<RegionBackend>,
+    uuid_lo: u64,
+    base: usize,
+    len: usize,
+    /// Transactions on this pool that have begun and not ended, on any thread.
+    active_txs: AtomicUsize,
+    /// Offsets of live objects captured by `pmemobj_first`, for `pmemobj_next`.
+    iteration: Mutex<Vec<u64>>,
+}
+
+/// A pool as the lookup table sees it.
+#[derive(Clone, Copy)]
+struct Entry {
+    uuid_lo: u64,
+    base: usize,
+    len: usize,
+    handle: *const PoolHandle,
+}
+
+// SAFETY: the handle pointer is only dereferenced while the pool is open (entries are
+// removed under the table's write lock before the handle is freed).
+unsafe impl Send for Entry {}
+// SAFETY: as above.
+unsafe impl Sync for Entry {}
+
+static POOLS: RwLock<Vec<Entry>> = RwLock::new(Vec::new());
+/// Bumped whenever a pool closes, so per-thread caches notice.
+static EPOCH: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static LAST: std::cell::Cell<(usize, Option<Entry>)> = const { std::cell::Cell::new((usize::MAX, None)) };
+    static TX: RefCell<Option<TxState>> = const { RefCell::new(None) };
+}
+
+fn find(pred: impl Fn(&Entry) -> bool) -> Option<Entry> {
+    let epoch = EPOCH.load(Ordering::Acquire);
+    if let Ok(Some(hit)) = LAST.try_with(|last| {
+        let (seen, entry) = last.get();
+        (seen == epoch)
+            .then_some(entry)
+            .flatten()
+            .filter(|e| pred(e))
+    }) {
+        return Some(hit);
+    }
+    let pools = POOLS.read().unwrap_or_else(|p| p.into_inner());
+    let found = pools.iter().find(|e| pred(e)).copied();
+    if found.is_some() {
+        let _ = LAST.try_with(|last| last.set((epoch, found)));
+    }
+    found
+}
+
+fn by_uuid(uuid_lo: u64) -> Option<Entry> {
+    find(|e| e.uuid_lo == uuid_lo)
+}
+
+fn by_addr(addr: usize) -> Option<Entry> {
+    find(|e| addr >= e.base && addr - e.base < e.len)
+}
+
+/// # Safety
+/// `entry` must come from the table of open pools, and the pool must stay open while the
+/// reference is used (the caller's obligation in C, as with libpmemobj).
+unsafe fn handle<'a>(entry: &Entry) -> &'a PoolHandle {
+    // SAFETY: see the function contract.
+    unsafe { &*entry.handle }
+}
+
+fn errno_of(err: &PoolError) -> c_int {
+    match err {
+        PoolError::Exists { .. } => libc::EEXIST,
+        PoolError::NotFound { .. } => libc::ENOENT,
+        PoolError::OutOfSpace { .. } | PoolError::TxLogFull { .. } => libc::ENOMEM,
+        PoolError::InvalidArgument { .. }
+        | PoolError::OutOfBounds { .. }
+        | PoolError::InvalidObject { .. }
+        | PoolError::LayoutMismatch { .. }
+        | PoolError::NotAPool { .. }
+        | PoolError::SizeMismatch { .. }
+        | PoolError::BadChecksum { .. }
+        | PoolError::UnsupportedVersion { .. }
+        | PoolError::Corrupt { .. } => libc::EINVAL,
+        PoolError::TxAborted => libc::ECANCELED,
+        PoolError::TxNotActive => libc::EINVAL,
+        PoolError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        _ => libc::EIO,
+    }
+}
+
+/// Records `err` as the thread's last error and returns its errno.
+fn fail(err: &PoolError) -> c_int {
+    let code = errno_of(err);
+    error::record_message(&err.to_string());
+    error::set_errno(code);
+    code
+}
+
+fn fail_with(code: c_int, message: &str) -> c_int {
+    error::record_message(message);
+    error::set_errno(code);
+    code
+}
+
+/// # Safety
+/// `s` must be null or NUL-terminated.
+unsafe fn str_arg<'a>(s: *const c_char) -> Option<&'a str> {
+    if s.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated (contract).
+    unsafe { CStr::from_ptr(s) }.to_str().ok()
+}
+
+fn publish(pool: Pool<RegionBackend>) -> *mut PoolHandle {
+    let base = pool.backend().address(0).map_or(0, |p| p.as_ptr() as usize);
+    let handle = Box::into_raw(Box::new(PoolHandle {
+        uuid_lo: pool.uuid_lo(),
+        len: pool.size() as usize,
+        base,
+        pool,
+        active_txs: AtomicUsize::new(0),
+        iteration: Mutex::new(Vec::new()),
+    }));
+    // SAFETY: just created; published below and freed only by pmemobj_close.
+    let h = unsafe { &*handle };
+    POOLS
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Entry {
+            uuid_lo: h.uuid_lo,
+            base: h.base,
+            len: h.len,
+            handle,
+        });
+    handle
+}
+
+/// # Safety
+/// `path` and `layout` NUL-terminated (layout may be NULL).
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_create(
+    path: *const c_char,
+    layout: *const c_char,
+    poolsize: usize,
+    mode: libc::mode_t,
+) -> *mut PoolHandle {
+    // SAFETY: contract.
+    let (Some(path), layout) = (unsafe { str_arg(path) }, unsafe { str_arg(layout) }) else {
+        fail_with(libc::EINVAL, "pmemobj_create: path is NULL or not UTF-8");
+        return ptr::null_mut();
+    };
+    if poolsize == 0 {
+        fail_with(
+            libc::EINVAL,
+            "pmemobj_create: pool size 0 (opening existing files) is not supported",
+        );
+        return ptr::null_mut();
+    }
+    match Pool::create(path, poolsize as u64, layout.unwrap_or("")) {
+        Ok(pool) => {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(
+                path,
+                std::fs::Permissions::from_mode(mode & 0o7777),
+            );
+            publish(pool)
+        }
+        Err(e) => {
+            fail(&e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// `path` NUL-terminated; `layout` NUL-terminated or NULL (any layout).
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_open(
+    path: *const c_char,
+    layout: *const c_char,
+) -> *mut PoolHandle {
+    // SAFETY: contract.
+    let Some(path) = (unsafe { str_arg(path) }) else {
+        fail_with(libc::EINVAL, "pmemobj_open: path is NULL or not UTF-8");
+        return ptr::null_mut();
+    };
+    // SAFETY: contract.
+    let opened = match unsafe { str_arg(layout) } {
+        Some(layout) => Pool::open(path, layout),
+        None => Pool::open_any_layout(path),
+    };
+    match opened {
+        Ok(pool) => publish(pool),
+        Err(e) => {
+            fail(&e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// `pop` from `pmemobj_create`/`pmemobj_open`, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_close(pop: *mut PoolHandle) {
+    if pop.is_null() {
+        return;
+    }
+    // SAFETY: pop is an open pool (contract).
+    let h = unsafe { &*pop };
+    if h.active_txs.load(Ordering::Acquire) != 0 {
+        fail_with(
+            libc::EBUSY,
+            "pmemobj_close: a transaction is active on this pool; it stays open",
+        );
+        return;
+    }
+    POOLS
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|e| e.handle != pop.cast_const());
+    EPOCH.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: created by Box::into_raw in `publish`; no longer reachable from the table.
+    drop(unsafe { Box::from_raw(pop) });
+}
+
+/// 1 when the pool is consistent, 0 when not, -1 when it cannot be checked.
+///
+/// # Safety
+/// `path` NUL-terminated; `layout` NUL-terminated or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_check(path: *const c_char, layout: *const c_char) -> c_int {
+    // SAFETY: contract.
+    let Some(path) = (unsafe { str_arg(path) }) else {
+        fail_with(libc::EINVAL, "pmemobj_check: path is NULL");
+        return -1;
+    };
+    // SAFETY: contract.
+    let opened = match unsafe { str_arg(layout) } {
+        Some(layout) => Pool::open(path, layout),
+        None => Pool::open_any_layout(path),
+    };
+    match opened.and_then(|pool| pool.check()) {
+        Ok(_) => 1,
+        Err(
+            e @ (PoolError::Corrupt { .. }
+            | PoolError::BadChecksum { .. }
+            | PoolError::SizeMismatch { .. }),
+        ) => {
+            fail(&e);
+            0
+        }
+        Err(e) => {
+            fail(&e);
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_errormsg() -> *const c_char {
+    error::last_message()
+}
+
+fn oid_of(h: &PoolHandle, oid: Oid) -> PMEMoid {
+    PMEMoid {
+        pool_uuid_lo: h.uuid_lo,
+        off: oid.offset(),
+    }
+}
+
+/// # Safety
+/// `pop` an open pool.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_root(pop: *mut PoolHandle, size: usize) -> PMEMoid {
+    // SAFETY: contract.
+    let Some(h) = (unsafe { pop.as_ref() }) else {
+        fail_with(libc::EINVAL, "pmemobj_root: pool is NULL");
+        return OID_NULL;
+    };
+    if size == 0 {
+        return match h.pool.root_size() {
+            Ok(0) | Err(_) => OID_NULL,
+            Ok(existing) => h.pool.root(existing).map_or(OID_NULL, |oid| oid_of(h, oid)),
+        };
+    }
+    match h.pool.root(size as u64) {
+        Ok(oid) => oid_of(h, oid),
+        Err(e) => {
+            fail(&e);
+            OID_NULL
+        }
+    }
+}
+
+/// # Safety
+/// `pop` an open pool.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_root_size(pop: *mut PoolHandle) -> usize {
+    // SAFETY: contract.
+    unsafe { pop.as_ref() }
+        .and_then(|h| h.pool.root_size().ok())
+        .unwrap_or(0) as usize
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_direct(oid: PMEMoid) -> *mut c_void {
+    if oid.off == 0 {
+        return ptr::null_mut();
+    }
+    match by_uuid(oid.pool_uuid_lo) {
+        Some(e) if (oid.off as usize) < e.len => (e.base + oid.off as usize) as *mut c_void,
+        _ => ptr::null_mut(),
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_oid(addr: *const c_void) -> PMEMoid {
+    match by_addr(addr as usize) {
+        Some(e) => PMEMoid {
+            pool_uuid_lo: e.uuid_lo,
+            off: (addr as usize - e.base) as u64,
+        },
+        None => OID_NULL,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_pool_by_oid(oid: PMEMoid) -> *mut PoolHandle {
+    by_uuid(oid.pool_uuid_lo).map_or(ptr::null_mut(), |e| e.handle.cast_mut())
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_pool_by_ptr(addr: *const c_void) -> *mut PoolHandle {
+    by_addr(addr as usize).map_or(ptr::null_mut(), |e| e.handle.cast_mut())
+}
+
+/// Where a `PMEMoid *` destination lives: inside `h` (published by the pool) or not.
+fn dest_of(h: &PoolHandle, oidp: *mut PMEMoid) -> Dest {
+    let at = oidp as usize;
+    if !oidp.is_null() && at >= h.base && at - h.base + 16 <= h.len {
+        Dest::Oid((at - h.base) as u64)
+    } else {
+        Dest::None
+    }
+}
+
+type Constructor = Option<unsafe extern "C" fn(*mut PoolHandle, *mut c_void, *mut c_void) -> c_int>;
+
+/// # Safety
+/// `pop` an open pool; `oidp` NULL or writable; `constructor`, if any, a valid function
+/// that initialises (and persists, as libpmemobj requires) the object.
+unsafe fn alloc_impl(
+    pop: *mut PoolHandle,
+    oidp: *mut PMEMoid,
+    size: usize,
+    type_num: u64,
+    zero: bool,
+    constructor: Constructor,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: contract.
+    let Some(h) = (unsafe { pop.as_ref() }) else {
+        fail_with(libc::EINVAL, "pmemobj_alloc: pool is NULL");
+        return -1;
+    };
+    if size == 0 {
+        fail_with(libc::EINVAL, "pmemobj_alloc: size 0");
+        return -1;
+    }
+    let dest = dest_of(h, oidp);
+    let mut cancelled = false;
+    let result = h.pool.alloc_with(size as u64, type_num, dest, |w| {
+        if zero {
+            w.zero()?;
+        }
+        if let (Some(constructor), Some(oid)) = (constructor, w.oid()) {
+            let ptr = (h.base + oid.offset() as usize) as *mut c_void;
+            // SAFETY: the constructor is the caller's function; ptr is the object's
+            // start in the mapped pool.
+            if unsafe { constructor(pop, ptr, arg) } != 0 {
+                cancelled = true;
+                return Err(PoolError::InvalidArgument {
+                    what: "constructor",
+                    detail: "returned non-zero: allocation cancelled".into(),
+                });
+            }
+        }
+        Ok(())
+    });
+    match result {
+        Ok(oid) => {
+            if matches!(dest, Dest::None) && !oidp.is_null() {
+                // SAFETY: oidp is writable (contract) and outside the pool.
+                unsafe { oidp.write(oid_of(h, oid)) };
+            }
+            0
+        }
+        Err(e) => {
+            fail(&e);
+            if cancelled {
+                error::set_errno(libc::ECANCELED);
+            }
+            -1
+        }
+    }
+}
+
+/// # Safety
+/// See `alloc_impl`.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_alloc(
+    pop: *mut PoolHandle,
+    oidp: *mut PMEMoid,
+    size: usize,
+    type_num: u64,
+    constructor: Constructor,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { alloc_impl(pop, oidp, size, type_num, false, constructor, arg) }
+}
+
+/// # Safety
+/// See `alloc_impl`.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_zalloc(
+    pop: *mut PoolHandle,
+    oidp: *mut PMEMoid,
+    size: usize,
+    type_num: u64,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { alloc_impl(pop, oidp, size, type_num, true, None, ptr::null_mut()) }
+}
+
+/// # Safety
+/// `pop` an open pool; `oidp` writable, holding NULL or an object of `pop`.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_realloc(
+    pop: *mut PoolHandle,
+    oidp: *mut PMEMoid,
+    size: usize,
+    type_num: u64,
+) -> c_int {
+    // SAFETY: contract.
+    let (Some(h), false) = (unsafe { pop.as_ref() }, oidp.is_null()) else {
+        fail_with(libc::EINVAL, "pmemobj_realloc: pool or destination is NULL");
+        return -1;
+    };
+    // SAFETY: oidp is readable (contract).
+    let current = unsafe { oidp.read() };
+    if current.off == 0 {
+        // SAFETY: forwarded contract.
+        return unsafe { alloc_impl(pop, oidp, size, type_num, false, None, ptr::null_mut()) };
+    }
+    if size == 0 {
+        // SAFETY: forwarded contract.
+        unsafe { pmemobj_free(oidp) };
+        return 0;
+    }
+    let result = match dest_of(h, oidp) {
+        dest @ Dest::Oid(_) => h.pool.realloc(dest, size as u64, type_num),
+        _ => {
+            // A volatile destination: move by hand (libpmemobj is not atomic here either).
+            let Some(old) = Oid::from_offset(current.off) else {
+                return -1;
+            };
+            h.pool.usable_size(old).and_then(|old_len| {
+                let keep = old_len.min(size as u64);
+                let new = h.pool.alloc_with(size as u64, type_num, Dest::None, |w| {
+                    let mut buf = vec![0u8; keep as usize];
+                    h.pool.read(old, 0, &mut buf)?;
+                    w.write(0, &buf)
+                })?;
+                h.pool.free_oid(old)?;
+                Ok(new)
+            })
+        }
+    };
+    match result {
+        Ok(oid) => {
+            if matches!(dest_of(h, oidp), Dest::None) {
+                // SAFETY: writable (contract), outside the pool.
+                unsafe { oidp.write(oid_of(h, oid)) };
+            }
+            0
+        }
+        Err(e) => {
+            fail(&e);
+            -1
+        }
+    }
+}
+
+/// # Safety
+/// `oidp` NULL or readable/writable, holding NULL or an object of an open pool.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_free(oidp: *mut PMEMoid) {
+    if oidp.is_null() {
+        return;
+    }
+    // SAFETY: readable (contract).
+    let oid = unsafe { oidp.read() };
+    if oid.off == 0 {
+        return;
+    }
+    let Some(entry) = by_uuid(oid.pool_uuid_lo) else {
+        fail_with(libc::EINVAL, "pmemobj_free: the OID's pool is not open");
+        return;
+    };
+    // SAFETY: the pool is open (it is in the table) and stays open during the call.
+    let h = unsafe { handle(&entry) };
+    let result = match dest_of(h, oidp) {
+        dest @ Dest::Oid(_) => h.pool.free(dest),
+        _ => match Oid::from_offset(oid.off) {
+            Some(o) => h.pool.free_oid(o).map(|()| {
+                // SAFETY: writable (contract), outside the pool.
+                unsafe { oidp.write(OID_NULL) }
+            }),
+            None => Ok(()),
+        },
+    };
+    if let Err(e) = result {
+        fail(&e);
+    }
+}
+
+fn with_object<T>(
+    oid: PMEMoid,
+    missing: T,
+    f: impl FnOnce(&PoolHandle, Oid) -> Result<T, PoolError>,
+) -> T {
+    let (Some(entry), Some(o)) = (by_uuid(oid.pool_uuid_lo), Oid::from_offset(oid.off)) else {
+        return missing;
+    };
+    // SAFETY: the pool is open (it is in the table).
+    let h = unsafe { handle(&entry) };
+    f(h, o).unwrap_or_else(|e| {
+        fail(&e);
+        missing
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_alloc_usable_size(oid: PMEMoid) -> usize {
+    with_object(oid, 0, |h, o| h.pool.usable_size(o)) as usize
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_type_num(oid: PMEMoid) -> u64 {
+    with_object(oid, u64::MAX, |h, o| h.pool.type_of(o))
+}
+
+/// # Safety
+/// `pop` an open pool.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_first(pop: *mut PoolHandle) -> PMEMoid {
+    // SAFETY: contract.
+    let Some(h) = (unsafe { pop.as_ref() }) else {
+        return OID_NULL;
+    };
+    match h.pool.objects(None) {
+        Ok(objects) => {
+            let mut offsets: Vec<u64> = objects.iter().map(|o| o.oid.offset()).collect();
+            offsets.sort_unstable();
+            let first = offsets.first().copied();
+            *h.iteration.lock().unwrap_or_else(|p| p.into_inner()) = offsets;
+            first.map_or(OID_NULL, |off| PMEMoid {
+                pool_uuid_lo: h.uuid_lo,
+                off,
+            })
+        }
+        Err(e) => {
+            fail(&e);
+            OID_NULL
+        }
+    }
+}
+
+/// The object after `oid` in the snapshot taken by the last `pmemobj_first` on its pool.
+#[no_mangle]
+pub extern "C" fn pmemobj_next(oid: PMEMoid) -> PMEMoid {
+    let Some(entry) = by_uuid(oid.pool_uuid_lo) else {
+        return OID_NULL;
+    };
+    // SAFETY: the pool is open (it is in the table).
+    let h = unsafe { handle(&entry) };
+    let offsets = h.iteration.lock().unwrap_or_else(|p| p.into_inner());
+    let next = offsets.partition_point(|&o| o <= oid.off);
+    offsets.get(next).map_or(OID_NULL, |&off| PMEMoid {
+        pool_uuid_lo: h.uuid_lo,
+        off,
+    })
+}
+
+/// # Safety
+/// `pop` an open pool; `[addr, addr+len)` inside it.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_persist(pop: *mut PoolHandle, addr: *const c_void, len: usize) {
+    // SAFETY: contract.
+    let Some(h) = (unsafe { pop.as_ref() }) else {
+        return;
+    };
+    let at = addr as usize;
+    if at < h.base || at - h.base > h.len {
+        fail_with(libc::EINVAL, "pmemobj_persist: address outside the pool");
+        return;
+    }
+    if let Err(e) = h.pool.backend().persist((at - h.base) as u64, len as u64) {
+        fail(&e);
+    }
+}
+
+/// # Safety
+/// As for `pmemobj_persist`.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_flush(pop: *mut PoolHandle, addr: *const c_void, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { pmemobj_persist(pop, addr, len) }
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_drain(_pop: *mut PoolHandle) {
+    std::sync::atomic::fence(Ordering::SeqCst);
+}
+
+/// # Safety
+/// As for `pmemobj_persist`, and `src` readable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_memcpy_persist(
+    pop: *mut PoolHandle,
+    dest: *mut c_void,
+    src: *const c_void,
+    len: usize,
+) -> *mut c_void {
+    // SAFETY: both ranges valid for len bytes (contract); memmove tolerates overlap.
+    unsafe {
+        ptr::copy(src.cast::<u8>(), dest.cast::<u8>(), len);
+        pmemobj_persist(pop, dest, len);
+    }
+    dest
+}
+
+/// # Safety
+/// As for `pmemobj_persist`.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_memset_persist(
+    pop: *mut PoolHandle,
+    dest: *mut c_void,
+    c: c_int,
+    len: usize,
+) -> *mut c_void {
+    // SAFETY: dest valid for len bytes (contract).
+    unsafe {
+        ptr::write_bytes(dest.cast::<u8>(), c as u8, len);
+        pmemobj_persist(pop, dest, len);
+    }
+    dest
+}
+
+// ---- transactions ----------------------------------------------------------------------
+
+const TX_STAGE_NONE: c_int = 0;
+const TX_STAGE_WORK: c_int = 1;
+const TX_STAGE_ONCOMMIT: c_int = 2;
+const TX_STAGE_ONABORT: c_int = 3;
+
+struct TxState {
+    handle: &'static PoolHandle,
+    /// The pool transaction; None once committed or aborted.
+    tx: Option<Tx<'static, RegionBackend>>,
+    depth: u32,
+    stage: c_int,
+    errnum: c_int,
+}
+
+/// Begins a transaction (or a nested one) on `pop`. Declared variadic in the header; the
+/// first (and only supported) trailing parameter arrives as `param`, where x86-64 and
+/// AArch64 Linux pass it for a variadic call.
+///
+/// # Safety
+/// `pop` an open pool.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_tx_begin(
+    pop: *mut PoolHandle,
+    env: *mut c_void,
+    param: c_int,
+) -> c_int {
+    if !env.is_null() {
+        return fail_with(
+            libc::EINVAL,
+            "pmemobj_tx_begin: setjmp-based transactions are not supported; pass NULL",
+        );
+    }
+    if param != 0 {
+        return fail_with(
+            libc::EINVAL,
+            "pmemobj_tx_begin: only TX_PARAM_NONE is supported",
+        );
+    }
+    // SAFETY: contract: the pool outlives its transactions (pmemobj_close refuses while one
+    // is active), so the reference may be held for the transaction's life.
+    let Some(h) = (unsafe { pop.as_ref::<'static>() }) else {
+        return fail_with(libc::EINVAL, "pmemobj_tx_begin: pool is NULL");
+    };
+    TX.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        match slot.as_mut() {
+            Some(state) => {
+                if !ptr::eq(state.handle, h) {
+                    return fail_with(
+                        libc::EINVAL,
+                        "pmemobj_tx_begin: nested transaction on another pool",
+                    );
+                }
+                if state.stage != TX_STAGE_WORK {
+                    return fail_with(
+                        libc::EINVAL,
+                        "pmemobj_tx_begin: outer transaction is not in its work stage",
+                    );
+                }
+                state.depth += 1;
+                0
+            }
+            None => match h.pool.begin() {
+                Ok(tx) => {
+                    h.active_txs.fetch_add(1, Ordering::AcqRel);
+                    *slot = Some(TxState {
+                        handle: h,
+                        tx: Some(tx),
+                        depth: 1,
+                        stage: TX_STAGE_WORK,
+                        errnum: 0,
+                    });
+                    0
+                }
+                Err(e) => fail(&e),
+            },
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_stage() -> c_int {
+    TX.try_with(|slot| slot.borrow().as_ref().map_or(TX_STAGE_NONE, |s| s.stage))
+        .unwrap_or(TX_STAGE_NONE)
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_errno() -> c_int {
+    TX.try_with(|slot| slot.borrow().as_ref().map_or(0, |s| s.errnum))
+        .unwrap_or(0)
+}
+
+/// Aborts the thread's transaction with `errnum` (the pool rolls back at once).
+fn abort_with(state: &mut TxState, errnum: c_int) {
+    if let Some(tx) = state.tx.take() {
+        if let Err(e) = tx.abort() {
+            fail(&e);
+        }
+    }
+    state.stage = TX_STAGE_ONABORT;
+    if state.errnum == 0 {
+        state.errnum = if errnum == 0 { libc::ECANCELED } else { errnum };
+    }
+}
+
+/// Runs `op` on the active transaction in its work stage; a failure aborts the whole
+/// (flattened) transaction, as libpmemobj does. Returns the errno (0 on success).
+fn in_tx<T>(
+    what: &str,
+    op: impl FnOnce(&mut Tx<'static, RegionBackend>, &PoolHandle) -> Result<T, PoolError>,
+) -> Result<T, c_int> {
+    TX.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let Some(state) = slot.as_mut() else {
+            return Err(fail_with(
+                libc::EINVAL,
+                &format!("{what}: no transaction is active"),
+            ));
+        };
+        if state.stage != TX_STAGE_WORK {
+            return Err(fail_with(
+                libc::EINVAL,
+                &format!("{what}: transaction is not in its work stage"),
+            ));
+        }
+        let handle = state.handle;
+        let Some(tx) = state.tx.as_mut() else {
+            return Err(fail_with(
+                libc::EINVAL,
+                &format!("{what}: transaction already ended"),
+            ));
+        };
+        match op(tx, handle) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let code = fail(&e);
+                abort_with(state, code);
+                Err(code)
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_add_range(oid: PMEMoid, off: u64, size: usize) -> c_int {
+    in_tx("pmemobj_tx_add_range", |tx, h| {
+        if oid.pool_uuid_lo != h.uuid_lo {
+            return Err(PoolError::InvalidArgument {
+                what: "OID",
+                detail: "belongs to another pool".into(),
+            });
+        }
+        let o = Oid::from_offset(oid.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
+        tx.add_range(o, off, size as u64)
+    })
+    .err()
+    .unwrap_or(0)
+}
+
+/// # Safety
+/// `ptr` points into the transaction's pool.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_tx_add_range_direct(ptr: *const c_void, size: usize) -> c_int {
+    in_tx("pmemobj_tx_add_range_direct", |tx, h| {
+        let at = ptr as usize;
+        if at < h.base || at - h.base >= h.len {
+            return Err(PoolError::InvalidArgument {
+                what: "pointer",
+                detail: "outside the transaction's pool".into(),
+            });
+        }
+        tx.add_range_direct((at - h.base) as u64, size as u64)
+    })
+    .err()
+    .unwrap_or(0)
+}
+
+fn tx_alloc_impl(size: usize, type_num: u64, zero: bool) -> PMEMoid {
+    let r = in_tx("pmemobj_tx_alloc", |tx, h| {
+        if size == 0 {
+            return Err(PoolError::InvalidArgument {
+                what: "size",
+                detail: "0".into(),
+            });
+        }
+        let oid = if zero {
+            tx.zalloc(size as u64, type_num)?
+        } else {
+            tx.alloc(size as u64, type_num)?
+        };
+        Ok(oid_of(h, oid))
+    });
+    r.unwrap_or(OID_NULL)
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_alloc(size: usize, type_num: u64) -> PMEMoid {
+    tx_alloc_impl(size, type_num, false)
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_zalloc(size: usize, type_num: u64) -> PMEMoid {
+    tx_alloc_impl(size, type_num, true)
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_free(oid: PMEMoid) -> c_int {
+    if oid.off == 0 {
+        return 0;
+    }
+    in_tx("pmemobj_tx_free", |tx, h| {
+        if oid.pool_uuid_lo != h.uuid_lo {
+            return Err(PoolError::InvalidArgument {
+                what: "OID",
+                detail: "belongs to another pool".into(),
+            });
+        }
+        let o = Oid::from_offset(oid.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
+        tx.free(o)
+    })
+    .err()
+    .unwrap_or(0)
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_commit() {
+    let _ = TX.try_with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let Some(state) = slot.as_mut() else {
+            fail_with(libc::EINVAL, "pmemobj_tx_commit: no transaction is active");
+            return;
+        };
+        if state.stage != TX_STAGE_WORK {
+            return;
+        }
+        if state.depth > 1 {
+            // Flattened: the outermost commit makes the work durable.
+            state.stage = TX_STAGE_ONCOMMIT;
+            return;
+        }
+        if let Some(tx) = state.tx.take() {
+            match tx.commit() {
+                Ok(()) => state.stage = TX_STAGE_ONCOMMIT,
+                Err(e) => {
+                    let code = fail(&e);
+                    state.stage = TX_STAGE_ONABORT;
+                    state.errnum = code;
+                }
+            }
+        }
+    });
+}
+
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_abort(errnum: c_int) {
+    let _ = TX.try_with(|slot| {
+        if let Some(state) = slot.borrow_mut().as_mut() {
+            abort_with(state, errnum);
+        }
+    });
+}
+
+/// Ends the innermost transaction; returns its errno (0 if it committed). A transaction
+/// still in its work stage is aborted.
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_end() -> c_int {
+    TX.try_with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let Some(state) = slot.as_mut() else {
+            return fail_with(libc::EINVAL, "pmemobj_tx_end: no transaction is active");
+        };
+        if state.stage == TX_STAGE_WORK {
+            abort_with(state, libc::ECANCELED);
+        }
+        let errnum = state.errnum;
+        state.depth -= 1;
+        if state.depth > 0 {
+            // Back in the outer transaction: its work continues unless something aborted.
+            state.stage = if state.errnum == 0 {
+                TX_STAGE_WORK
+            } else {
+                TX_STAGE_ONABORT
+            };
+            return errnum;
+        }
+        if let Some(state) = slot.take() {
+            state.handle.active_txs.fetch_sub(1, Ordering::AcqRel);
+            drop(state);
+        }
+        if errnum != 0 {
+            error::set_errno(errnum);
+        }
+        errnum
+    })
+    .unwrap_or(libc::EINVAL)
+}

@@ -1,0 +1,121 @@
+/*
+ * libpmemobj.h — the libpmemobj-compatible subset of Terrace's persistent pool
+ * (libterrace.so). Programs written for PMDK's libpmemobj that use the calls below
+ * recompile unchanged:
+ *     cc prog.c -Iinclude -Ltarget/release -lterrace
+ *
+ * Covered: pool create/open/close/check, the root object, PMEMoid and pmemobj_direct,
+ * atomic alloc/zalloc/realloc/free (publishing into a PMEMoid in the pool crash-atomically),
+ * type numbers and iteration (pmemobj_first/next, POBJ_FOREACH), persist/flush/drain and the
+ * memcpy/memset helpers, and the function-level transaction API (pmemobj_tx_begin with a
+ * NULL jmp_buf, add_range, tx alloc/zalloc/free, commit, end, abort, stage, errno).
+ *
+ * Differences from libpmemobj worth knowing:
+ * - objects carry no header: pmemobj_alloc_usable_size is the size class's unit;
+ * - the setjmp-based TX_BEGIN/TX_END macros are not provided (pmemobj_tx_begin with a
+ *   non-NULL jmp_buf fails with EINVAL), nor are transaction parameters other than
+ *   TX_PARAM_NONE, persistent locks, or pmemobj_tx_process;
+ * - a transaction's undo log holds up to 56 KiB of snapshots and its commit up to 508 word
+ *   updates; beyond that the transaction aborts with ENOMEM (libpmemobj grows its logs);
+ * - on tmpfs (emulated persistent memory) a persisted write survives a process crash, not
+ *   a power loss; on DAX it survives a power loss; on other file systems msync is used.
+ * - pmemobj_tx_begin's trailing parameters must be exactly TX_PARAM_NONE; Terrace reads
+ *   it as a fixed int argument, which is how x86-64 and AArch64 Linux pass it.
+ */
+#ifndef LIBPMEMOBJ_H
+#define LIBPMEMOBJ_H 1
+
+#include <setjmp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pmemobjpool PMEMobjpool;
+
+typedef struct pmemoid {
+    uint64_t pool_uuid_lo;
+    uint64_t off;
+} PMEMoid;
+
+#ifdef __cplusplus
+#define OID_NULL (PMEMoid{0, 0})
+#else
+#define OID_NULL ((PMEMoid){0, 0})
+#endif
+#define OID_IS_NULL(o) ((o).off == 0)
+#define OID_EQUALS(lhs, rhs) ((lhs).off == (rhs).off && (lhs).pool_uuid_lo == (rhs).pool_uuid_lo)
+
+#define PMEMOBJ_MIN_POOL ((size_t)(1024 * 1024 * 8))
+#define PMEMOBJ_MAX_LAYOUT ((size_t)64)
+
+typedef int (*pmemobj_constr)(PMEMobjpool *pop, void *ptr, void *arg);
+
+enum pobj_tx_stage {
+    TX_STAGE_NONE,
+    TX_STAGE_WORK,
+    TX_STAGE_ONCOMMIT,
+    TX_STAGE_ONABORT,
+    TX_STAGE_FINALLY,
+    MAX_TX_STAGE
+};
+
+enum pobj_tx_param { TX_PARAM_NONE, TX_PARAM_MUTEX, TX_PARAM_RWLOCK, TX_PARAM_CB };
+
+/* Pools. */
+PMEMobjpool *pmemobj_create(const char *path, const char *layout, size_t poolsize, mode_t mode);
+PMEMobjpool *pmemobj_open(const char *path, const char *layout);
+void pmemobj_close(PMEMobjpool *pop);
+int pmemobj_check(const char *path, const char *layout);
+const char *pmemobj_errormsg(void);
+
+/* Objects. */
+PMEMoid pmemobj_root(PMEMobjpool *pop, size_t size);
+size_t pmemobj_root_size(PMEMobjpool *pop);
+void *pmemobj_direct(PMEMoid oid);
+PMEMoid pmemobj_oid(const void *addr);
+PMEMobjpool *pmemobj_pool_by_oid(PMEMoid oid);
+PMEMobjpool *pmemobj_pool_by_ptr(const void *addr);
+int pmemobj_alloc(PMEMobjpool *pop, PMEMoid *oidp, size_t size, uint64_t type_num,
+                  pmemobj_constr constructor, void *arg);
+int pmemobj_zalloc(PMEMobjpool *pop, PMEMoid *oidp, size_t size, uint64_t type_num);
+int pmemobj_realloc(PMEMobjpool *pop, PMEMoid *oidp, size_t size, uint64_t type_num);
+void pmemobj_free(PMEMoid *oidp);
+size_t pmemobj_alloc_usable_size(PMEMoid oid);
+uint64_t pmemobj_type_num(PMEMoid oid);
+PMEMoid pmemobj_first(PMEMobjpool *pop);
+PMEMoid pmemobj_next(PMEMoid oid);
+
+#define POBJ_FOREACH(pop, varoid) \
+    for ((varoid) = pmemobj_first(pop); (varoid).off != 0; (varoid) = pmemobj_next(varoid))
+#define POBJ_FOREACH_SAFE(pop, varoid, nvaroid)                                  \
+    for ((varoid) = pmemobj_first(pop);                                          \
+         (varoid).off != 0 && ((nvaroid) = pmemobj_next(varoid), 1); (varoid) = (nvaroid))
+
+/* Persistence of directly written memory. */
+void pmemobj_persist(PMEMobjpool *pop, const void *addr, size_t len);
+void pmemobj_flush(PMEMobjpool *pop, const void *addr, size_t len);
+void pmemobj_drain(PMEMobjpool *pop);
+void *pmemobj_memcpy_persist(PMEMobjpool *pop, void *dest, const void *src, size_t len);
+void *pmemobj_memset_persist(PMEMobjpool *pop, void *dest, int c, size_t len);
+
+/* Transactions (function-level API; call pmemobj_tx_begin(pop, NULL, TX_PARAM_NONE)). */
+int pmemobj_tx_begin(PMEMobjpool *pop, jmp_buf env, ...);
+enum pobj_tx_stage pmemobj_tx_stage(void);
+int pmemobj_tx_add_range(PMEMoid oid, uint64_t off, size_t size);
+int pmemobj_tx_add_range_direct(const void *ptr, size_t size);
+PMEMoid pmemobj_tx_alloc(size_t size, uint64_t type_num);
+PMEMoid pmemobj_tx_zalloc(size_t size, uint64_t type_num);
+int pmemobj_tx_free(PMEMoid oid);
+void pmemobj_tx_commit(void);
+int pmemobj_tx_end(void);
+void pmemobj_tx_abort(int errnum);
+int pmemobj_tx_errno(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LIBPMEMOBJ_H */
