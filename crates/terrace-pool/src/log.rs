@@ -80,15 +80,24 @@ fn header_for(count: u32, bytes: &[u8]) -> u64 {
 /// ORed and AND-NOTed on disjoint bits), so the result equals applying all in order.
 fn merge(entries: &[Entry]) -> Vec<Entry> {
     let mut out: Vec<Entry> = Vec::with_capacity(entries.len());
-    let mut at: std::collections::HashMap<(u64, u8), usize> = std::collections::HashMap::new();
+    // Most logs hold a handful of entries: a linear scan beats building a map for them.
+    let mut at: Option<rustc_hash::FxHashMap<(u64, u8), usize>> =
+        (entries.len() > 32).then(rustc_hash::FxHashMap::default);
     for e in entries {
-        match at.get(&(e.off, e.op as u8)) {
-            Some(&i) => match e.op {
+        let key = (e.off, e.op as u8);
+        let found = match &at {
+            Some(map) => map.get(&key).copied(),
+            None => out.iter().position(|o| (o.off, o.op as u8) == key),
+        };
+        match found {
+            Some(i) => match e.op {
                 Op::Set => out[i].value = e.value,
                 Op::Or | Op::AndNot => out[i].value |= e.value,
             },
             None => {
-                at.insert((e.off, e.op as u8), out.len());
+                if let Some(map) = at.as_mut() {
+                    map.insert(key, out.len());
+                }
                 out.push(*e);
             }
         }
