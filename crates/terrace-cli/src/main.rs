@@ -8,12 +8,15 @@
 //!   (the persistent/CXL tier emulated by a file in DIR) against the DRAM kind, over the
 //!   sizes memkind's own anchor uses.
 //!
+//! - `terrace pool create|info|check|stats PATH`: persistent pools (see `pool.rs`).
+//!
 //! The memcached-compatible server (`terrace serve`) arrives with the server crate.
 
 #![forbid(unsafe_code)]
 
 mod bench;
 mod info;
+mod pool;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +45,42 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Create, inspect and check persistent pools.
+    #[command(subcommand)]
+    Pool(PoolCommand),
+}
+
+#[derive(Subcommand)]
+enum PoolCommand {
+    /// Create a pool file.
+    Create {
+        path: PathBuf,
+        /// Size in bytes (rounded up to 2 MiB).
+        #[arg(long, default_value_t = 64 << 20)]
+        size: u64,
+        /// Layout name recorded in the pool (at most 63 bytes).
+        #[arg(long, default_value = "terrace")]
+        layout: String,
+    },
+    /// Show the header, geometry and fill of a pool.
+    Info {
+        path: PathBuf,
+        /// Require this layout name (default: accept any).
+        #[arg(long)]
+        layout: Option<String>,
+    },
+    /// Verify every invariant; exits non-zero naming what is broken and where.
+    Check {
+        path: PathBuf,
+        #[arg(long)]
+        layout: Option<String>,
+    },
+    /// Allocated, free and per-class occupancy.
+    Stats {
+        path: PathBuf,
+        #[arg(long)]
+        layout: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -69,6 +108,12 @@ fn main() -> ExitCode {
             max_size,
             volume,
         }) => bench::kinds(&dir, max_size, volume),
+        Command::Pool(PoolCommand::Create { path, size, layout }) => {
+            pool::create(&path, size, &layout)
+        }
+        Command::Pool(PoolCommand::Info { path, layout }) => pool::info(&path, layout.as_deref()),
+        Command::Pool(PoolCommand::Check { path, layout }) => pool::check(&path, layout.as_deref()),
+        Command::Pool(PoolCommand::Stats { path, layout }) => pool::stats(&path, layout.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
