@@ -429,17 +429,18 @@ impl Region {
 
     /// Makes `[offset, offset+len)` durable to the region's [`Durability`]: cache-line
     /// flushes and a fence on DAX, `msync` on disk-backed files, and on tmpfs (process
-    /// durability) only a fence: a shared mapping's stores are in the page cache once
-    /// executed and survive a process crash, so what a persist point must guarantee there is
-    /// that no later store becomes visible before the earlier ones. Nothing on anonymous
-    /// memory.
+    /// durability) only a compiler fence. A shared mapping's stores are in the page cache
+    /// once executed; a process crash stops the program at a precise instruction, with every
+    /// store before it executed (store buffers drain, they are not discarded) and none after
+    /// it. So all a persist point must guarantee there is that the compiler keeps the stores
+    /// before it in front of the stores after it. Nothing on anonymous memory.
     pub fn persist(&self, offset: usize, len: usize) -> Result<()> {
         self.check_range(offset, len)?;
         let Some(backing) = &self.file else {
             return Ok(());
         };
         if self.durability == Durability::Process {
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
             return Ok(());
         }
         // SAFETY: the range is inside the mapping (checked above).
