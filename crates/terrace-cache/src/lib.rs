@@ -1,0 +1,237 @@
+//! terrace-cache: the tiered cache engine's foundation — the on-media segment format, its
+//! codec, and the DRAM index.
+//!
+//! Items live in large fixed-size **segments** that are only appended to (Pelikan's
+//! Segcache, CacheLib's BlockCache); one DRAM **index** maps a key's hash to where its
+//! item lives. This crate is built so that segments can sit on any `terrace-media` region
+//! (DRAM, a PMem/CXL file, a NUMA node): the codec works on byte slices and stores
+//! offsets, never pointers. The tiers, movers and restart are built on these pieces (see
+//! "What is here, and what is not yet").
+//!
+//! # Glossary
+//! - **tier**: one medium with a capacity (DRAM, a file in a directory, a NUMA node),
+//!   ordered fastest first; tier 0 takes new writes, eviction from tier *i* demotes to
+//!   tier *i + 1*.
+//! - **segment**: a `2^size_shift`-byte slice of a tier (1 MiB or more; larger than the
+//!   largest value), a 64-byte header then items packed back to back. Written by one
+//!   appender at a time, evicted whole.
+//! - **item**: one key/value with its few bytes of header, inside a segment.
+//! - **index entry**: one packed `u64` in the DRAM index: tag, segment id, offset,
+//!   frequency ([`index::Layout`]).
+//! - **tag**: the top bits of the key's hash kept in the entry, so most lookups reject
+//!   other keys without touching their segment. Tags are never 0 (0 marks an empty slot).
+//! - **CAS**: memcached's 64-bit "compare and swap" unique. Not stored per item: it is the
+//!   item's **log position** `write_seq << size_shift | offset` (unique because write
+//!   sequences are), or, for an item a mover copied, the origin CAS it carries.
+//! - **TTL**: time to live. Kept per segment, not per item: an item is appended to a
+//!   segment of its TTL bucket and expires with the segment's `expires_at`.
+//! - **tombstone**: what makes a delete survive a restart. Terrace's tombstone is the
+//!   deleted item itself, its state byte flipped to DEAD in place — no separate record
+//!   (see "Why no tombstone records").
+//! - **write sequence**: a number taken from one cache-wide counter each time a segment
+//!   is opened for appending; it orders segments by age, separates a slot's incarnations
+//!   and is the high part of every CAS.
+//! - **commit word**: the last 8 bytes of a segment header: how many item bytes are
+//!   committed and their running checksum, stored as one aligned `u64`.
+//!
+//! # Segment format
+//! All integers little-endian. A segment of `S = 2^size_shift` bytes
+//! (`8 <= size_shift <= 31`):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `"TRCSEGM\0"` (all zero: never written) |
+//! | 8 | 2 | format version, 1 |
+//! | 10 | 1 | tier index |
+//! | 11 | 1 | `size_shift` |
+//! | 12 | 4 | flags: bit 0 `DATA_CRC` (the commit word carries a checksum); others 0 |
+//! | 16 | 8 | write sequence (≥ 1, `< 2^(64 - size_shift)`) |
+//! | 24 | 4 | slot: the segment's index in its tier's region |
+//! | 28 | 4 | created, Unix seconds |
+//! | 32 | 4 | expires, Unix seconds; 0 = never |
+//! | 36 | 2 | TTL bucket |
+//! | 38 | 14 | reserved, zero |
+//! | 52 | 4 | header CRC-32 (IEEE, `crc32fast`) of bytes 0..52 |
+//! | 56 | 4 | commit word, low half: `committed`, item bytes in use |
+//! | 60 | 4 | commit word, high half: `data_crc` |
+//! | 64 | `committed` | items, back to back, no padding |
+//! | 64 + `committed` | rest | invisible: free space, a torn item, or old bytes |
+//!
+//! `data_crc` is the CRC-32 of the write sequence's 8 bytes followed by every committed
+//! item except its state byte; seeding with the write sequence means a commit word left
+//! behind by an earlier incarnation of the slot never validates. Bytes 0..56 are written
+//! once when the segment is opened; the commit word changes with every append; the only
+//! other in-place write is an item's state byte.
+//!
+//! ## Item layout
+//!
+//! | size | field |
+//! |---|---|
+//! | 1 | state: `0x00` DEAD, `0x5A` PENDING, `0xA5` LIVE; any other value is corruption |
+//! | 1 | kind: bit 0 HAS_FLAGS, bit 1 HAS_ORIGIN; bits 2..8 reserved, zero |
+//! | 1..5 | key length, canonical LEB128 `u32`, 1..=65535 (configured limit: 250 by default) |
+//! | 1..5 | value length, canonical LEB128 `u32` (configured limit: 1 MiB by default) |
+//! | 1..5 | client flags, LEB128, non-zero; only if HAS_FLAGS |
+//! | 8 | origin CAS; only if HAS_ORIGIN (set by movers, see CAS) |
+//! | key length | key |
+//! | value length | value |
+//!
+//! A 20-byte key with a 100-byte value has a 4-byte header; with a 4 KiB value, 5 bytes.
+//! No per-item TTL (per segment), CAS (derived from the location), checksum (per segment,
+//! through the commit word) or next pointer (items are contiguous). Values up to 64 MiB
+//! take a 4-byte length; a segment must be larger than the largest item, so the engine
+//! sizes segments from the configured value limit (2 MiB segments for 1 MiB values,
+//! 128 MiB for 64 MiB).
+//!
+//! # Commit protocol
+//! Every segment has a single appender at a time (a per-thread or per-shard open
+//! segment, per tier and TTL bucket), so appends are plain stores in order and no item
+//! is ever torn in the middle of the committed range. Appending an item:
+//!
+//! 1. write the item (state PENDING) past the committed end — on durable media, persist
+//!    it;
+//! 2. store the commit word `(committed + len, crc')` in one aligned 8-byte store —
+//!    persist it.
+//!
+//! Publishing it (under the index's bucket lock for the key, see [`index`]):
+//!
+//! 3. flip the previous item of the key (found through the index) to DEAD — persist;
+//! 4. flip the new item to LIVE — persist; 5. point the index entry at it; unlock; reply.
+//!
+//! A delete is steps 3 and 5 (entry removed). A mover copies the item with its origin
+//! CAS (1–2), then 3–5 with a compare-and-swap on the index entry; if the entry moved on,
+//! it flips its copy DEAD instead. Evicting a segment retires it first — one store zeroes
+//! its commit word, so nothing in it is ever scanned again — then removes its items'
+//! index entries; a segment is reopened (new header, new write sequence) only after that.
+//!
+//! The invariant all of this keeps: **every LIVE item in the committed range of a
+//! non-retired segment is the item the index maps its key to** (outside the bucket lock
+//! of a write in progress, which makes its item LIVE just before publishing it). So at
+//! most one LIVE item per key exists anywhere, on any tier.
+//!
+//! "Persist" is `terrace_media::Region::persist` on power-durable media (cache-line
+//! flushes and a fence on DAX, `msync` elsewhere); on media that only survive a process
+//! crash (tmpfs, `/dev/shm`) it is nothing, but the stores must still happen in this
+//! order (release stores of the commit word and state bytes), since a killed process
+//! leaves exactly the stores it made.
+//!
+//! ## What a crash can leave, and what the scan does with it
+//! A restart scans each file tier's segments in slot order, and for each:
+//! - header magic zero → never written: a free segment. Magic, version, header CRC, size
+//!   shift, reserved flags or write sequence wrong → the segment is dropped with that
+//!   reason ([`error::HeaderError`]) — a crash while opening a segment lands here
+//!   (the header is written before any item, so nothing acknowledged is in it);
+//! - a commit word of zero means retired (evicted, or a crash between retiring and
+//!   reopening): no items, not an error;
+//! - items are walked only up to `committed`: a crash in step 1 leaves a torn item
+//!   *past* the commit word, invisible. The commit word itself cannot tear (one aligned
+//!   8-byte store; power-fail atomic on DAX, and a process crash cannot split a store);
+//! - inside the committed range, an item that does not decode is corruption, and a
+//!   `data_crc` mismatch is corruption: the segment is dropped ([`segment::ScanEnd`]);
+//! - a buffer shorter than the committed range (a file truncated under the cache) yields
+//!   the items wholly inside it and ends `Truncated`: the engine drops the segment;
+//! - of a segment that scans clean, LIVE items whose segment has not expired are
+//!   indexed; PENDING (crash between steps 2 and 4, or a lost race) and DEAD items are
+//!   skipped. A crash between steps 3 and 4 leaves the key with no LIVE item: a miss,
+//!   which the no-stale-value rule allows (the write was never acknowledged).
+//! - if, against the invariant, two LIVE unexpired items of one key are found (media
+//!   corruption, a bug), the scan keeps neither: a miss is always a correct answer, either
+//!   item might be stale.
+//!
+//! So a get after restart returns the last acknowledged value (or that of a write in
+//! flight at the crash) or a miss; a deleted or overwritten value cannot come back,
+//! because it was DEAD on media before the newer write or the delete was acknowledged.
+//! [`seglog`]'s tests check exactly this on the segment image at every persist point.
+//!
+//! ## Why a per-segment running checksum, not a checksum per item
+//! Torn writes are already handled without one: they land past the commit word. What a
+//! checksum must catch is damage inside the committed range (bit rot, a stray write, a
+//! wrong file), and for that a running CRC in the commit word costs no byte per item and
+//! one CRC pass over the bytes just written (hot in cache). A 4-byte CRC per item would
+//! cost 4 bytes per item — a quarter of the 16-byte metadata budget — to localise damage
+//! the engine does not need localised: a corrupt segment is dropped whole, never trusted.
+//! Tiers that are never scanned (DRAM) clear `DATA_CRC` and skip the CRC pass.
+//!
+//! ## Why no tombstone records
+//! A tombstone record appended to the log would have to outlive every older copy of its
+//! key on every tier, and ordering "newest wins" by write sequence breaks as soon as two
+//! segments are open at once (per-thread appenders) or a mover copies an old item into a
+//! newer segment. Worse, a set that lands in the DRAM tier is lost at a crash: a record
+//! there cannot shadow the older copy on a file tier. Killing the older copy in place
+//! (one byte, on a line the set already read to compare keys) has none of these problems
+//! and needs no garbage collection of tombstones. Its cost is a byte store (and a persist
+//! on durable media) into the old item's segment per overwrite or delete. A flash tier,
+//! where a byte write is a block rewrite, will need versioned records instead; the kind
+//! byte has reserved bits for that.
+//!
+//! ## CAS
+//! `cas = write_seq << size_shift | offset` is the item's position in an unbounded log
+//! (2^64 bytes of writes before it wraps). A mover keeps the item's CAS by writing it as
+//! the origin CAS, so a `gets`/`cas` pair spanning a promotion still succeeds. The engine
+//! must never reuse a write sequence after a restart, including those of DRAM segments
+//! that died with the process: it persists a high-water mark ahead of use.
+//!
+//! ## TTL
+//! A segment serves one TTL bucket and carries `expires_at`; every item in it is treated
+//! as expired from then on (Segcache's approximation: a segment opened at `t0` for the
+//! bucket whose shortest TTL is `T` expires at `t0 + T`, so an item never outlives its
+//! TTL; it may expire early by at most the bucket width plus the segment's fill time).
+//! `touch` re-appends the item to another bucket.
+//!
+//! # Index
+//! [`index::Index`] is a fixed array of 64-byte buckets of eight `AtomicU64` entries,
+//! plus a one-byte writer lock per bucket. A key may sit in either of two buckets chosen
+//! from its hash (two-choice hashing keeps buckets even: at the default 80% load, 0.15%
+//! of inserts find both buckets full). Lookups are wait-free: they load the slots and
+//! return the tag matches, home bucket first; a hit raises the entry's frequency (0..=3,
+//! a thermometer code in three bits) with a single `fetch_or`, none once saturated.
+//! Writers of a key lock its two buckets, lower index first (the only lock order; a
+//! whole-table sweep holds one bucket at a time), and change one slot with one store;
+//! entries never move between slots, so a reader can only ever load a whole entry some
+//! writer stored — no seqlock or retry is needed.
+//!
+//! **Contract:** the index returns *candidates*. The caller reads the item at each
+//! candidate and compares keys; while two writes race, a reader may see both an old and a
+//! new entry of one key, and either is a linearisable answer. To insert, a writer holds
+//! the key's [`index::BucketGuard`] while verifying that no candidate is the key, so two
+//! entries for one key are never published. A mover repoints with a compare-and-swap
+//! against the location it read ([`index::Index::repoint`]). Locations are compared
+//! exactly, so the engine must not reuse a location while a mover may still hold it (a
+//! segment is reopened only after its eviction pass and every read guard are done);
+//! otherwise the compare-and-swap could succeed against a different item (ABA).
+//!
+//! **When full:** the table never grows. If both buckets of a key are full, the insert
+//! is refused ([`index::Full`]) and the caller evicts one occupant of those buckets (the
+//! lowest frequency, oldest segment first), killing its item as for a delete, and
+//! retries; the engine counts these as index evictions.
+//!
+//! # Metadata per item
+//! Index: 8-byte slots at 80% load plus a lock byte per 8 slots: about 10.2 bytes per
+//! item. Item header: 4–5 bytes for memcached-sized keys and values up to 16 KiB. Total
+//! about 14–15 bytes, inside the issue's 16-byte target (Segcache: 5 bytes in the item,
+//! plus its hash table). Segment headers add 64 bytes per segment (0.006% of 1 MiB).
+//!
+//! # What is here, and what is not yet
+//! [`item`] and [`segment`] are the codec, [`index`] the index, and [`seglog`] a
+//! single-tier, single-threaded [`SegmentLog`] that composes them (set/get/delete, FIFO
+//! segment eviction, recovery from a crash image) and whose tests recover from the image
+//! at every persist point of the protocol above.
+//!
+//! Not yet: tiers over `terrace-media` regions (persisting at the persist points), the
+//! concurrent engine (per-thread open segments, read guards pinning segments, epoch-based
+//! segment reuse), the eviction policy and movers, TTL buckets, the saved index for a warm
+//! restart, statistics and the benchmark: see issue 5.
+
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod index;
+pub mod item;
+pub mod seglog;
+pub mod segment;
+
+pub use error::{EncodeError, HeaderError, IndexError, ItemError};
+pub use index::{BucketGuard, Full, Hit, Index, IndexConfig, Location};
+pub use item::{ItemRef, ItemSpec, ItemState, Limits};
+pub use seglog::{LogConfig, LogError, RecoveryReport, SegmentLog};
+pub use segment::{ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
