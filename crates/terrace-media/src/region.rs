@@ -210,21 +210,7 @@ impl Region {
             }
             FileLocation::TempIn(dir) => (open_temp_in(dir)?, dir.clone(), 0),
             FileLocation::Path(path) => {
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .mode(0o600)
-                    .open(path)
-                    .map_err(|source| MediaError::Open {
-                        path: path.clone(),
-                        source,
-                    })?;
-                let len = file
-                    .metadata()
-                    .map_err(|source| io_err("stat", path, source))?
-                    .len();
+                let (file, len) = open_with_len(path, true)?;
                 (file, path.clone(), len)
             }
         };
@@ -254,18 +240,7 @@ impl Region {
 
     /// Maps an existing file whole, without creating or resizing it.
     fn map_existing(path: &Path, hole_punching: bool) -> Result<Region> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|source| MediaError::Open {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        let len = file
-            .metadata()
-            .map_err(|source| io_err("stat", path, source))?
-            .len();
+        let (file, len) = open_with_len(path, false)?;
         if len == 0 || len % GRANULE as u64 != 0 || len > isize::MAX as u64 {
             return Err(MediaError::InvalidSize {
                 size: usize::try_from(len).unwrap_or(usize::MAX),
@@ -483,6 +458,26 @@ impl Drop for Region {
         // only handle to the range).
         unsafe { os::unmap(self.base, self.len) };
     }
+}
+
+/// Opens `path` read-write (creating it, mode 0600, when `create`) and returns its length.
+fn open_with_len(path: &Path, create: bool) -> Result<(File, u64)> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| MediaError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let len = file
+        .metadata()
+        .map_err(|source| io_err("stat", path, source))?
+        .len();
+    Ok((file, len))
 }
 
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> MediaError {
