@@ -199,10 +199,7 @@ pub unsafe extern "C" fn pmemobj_create(
     match Pool::create(path, poolsize as u64, layout.unwrap_or("")) {
         Ok(pool) => {
             use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(
-                path,
-                std::fs::Permissions::from_mode(mode & 0o7777),
-            );
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777));
             publish(pool)
         }
         Err(e) => {

@@ -29,19 +29,31 @@ fn pool_commands_and_check_finding_corruption() {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let path = dir.path().join("cli.pool");
     let p = path.to_str().unwrap();
-    let out = terrace(&["pool", "create", p, "--size", "16777216", "--layout", "demo"]);
+    let out = terrace(&[
+        "pool", "create", p, "--size", "16777216", "--layout", "demo",
+    ]);
     assert!(out.status.success(), "{}", text(&out));
     let out = terrace(&["pool", "create", p]);
-    assert!(!out.status.success(), "creating over an existing pool must fail");
+    assert!(
+        !out.status.success(),
+        "creating over an existing pool must fail"
+    );
 
     let out = terrace(&["pool", "info", p]);
     assert!(out.status.success(), "{}", text(&out));
     let info = text(&out);
-    assert!(info.contains("\"demo\"") && info.contains("16 MiB"), "{info}");
+    assert!(
+        info.contains("\"demo\"") && info.contains("16 MiB"),
+        "{info}"
+    );
     let out = terrace(&["pool", "stats", p, "--layout", "demo"]);
     assert!(out.status.success(), "{}", text(&out));
     let out = terrace(&["pool", "check", p, "--layout", "demo"]);
-    assert!(out.status.success() && text(&out).contains("consistent"), "{}", text(&out));
+    assert!(
+        out.status.success() && text(&out).contains("consistent"),
+        "{}",
+        text(&out)
+    );
     let out = terrace(&["pool", "check", p, "--layout", "other"]);
     assert!(!out.status.success(), "a layout mismatch is an error");
 
@@ -56,7 +68,10 @@ fn pool_commands_and_check_finding_corruption() {
     let out = terrace(&["pool", "check", p]);
     assert!(!out.status.success());
     let report = text(&out);
-    assert!(report.contains("page 5") && report.contains("offset"), "{report}");
+    assert!(
+        report.contains("page 5") && report.contains("offset"),
+        "{report}"
+    );
 
     // A damaged header is named too.
     corrupt(&path, 20, b"XXXX");
@@ -78,7 +93,10 @@ fn info_probes_a_directory() {
     let out = terrace(&["info", "--dir", "/dev/shm"]);
     assert!(out.status.success(), "{}", text(&out));
     let report = text(&out);
-    assert!(report.contains("node 0") && report.contains("durability Process"), "{report}");
+    assert!(
+        report.contains("node 0") && report.contains("durability Process"),
+        "{report}"
+    );
     let out = terrace(&["info", "--dir", "/nonexistent/dir"]);
     assert!(!out.status.success());
 }
