@@ -35,7 +35,7 @@ use crate::format::{
     self, Geometry, KIND_EXTENT, KIND_FREE, KIND_RUN, META_BITMAP, META_TYPE, META_WORD0,
     META_WORD1, PAGE,
 };
-use crate::log::Entry;
+use crate::log::{Entries, Entry};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -550,7 +550,7 @@ impl Heap {
     }
 
     /// The redo entries that make a reservation durably allocated.
-    pub fn alloc_entries(&self, r: &Reserved, out: &mut Vec<Entry>) {
+    pub fn alloc_entries(&self, r: &Reserved, out: &mut Entries) {
         let geo = &self.geo;
         match r.block {
             Block::Slot {
@@ -743,7 +743,7 @@ impl Heap {
     }
 
     /// The redo entries that durably free a block.
-    pub fn free_entries(&self, f: &Freeing, out: &mut Vec<Entry>) {
+    pub fn free_entries(&self, f: &Freeing, out: &mut Entries) {
         match &f.block {
             FreeBlock::Slot {
                 head,

@@ -34,6 +34,10 @@ pub(crate) struct Entry {
     pub value: u64,
 }
 
+/// The redo entries of one operation. An allocation, free or commit usually logs a handful
+/// of words: kept on the stack up to 16, so the hot path does not allocate.
+pub(crate) type Entries = smallvec::SmallVec<[Entry; 16]>;
+
 impl Entry {
     pub fn set(off: u64, value: u64) -> Entry {
         Entry {
@@ -58,13 +62,14 @@ impl Entry {
     }
 }
 
-fn encode(entries: &[Entry]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(entries.len() * REDO_ENTRY as usize);
+/// Encodes `entries` into `out` (a caller's buffer: returning an inline buffer by value
+/// would copy it).
+fn encode(entries: &[Entry], out: &mut smallvec::SmallVec<[u8; 256]>) {
+    out.reserve(entries.len() * REDO_ENTRY as usize);
     for e in entries {
         out.extend_from_slice(&(e.off | e.op as u64).to_le_bytes());
         out.extend_from_slice(&e.value.to_le_bytes());
     }
-    out
 }
 
 fn header_for(count: u32, bytes: &[u8]) -> u64 {
@@ -78,8 +83,7 @@ fn header_for(count: u32, bytes: &[u8]) -> u64 {
 /// for a repeated `Set` the last value wins (at the place of the first). The allocator
 /// never mixes operations kinds on one word (descriptor words are set, bitmap words are
 /// ORed and AND-NOTed on disjoint bits), so the result equals applying all in order.
-fn merge(entries: &[Entry]) -> Vec<Entry> {
-    let mut out: Vec<Entry> = Vec::with_capacity(entries.len());
+fn merge(entries: &[Entry], out: &mut Entries) {
     // Most logs hold a handful of entries: a linear scan beats building a map for them.
     let mut at: Option<rustc_hash::FxHashMap<(u64, u8), usize>> =
         (entries.len() > 32).then(rustc_hash::FxHashMap::default);
@@ -102,12 +106,11 @@ fn merge(entries: &[Entry]) -> Vec<Entry> {
             }
         }
     }
-    out
 }
 
 /// Applies entries and persists the lines they touched.
 fn apply<B: Backend>(b: &B, entries: &[Entry]) -> Result<()> {
-    let mut lines: Vec<u64> = Vec::with_capacity(entries.len());
+    let mut lines: smallvec::SmallVec<[u64; 16]> = smallvec::SmallVec::with_capacity(entries.len());
     for e in entries {
         match e.op {
             Op::Set => b.store_u64(e.off, e.value)?,
@@ -137,7 +140,8 @@ fn apply<B: Backend>(b: &B, entries: &[Entry]) -> Result<()> {
 /// Makes `entries` happen atomically: log, persist (the commit point), apply, persist,
 /// clear the log, persist.
 pub(crate) fn redo_commit<B: Backend>(b: &B, lane_off: u64, entries: &[Entry]) -> Result<()> {
-    let merged = merge(entries);
+    let mut merged = Entries::new();
+    merge(entries, &mut merged);
     let entries = &merged[..];
     if entries.is_empty() {
         return Ok(());
@@ -149,7 +153,8 @@ pub(crate) fn redo_commit<B: Backend>(b: &B, lane_off: u64, entries: &[Entry]) -
             free: REDO_CAPACITY * REDO_ENTRY,
         });
     }
-    let bytes = encode(entries);
+    let mut bytes = smallvec::SmallVec::<[u8; 256]>::new();
+    encode(entries, &mut bytes);
     b.write(lane_off + 64, &bytes)?;
     b.store_u64(lane_off, header_for(entries.len() as u32, &bytes))?;
     b.persist(lane_off, 64 + bytes.len() as u64)?;
@@ -356,7 +361,8 @@ mod tests {
         assert_eq!(b.load_u64(w + 8).unwrap(), 0b0011);
         assert_eq!(b.load_u64(lane).unwrap(), 0);
         // A complete log left behind is replayed (idempotently); a torn one is dropped.
-        let bytes = encode(&[Entry::set(w, 5)]);
+        let mut bytes = smallvec::SmallVec::new();
+        encode(&[Entry::set(w, 5)], &mut bytes);
         b.write(lane + 64, &bytes).unwrap();
         b.store_u64(lane, header_for(1, &bytes)).unwrap();
         assert!(redo_recover(&b, lane, &g).unwrap());
@@ -368,7 +374,8 @@ mod tests {
         assert_eq!(b.load_u64(w).unwrap(), 6);
         assert_eq!(b.load_u64(lane).unwrap(), 0);
         // A verified entry aimed at the header is corruption, not a write.
-        let bad = encode(&[Entry::set(8, 1)]);
+        let mut bad = smallvec::SmallVec::new();
+        encode(&[Entry::set(8, 1)], &mut bad);
         b.write(lane + 64, &bad).unwrap();
         b.store_u64(lane, header_for(1, &bad)).unwrap();
         assert!(matches!(
@@ -379,16 +386,29 @@ mod tests {
 
     #[test]
     fn merging_combines_words_and_keeps_the_last_set() {
-        let m = merge(&[
-            Entry::or(64, 1),
-            Entry::set(8, 1),
-            Entry::or(64, 4),
-            Entry::and_not(64, 2),
-            Entry::set(8, 3),
-        ]);
+        let mut m = Entries::new();
+        merge(
+            &[
+                Entry::or(64, 1),
+                Entry::set(8, 1),
+                Entry::or(64, 4),
+                Entry::and_not(64, 2),
+                Entry::set(8, 3),
+            ],
+            &mut m,
+        );
         assert_eq!(
-            m,
-            vec![Entry::or(64, 5), Entry::set(8, 3), Entry::and_not(64, 2)]
+            &m[..],
+            &[Entry::or(64, 5), Entry::set(8, 3), Entry::and_not(64, 2)]
+        );
+        // Past 32 entries merging uses a map: same result.
+        let many: Vec<Entry> = (0..40).map(|i| Entry::or(64 * (i % 5), 1 << i)).collect();
+        let mut merged = Entries::new();
+        merge(&many, &mut merged);
+        assert_eq!(merged.len(), 5);
+        assert_eq!(
+            merged[0],
+            Entry::or(0, (0..40).filter(|i| i % 5 == 0).map(|i| 1u64 << i).sum())
         );
     }
 

@@ -27,7 +27,7 @@ use crate::format::{
     ROOT_SIZE_WORD, STATE_OFF,
 };
 use crate::heap::{self, Freeing, Heap, Reserved, Stats};
-use crate::log::{self, Entry};
+use crate::log::{self, Entries, Entry};
 
 /// The type number of the root object (never handed to user allocations).
 pub const ROOT_TYPE: u64 = u64::MAX;
@@ -418,7 +418,7 @@ impl<B: Backend> Pool<B> {
         Ok(())
     }
 
-    pub(crate) fn publish_entries(&self, dest: Dest, off: Option<u64>, out: &mut Vec<Entry>) {
+    pub(crate) fn publish_entries(&self, dest: Dest, off: Option<u64>, out: &mut Entries) {
         match dest {
             Dest::None => {}
             Dest::Word(at) => out.push(Entry::set(at, off.unwrap_or(0))),
@@ -484,7 +484,7 @@ impl<B: Backend> Pool<B> {
         };
         init(&writer)?;
         writer.persist()?;
-        let mut entries = Vec::new();
+        let mut entries = Entries::new();
         self.heap.alloc_entries(r, &mut entries);
         if let Some(f) = freeing {
             self.heap.free_entries(f, &mut entries);
@@ -532,7 +532,7 @@ impl<B: Backend> Pool<B> {
             });
         }
         let f = self.heap.begin_free(oid.offset())?;
-        let mut entries = Vec::new();
+        let mut entries = Entries::new();
         self.heap.free_entries(&f, &mut entries);
         self.publish_entries(dest, None, &mut entries);
         let lane = self.lane();

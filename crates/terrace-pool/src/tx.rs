@@ -17,7 +17,7 @@ use std::sync::MutexGuard;
 use crate::backend::Backend;
 use crate::error::{PoolError, Result};
 use crate::heap::{Freeing, Reserved};
-use crate::log::{self, Entry};
+use crate::log::{self, Entries, Entry};
 use crate::pool::{Lane, Oid, Pool, ROOT_TYPE};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -268,7 +268,7 @@ impl<'p, B: Backend> Tx<'p, B> {
             for r in &self.allocs {
                 pool.backend.persist(r.off, r.usable)?;
             }
-            let mut entries: Vec<Entry> = Vec::new();
+            let mut entries = Entries::new();
             for r in &self.allocs {
                 pool.heap.alloc_entries(r, &mut entries);
             }
