@@ -12,8 +12,10 @@
 //!
 //! Invariants (checked by [`Heap::verify_against`]):
 //! - every heap page is in exactly one of: a free span of `Pages`, a run of one arena, an
-//!   extent of `Pages.extents`; `head_of[p] == head + 1` for pages of runs and extents
-//!   and 0 for free pages;
+//!   extent of `Pages.extents`; `head_of[p] == head + 1` for every page of a run and for
+//!   the first page of an extent (objects in extents are only addressed by their first
+//!   page, so mapping the others would cost a store per page for nothing), and 0 for
+//!   extents' other pages and free pages;
 //! - a run's `used` is the number of set bits in `bits` (reserved, allocated, or pending
 //!   free); `pending` ⊆ `bits`; a run is in its arena's `avail` list iff `used < nslots`;
 //! - when no operation is in flight, `bits` equals the persistent bitmap of the run.
@@ -417,7 +419,11 @@ impl Heap {
                     pages.give(next, s.head - next);
                 }
                 next = s.head + s.pages;
-                heap.mark_span(s.head, s.pages);
+                if s.kind == KIND_EXTENT {
+                    heap.mark_span(s.head, 1);
+                } else {
+                    heap.mark_span(s.head, s.pages);
+                }
                 if s.kind == KIND_EXTENT {
                     pages.extents.insert(
                         s.head,
@@ -537,7 +543,8 @@ impl Heap {
                 pending_free: false,
             },
         );
-        self.mark_span(head, npages);
+        // Only the first page: see the module invariants.
+        self.mark_span(head, 1);
         Ok(Reserved {
             off: self.geo.page_addr(head as u64),
             usable: npages as u64 * PAGE,
@@ -631,7 +638,7 @@ impl Heap {
             Block::Extent { head, pages, .. } => {
                 let mut p = lock(&self.pages);
                 p.extents.remove(&head);
-                self.clear_span(head, pages);
+                self.clear_span(head, 1);
                 p.give(head, pages);
             }
         }
@@ -790,7 +797,7 @@ impl Heap {
             FreeBlock::Extent { head, pages } => {
                 let mut p = lock(&self.pages);
                 p.extents.remove(&head);
-                self.clear_span(head, pages);
+                self.clear_span(head, 1);
                 p.give(head, pages);
             }
         }
@@ -880,7 +887,12 @@ impl Heap {
         }
         for s in spans {
             for p in s.head..s.head + s.pages {
-                if self.head_of[p as usize].load(Ordering::Acquire) != s.head + 1 {
+                let want = if s.kind == KIND_EXTENT && p != s.head {
+                    0
+                } else {
+                    s.head + 1
+                };
+                if self.head_of[p as usize].load(Ordering::Acquire) != want {
                     return Err(format!("page {p} is not mapped to its span at {}", s.head));
                 }
             }
