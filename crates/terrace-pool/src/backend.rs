@@ -67,6 +67,9 @@ pub struct RegionBackend {
     mem: Mapped,
     region: Region,
     len: u64,
+    /// The region is only process-durable (tmpfs): a persist point is a compiler fence
+    /// (see `Region::persist`), decided once here rather than on every call.
+    fence_only: bool,
 }
 
 impl RegionBackend {
@@ -81,7 +84,13 @@ impl RegionBackend {
         // SAFETY: the region stays mapped for as long as `RegionBackend` lives (it owns
         // the region, which is dropped after `mem`), and `len <= region.len()`.
         let mem = unsafe { Mapped::new(region.base(), len) };
-        Ok(RegionBackend { mem, region, len })
+        let fence_only = region.durability() == Durability::Process;
+        Ok(RegionBackend {
+            mem,
+            region,
+            len,
+            fence_only,
+        })
     }
 
     pub fn region(&self) -> &Region {
@@ -122,6 +131,10 @@ impl Backend for RegionBackend {
                 what: "the pool",
                 limit: self.len,
             });
+        }
+        if self.fence_only {
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+            return Ok(());
         }
         Ok(self.region.persist(offset as usize, len as usize)?)
     }
