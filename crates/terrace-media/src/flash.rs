@@ -159,16 +159,25 @@ pub struct AlignedBuf {
 }
 
 impl AlignedBuf {
-    /// A buffer of `len` bytes (rounded up to a whole block, at least one).
-    pub fn new(len: usize) -> AlignedBuf {
-        let len = len.max(1).div_ceil(BLOCK) * BLOCK;
-        let layout = Layout::from_size_align(len, BLOCK).expect("block-aligned layout");
+    /// A buffer of `len` bytes (rounded up to a whole block, at least one); an error for a
+    /// length no allocation can have.
+    pub fn new(len: usize) -> Result<AlignedBuf> {
+        let too_large = || MediaError::InvalidSize {
+            size: len,
+            why: "larger than any buffer can be",
+        };
+        let len = len
+            .max(1)
+            .div_ceil(BLOCK)
+            .checked_mul(BLOCK)
+            .ok_or_else(too_large)?;
+        let layout = Layout::from_size_align(len, BLOCK).map_err(|_| too_large())?;
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = std::ptr::NonNull::new(raw) else {
             alloc::handle_alloc_error(layout);
         };
-        AlignedBuf { ptr, len }
+        Ok(AlignedBuf { ptr, len })
     }
 }
 
@@ -213,11 +222,12 @@ mod tests {
         for dir in [std::env::temp_dir(), PathBuf::from("/dev/shm")] {
             let tmp = tempfile::tempdir_in(dir).unwrap();
             let flash = FlashFile::open(&tmp.path().join("flash"), 1 << 20).unwrap();
-            let mut out = AlignedBuf::new(8192);
+            let mut out = AlignedBuf::new(8192).unwrap();
             out[..5].copy_from_slice(b"hello");
             flash.write_at(4096, &out).unwrap();
             flash.sync().unwrap();
-            let mut back = AlignedBuf::new(8192);
+            let mut back = AlignedBuf::new(8192).unwrap();
+            assert!(AlignedBuf::new(usize::MAX).is_err());
             flash.read_at(4096, &mut back).unwrap();
             assert_eq!(&back[..5], b"hello");
             assert!(matches!(
