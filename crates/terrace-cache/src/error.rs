@@ -120,3 +120,52 @@ pub enum IndexError {
     #[error("invalid index size: {why}")]
     BadSize { why: &'static str },
 }
+
+/// Why a cache operation (or opening the cache) failed. Misses and unmet conditions
+/// (`add` of a present key, a `cas` mismatch) are not errors: see [`crate::Store`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheError {
+    /// The configuration cannot work.
+    #[error("invalid cache configuration: {why}")]
+    Config { why: &'static str },
+    /// A file tier's directory is missing (or not a directory).
+    #[error("tier directory {dir:?} does not exist or is not a directory")]
+    TierDir { dir: std::path::PathBuf },
+    /// An existing tier file has another size than the configuration gives the tier.
+    #[error("tier file {path:?} is {found} bytes, the configuration says {expected}")]
+    TierFileSize {
+        path: std::path::PathBuf,
+        found: u64,
+        expected: u64,
+    },
+    /// The medium failed (mapping, reserving, persisting).
+    #[error(transparent)]
+    Media(#[from] terrace_media::MediaError),
+    /// A key or value outside the limits.
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    /// The item is larger than a segment can hold.
+    #[error("item of {need} bytes cannot fit in a segment of {capacity} item bytes")]
+    TooLarge { need: usize, capacity: u32 },
+    /// No segment of the tier could be freed (all pinned by read guards).
+    #[error("no free segment in tier {tier}: every segment is pinned by readers")]
+    NoSpace { tier: usize },
+    /// The write-sequence mark file could not be read or written.
+    #[error("write-sequence mark {path:?}: {source}")]
+    SeqMark {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The saved index could not be written at shutdown (the next open scans instead).
+    #[error("saved index {path:?}: {source}")]
+    SavedIndex {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// `incr`/`decr` on a value that is not a decimal number below 2^64.
+    #[error("the value is not a decimal 64-bit unsigned integer")]
+    NotANumber,
+}

@@ -380,6 +380,13 @@ impl Hit<'_> {
         self.layout.location(self.entry)
     }
 
+    /// Whether the slot still holds this entry (frequency bits aside). The engine calls it
+    /// after pinning the entry's segment: if it holds, the entry was current after the pin
+    /// was taken, so the segment cannot have been freed and reused under it.
+    pub fn is_current(&self) -> bool {
+        self.slot.load(Ordering::SeqCst) & !FREQ_MASK == self.entry & !FREQ_MASK
+    }
+
     /// Hits recorded when the entry was loaded (0..=3).
     pub fn frequency(&self) -> u8 {
         freq_count(self.entry)

@@ -321,32 +321,56 @@ impl ItemRef<'_> {
     }
 }
 
-/// Decodes the item whose state byte is at `segment[offset]`, reading nothing at or past
-/// `end` (the committed end of the segment, clamped to the buffer). Never panics.
-pub fn decode(segment: &[u8], offset: u32, end: usize) -> Result<ItemRef<'_>, ItemError> {
-    let end = end.min(segment.len());
-    let buf = segment.get(..end).unwrap_or(segment);
-    let start = offset as usize;
-    let overrun = |len: u64| ItemError::Overrun { len, end };
-    if start >= end || end - start < 2 {
+/// The fixed part of an encoded item: everything before the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemHeader {
+    pub state: ItemState,
+    pub client_flags: u32,
+    pub origin_cas: Option<u64>,
+    /// Bytes from the state byte to the first key byte.
+    pub header_len: u32,
+    pub key_len: u32,
+    pub value_len: u32,
+}
+
+impl ItemHeader {
+    /// Total encoded length of the item, header included.
+    pub fn total_len(&self) -> u64 {
+        u64::from(self.header_len) + u64::from(self.key_len) + u64::from(self.value_len)
+    }
+}
+
+/// Longest item header: state, kind, three 5-byte varints and an 8-byte origin CAS.
+pub const MAX_HEADER_LEN: usize = 2 + 3 * MAX_VARINT + 8;
+
+/// Decodes the header of the item whose state byte is `head[0]`. `head` may end anywhere
+/// after the header (the engine passes a copy of at most [`MAX_HEADER_LEN`] bytes, read
+/// atomically); the caller checks [`ItemHeader::total_len`] against the committed end.
+/// Never panics.
+pub fn decode_header(head: &[u8]) -> Result<ItemHeader, ItemError> {
+    let overrun = |len: u64| ItemError::Overrun {
+        len,
+        end: head.len(),
+    };
+    if head.len() < 2 {
         return Err(overrun(2));
     }
-    let state = ItemState::from_byte(buf[start])?;
-    let kind = buf[start + 1];
+    let state = ItemState::from_byte(head[0])?;
+    let kind = head[1];
     if kind & !KIND_KNOWN != 0 {
         return Err(ItemError::ReservedKind { kind });
     }
-    let mut pos = start + 2;
-    let key_len = get_varint(buf, &mut pos, "key length")?;
+    let mut pos = 2;
+    let key_len = get_varint(head, &mut pos, "key length")?;
     if key_len == 0 {
         return Err(ItemError::EmptyKey);
     }
     if key_len > FORMAT_MAX_KEY {
         return Err(ItemError::KeyTooLong { len: key_len });
     }
-    let value_len = get_varint(buf, &mut pos, "value length")?;
+    let value_len = get_varint(head, &mut pos, "value length")?;
     let client_flags = if kind & KIND_HAS_FLAGS != 0 {
-        let flags = get_varint(buf, &mut pos, "client flags")?;
+        let flags = get_varint(head, &mut pos, "client flags")?;
         if flags == 0 {
             // Zero flags are encoded by omission; an explicit zero is not canonical.
             return Err(ItemError::Varint {
@@ -358,27 +382,52 @@ pub fn decode(segment: &[u8], offset: u32, end: usize) -> Result<ItemRef<'_>, It
         0
     };
     let origin_cas = if kind & KIND_HAS_ORIGIN != 0 {
-        let bytes: [u8; 8] = buf
+        let bytes: [u8; 8] = head
             .get(pos..pos + 8)
             .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| overrun((pos + 8 - start) as u64))?;
+            .ok_or_else(|| overrun((pos + 8) as u64))?;
         pos += 8;
         Some(u64::from_le_bytes(bytes))
     } else {
         None
     };
-    let total = (pos - start) as u64 + u64::from(key_len) + u64::from(value_len);
-    if total > (end - start) as u64 || start as u64 + total > u64::from(u32::MAX) {
-        return Err(overrun(total));
-    }
-    let key_end = pos + key_len as usize;
-    let value_end = key_end + value_len as usize;
-    Ok(ItemRef {
-        offset,
-        len: total as u32,
+    Ok(ItemHeader {
         state,
         client_flags,
         origin_cas,
+        header_len: pos as u32,
+        key_len,
+        value_len,
+    })
+}
+
+/// Decodes the item whose state byte is at `segment[offset]`, reading nothing at or past
+/// `end` (the committed end of the segment, clamped to the buffer). Never panics.
+pub fn decode(segment: &[u8], offset: u32, end: usize) -> Result<ItemRef<'_>, ItemError> {
+    let end = end.min(segment.len());
+    let buf = segment.get(..end).unwrap_or(segment);
+    let start = offset as usize;
+    let overrun = |len: u64| ItemError::Overrun { len, end };
+    if start >= end || end - start < 2 {
+        return Err(overrun(2));
+    }
+    let h = decode_header(&buf[start..]).map_err(|e| match e {
+        ItemError::Overrun { len, .. } => overrun(len),
+        e => e,
+    })?;
+    let total = h.total_len();
+    if total > (end - start) as u64 || start as u64 + total > u64::from(u32::MAX) {
+        return Err(overrun(total));
+    }
+    let pos = start + h.header_len as usize;
+    let key_end = pos + h.key_len as usize;
+    let value_end = key_end + h.value_len as usize;
+    Ok(ItemRef {
+        offset,
+        len: total as u32,
+        state: h.state,
+        client_flags: h.client_flags,
+        origin_cas: h.origin_cas,
         key: &buf[pos..key_end],
         value: &buf[key_end..value_end],
     })

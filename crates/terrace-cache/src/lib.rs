@@ -31,6 +31,11 @@
 //! - **write sequence**: a number taken from one cache-wide counter each time a segment
 //!   is opened for appending; it orders segments by age, separates a slot's incarnations
 //!   and is the high part of every CAS.
+//! - **pin**: a reader's hold on one segment incarnation (a count in the segment's control
+//!   word); a segment is rewritten only when no pin holds it. A [`Guard`] is a pinned hit.
+//! - **stripe**: one of the engine's sets of open tier-0 segments (one per TTL bucket);
+//!   each thread appends through one stripe.
+//! - **demotion**: copying an item from tier *i* to *i + 1* when its segment is evicted.
 //! - **commit word**: the last 8 bytes of a segment header: how many item bytes are
 //!   committed and their running checksum, stored as one aligned `u64`.
 //!
@@ -109,6 +114,20 @@
 //! of a write in progress, which makes its item LIVE just before publishing it). So at
 //! most one LIVE item per key exists anywhere, on any tier.
 //!
+//! **The concurrent engine publishes in the order 4, 5, 3** (new LIVE, entry swapped, old
+//! DEAD — all under the bucket lock, all before the reply), and a delete removes the entry
+//! before flipping the item DEAD. With readers that never lock, the order 3, 4, 5 opens a
+//! window in which the entry points at a DEAD item and a hot key reads as a miss while it
+//! is overwritten; with 4, 5, 3 a current entry never points at a non-LIVE item, so a
+//! reader that finds DEAD knows its entry changed and looks again ([`cache`]'s E4). The
+//! price is at restart: a crash between 4 and 3 leaves two LIVE items of the key on
+//! durable media, and the scan keeps neither — a miss for a write that was not
+//! acknowledged, which the no-stale-value rule allows. Nothing else changes: the old item
+//! is DEAD on media before the reply. ([`SegmentLog`], single-threaded, keeps 3, 4, 5.)
+//! The engine also retires a segment first only on durable tiers; a DRAM segment is
+//! walked while still readable (its items keep hitting while they are demoted) and
+//! retired after.
+//!
 //! "Persist" is `terrace_media::Region::persist` on power-durable media (cache-line
 //! flushes and a fence on DAX, `msync` elsewhere); on media that only survive a process
 //! crash (tmpfs, `/dev/shm`) it is nothing, but the stores must still happen in this
@@ -134,9 +153,9 @@
 //!   indexed; PENDING (crash between steps 2 and 4, or a lost race) and DEAD items are
 //!   skipped. A crash between steps 3 and 4 leaves the key with no LIVE item: a miss,
 //!   which the no-stale-value rule allows (the write was never acknowledged).
-//! - if, against the invariant, two LIVE unexpired items of one key are found (media
-//!   corruption, a bug), the scan keeps neither: a miss is always a correct answer, either
-//!   item might be stale.
+//! - if two LIVE unexpired items of one key are found (a crash between the engine's
+//!   steps 4 and 3, media corruption, a bug), the scan keeps neither and flips both DEAD:
+//!   a miss is always a correct answer, either item might be stale.
 //!
 //! So a get after restart returns the last acknowledged value (or that of a write in
 //! flight at the crash) or a miss; a deleted or overwritten value cannot come back,
@@ -211,27 +230,84 @@
 //! about 14–15 bytes, inside the issue's 16-byte target (Segcache: 5 bytes in the item,
 //! plus its hash table). Segment headers add 64 bytes per segment (0.006% of 1 MiB).
 //!
-//! # What is here, and what is not yet
-//! [`item`] and [`segment`] are the codec, [`index`] the index, and [`seglog`] a
-//! single-tier, single-threaded [`SegmentLog`] that composes them (set/get/delete, FIFO
-//! segment eviction, recovery from a crash image) and whose tests recover from the image
-//! at every persist point of the protocol above.
+//! # The engine
+//! [`Cache`] ([`cache`]) is the concurrent, tiered engine over these pieces:
 //!
-//! Not yet: tiers over `terrace-media` regions (persisting at the persist points), the
-//! concurrent engine (per-thread open segments, read guards pinning segments, epoch-based
-//! segment reuse), the eviction policy and movers, TTL buckets, the saved index for a warm
-//! restart, statistics and the benchmark: see issue 5.
+//! - **Tiers** ([`tier`]): each a `terrace_media::Region` — DRAM, a file `tier<i>.terrace`
+//!   in a directory (reserved whole with `fallocate` at open, so a full file system is an
+//!   error then and never a `SIGBUS` later), or a NUMA node — sized in bytes or as a
+//!   ratio of `total_bytes`, cut into segments (`mem::SegmentArea`) with a free list, a
+//!   FIFO of sealed segments and a reclaim list.
+//! - **Segment memory** (`src/mem.rs`, private, the crate's only `unsafe`): a control
+//!   word per segment (state `Free → Opening → Open → Sealed → Evicting → Free`, and a
+//!   pin count). A [`Guard`] pins its segment, so a hit is zero-copy; a segment is
+//!   reopened only when unpinned. Readers take no lock: index lookup, pin, re-check the
+//!   entry, compare keys. (A pin is an atomic add on the segment's control word: hot
+//!   segments see that cache line bounce between cores; an epoch scheme is the known
+//!   alternative if measurements call for it.)
+//! - **Writes**: each thread appends to the open segment of its *stripe* (threads map to
+//!   stripes round-robin) and TTL bucket in tier 0, then publishes under the key's bucket
+//!   lock. `add`/`replace`/`cas`/`append`/`prepend`/`incr`/`decr`/`touch` read the
+//!   current item, append the new one, and publish only if the entry still points at the
+//!   item they read (else retry) — compare-and-swap on the index entry, no global lock.
+//! - **TTL** per segment: buckets exact below 8 s, eight per power of two above; a segment
+//!   of a bucket whose shortest TTL is `T` expires at its opening time + `T`, and is
+//!   replaced once it has aged `T/8`, so no item outlives its TTL and none expires more
+//!   than about a quarter early. Expiry is lazy (a read of an expired item is a miss);
+//!   expired segments are reclaimed when FIFO eviction reaches them.
+//! - **Eviction**: movers ([`Cache::maintain`], or a thread from [`Cache::start_movers`])
+//!   keep 1/16 of every tier's segments free by evicting the oldest sealed ones ahead of
+//!   need; when a tier still has no free segment, the allocating thread evicts inline
+//!   (counted apart: [`Stats::inline_evictions`], [`Stats::background_evictions`]).
+//!   Items with hits (frequency bits set in their index entry) are copied to the next
+//!   tier — keeping their CAS, and into a segment that expires no later than theirs — and
+//!   their entries repointed by compare-and-swap under the bucket lock (FIFO with
+//!   reinsertion one tier down); the others lose their entries. The segment returns to
+//!   the free list once no guard pins it. The last tier is plain FIFO.
+//! - **Write sequences** never repeat across restarts: a mark file beside the first file
+//!   tier ([`seqmark`]) bounds every sequence in use, reserved ahead in steps.
+//! - **Restart**: [`Cache::open`] reopens existing tier files and scans them
+//!   ("What a crash can leave"): LIVE items of segments that scan clean and have not
+//!   expired are indexed, conflicts and everything DEAD stay out, segments that fail
+//!   validation are dropped with a reason in the [`cache::RecoveryReport`]. After a clean
+//!   [`Cache::shutdown`], a saved index (`terrace.index`) lets the next open read only the
+//!   saved items' headers instead of scanning and checksumming every segment; it is used
+//!   at most once, and only by the first open after the shutdown that wrote it.
+//!
+//! # What is here, and what is not yet
+//! [`item`] and [`segment`] are the codec, [`index`] the index, [`seglog`] a single-tier,
+//! single-threaded [`SegmentLog`] whose tests recover from the image at every persist
+//! point of the protocol; `mem`, [`tier`] and [`cache`] are the engine above, tested
+//! against a `HashMap` model (`tests/engine.rs`), under concurrency
+//! (`tests/engine_stress.rs`), across clean restarts and SIGKILLed child processes
+//! (`tests/engine_restart.rs`).
+//!
+//! Not yet (issue 5):
+//! - promotions from lower tiers (a hit in tier 1 is served there and stays there);
+//!   batching the movers' index updates; movers that adapt their target to the write
+//!   rate; reclaiming expired segments ahead of FIFO order; sealing idle open segments
+//!   under pressure (an open segment is never evicted, so a rarely used TTL bucket keeps
+//!   its partly filled tier-0 segment until it fills, ages a TTL/8, or expires);
+//! - delayed flush, pools with quotas, per-tier item and byte counts, per-pool stats;
+//! - the benchmark harness (`terrace-bench`).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+pub mod cache;
 pub mod error;
 pub mod index;
 pub mod item;
+#[allow(unsafe_code)]
+mod mem;
 pub mod seglog;
 pub mod segment;
+pub mod seqmark;
+pub mod tier;
 
-pub use error::{EncodeError, HeaderError, IndexError, ItemError};
+pub use cache::{Cache, CacheConfig, Guard, Movers, RecoveryReport as CacheRecovery, Stats, Store};
+pub use error::{CacheError, EncodeError, HeaderError, IndexError, ItemError};
 pub use index::{BucketGuard, Full, Hit, Index, IndexConfig, Location};
 pub use item::{ItemRef, ItemSpec, ItemState, Limits};
 pub use seglog::{LogConfig, LogError, RecoveryReport, SegmentLog};
 pub use segment::{ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
+pub use tier::{Medium, TierConfig, TierSize, TierStats};

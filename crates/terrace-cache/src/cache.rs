@@ -1,0 +1,1141 @@
+//! The concurrent engine: [`Cache`] over the [`Index`] and the tiers ([`crate::tier`]).
+//! It owns the write protocol of the crate docs ("Commit protocol") in its concurrent
+//! form, the read path with its [`Guard`], TTL buckets, segment allocation with FIFO
+//! eviction and demotion (ahead of need by the movers, [`Cache::maintain`], else inline),
+//! the write-sequence mark and the restart scan. Eviction and the movers live in
+//! `cache/evict.rs`, the restart scan in `cache/recover.rs`; the invariants below are
+//! the ones all three keep.
+//!
+//! Invariants (outside a bucket lock held by a writer):
+//! - **E1** every index entry points at the start of a committed item of a segment in state
+//!   `Open`, `Sealed` or `Evicting` (never `Free`/`Opening`); entries are created only for
+//!   committed items, and an evictor removes or repoints every entry into its segment
+//!   before the segment can be freed. `mem`'s invariant 4 rests on this.
+//! - **E2** every LIVE item of a non-retired, non-`Evicting` segment is the one the index
+//!   maps its key to, so at most one LIVE item per key outside segments being evicted; on
+//!   durable tiers an item stops being LIVE on media (DEAD flipped and persisted, or its
+//!   segment retired — which eviction does first there) before the write that supersedes
+//!   or drops it is acknowledged, or its entry is dropped. This is the no-stale-value rule
+//!   after a crash. (A DRAM segment being evicted keeps LIVE items whose entries are gone:
+//!   DRAM does not survive a crash, and the segment is retired once walked.)
+//! - **E3** a new item is published (made LIVE, entered in the index) only under its
+//!   key's bucket lock, while its segment is `Open` or `Sealed` — never `Evicting` — and
+//!   pinned by the writer. An evictor sets `Evicting` before walking and takes the bucket
+//!   lock of every non-DEAD item it walks, so it either sees the published entry or the
+//!   publisher sees `Evicting` and retries elsewhere.
+//! - **E4** a current index entry never points at a non-LIVE item: a writer makes the new
+//!   item LIVE, then publishes it, then kills the old one; a delete removes the entry,
+//!   then kills the item. So a reader that finds its key's item DEAD knows the entry
+//!   changed under it and looks again, and a hot key never reads as a miss while it is
+//!   being overwritten. (`flush_all` kills, then removes, under the bucket lock: readers
+//!   racing with it may miss, which a flush allows.)
+//!
+//! Lock order: a stripe's appender lock → a tier's `mover` lock → the next tier's `mover`
+//! lock → … (a mover thread starts at the first `mover` lock); each tier's `lists` lock is
+//! held only briefly and never across another lock; bucket locks are leaves (nothing is
+//! allocated, appended or evicted while one is held). No thread waits for a pin to drain:
+//! an evicted segment waits in its tier's reclaim list, and a thread holding a [`Guard`]
+//! can still write.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+
+use crate::error::CacheError;
+use crate::index::{BucketGuard, Index, IndexConfig, Location};
+use crate::item::{ItemRef, ItemSpec, ItemState, Limits};
+use crate::mem::{Appender, OpenError, Pin, SegState, SegmentArea};
+use crate::segment::{self, SegmentHeader, HEADER_LEN};
+use crate::seqmark::{self, SeqMark};
+use crate::tier::{self, Tier, TierConfig, TierStats};
+
+mod evict;
+mod recover;
+mod saved;
+
+pub use evict::Movers;
+pub use recover::{DropReason, RecoveryReport};
+pub use saved::saved_path;
+
+/// How to open a [`Cache`].
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// Tiers, fastest first. New items go to tier 0; evicting tier *i* demotes to *i + 1*.
+    pub tiers: Vec<TierConfig>,
+    /// Total capacity, needed when a tier's size is a ratio.
+    pub total_bytes: Option<u64>,
+    /// Segments are `2^segment_shift` bytes; `None` picks the smallest power of two above
+    /// the largest item the limits allow (2 MiB for the default 1 MiB values).
+    pub segment_shift: Option<u8>,
+    pub limits: Limits,
+    /// Items the index is sized for; `None`: one per 256 bytes of capacity.
+    pub expected_items: Option<usize>,
+    /// Open-segment stripes (threads map to stripes round-robin); 0 = available
+    /// parallelism.
+    pub stripes: usize,
+    /// Key hash seed.
+    pub seed: u64,
+}
+
+impl CacheConfig {
+    pub fn new(tiers: Vec<TierConfig>) -> CacheConfig {
+        CacheConfig {
+            tiers,
+            total_bytes: None,
+            segment_shift: None,
+            limits: Limits::default(),
+            expected_items: None,
+            stripes: 0,
+            seed: 0x7e77ace,
+        }
+    }
+}
+
+/// The outcome of a conditional store (memcached's replies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// Stored; the new item's CAS.
+    Stored { cas: u64 },
+    /// The condition failed: `add` of a present key, `replace`/`append`/`prepend` of an
+    /// absent one.
+    NotStored,
+    /// `cas`: the key's CAS is not the one given.
+    Exists,
+    /// `cas`: the key is absent.
+    NotFound,
+}
+
+/// Cache-wide counters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    pub hits: u64,
+    pub misses: u64,
+    pub sets: u64,
+    pub deletes: u64,
+    /// Reads that found their item's segment expired.
+    pub expired: u64,
+    /// Entries evicted because both index buckets of a new key were full.
+    pub index_evictions: u64,
+    /// Items copied from tier *i* to *i + 1* on eviction.
+    pub demotions: u64,
+    /// Segment evictions done on a request's critical path (no free segment was ready).
+    pub inline_evictions: u64,
+    /// Failed persists of a state flip that could not be reported to a caller (flush).
+    pub persist_errors: u64,
+    /// Segment evictions done by [`Cache::maintain`] (the movers), off the request path.
+    pub background_evictions: u64,
+    /// Rounds of the mover thread that ended in an error.
+    pub mover_errors: u64,
+    /// Index memory per indexed item, in bytes (the per-item header is extra: 4–5 bytes).
+    pub index_bytes_per_item: f64,
+    pub items: usize,
+    pub tiers: Vec<TierStats>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    sets: AtomicU64,
+    deletes: AtomicU64,
+    expired: AtomicU64,
+    index_evictions: AtomicU64,
+    demotions: AtomicU64,
+    persist_errors: AtomicU64,
+    mover_errors: AtomicU64,
+}
+
+/// DRAM copy of what the engine needs from a segment header.
+#[derive(Debug, Default)]
+struct SegMeta {
+    write_seq: AtomicU64,
+    expires_at: AtomicU32,
+    ttl_bucket: AtomicU32,
+}
+
+/// A hit: pins the item's segment so its bytes stay valid (zero-copy) until dropped.
+/// Holding a guard delays the reuse of one segment; do not keep guards for long.
+pub struct Guard<'c> {
+    pin: Pin<'c>,
+    offset: u32,
+    end: u32,
+    client_flags: u32,
+    cas: u64,
+    tier: usize,
+}
+
+impl std::fmt::Debug for Guard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("segment", &self.pin.seg())
+            .field("offset", &self.offset)
+            .field("cas", &self.cas)
+            .finish()
+    }
+}
+
+impl Guard<'_> {
+    fn item(&self) -> Option<ItemRef<'_>> {
+        self.pin.item_within(self.offset, self.end).ok()
+    }
+
+    /// The value, borrowed from the segment.
+    pub fn value(&self) -> &[u8] {
+        self.item().map_or(&[][..], |i| i.value)
+    }
+
+    pub fn key(&self) -> &[u8] {
+        self.item().map_or(&[][..], |i| i.key)
+    }
+
+    pub fn client_flags(&self) -> u32 {
+        self.client_flags
+    }
+
+    pub fn cas(&self) -> u64 {
+        self.cas
+    }
+
+    /// The tier the item was found in.
+    pub fn tier(&self) -> usize {
+        self.tier
+    }
+}
+
+/// What a write expects to find under the key's lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    Any,
+    Absent,
+    /// The live item at exactly this location.
+    At(Location),
+}
+
+/// A live item found under a lookup: its location, value copy excluded.
+#[derive(Clone, Copy, Debug)]
+struct Current {
+    loc: Location,
+    cas: u64,
+    client_flags: u32,
+    expires_at: u32,
+}
+
+static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static STRIPE: usize = NEXT_STRIPE.fetch_add(1, Ordering::Relaxed);
+}
+
+/// TTL bucket of a remaining lifetime: 0 = none; exact below 8 s; else eight buckets per
+/// power of two. Returns the bucket and its lower bound (the lifetime a segment of the
+/// bucket is given, so no item outlives its TTL).
+fn ttl_bucket(remaining: u32) -> (u16, u32) {
+    if remaining == 0 {
+        return (0, 0);
+    }
+    let k = 32 - remaining.leading_zeros();
+    if k <= 3 {
+        return (remaining as u16, remaining);
+    }
+    let sub = (remaining >> (k - 4)) & 7;
+    ((k * 8 + sub) as u16, (8 | sub) << (k - 4))
+}
+
+/// The tiered cache engine. See the module docs for its invariants.
+pub struct Cache {
+    tiers: Vec<Tier>,
+    meta: Box<[SegMeta]>,
+    index: Index,
+    stripes: Box<[Mutex<HashMap<u16, Appender>>]>,
+    shift: u8,
+    limits: Limits,
+    next_seq: AtomicU64,
+    /// Every sequence below this is covered by the mark file (u64::MAX: no file tier).
+    seq_bound: AtomicU64,
+    seqmark: Option<Mutex<SeqMark>>,
+    /// Where the mark and the saved index live.
+    first_file_dir: Option<std::path::PathBuf>,
+    clock_offset: AtomicI64,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("tiers", &self.tiers)
+            .field("shift", &self.shift)
+            .finish()
+    }
+}
+
+fn system_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+impl Cache {
+    /// Opens a cache: maps every tier, and on file tiers that already exist rebuilds the
+    /// index by scanning their segments (see the crate docs, "Restart").
+    pub fn open(config: CacheConfig) -> Result<(Cache, RecoveryReport), CacheError> {
+        config.limits.validate()?;
+        if config.tiers.is_empty() {
+            return Err(CacheError::Config { why: "no tiers" });
+        }
+        if config.tiers.len() > usize::from(u8::MAX) {
+            return Err(CacheError::Config {
+                why: "more than 255 tiers",
+            });
+        }
+        let max_item = ItemSpec {
+            client_flags: u32::MAX,
+            origin_cas: Some(0),
+            ..ItemSpec {
+                key_len: config.limits.max_key_len,
+                value_len: config.limits.max_value_len,
+                client_flags: 0,
+                origin_cas: None,
+            }
+        }
+        .encoded_len();
+        let shift = match config.segment_shift {
+            Some(s) => s,
+            None => {
+                let need = (max_item + HEADER_LEN).next_power_of_two();
+                need.trailing_zeros().max(u32::from(segment::MIN_SHIFT)) as u8
+            }
+        };
+        if !(segment::MIN_SHIFT..=segment::MAX_SHIFT).contains(&shift) {
+            return Err(CacheError::Config {
+                why: "segment size outside 256 B ..= 2 GiB",
+            });
+        }
+        if max_item > (1usize << shift) - HEADER_LEN {
+            return Err(CacheError::Config {
+                why: "segments are smaller than the largest item the limits allow",
+            });
+        }
+        let sizes = tier::resolve_sizes(&config.tiers, config.total_bytes)?;
+        let mut tiers = Vec::with_capacity(sizes.len());
+        let mut areas = Vec::with_capacity(sizes.len());
+        let mut base: u64 = 0;
+        for (i, (tc, &bytes)) in config.tiers.iter().zip(&sizes).enumerate() {
+            let (region, existing) = tier::map_tier(tc, i, bytes)?;
+            let area = SegmentArea::new(region, shift).ok_or(CacheError::Config {
+                why: "a tier is smaller than one segment",
+            })?;
+            let count = u64::from(area.count());
+            areas.push((area, existing, base as u32));
+            base += count;
+            if base > u64::from(u32::MAX) {
+                return Err(CacheError::Config {
+                    why: "more than 2^32 segments",
+                });
+            }
+        }
+        let total_segments = base as u32;
+        let capacity: u64 = sizes.iter().sum();
+        let expected_items = config
+            .expected_items
+            .unwrap_or((capacity / 256).max(1024) as usize);
+        let index = Index::new(&IndexConfig {
+            seed: config.seed,
+            ..IndexConfig::new(expected_items, total_segments, shift)
+        })?;
+        let meta: Box<[SegMeta]> = (0..total_segments).map(|_| SegMeta::default()).collect();
+        // The mark first: its bound says whether a saved index may be used.
+        let first_file_dir = config.tiers.iter().find_map(|t| match &t.medium {
+            tier::Medium::File { dir } => Some(dir.clone()),
+            _ => None,
+        });
+        let mut mark = match &first_file_dir {
+            Some(dir) => Some(SeqMark::open(dir)?),
+            None => None,
+        };
+        let saved = match (&first_file_dir, &mark) {
+            (Some(dir), Some((_, bound))) => saved::take(dir, shift, total_segments, *bound),
+            _ => None,
+        };
+        let mut report = RecoveryReport::default();
+        let mut live: HashMap<Vec<u8>, Vec<Location>> = HashMap::new();
+        let mut max_seq = 0;
+        let now = system_now() as u32;
+        for (t, (mut area, existing, base)) in areas.into_iter().enumerate() {
+            let mut kept = Vec::new();
+            if existing {
+                Self::scan_tier(
+                    t,
+                    &mut area,
+                    base,
+                    shift,
+                    now,
+                    &meta,
+                    &mut live,
+                    &mut kept,
+                    &mut max_seq,
+                    &mut report,
+                    saved.as_ref(),
+                )?;
+            }
+            let tier = Tier::new(area, base);
+            {
+                let mut lists = tier.lists.lock();
+                kept.sort_unstable();
+                lists.fifo = kept.iter().map(|&(_, slot)| slot).collect();
+                let mut is_kept = vec![false; tier.area.count() as usize];
+                for &(_, slot) in &kept {
+                    is_kept[slot as usize] = true;
+                }
+                lists.free.retain(|&s| !is_kept[s as usize]);
+            }
+            tiers.push(tier);
+        }
+        // Sequences continue above everything used before, DRAM segments included.
+        let mut next_seq = max_seq + 1;
+        let mut seq_bound = u64::MAX;
+        if let Some((m, bound)) = mark.as_mut() {
+            next_seq = next_seq.max(*bound).max(1);
+            seq_bound = next_seq + seqmark::STEP;
+            m.reserve(seq_bound)?;
+        }
+        let stripes = if config.stripes == 0 {
+            std::thread::available_parallelism().map_or(4, |n| n.get())
+        } else {
+            config.stripes
+        };
+        let mut cache = Cache {
+            tiers,
+            meta,
+            index,
+            stripes: (0..stripes).map(|_| Mutex::new(HashMap::new())).collect(),
+            shift,
+            limits: config.limits,
+            next_seq: AtomicU64::new(next_seq),
+            seq_bound: AtomicU64::new(seq_bound),
+            seqmark: mark.map(|(m, _)| Mutex::new(m)),
+            first_file_dir,
+            clock_offset: AtomicI64::new(0),
+            counters: Counters::default(),
+        };
+        cache.index_recovered(live, &mut report)?;
+        Ok((cache, report))
+    }
+
+    fn locate(&self, id: u32) -> Option<(usize, u32)> {
+        self.tiers
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, t)| id >= t.base)
+            .and_then(|(i, t)| (id - t.base < t.area.count()).then_some((i, id - t.base)))
+    }
+
+    fn pin(&self, id: u32) -> Option<(usize, Pin<'_>)> {
+        let (t, slot) = self.locate(id)?;
+        Some((t, self.tiers[t].area.pin(slot)?))
+    }
+
+    /// Seconds since the Unix epoch, plus any [`advance_clock`](Self::advance_clock).
+    pub fn now(&self) -> u32 {
+        (system_now() + self.clock_offset.load(Ordering::Relaxed)).clamp(0, u32::MAX as i64) as u32
+    }
+
+    /// Moves the cache's clock forward (tests and simulations of TTL expiry).
+    pub fn advance_clock(&self, secs: i64) {
+        self.clock_offset.fetch_add(secs, Ordering::Relaxed);
+    }
+
+    fn expired(&self, id: u32, now: u32) -> bool {
+        let e = self.meta[id as usize].expires_at.load(Ordering::Acquire);
+        e != 0 && now >= e
+    }
+
+    fn cas_of(&self, id: u32, item: &ItemRef<'_>) -> u64 {
+        item.origin_cas.unwrap_or_else(|| {
+            (self.meta[id as usize].write_seq.load(Ordering::Acquire) << self.shift)
+                | u64::from(item.offset)
+        })
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<(), CacheError> {
+        self.limits.check(key.len(), 0)?;
+        Ok(())
+    }
+
+    /// Looks `key` up. A hit pins the item's segment for as long as the [`Guard`] lives
+    /// and raises the entry's frequency (one `fetch_or`, no lock). Expired items are
+    /// misses (lazy expiry).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Guard<'_>>, CacheError> {
+        self.check_key(key)?;
+        let found = self.lookup(key, true);
+        match &found {
+            Some(g) => {
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                self.tiers[g.tier]
+                    .counters
+                    .hits
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Looks several keys up (memcached's multi-key get); one guard per hit.
+    pub fn get_many<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> Result<Vec<Option<Guard<'_>>>, CacheError> {
+        keys.into_iter().map(|k| self.get(k)).collect()
+    }
+
+    /// A copy of the value, its client flags and CAS.
+    pub fn get_copy(&self, key: &[u8]) -> Result<Option<(Vec<u8>, u32, u64)>, CacheError> {
+        Ok(self
+            .get(key)?
+            .map(|g| (g.value().to_vec(), g.client_flags(), g.cas())))
+    }
+
+    fn lookup(&self, key: &[u8], touch: bool) -> Option<Guard<'_>> {
+        let hash = self.index.hash_key(key);
+        let now = self.now();
+        'retry: for _ in 0..64 {
+            for hit in self.index.lookup(hash) {
+                let loc = hit.location();
+                let Some((tier, pin)) = self.pin(loc.segment) else {
+                    continue;
+                };
+                // E1 after the pin: the entry is still there, so its segment was not freed.
+                if !hit.is_current() {
+                    // Replaced in place since the load (replace reuses the slot, so the
+                    // new entry may be behind us): look again.
+                    continue 'retry;
+                }
+                let Ok(item) = pin.item(loc.offset) else {
+                    continue;
+                };
+                if item.key != key {
+                    continue;
+                }
+                if item.state != ItemState::Live {
+                    // E4: a current entry never points at a non-LIVE item, so a writer
+                    // replaced the entry after our load: look again.
+                    continue 'retry;
+                }
+                if self.expired(loc.segment, now) {
+                    self.counters.expired.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                if touch {
+                    hit.touch();
+                }
+                let (end, client_flags, cas) = (
+                    item.end(),
+                    item.client_flags,
+                    self.cas_of(loc.segment, &item),
+                );
+                return Some(Guard {
+                    pin,
+                    offset: loc.offset,
+                    end,
+                    client_flags,
+                    cas,
+                    tier,
+                });
+            }
+            return None;
+        }
+        None
+    }
+
+    /// The key's live, unexpired item, under its bucket lock; also any expired or other
+    /// entry of the key (to be replaced).
+    fn find_locked(&self, guard: &BucketGuard<'_>, key: &[u8], now: u32) -> Found {
+        for loc in guard.candidates() {
+            let Some((_, pin)) = self.pin(loc.segment) else {
+                continue;
+            };
+            let Ok(item) = pin.item(loc.offset) else {
+                continue;
+            };
+            if item.key != key {
+                continue;
+            }
+            if item.state == ItemState::Live && !self.expired(loc.segment, now) {
+                return Found::Live(Current {
+                    loc,
+                    cas: self.cas_of(loc.segment, &item),
+                    client_flags: item.client_flags,
+                    expires_at: self.meta[loc.segment as usize]
+                        .expires_at
+                        .load(Ordering::Acquire),
+                });
+            }
+            return Found::Stale(loc);
+        }
+        Found::None
+    }
+
+    /// The key's current item (for read-modify-write operations), without touching it.
+    fn current(&self, key: &[u8]) -> Option<(Current, Vec<u8>)> {
+        let g = self.lookup(key, false)?;
+        let cur = Current {
+            loc: Location {
+                segment: self.tiers[g.tier].base + g.pin.seg(),
+                offset: g.offset,
+            },
+            cas: g.cas,
+            client_flags: g.client_flags,
+            expires_at: self.meta[(self.tiers[g.tier].base + g.pin.seg()) as usize]
+                .expires_at
+                .load(Ordering::Acquire),
+        };
+        Some((cur, g.value().to_vec()))
+    }
+
+    /// Absolute expiry of a TTL in seconds (0 = never).
+    fn expiry(&self, ttl_secs: u32) -> u32 {
+        if ttl_secs == 0 {
+            0
+        } else {
+            self.now().saturating_add(ttl_secs)
+        }
+    }
+
+    /// Stores `key` → `value`; returns the new CAS. `ttl_secs` 0 = never expires.
+    pub fn set(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        client_flags: u32,
+        ttl_secs: u32,
+    ) -> Result<u64, CacheError> {
+        match self.write(
+            key,
+            &[value],
+            client_flags,
+            self.expiry(ttl_secs),
+            Expect::Any,
+        )? {
+            Store::Stored { cas } => Ok(cas),
+            _ => Ok(0),
+        }
+    }
+
+    /// Stores only if the key is absent.
+    pub fn add(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        client_flags: u32,
+        ttl_secs: u32,
+    ) -> Result<Store, CacheError> {
+        self.write(
+            key,
+            &[value],
+            client_flags,
+            self.expiry(ttl_secs),
+            Expect::Absent,
+        )
+    }
+
+    /// Stores only if the key is present.
+    pub fn replace(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        client_flags: u32,
+        ttl_secs: u32,
+    ) -> Result<Store, CacheError> {
+        self.check_key(key)?;
+        loop {
+            let Some((cur, _)) = self.current(key) else {
+                return Ok(Store::NotStored);
+            };
+            let r = self.write(
+                key,
+                &[value],
+                client_flags,
+                self.expiry(ttl_secs),
+                Expect::At(cur.loc),
+            )?;
+            if r != Store::NotStored {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// Stores only if the key's CAS is `cas`.
+    pub fn cas(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        client_flags: u32,
+        ttl_secs: u32,
+        cas: u64,
+    ) -> Result<Store, CacheError> {
+        self.check_key(key)?;
+        loop {
+            let Some((cur, _)) = self.current(key) else {
+                return Ok(Store::NotFound);
+            };
+            if cur.cas != cas {
+                return Ok(Store::Exists);
+            }
+            let r = self.write(
+                key,
+                &[value],
+                client_flags,
+                self.expiry(ttl_secs),
+                Expect::At(cur.loc),
+            )?;
+            if r != Store::NotStored {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// Appends `data` to the key's value (flags and expiry kept).
+    pub fn append(&self, key: &[u8], data: &[u8]) -> Result<Store, CacheError> {
+        self.concat(key, data, false)
+    }
+
+    /// Prepends `data` to the key's value (flags and expiry kept).
+    pub fn prepend(&self, key: &[u8], data: &[u8]) -> Result<Store, CacheError> {
+        self.concat(key, data, true)
+    }
+
+    fn concat(&self, key: &[u8], data: &[u8], front: bool) -> Result<Store, CacheError> {
+        self.check_key(key)?;
+        loop {
+            let Some((cur, value)) = self.current(key) else {
+                return Ok(Store::NotStored);
+            };
+            let parts: [&[u8]; 2] = if front {
+                [data, &value]
+            } else {
+                [&value, data]
+            };
+            let r = self.write(
+                key,
+                &parts,
+                cur.client_flags,
+                cur.expires_at,
+                Expect::At(cur.loc),
+            )?;
+            if r != Store::NotStored {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// Adds `delta` to a decimal value (wrapping at 2^64, as memcached); `None` on a miss.
+    pub fn incr(&self, key: &[u8], delta: u64) -> Result<Option<u64>, CacheError> {
+        self.arith(key, |v| v.wrapping_add(delta))
+    }
+
+    /// Subtracts `delta` from a decimal value (stopping at 0, as memcached).
+    pub fn decr(&self, key: &[u8], delta: u64) -> Result<Option<u64>, CacheError> {
+        self.arith(key, |v| v.saturating_sub(delta))
+    }
+
+    fn arith(&self, key: &[u8], op: impl Fn(u64) -> u64) -> Result<Option<u64>, CacheError> {
+        self.check_key(key)?;
+        loop {
+            let Some((cur, value)) = self.current(key) else {
+                return Ok(None);
+            };
+            let n: u64 = std::str::from_utf8(&value)
+                .ok()
+                .and_then(|s| s.trim_end().parse().ok())
+                .ok_or(CacheError::NotANumber)?;
+            let next = op(n);
+            let text = next.to_string();
+            let r = self.write(
+                key,
+                &[text.as_bytes()],
+                cur.client_flags,
+                cur.expires_at,
+                Expect::At(cur.loc),
+            )?;
+            if r != Store::NotStored {
+                return Ok(Some(next));
+            }
+        }
+    }
+
+    /// Gives the key a new TTL (re-appends it to a segment of the new TTL bucket).
+    /// Returns whether the key was there.
+    pub fn touch(&self, key: &[u8], ttl_secs: u32) -> Result<bool, CacheError> {
+        self.check_key(key)?;
+        loop {
+            let Some((cur, value)) = self.current(key) else {
+                return Ok(false);
+            };
+            let r = self.write(
+                key,
+                &[&value],
+                cur.client_flags,
+                self.expiry(ttl_secs),
+                Expect::At(cur.loc),
+            )?;
+            if r != Store::NotStored {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Deletes `key`; returns whether a live item was there. The item is DEAD on media
+    /// (persisted) before this returns.
+    pub fn delete(&self, key: &[u8]) -> Result<bool, CacheError> {
+        self.check_key(key)?;
+        let hash = self.index.hash_key(key);
+        let now = self.now();
+        let mut g = self.index.lock(hash);
+        let (loc, was_live) = match self.find_locked(&g, key, now) {
+            Found::Live(cur) => (cur.loc, true),
+            Found::Stale(loc) => (loc, false),
+            Found::None => return Ok(false),
+        };
+        g.remove(loc);
+        if let Some((_, pin)) = self.pin(loc.segment) {
+            pin.set_state(loc.offset, ItemState::Dead)?;
+        }
+        drop(g);
+        if was_live {
+            self.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(was_live)
+    }
+
+    /// Removes every item: each is flipped DEAD (persisted) and its entry removed, one
+    /// index bucket at a time. Writes that race with it may survive it.
+    pub fn flush_all(&self) {
+        self.index.sweep(0..self.index.bucket_count(), |loc, _| {
+            if let Some((_, pin)) = self.pin(loc.segment) {
+                if pin.set_state(loc.offset, ItemState::Dead).is_err() {
+                    self.counters.persist_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            crate::index::Sweep::Remove
+        });
+    }
+
+    /// The write path (commit protocol steps 1–5): append a PENDING item to tier 0,
+    /// then under the key's bucket lock check `expect`, kill the old item, make the new
+    /// one LIVE and publish it. `NotStored` when `expect` failed.
+    fn write(
+        &self,
+        key: &[u8],
+        value: &[&[u8]],
+        client_flags: u32,
+        expires_at: u32,
+        expect: Expect,
+    ) -> Result<Store, CacheError> {
+        let value_len: usize = value.iter().map(|v| v.len()).sum();
+        self.limits.check(key.len(), value_len)?;
+        let spec = ItemSpec {
+            client_flags,
+            ..ItemSpec::new(key, value_len)
+        };
+        let capacity = (1u32 << self.shift) - HEADER_LEN as u32;
+        if spec.encoded_len() > capacity as usize {
+            return Err(CacheError::TooLarge {
+                need: spec.encoded_len(),
+                capacity,
+            });
+        }
+        let now = self.now();
+        if expires_at != 0 && expires_at <= now {
+            // Already expired (memcached: a negative TTL): the store is a delete.
+            self.delete(key)?;
+            return Ok(Store::Stored { cas: 0 });
+        }
+        let hash = self.index.hash_key(key);
+        loop {
+            let (pin, new) = self.append_new(&spec, key, value, expires_at, now)?;
+            let mut g = self.index.lock(hash);
+            let found = self.find_locked(&g, key, now);
+            let ok = match (expect, found) {
+                (Expect::Any, _) => true,
+                (Expect::Absent, Found::Live(_)) => false,
+                (Expect::Absent, _) => true,
+                (Expect::At(at), Found::Live(cur)) => cur.loc == at,
+                (Expect::At(_), _) => false,
+            };
+            if !ok {
+                pin.set_state(new.offset, ItemState::Dead)?;
+                return Ok(Store::NotStored);
+            }
+            if !matches!(pin.state(), SegState::Open | SegState::Sealed) {
+                // E3: the segment is being evicted; write the item again elsewhere.
+                pin.set_state(new.offset, ItemState::Dead)?;
+                continue;
+            }
+            let old = match found {
+                Found::Live(cur) => Some(cur.loc),
+                Found::Stale(loc) => Some(loc),
+                Found::None => None,
+            };
+            // E4: LIVE, then publish, then kill the old item — so that a current entry
+            // never points at a DEAD item and readers never see a hole. A crash between
+            // the two flips leaves two LIVE items of the key, which the restart scan
+            // drops both of (a miss; the write was not acknowledged).
+            pin.set_state(new.offset, ItemState::Live)?;
+            let published = match old {
+                Some(old) => g.replace(old, new),
+                None => self.insert_evicting(&mut g, new)?,
+            };
+            if let Some(old) = old {
+                if let Some((_, old_pin)) = self.pin(old.segment) {
+                    old_pin.set_state(old.offset, ItemState::Dead)?;
+                }
+            }
+            if !published {
+                pin.set_state(new.offset, ItemState::Dead)?;
+            }
+            drop(g);
+            self.counters.sets.fetch_add(1, Ordering::Relaxed);
+            let cas = (self.meta[new.segment as usize]
+                .write_seq
+                .load(Ordering::Acquire)
+                << self.shift)
+                | u64::from(new.offset);
+            return Ok(Store::Stored { cas });
+        }
+    }
+
+    /// Inserts a new entry; when both buckets are full, evicts the least-hit occupant
+    /// (flipped DEAD first, as a delete) and retries once.
+    fn insert_evicting(&self, g: &mut BucketGuard<'_>, new: Location) -> Result<bool, CacheError> {
+        if g.insert(new).is_ok() {
+            return Ok(true);
+        }
+        let victim = g.occupants().min_by_key(|&(l, f)| (f, l.segment));
+        let Some((victim, _)) = victim else {
+            return Ok(false);
+        };
+        g.remove_occupant(victim);
+        if let Some((_, pin)) = self.pin(victim.segment) {
+            pin.set_state(victim.offset, ItemState::Dead)?;
+        }
+        self.counters
+            .index_evictions
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(g.insert(new).is_ok())
+    }
+
+    /// A header for a segment opened now, with a fresh write sequence (reserving more in
+    /// the mark file first when the sequence reaches the reserved bound).
+    fn next_header(
+        &self,
+        tier: usize,
+        slot: u32,
+        expires_at: u32,
+        bucket: u16,
+        now: u32,
+    ) -> Result<SegmentHeader, CacheError> {
+        let write_seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        if write_seq >= self.seq_bound.load(Ordering::Acquire) {
+            if let Some(mark) = &self.seqmark {
+                let mut mark = mark.lock();
+                if write_seq >= self.seq_bound.load(Ordering::Acquire) {
+                    let bound = write_seq + seqmark::STEP;
+                    mark.reserve(bound)?;
+                    self.seq_bound.store(bound, Ordering::Release);
+                }
+            }
+        }
+        Ok(SegmentHeader {
+            tier: tier as u8,
+            size_shift: self.shift,
+            checksummed: self.tiers[tier].durable,
+            write_seq,
+            slot,
+            created_at: now,
+            expires_at,
+            ttl_bucket: bucket,
+        })
+    }
+
+    /// Opens a fresh segment of `tier` (allocating, evicting if need be).
+    fn open_segment(
+        &self,
+        tier: usize,
+        expires_at: u32,
+        bucket: u16,
+        now: u32,
+    ) -> Result<Appender, CacheError> {
+        loop {
+            let slot = self.allocate(tier)?;
+            let header = match self.next_header(tier, slot, expires_at, bucket, now) {
+                Ok(h) => h,
+                Err(e) => {
+                    self.tiers[tier].lists.lock().free.push(slot);
+                    return Err(e);
+                }
+            };
+            let m = &self.meta[(self.tiers[tier].base + slot) as usize];
+            m.write_seq.store(header.write_seq, Ordering::Release);
+            m.expires_at.store(expires_at, Ordering::Release);
+            m.ttl_bucket.store(u32::from(bucket), Ordering::Release);
+            match self.tiers[tier].area.open(&header, self.limits) {
+                Ok(Some(app)) => return Ok(app),
+                // Pinned by readers backing off for too long: try another slot.
+                Ok(None) => self.tiers[tier].lists.lock().free.push(slot),
+                Err(OpenError::Encode(e)) => return Err(e.into()),
+                Err(OpenError::Media(e, app)) => {
+                    if let Some(app) = app {
+                        self.seal(tier, app);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    fn seal(&self, tier: usize, app: Appender) {
+        let slot = app.seg();
+        if self.tiers[tier].area.seal(app) {
+            self.tiers[tier].lists.lock().fifo.push_back(slot);
+        }
+    }
+
+    /// Appends a committed PENDING item to tier 0's open segment of this thread's stripe
+    /// and TTL bucket; returns it pinned.
+    fn append_new(
+        &self,
+        spec: &ItemSpec,
+        key: &[u8],
+        value: &[&[u8]],
+        expires_at: u32,
+        now: u32,
+    ) -> Result<(Pin<'_>, Location), CacheError> {
+        let (bucket, lifetime) = ttl_bucket(expires_at.saturating_sub(now));
+        let stripe = STRIPE.with(|s| *s) % self.stripes.len();
+        let mut open = self.stripes[stripe].lock();
+        let need = spec.encoded_len();
+        let tier = &self.tiers[0];
+        let usable = |app: &Appender| {
+            app.remaining() >= need
+                && (lifetime == 0
+                    || app.header().expires_at.saturating_sub(now) >= lifetime - lifetime / 8)
+        };
+        if !open.get(&bucket).is_some_and(usable) {
+            if let Some(old) = open.remove(&bucket) {
+                self.seal(0, old);
+            }
+            let seg_expiry = if lifetime == 0 {
+                0
+            } else {
+                now.saturating_add(lifetime)
+            };
+            let app = self.open_segment(0, seg_expiry, bucket, now)?;
+            open.insert(bucket, app);
+        }
+        let app = open
+            .get_mut(&bucket)
+            .ok_or(CacheError::NoSpace { tier: 0 })?;
+        let offset = match app.append(&tier.area, spec, key, value) {
+            Ok(o) => o,
+            Err(crate::mem::AppendError::Encode(e)) => return Err(e.into()),
+            Err(crate::mem::AppendError::Media(e)) => return Err(e.into()),
+        };
+        let slot = app.seg();
+        let pin = tier.area.pin(slot).ok_or(CacheError::NoSpace { tier: 0 })?;
+        Ok((
+            pin,
+            Location {
+                segment: tier.base + slot,
+                offset,
+            },
+        ))
+    }
+
+    /// Counters and per-tier state.
+    pub fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let items = self.index.count();
+        Stats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            sets: c.sets.load(Ordering::Relaxed),
+            deletes: c.deletes.load(Ordering::Relaxed),
+            expired: c.expired.load(Ordering::Relaxed),
+            index_evictions: c.index_evictions.load(Ordering::Relaxed),
+            demotions: c.demotions.load(Ordering::Relaxed),
+            inline_evictions: self
+                .tiers
+                .iter()
+                .map(|t| t.counters.inline_evictions.load(Ordering::Relaxed))
+                .sum(),
+            persist_errors: c.persist_errors.load(Ordering::Relaxed),
+            background_evictions: self
+                .tiers
+                .iter()
+                .map(|t| t.counters.background_evictions.load(Ordering::Relaxed))
+                .sum(),
+            mover_errors: c.mover_errors.load(Ordering::Relaxed),
+            index_bytes_per_item: self.index.memory_bytes() as f64 / items.max(1) as f64,
+            items,
+            tiers: self.tiers.iter().map(Tier::stats).collect(),
+        }
+    }
+
+    /// Segment size in bytes.
+    pub fn segment_size(&self) -> usize {
+        1 << self.shift
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Found {
+    Live(Current),
+    /// An entry of the key whose item is expired or not LIVE (to be replaced).
+    Stale(Location),
+    None,
+}
+
+impl Drop for Cache {
+    /// Seals open segments so their state is tidy; the bytes on file tiers are already
+    /// committed (nothing is lost by not sealing: restart scans up to the commit word).
+    /// Dropping is an unclean shutdown as far as restart goes: the next open scans. See
+    /// [`Cache::shutdown`].
+    fn drop(&mut self) {
+        self.seal_all();
+    }
+}
+
+impl Cache {
+    fn seal_all(&self) {
+        for stripe in self.stripes.iter() {
+            for (_, app) in stripe.lock().drain() {
+                self.tiers[0].area.seal(app);
+            }
+        }
+        for t in &self.tiers {
+            for (_, app) in t.mover.lock().drain() {
+                t.area.seal(app);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_buckets_never_outlive_the_ttl() {
+        for ttl in [1u32, 2, 7, 8, 9, 15, 16, 100, 3600, 86_400, u32::MAX] {
+            let (b, lo) = ttl_bucket(ttl);
+            assert!(lo <= ttl && lo > 0, "{ttl}: {lo}");
+            assert!(ttl - lo <= ttl / 8, "{ttl}: {lo}");
+            assert_eq!(ttl_bucket(lo).0, b);
+        }
+        assert_eq!(ttl_bucket(0), (0, 0));
+    }
+}

@@ -1,0 +1,199 @@
+//! The restart scan: reopened file tiers are walked segment by segment (single-threaded,
+//! before the cache is shared), their LIVE items collected and indexed. What it trusts
+//! and drops is argued in the crate docs ("What a crash can leave"); in short, only
+//! segments whose header validates, that belong at their slot, scan clean up to their
+//! commit word and have not expired contribute items, and a key with two LIVE items gets
+//! neither.
+//!
+//! Invariant on return: every indexed item is the only LIVE item of its key on any file
+//! tier, in a `Sealed` segment listed in its tier's FIFO (oldest write sequence first);
+//! every other slot is `Free` and in the free list.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use super::saved::Saved;
+use super::{Cache, SegMeta};
+use crate::error::{CacheError, HeaderError};
+use crate::index::Location;
+use crate::item::{self, ItemState};
+use crate::mem::{SegState, SegmentArea};
+use crate::segment::{self, SegmentHeader, SegmentReader};
+
+/// Why a segment found at restart was not trusted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DropReason {
+    Header(HeaderError),
+    /// The header names another slot, tier or segment size.
+    Misplaced {
+        slot: u32,
+        tier: u8,
+        size_shift: u8,
+    },
+    Scan(segment::ScanEnd),
+}
+
+/// What the restart scan found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Segments whose items were kept.
+    pub segments: usize,
+    /// Items indexed.
+    pub items: usize,
+    /// Segments skipped because every item in them had expired.
+    pub expired_segments: usize,
+    /// Segments dropped, as (tier, slot, why).
+    pub dropped: Vec<(usize, u32, DropReason)>,
+    /// Keys with more than one LIVE item (never produced by the protocol): all dropped.
+    pub conflicts: usize,
+    /// LIVE items not indexed because both buckets were full.
+    pub index_full: usize,
+    /// Segments restored from the saved index of a clean shutdown (not scanned).
+    pub from_saved_index: usize,
+}
+
+impl Cache {
+    /// Scans one reopened file tier (single-threaded, `&mut` area): validates headers,
+    /// collects the LIVE items of segments that scan clean and have not expired.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn scan_tier(
+        t: usize,
+        area: &mut SegmentArea,
+        base: u32,
+        shift: u8,
+        now: u32,
+        meta: &[SegMeta],
+        live: &mut HashMap<Vec<u8>, Vec<Location>>,
+        kept: &mut Vec<(u64, u32)>,
+        max_seq: &mut u64,
+        report: &mut RecoveryReport,
+        saved: Option<&Saved>,
+    ) -> Result<(), CacheError> {
+        for slot in 0..area.count() {
+            let Some(bytes) = area.exclusive(slot) else {
+                continue;
+            };
+            let reader = match SegmentReader::open(bytes) {
+                Ok(r) => r,
+                Err(HeaderError::Unwritten) => continue,
+                Err(e) => {
+                    report.dropped.push((t, slot, DropReason::Header(e)));
+                    continue;
+                }
+            };
+            let header = *reader.header();
+            if header.slot != slot || header.tier as usize != t || header.size_shift != shift {
+                report.dropped.push((
+                    t,
+                    slot,
+                    DropReason::Misplaced {
+                        slot: header.slot,
+                        tier: header.tier,
+                        size_shift: header.size_shift,
+                    },
+                ));
+                continue;
+            }
+            *max_seq = (*max_seq).max(header.write_seq);
+            if reader.is_retired() || reader.commit().committed == 0 {
+                continue;
+            }
+            if header.expires_at != 0 && now >= header.expires_at {
+                report.expired_segments += 1;
+                continue;
+            }
+            let id = base + slot;
+            if let Some(offsets) = saved.and_then(|s| s.offsets_for(id, header.write_seq)) {
+                // Clean shutdown: the saved items only, no checksum pass (see `saved`).
+                let end = reader.committed_end() as usize;
+                for &offset in offsets
+                    .iter()
+                    .filter(|&&o| o as usize >= segment::HEADER_LEN)
+                {
+                    match item::decode(bytes, offset, end) {
+                        Ok(i) if i.state == ItemState::Live => {
+                            live.entry(i.key.to_vec()).or_default().push(Location {
+                                segment: id,
+                                offset,
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+                report.from_saved_index += 1;
+                Self::keep_segment(area, slot, &header, &meta[id as usize], kept, report);
+                continue;
+            }
+            let end = reader.verify();
+            if !end.is_complete() {
+                report.dropped.push((t, slot, DropReason::Scan(end)));
+                if segment::retire(bytes) {
+                    area.persist_exclusive(slot, segment::COMMIT_WORD_OFFSET, 8)?;
+                }
+                continue;
+            }
+            for item in reader.items().filter(|i| i.state == ItemState::Live) {
+                live.entry(item.key.to_vec()).or_default().push(Location {
+                    segment: id,
+                    offset: item.offset,
+                });
+            }
+            Self::keep_segment(area, slot, &header, &meta[id as usize], kept, report);
+        }
+        Ok(())
+    }
+
+    /// Records a segment whose items are kept: `Sealed`, in the FIFO by write sequence.
+    fn keep_segment(
+        area: &mut SegmentArea,
+        slot: u32,
+        header: &SegmentHeader,
+        m: &SegMeta,
+        kept: &mut Vec<(u64, u32)>,
+        report: &mut RecoveryReport,
+    ) {
+        m.write_seq.store(header.write_seq, Ordering::Relaxed);
+        m.expires_at.store(header.expires_at, Ordering::Relaxed);
+        m.ttl_bucket
+            .store(u32::from(header.ttl_bucket), Ordering::Relaxed);
+        area.set_state_exclusive(slot, SegState::Sealed);
+        kept.push((header.write_seq, slot));
+        report.segments += 1;
+    }
+
+    /// Indexes the items the scan found (single-threaded: no reader exists yet).
+    pub(super) fn index_recovered(
+        &mut self,
+        live: HashMap<Vec<u8>, Vec<Location>>,
+        report: &mut RecoveryReport,
+    ) -> Result<(), CacheError> {
+        for (key, locs) in live {
+            let keep = match locs.as_slice() {
+                [one] => {
+                    let hash = self.index.hash_key(&key);
+                    let inserted = self.index.lock(hash).insert(*one).is_ok();
+                    if inserted {
+                        report.items += 1;
+                        continue;
+                    }
+                    report.index_full += 1;
+                    vec![*one]
+                }
+                many => {
+                    report.conflicts += 1;
+                    many.to_vec()
+                }
+            };
+            for loc in keep {
+                let Some((t, slot)) = self.locate(loc.segment) else {
+                    continue;
+                };
+                if let Some(pin) = self.tiers[t].area.pin(slot) {
+                    pin.set_state(loc.offset, ItemState::Dead)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,170 @@
+//! The saved index of a clean shutdown ([`Cache::shutdown`]): `terrace.index` beside the
+//! first file tier, listing where every item of the file tiers lives, so that the next
+//! [`Cache::open`] reads only those items' headers and keys instead of scanning and
+//! checksumming every segment.
+//!
+//! Format, little-endian: magic `"TRCIDX\0\0"`, version `u16` (1), `size_shift: u8`, one
+//! zero byte, `segments: u32`, `seq_bound: u64`, `entries: u64`; then one `u64` write
+//! sequence per segment id (0: not a file-tier segment, or not written); then `entries`
+//! pairs `(segment: u32, offset: u32)`; then the CRC-32 of everything before it.
+//!
+//! When it is trusted (invariants the restart relies on):
+//! - its CRC matches (a save torn by a crash is ignored), and its `seq_bound` equals the
+//!   bound the write-sequence mark holds now: every open reserves a new bound, so a saved
+//!   index is used at most by the first open after the shutdown that wrote it, and never
+//!   after any other open — whatever that open did to the tiers;
+//! - per segment: only if the segment's header carries the write sequence recorded here
+//!   (the same incarnation, so every saved offset is an item start in it); other segments
+//!   are scanned in full. A saved item is indexed only if it decodes and is LIVE.
+//!
+//! At shutdown every LIVE item of a durable tier is indexed (E2), so the saved entries
+//! are all of them. The file is removed at open whether or not it was used.
+
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::Cache;
+use crate::error::CacheError;
+use crate::index::{Location, Sweep};
+
+const MAGIC: [u8; 8] = *b"TRCIDX\0\0";
+const VERSION: u16 = 1;
+const FIXED: usize = 8 + 2 + 1 + 1 + 4 + 8 + 8;
+
+/// The file's name in its directory.
+pub fn saved_path(dir: &Path) -> PathBuf {
+    dir.join("terrace.index")
+}
+
+/// A saved index that passed its checks.
+#[derive(Debug, Default)]
+pub(super) struct Saved {
+    seqs: Vec<u64>,
+    offsets: HashMap<u32, Vec<u32>>,
+}
+
+impl Saved {
+    /// The saved item offsets of segment `id` if it is still the incarnation with write
+    /// sequence `seq`.
+    pub(super) fn offsets_for(&self, id: u32, seq: u64) -> Option<&[u32]> {
+        let saved_seq = *self.seqs.get(id as usize)?;
+        (saved_seq != 0 && saved_seq == seq)
+            .then(|| self.offsets.get(&id).map_or(&[][..], |v| v.as_slice()))
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Reads and removes the saved index in `dir`; `None` unless it is present, intact and
+/// written for this configuration (`shift`, `segments`) and mark `bound`.
+pub(super) fn take(dir: &Path, shift: u8, segments: u32, bound: u64) -> Option<Saved> {
+    let path = saved_path(dir);
+    let bytes = std::fs::read(&path).ok()?;
+    // Removed before use; if removal fails the bound check still keeps it from a second use.
+    let _ = std::fs::remove_file(&path);
+    let body_len = bytes.len().checked_sub(4)?;
+    let (body, crc) = bytes.split_at(body_len);
+    if u32_at(crc, 0)? != crc32fast::hash(body) || body.get(0..8)? != MAGIC {
+        return None;
+    }
+    let version = u16::from_le_bytes(body.get(8..10)?.try_into().ok()?);
+    if version != VERSION || *body.get(10)? != shift || u32_at(body, 12)? != segments {
+        return None;
+    }
+    if u64_at(body, 16)? != bound {
+        return None;
+    }
+    let entries = usize::try_from(u64_at(body, 24)?).ok()?;
+    let seq_end = FIXED.checked_add((segments as usize).checked_mul(8)?)?;
+    if body.len() != seq_end.checked_add(entries.checked_mul(8)?)? {
+        return None;
+    }
+    let seqs = (0..segments as usize)
+        .map(|i| u64_at(body, FIXED + 8 * i))
+        .collect::<Option<Vec<u64>>>()?;
+    let mut offsets: HashMap<u32, Vec<u32>> = HashMap::new();
+    for i in 0..entries {
+        let at = seq_end + 8 * i;
+        offsets
+            .entry(u32_at(body, at)?)
+            .or_default()
+            .push(u32_at(body, at + 4)?);
+    }
+    Some(Saved { seqs, offsets })
+}
+
+impl Cache {
+    /// Clean shutdown: seals the open segments and writes the saved index of the file
+    /// tiers (synced), so the next [`open`](Cache::open) does not scan them. Stop any
+    /// movers first ([`Movers`](super::Movers) holds the cache). Without a file tier this
+    /// is just a drop.
+    pub fn shutdown(self) -> Result<(), CacheError> {
+        self.seal_all();
+        let Some(dir) = self.first_file_dir.clone() else {
+            return Ok(());
+        };
+        let segments = self.meta.len();
+        let mut seqs = vec![0u64; segments];
+        for t in self.tiers.iter().filter(|t| t.durable) {
+            for slot in 0..t.area.count() {
+                let id = t.base + slot;
+                if t.area.state(slot) == crate::mem::SegState::Sealed {
+                    seqs[id as usize] = self.meta[id as usize]
+                        .write_seq
+                        .load(std::sync::atomic::Ordering::Acquire);
+                }
+            }
+        }
+        let mut entries: Vec<Location> = Vec::new();
+        self.index.sweep(0..self.index.bucket_count(), |loc, _| {
+            if seqs.get(loc.segment as usize).is_some_and(|&s| s != 0) {
+                entries.push(loc);
+            }
+            Sweep::Keep
+        });
+        let mut out = Vec::with_capacity(FIXED + 8 * segments + 8 * entries.len() + 4);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.push(self.shift);
+        out.push(0);
+        out.extend_from_slice(&(segments as u32).to_le_bytes());
+        out.extend_from_slice(
+            &self
+                .seq_bound
+                .load(std::sync::atomic::Ordering::Acquire)
+                .to_le_bytes(),
+        );
+        out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+        for s in &seqs {
+            out.extend_from_slice(&s.to_le_bytes());
+        }
+        for loc in &entries {
+            out.extend_from_slice(&loc.segment.to_le_bytes());
+            out.extend_from_slice(&loc.offset.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        let path = saved_path(&dir);
+        let io = |source: std::io::Error| CacheError::SavedIndex {
+            path: path.clone(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io)?;
+        file.write_all(&out).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,267 @@
+//! Tiers: one medium (DRAM, a file in a directory, a NUMA node) holding a segment area
+//! (`mem::SegmentArea`), its free list, its FIFO of sealed segments and its counters.
+//! Sizes are bytes or a ratio of a total (CacheLib's `ratio`), resolved by
+//! [`resolve_sizes`].
+//!
+//! Invariants, under the tier's `lists` lock: every slot of the area is in exactly one of
+//! `free` (state `Free`), `fifo` (`Sealed`, oldest first), `reclaim` (`Evicting`, entries
+//! removed, waiting for readers' pins to drain) — or owned by exactly one thread: an
+//! appender (`Open`), an opener (`Opening`) or an evictor (`Evicting`, taken out of
+//! `fifo`).
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use terrace_media::{Durability, FileLocation, FileOptions, Region};
+
+use crate::error::CacheError;
+use crate::mem::{Appender, SegmentArea};
+
+/// Where a tier lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Medium {
+    /// Anonymous memory, optionally advised to use transparent huge pages.
+    Dram { huge_pages: bool },
+    /// A file `tier<i>.terrace` in this directory (a DAX mount, tmpfs, or any file
+    /// system). Reopened and scanned at the next [`Cache::open`](crate::Cache::open).
+    File { dir: PathBuf },
+    /// Anonymous memory bound to a NUMA node (a CXL or PMem node in system-RAM mode).
+    Numa { node: u32 },
+}
+
+/// How big a tier is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TierSize {
+    Bytes(u64),
+    /// A share of `CacheConfig::total_bytes`: tier *i* gets `total * r_i / sum(r)`.
+    Ratio(u32),
+}
+
+/// One tier of a cache configuration, fastest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierConfig {
+    pub medium: Medium,
+    pub size: TierSize,
+}
+
+impl TierConfig {
+    pub fn dram(size: TierSize) -> TierConfig {
+        TierConfig {
+            medium: Medium::Dram { huge_pages: false },
+            size,
+        }
+    }
+
+    pub fn file(dir: impl Into<PathBuf>, size: TierSize) -> TierConfig {
+        TierConfig {
+            medium: Medium::File { dir: dir.into() },
+            size,
+        }
+    }
+
+    pub fn numa(node: u32, size: TierSize) -> TierConfig {
+        TierConfig {
+            medium: Medium::Numa { node },
+            size,
+        }
+    }
+}
+
+/// Bytes of each tier: explicit sizes as given, ratios as shares of `total`.
+pub fn resolve_sizes(tiers: &[TierConfig], total: Option<u64>) -> Result<Vec<u64>, CacheError> {
+    let ratio_sum: u64 = tiers
+        .iter()
+        .map(|t| match t.size {
+            TierSize::Ratio(r) => u64::from(r),
+            TierSize::Bytes(_) => 0,
+        })
+        .sum();
+    let has_ratio = tiers.iter().any(|t| matches!(t.size, TierSize::Ratio(_)));
+    if has_ratio && ratio_sum == 0 {
+        return Err(CacheError::Config {
+            why: "tier ratios sum to zero",
+        });
+    }
+    let total = match (has_ratio, total) {
+        (true, None) => {
+            return Err(CacheError::Config {
+                why: "a tier size is a ratio but total_bytes is not set",
+            })
+        }
+        (_, t) => t.unwrap_or(0),
+    };
+    tiers
+        .iter()
+        .map(|t| {
+            let bytes = match t.size {
+                TierSize::Bytes(b) => b,
+                TierSize::Ratio(r) => {
+                    (u128::from(total) * u128::from(r) / u128::from(ratio_sum)) as u64
+                }
+            };
+            if bytes == 0 {
+                Err(CacheError::Config {
+                    why: "a tier has zero capacity",
+                })
+            } else {
+                Ok(bytes)
+            }
+        })
+        .collect()
+}
+
+/// The file a file tier lives in.
+pub fn tier_path(dir: &Path, tier: usize) -> PathBuf {
+    dir.join(format!("tier{tier}.terrace"))
+}
+
+/// Maps a tier's region. Returns it and whether it was an existing file to scan.
+pub(crate) fn map_tier(
+    config: &TierConfig,
+    tier: usize,
+    bytes: u64,
+) -> Result<(Region, bool), CacheError> {
+    let size = usize::try_from(bytes).map_err(|_| CacheError::Config {
+        why: "tier larger than the address space",
+    })?;
+    match &config.medium {
+        Medium::Dram { huge_pages } => Ok((Region::dram(size, *huge_pages)?, false)),
+        Medium::Numa { node } => Ok((Region::numa(*node, size)?, false)),
+        Medium::File { dir } => {
+            if !dir.is_dir() {
+                return Err(CacheError::TierDir { dir: dir.clone() });
+            }
+            let path = tier_path(dir, tier);
+            let existing = path.exists();
+            let region = if existing {
+                let region = Region::file(&FileOptions {
+                    location: FileLocation::Existing(path.clone()),
+                    size: 0,
+                    hole_punching: false,
+                })?;
+                let expected = size.next_multiple_of(terrace_media::registry::GRANULE);
+                if region.len() != expected {
+                    return Err(CacheError::TierFileSize {
+                        path,
+                        found: region.len() as u64,
+                        expected: expected as u64,
+                    });
+                }
+                region
+            } else {
+                Region::file(&FileOptions::at_path(path, size))?
+            };
+            // Blocks for the whole tier now: a full file system is an error here, never a
+            // SIGBUS at first touch.
+            region.reserve(0, region.len())?;
+            Ok((region, existing))
+        }
+    }
+}
+
+/// Per-tier counters.
+#[derive(Debug, Default)]
+pub struct TierCounters {
+    /// Gets served from this tier.
+    pub hits: AtomicU64,
+    pub segments_evicted: AtomicU64,
+    pub items_evicted: AtomicU64,
+    /// Items copied into this tier from the tier above.
+    pub demotions_in: AtomicU64,
+    /// Evictions done on a request's critical path.
+    pub inline_evictions: AtomicU64,
+    /// Evictions done by the movers ([`Cache::maintain`](crate::Cache::maintain)).
+    pub background_evictions: AtomicU64,
+}
+
+/// A snapshot of one tier's state and counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    pub segments: u32,
+    pub free_segments: usize,
+    pub sealed_segments: usize,
+    pub hits: u64,
+    pub segments_evicted: u64,
+    pub items_evicted: u64,
+    pub demotions_in: u64,
+    pub inline_evictions: u64,
+    pub background_evictions: u64,
+    pub durability: Option<Durability>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Lists {
+    pub free: Vec<u32>,
+    pub fifo: VecDeque<u32>,
+    pub reclaim: Vec<u32>,
+}
+
+/// One tier. See the module docs.
+#[derive(Debug)]
+pub(crate) struct Tier {
+    pub area: SegmentArea,
+    /// Global id of slot 0 (ids are unique across tiers; the index stores them).
+    pub base: u32,
+    /// Survives a process crash (a file tier): evictions retire segments first.
+    pub durable: bool,
+    pub lists: Mutex<Lists>,
+    /// The open segments demotions from the tier above append to, per TTL bucket.
+    pub mover: Mutex<HashMap<u16, Appender>>,
+    pub counters: TierCounters,
+}
+
+impl Tier {
+    pub fn new(area: SegmentArea, base: u32) -> Tier {
+        let durable = area.region().durability() != Durability::None;
+        Tier {
+            lists: Mutex::new(Lists {
+                free: (0..area.count()).rev().collect(),
+                ..Lists::default()
+            }),
+            area,
+            base,
+            durable,
+            mover: Mutex::new(HashMap::new()),
+            counters: TierCounters::default(),
+        }
+    }
+
+    pub fn stats(&self) -> TierStats {
+        let lists = self.lists.lock();
+        TierStats {
+            segments: self.area.count(),
+            free_segments: lists.free.len(),
+            sealed_segments: lists.fifo.len(),
+            hits: self.counters.hits.load(Ordering::Relaxed),
+            segments_evicted: self.counters.segments_evicted.load(Ordering::Relaxed),
+            items_evicted: self.counters.items_evicted.load(Ordering::Relaxed),
+            demotions_in: self.counters.demotions_in.load(Ordering::Relaxed),
+            inline_evictions: self.counters.inline_evictions.load(Ordering::Relaxed),
+            background_evictions: self.counters.background_evictions.load(Ordering::Relaxed),
+            durability: Some(self.area.region().durability()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_and_bytes() {
+        let t = |size| TierConfig::dram(size);
+        assert_eq!(
+            resolve_sizes(&[t(TierSize::Ratio(1)), t(TierSize::Ratio(3))], Some(400)).unwrap(),
+            vec![100, 300]
+        );
+        assert_eq!(
+            resolve_sizes(&[t(TierSize::Bytes(7)), t(TierSize::Ratio(1))], Some(10)).unwrap(),
+            vec![7, 10]
+        );
+        assert!(resolve_sizes(&[t(TierSize::Ratio(1))], None).is_err());
+        assert!(resolve_sizes(&[t(TierSize::Bytes(0))], None).is_err());
+        assert!(resolve_sizes(&[t(TierSize::Ratio(0))], Some(5)).is_err());
+    }
+}

@@ -1,0 +1,508 @@
+//! The concurrent engine ([`Cache`]): memcached operations, TTLs, eviction with
+//! demotion between tiers, bad input, and a property test against a `HashMap` model in
+//! which the only divergence allowed is a miss (an evicted key).
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use terrace_cache::item::Limits;
+use terrace_cache::{Cache, CacheConfig, CacheError, Store, TierConfig, TierSize};
+
+const MIB: u64 = 1 << 20;
+
+fn config(tiers: Vec<TierConfig>) -> CacheConfig {
+    CacheConfig {
+        segment_shift: Some(15),
+        limits: Limits {
+            max_key_len: 250,
+            max_value_len: 16 << 10,
+        },
+        stripes: 2,
+        ..CacheConfig::new(tiers)
+    }
+}
+
+fn dram(mib: u64) -> TierConfig {
+    TierConfig::dram(TierSize::Bytes(mib * MIB))
+}
+
+fn value(seed: u32, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (seed as usize * 31 + i) as u8).collect()
+}
+
+#[test]
+fn memcached_operations() {
+    let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+    assert!(c.get(b"a").unwrap().is_none());
+    let cas1 = c.set(b"a", b"one", 5, 0).unwrap();
+    let g = c.get(b"a").unwrap().unwrap();
+    assert_eq!(
+        (g.value(), g.key(), g.client_flags(), g.cas(), g.tier()),
+        (&b"one"[..], &b"a"[..], 5, cas1, 0)
+    );
+    drop(g);
+    assert_eq!(c.add(b"a", b"x", 0, 0).unwrap(), Store::NotStored);
+    assert!(matches!(
+        c.add(b"b", b"two", 0, 0).unwrap(),
+        Store::Stored { .. }
+    ));
+    assert_eq!(c.replace(b"zz", b"x", 0, 0).unwrap(), Store::NotStored);
+    assert!(matches!(
+        c.replace(b"b", b"2", 0, 0).unwrap(),
+        Store::Stored { .. }
+    ));
+    assert_eq!(c.cas(b"a", b"x", 0, 0, cas1 + 1).unwrap(), Store::Exists);
+    assert_eq!(c.cas(b"nope", b"x", 0, 0, 1).unwrap(), Store::NotFound);
+    let Store::Stored { cas: cas2 } = c.cas(b"a", b"uno", 0, 0, cas1).unwrap() else {
+        panic!("cas with the right value must store");
+    };
+    assert_ne!(cas1, cas2);
+    assert!(matches!(
+        c.append(b"a", b"!").unwrap(),
+        Store::Stored { .. }
+    ));
+    assert!(matches!(
+        c.prepend(b"a", b"<").unwrap(),
+        Store::Stored { .. }
+    ));
+    assert_eq!(c.get_copy(b"a").unwrap().unwrap().0, b"<uno!");
+    assert_eq!(c.append(b"missing", b"x").unwrap(), Store::NotStored);
+    c.set(b"n", b"41", 0, 0).unwrap();
+    assert_eq!(c.incr(b"n", 1).unwrap(), Some(42));
+    assert_eq!(c.decr(b"n", 100).unwrap(), Some(0));
+    assert_eq!(c.incr(b"missing", 1).unwrap(), None);
+    c.set(b"n", &u64::MAX.to_string().into_bytes(), 0, 0)
+        .unwrap();
+    assert_eq!(c.incr(b"n", 2).unwrap(), Some(1), "wraps like memcached");
+    assert!(matches!(c.incr(b"a", 1), Err(CacheError::NotANumber)));
+    let many = c.get_many([&b"a"[..], b"nope", b"b"]).unwrap();
+    assert_eq!(
+        many.iter()
+            .map(|g| g.as_ref().map(|g| g.value().to_vec()))
+            .collect::<Vec<_>>(),
+        vec![Some(b"<uno!".to_vec()), None, Some(b"2".to_vec())]
+    );
+    drop(many);
+    assert!(c.delete(b"a").unwrap());
+    assert!(!c.delete(b"a").unwrap());
+    assert!(c.get(b"a").unwrap().is_none());
+    c.flush_all();
+    assert!(c.get(b"b").unwrap().is_none());
+    assert!(c.get(b"n").unwrap().is_none());
+    let s = c.stats();
+    assert!(s.hits >= 2 && s.misses >= 4 && s.sets >= 8, "{s:?}");
+    assert_eq!(s.tiers[0].hits, s.hits);
+    assert_eq!(s.items, 0);
+}
+
+#[test]
+fn ttls_expire_lazily_and_touch_renews() {
+    let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+    c.set(b"short", b"v", 0, 10).unwrap();
+    c.set(b"long", b"v", 0, 1000).unwrap();
+    c.set(b"forever", b"v", 0, 0).unwrap();
+    c.set(b"touched", b"v", 0, 10).unwrap();
+    assert!(c.touch(b"touched", 1000).unwrap());
+    assert!(!c.touch(b"absent", 5).unwrap());
+    assert!(c.get(b"short").unwrap().is_some());
+    c.advance_clock(11);
+    assert!(c.get(b"short").unwrap().is_none());
+    assert!(c.get(b"touched").unwrap().is_some());
+    assert!(c.get(b"long").unwrap().is_some());
+    // An expired key can be added again.
+    assert!(matches!(
+        c.add(b"short", b"w", 0, 0).unwrap(),
+        Store::Stored { .. }
+    ));
+    c.advance_clock(2000);
+    assert!(c.get(b"long").unwrap().is_none());
+    assert!(c.get(b"touched").unwrap().is_none());
+    assert!(c.get(b"forever").unwrap().is_some());
+    assert!(c.stats().expired >= 3);
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+    let long = vec![b'k'; 251];
+    assert!(matches!(
+        c.set(&long, b"v", 0, 0),
+        Err(CacheError::Encode(_))
+    ));
+    assert!(matches!(c.get(&long), Err(CacheError::Encode(_))));
+    assert!(matches!(c.set(b"", b"v", 0, 0), Err(CacheError::Encode(_))));
+    let big = vec![0u8; (16 << 10) + 1];
+    assert!(matches!(
+        c.set(b"k", &big, 0, 0),
+        Err(CacheError::Encode(_))
+    ));
+    let max = vec![1u8; 16 << 10];
+    c.set(b"k", &max, 0, 0).unwrap();
+    assert_eq!(c.get(b"k").unwrap().unwrap().value().len(), 16 << 10);
+
+    let zero = config(vec![TierConfig::dram(TierSize::Bytes(0))]);
+    assert!(matches!(Cache::open(zero), Err(CacheError::Config { .. })));
+    let ratio_without_total = config(vec![TierConfig::dram(TierSize::Ratio(1))]);
+    assert!(matches!(
+        Cache::open(ratio_without_total),
+        Err(CacheError::Config { .. })
+    ));
+    let missing = config(vec![TierConfig::file(
+        "/nonexistent/terrace",
+        TierSize::Bytes(2 * MIB),
+    )]);
+    assert!(matches!(
+        Cache::open(missing),
+        Err(CacheError::TierDir { .. })
+    ));
+    let small_segments = CacheConfig {
+        segment_shift: Some(12),
+        ..config(vec![dram(2)])
+    };
+    assert!(matches!(
+        Cache::open(small_segments),
+        Err(CacheError::Config { .. })
+    ));
+    assert!(Cache::open(CacheConfig::new(vec![])).is_err());
+}
+
+#[test]
+fn default_segment_size_holds_a_one_mib_value() {
+    let (c, _) = Cache::open(CacheConfig::new(vec![dram(4)])).unwrap();
+    assert_eq!(c.segment_size(), 2 << 20);
+    let v = value(3, 1 << 20);
+    c.set(&[b'k'; 250], &v, 1, 0).unwrap();
+    assert_eq!(c.get(&[b'k'; 250]).unwrap().unwrap().value(), &v[..]);
+}
+
+#[test]
+fn ratios_size_the_tiers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = CacheConfig {
+        total_bytes: Some(8 * MIB),
+        ..config(vec![
+            TierConfig::dram(TierSize::Ratio(1)),
+            TierConfig::file(dir.path(), TierSize::Ratio(3)),
+        ])
+    };
+    let (c, _) = Cache::open(cfg).unwrap();
+    let s = c.stats();
+    assert_eq!(s.tiers[0].segments, 64);
+    assert_eq!(s.tiers[1].segments, 192);
+}
+
+#[test]
+fn eviction_demotes_hot_items_to_the_next_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, _) = Cache::open(config(vec![
+        dram(2),
+        TierConfig::file(dir.path(), TierSize::Bytes(4 * MIB)),
+    ]))
+    .unwrap();
+    // 64 hot keys, read once each, then a stream of cold ones that overflows tier 0.
+    for k in 0..64u32 {
+        c.set(format!("hot{k}").as_bytes(), &value(k, 1000), 0, 0)
+            .unwrap();
+        assert!(c.get(format!("hot{k}").as_bytes()).unwrap().is_some());
+    }
+    for k in 0..3000u32 {
+        c.set(format!("cold{k}").as_bytes(), &value(k, 1000), 0, 0)
+            .unwrap();
+    }
+    let s = c.stats();
+    assert!(s.tiers[0].segments_evicted > 0, "{s:?}");
+    assert!(s.demotions >= 64, "{s:?}");
+    assert!(s.inline_evictions > 0);
+    for k in 0..64u32 {
+        let g = c.get(format!("hot{k}").as_bytes()).unwrap().unwrap();
+        assert_eq!(g.value(), &value(k, 1000)[..]);
+        assert_eq!(g.tier(), 1, "hot{k} was demoted");
+    }
+    // Cold keys that were never read were dropped from tier 0, not demoted.
+    assert!(c.get(b"cold0").unwrap().is_none());
+    // A CAS survives a demotion; a write to a demoted key supersedes the copy.
+    let cas = c.get(b"hot0").unwrap().unwrap().cas();
+    assert!(matches!(
+        c.cas(b"hot0", b"new", 0, 0, cas).unwrap(),
+        Store::Stored { .. }
+    ));
+    assert_eq!(c.get(b"hot0").unwrap().unwrap().tier(), 0);
+}
+
+#[test]
+fn a_guard_pins_its_segment_through_eviction() {
+    let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+    c.set(b"pinned", &value(1, 2000), 0, 0).unwrap();
+    let g = c.get(b"pinned").unwrap().unwrap();
+    for k in 0..3000u32 {
+        c.set(format!("k{k}").as_bytes(), &value(k, 1000), 0, 0)
+            .unwrap();
+    }
+    // The item was evicted from the index, but its bytes are still valid under the guard.
+    assert_eq!(g.value(), &value(1, 2000)[..]);
+    drop(g);
+    assert!(c.get(b"pinned").unwrap().is_none());
+}
+
+const KEYS: u32 = 24;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Set(u32, u32, usize),
+    Add(u32, u32),
+    Replace(u32, u32),
+    Append(u32, u8),
+    Cas(u32, u32, bool),
+    Incr(u32, u8),
+    Delete(u32),
+    Get(u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..KEYS, any::<u32>(), 0usize..16_000).prop_map(|(k, s, n)| Op::Set(k, s, n)),
+        1 => (0..KEYS, any::<u32>()).prop_map(|(k, s)| Op::Add(k, s)),
+        1 => (0..KEYS, any::<u32>()).prop_map(|(k, s)| Op::Replace(k, s)),
+        1 => (0..KEYS, any::<u8>()).prop_map(|(k, b)| Op::Append(k, b)),
+        1 => (0..KEYS, any::<u32>(), any::<bool>()).prop_map(|(k, s, r)| Op::Cas(k, s, r)),
+        1 => (0..KEYS, any::<u8>()).prop_map(|(k, d)| Op::Incr(k, d)),
+        2 => (0..KEYS).prop_map(Op::Delete),
+        5 => (0..KEYS).prop_map(Op::Get),
+    ]
+}
+
+fn key(k: u32) -> Vec<u8> {
+    format!("key-{k}").into_bytes()
+}
+
+thread_local! {
+    static EVICTIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[test]
+fn the_model_test_exercises_eviction() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 4,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&proptest::collection::vec(op(), 1000..1200), |ops| {
+            let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+            for op in ops {
+                if let Op::Set(k, s, n) = op {
+                    c.set(&key(k), &value(s, n), 0, 0).unwrap();
+                }
+            }
+            EVICTIONS.with(|e| e.set(e.get() + c.stats().inline_evictions));
+            Ok(())
+        })
+        .unwrap();
+    assert!(EVICTIONS.with(|e| e.get()) > 0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Every answer matches the model, except that a key may be missing (evicted); a
+    /// conditional op's outcome may differ only in the way a missing key explains.
+    #[test]
+    fn engine_matches_a_hashmap_model(ops in proptest::collection::vec(op(), 1..1200)) {
+        let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+        let mut model: HashMap<u32, (Vec<u8>, u64)> = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Set(k, s, n) => {
+                    let v = value(s, n);
+                    let cas = c.set(&key(k), &v, 0, 0).unwrap();
+                    model.insert(k, (v, cas));
+                }
+                Op::Add(k, s) => {
+                    let v = value(s, 10);
+                    match c.add(&key(k), &v, 0, 0).unwrap() {
+                        // Stored over a model value: the key had been evicted.
+                        Store::Stored { cas } => { model.insert(k, (v, cas)); }
+                        Store::NotStored => prop_assert!(model.contains_key(&k), "add refused an absent key"),
+                        other => prop_assert!(false, "add returned {other:?}"),
+                    }
+                }
+                Op::Replace(k, s) => {
+                    let v = value(s, 10);
+                    match c.replace(&key(k), &v, 0, 0).unwrap() {
+                        Store::Stored { cas } => {
+                            prop_assert!(model.contains_key(&k), "replace stored an absent key");
+                            model.insert(k, (v, cas));
+                        }
+                        Store::NotStored => { model.remove(&k); }
+                        other => prop_assert!(false, "replace returned {other:?}"),
+                    }
+                }
+                Op::Append(k, b) => {
+                    match c.append(&key(k), &[b; 3]).unwrap() {
+                        Store::Stored { cas } => {
+                            let Some((v, _)) = model.get(&k).cloned() else {
+                                return Err(TestCaseError::fail("append stored an absent key"));
+                            };
+                            let mut v = v;
+                            v.extend_from_slice(&[b; 3]);
+                            model.insert(k, (v, cas));
+                        }
+                        Store::NotStored => { model.remove(&k); }
+                        other => prop_assert!(false, "append returned {other:?}"),
+                    }
+                }
+                Op::Cas(k, s, right) => {
+                    let v = value(s, 20);
+                    let given = match (model.get(&k), right) {
+                        (Some((_, cas)), true) => *cas,
+                        (Some((_, cas)), false) => cas.wrapping_add(1),
+                        (None, _) => 12345,
+                    };
+                    match c.cas(&key(k), &v, 0, 0, given).unwrap() {
+                        Store::Stored { cas } => {
+                            prop_assert!(right && model.contains_key(&k), "cas stored with a wrong cas");
+                            model.insert(k, (v, cas));
+                        }
+                        Store::Exists => prop_assert!(!right || !model.contains_key(&k)),
+                        Store::NotFound => { model.remove(&k); }
+                        other => prop_assert!(false, "cas returned {other:?}"),
+                    }
+                }
+                Op::Incr(k, d) => {
+                    let numeric = model.get(&k).and_then(|(v, _)| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+                    match (c.incr(&key(k), u64::from(d)), numeric) {
+                        (Ok(Some(n)), Some(old)) => {
+                            prop_assert_eq!(n, old.wrapping_add(u64::from(d)));
+                            let cas = c.get(&key(k)).unwrap().map_or(0, |g| g.cas());
+                            model.insert(k, (n.to_string().into_bytes(), cas));
+                        }
+                        (Ok(None), _) => { model.remove(&k); }
+                        (Err(CacheError::NotANumber), None) => {}
+                        (r, m) => prop_assert!(false, "incr {r:?} with model {m:?}"),
+                    }
+                }
+                Op::Delete(k) => {
+                    let was = c.delete(&key(k)).unwrap();
+                    prop_assert!(!was || model.contains_key(&k), "deleted an absent key");
+                    model.remove(&k);
+                }
+                Op::Get(k) => {
+                    if let Some(g) = c.get(&key(k)).unwrap() {
+                        let Some((v, cas)) = model.get(&k) else {
+                            return Err(TestCaseError::fail(format!("key {k} came back")));
+                        };
+                        prop_assert_eq!(g.value(), &v[..]);
+                        prop_assert_eq!(g.cas(), *cas);
+                    } else {
+                        model.remove(&k);
+                    }
+                }
+            }
+        }
+        // Final sweep: nothing the model lacks, nothing stale.
+        for k in 0..KEYS {
+            if let Some(g) = c.get(&key(k)).unwrap() {
+                let Some((v, _)) = model.get(&k) else {
+                    return Err(TestCaseError::fail(format!("key {k} came back")));
+                };
+                prop_assert_eq!(g.value(), &v[..]);
+            }
+        }
+    }
+}
+
+#[test]
+fn maintain_keeps_free_segments_so_writes_do_not_evict_inline() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, _) = Cache::open(config(vec![
+        dram(2),
+        TierConfig::file(dir.path(), TierSize::Bytes(2 * MIB)),
+    ]))
+    .unwrap();
+    let mut k = 0u32;
+    // Fill tier 0 until writes start evicting inline, reading some keys so they demote.
+    while c.stats().inline_evictions == 0 {
+        c.set(format!("k{k}").as_bytes(), &value(k, 1000), 0, 0)
+            .unwrap();
+        if k % 3 == 0 {
+            c.get(format!("k{k}").as_bytes()).unwrap();
+        }
+        k += 1;
+    }
+    assert!(c.maintain().unwrap() > 0);
+    let s = c.stats();
+    assert!(s.tiers[0].free_segments >= 4, "{s:?}");
+    assert!(s.background_evictions > 0);
+    let inline = s.inline_evictions;
+    // Three free segments' worth of writes (32 KiB each) take no inline eviction.
+    for i in 0..90u32 {
+        c.set(format!("n{i}").as_bytes(), &value(i, 1000), 0, 0)
+            .unwrap();
+    }
+    assert_eq!(c.stats().inline_evictions, inline);
+}
+
+#[test]
+fn a_mover_thread_runs_and_stops() {
+    let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+    let c = std::sync::Arc::new(c);
+    let movers = Cache::start_movers(&c, std::time::Duration::from_millis(1));
+    assert!(movers.is_running());
+    for k in 0..6000u32 {
+        c.set(format!("k{k}").as_bytes(), &value(k, 1000), 0, 0)
+            .unwrap();
+        if k % 1000 == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+    }
+    drop(movers);
+    let s = c.stats();
+    assert!(s.background_evictions > 0, "{s:?}");
+    assert_eq!(s.mover_errors, 0);
+    assert_eq!(
+        std::sync::Arc::strong_count(&c),
+        1,
+        "the thread let go of the cache"
+    );
+}
+
+#[test]
+fn demoted_items_keep_their_ttl() {
+    let (c, _) = Cache::open(config(vec![dram(2), dram(2)])).unwrap();
+    c.set(b"ttl", b"v", 0, 100).unwrap();
+    c.set(b"forever", b"w", 0, 0).unwrap();
+    c.get(b"ttl").unwrap();
+    c.get(b"forever").unwrap();
+    // Traffic in both TTL buckets, so that both open segments fill, seal and get evicted
+    // (an open segment is never evicted).
+    for k in 0..8000u32 {
+        let ttl = if k % 2 == 0 { 100 } else { 0 };
+        c.set(format!("f{k}").as_bytes(), &value(k, 1000), 0, ttl)
+            .unwrap();
+        let tiers = (c.get(b"ttl").unwrap().map(|g| g.tier()))
+            .zip(c.get(b"forever").unwrap().map(|g| g.tier()));
+        if tiers == Some((1, 1)) {
+            break;
+        }
+    }
+    assert_eq!(c.get(b"ttl").unwrap().unwrap().tier(), 1);
+    assert_eq!(c.get(b"forever").unwrap().unwrap().tier(), 1);
+    c.advance_clock(101);
+    assert!(
+        c.get(b"ttl").unwrap().is_none(),
+        "outlived its TTL after demotion"
+    );
+    assert!(c.get(b"forever").unwrap().is_some());
+}
+
+#[test]
+fn a_numa_tier_works_where_the_node_exists() {
+    match Cache::open(config(vec![TierConfig::numa(0, TierSize::Bytes(2 * MIB))])) {
+        Ok((c, _)) => {
+            c.set(b"k", b"on node 0", 0, 0).unwrap();
+            assert_eq!(c.get(b"k").unwrap().unwrap().value(), b"on node 0");
+        }
+        // No NUMA support here (a container without mbind): a typed error, no panic.
+        Err(CacheError::Media(e)) => eprintln!("numa tier unavailable: {e}"),
+        Err(e) => panic!("unexpected error {e}"),
+    }
+}

@@ -1,0 +1,508 @@
+//! Restart: a cache over file tiers is dropped (or its process SIGKILLed) and reopened;
+//! the index is rebuilt by scanning the segments. Every item that lived on a file tier is
+//! a hit with its last value; nothing deleted or overwritten comes back.
+//!
+//! The crash test re-runs this test binary as a child (`crash_child`, ignored in normal
+//! runs) that does random sets and deletes and appends each acknowledged operation to a
+//! side file; the parent kills it at a random moment, reopens the tier and checks every
+//! key against that log.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use terrace_cache::item::Limits;
+use terrace_cache::tier::tier_path;
+use terrace_cache::{Cache, CacheConfig, CacheError, TierConfig, TierSize};
+
+const MIB: u64 = 1 << 20;
+
+fn config(tiers: Vec<TierConfig>) -> CacheConfig {
+    CacheConfig {
+        segment_shift: Some(15),
+        limits: Limits {
+            max_key_len: 250,
+            max_value_len: 8 << 10,
+        },
+        stripes: 2,
+        ..CacheConfig::new(tiers)
+    }
+}
+
+fn file_only(dir: &Path) -> CacheConfig {
+    config(vec![TierConfig::file(dir, TierSize::Bytes(4 * MIB))])
+}
+
+/// DRAM in front of the file tier: items reach the file by demotion, and newer values
+/// of a demoted key live (and die at a crash) in DRAM.
+fn dram_and_file(dir: &Path) -> CacheConfig {
+    config(vec![
+        TierConfig::dram(TierSize::Bytes(2 * MIB)),
+        TierConfig::file(dir, TierSize::Bytes(4 * MIB)),
+    ])
+}
+
+fn crash_config(dir: &Path, layout: &str) -> CacheConfig {
+    match layout {
+        "dram+file" => dram_and_file(dir),
+        _ => file_only(dir),
+    }
+}
+
+/// A directory for a tier file: on tmpfs when there is one (durable against process
+/// crashes, which is what these tests simulate; `persist` is a compiler fence there),
+/// else anywhere. `corrupt_segments_are_dropped_with_a_reason` uses the default temporary
+/// directory, so the `msync` path runs too.
+fn tier_dir() -> tempfile::TempDir {
+    match Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm").unwrap(),
+        false => tempfile::tempdir().unwrap(),
+    }
+}
+
+fn value(k: u32, version: u32) -> Vec<u8> {
+    format!("value-{k}-{version}-{}", "x".repeat((k % 50) as usize)).into_bytes()
+}
+
+#[test]
+fn clean_restart_of_a_file_tier_keeps_every_item() {
+    let dir = tier_dir();
+    let mut expect: HashMap<u32, Option<Vec<u8>>> = HashMap::new();
+    {
+        let (c, report) = Cache::open(file_only(dir.path())).unwrap();
+        assert_eq!(report.items, 0);
+        for k in 0..600u32 {
+            c.set(format!("k{k}").as_bytes(), &value(k, 0), k, 0)
+                .unwrap();
+            expect.insert(k, Some(value(k, 0)));
+        }
+        for k in (0..600u32).step_by(5) {
+            c.set(format!("k{k}").as_bytes(), &value(k, 1), k, 0)
+                .unwrap();
+            expect.insert(k, Some(value(k, 1)));
+        }
+        for k in (0..600u32).step_by(7) {
+            c.delete(format!("k{k}").as_bytes()).unwrap();
+            expect.insert(k, None);
+        }
+        c.set(b"ttl", b"short", 0, 5).unwrap();
+        assert_eq!(c.stats().tiers[0].segments_evicted, 0);
+    }
+    let (c, report) = Cache::open(file_only(dir.path())).unwrap();
+    assert!(report.dropped.is_empty(), "{report:?}");
+    assert_eq!(report.conflicts, 0);
+    for (k, v) in &expect {
+        let got = c.get(format!("k{k}").as_bytes()).unwrap();
+        match v {
+            Some(v) => {
+                let g = got.unwrap_or_else(|| panic!("k{k} lost"));
+                assert_eq!(g.value(), &v[..]);
+                assert_eq!(g.client_flags(), *k);
+            }
+            None => assert!(got.is_none(), "deleted k{k} came back"),
+        }
+    }
+    assert!(c.get(b"ttl").unwrap().is_some());
+    // Writes continue after the restart with fresh write sequences (fresh CAS values).
+    let old_cas = c.get(b"k1").unwrap().unwrap().cas();
+    let new_cas = c.set(b"k1", b"after", 0, 0).unwrap();
+    assert!(new_cas > old_cas);
+    drop(c);
+    let (c, _) = Cache::open(file_only(dir.path())).unwrap();
+    assert_eq!(c.get(b"k1").unwrap().unwrap().value(), b"after");
+}
+
+#[test]
+fn restart_with_a_dram_tier_keeps_the_file_tier_and_never_a_stale_value() {
+    let dir = tier_dir();
+    let tiers = || {
+        config(vec![
+            TierConfig::dram(TierSize::Bytes(2 * MIB)),
+            TierConfig::file(dir.path(), TierSize::Bytes(4 * MIB)),
+        ])
+    };
+    let mut on_file: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut superseded: Vec<Vec<u8>> = Vec::new();
+    let mut max_cas = 0;
+    {
+        let (c, _) = Cache::open(tiers()).unwrap();
+        for k in 0..200u32 {
+            c.set(format!("hot{k}").as_bytes(), &value(k, 0), 0, 0)
+                .unwrap();
+            c.get(format!("hot{k}").as_bytes()).unwrap();
+        }
+        for k in 0..3000u32 {
+            let cas = c
+                .set(format!("cold{k}").as_bytes(), &[7u8; 1000], 0, 0)
+                .unwrap();
+            max_cas = max_cas.max(cas);
+        }
+        // Overwrite (in DRAM) and delete some of the demoted keys: their file copies die.
+        for k in 0..200u32 {
+            let key = format!("hot{k}").into_bytes();
+            let g = c.get(&key).unwrap();
+            let Some(g) = g else { continue };
+            if g.tier() != 1 {
+                continue;
+            }
+            drop(g);
+            match k % 3 {
+                0 => {
+                    c.set(&key, b"newer, in dram", 0, 0).unwrap();
+                    superseded.push(key);
+                }
+                1 => {
+                    c.delete(&key).unwrap();
+                    superseded.push(key);
+                }
+                _ => {
+                    on_file.insert(key, value(k, 0));
+                }
+            }
+        }
+        assert!(on_file.len() > 30, "too few demotions: {}", on_file.len());
+    }
+    let (c, report) = Cache::open(tiers()).unwrap();
+    assert!(report.dropped.is_empty(), "{report:?}");
+    for (k, v) in &on_file {
+        let g = c
+            .get(k)
+            .unwrap()
+            .expect("an item on the file tier survives");
+        assert_eq!(g.value(), &v[..]);
+        assert_eq!(g.tier(), 1);
+    }
+    for k in &superseded {
+        assert!(c.get(k).unwrap().is_none(), "a superseded value came back");
+    }
+    // CAS values (write sequences) never repeat, even those of DRAM segments that died.
+    assert!(c.set(b"after", b"v", 0, 0).unwrap() > max_cas);
+}
+
+/// An item evicted from the file tier loses its index entry; a newer value of its key
+/// then never learns of the old copy. Eviction retires the segment (zeroes its commit
+/// word) before dropping entries, so the old copy cannot come back even if the segment
+/// is not reused before a crash (here: pinned by a guard).
+#[test]
+fn an_evicted_file_item_does_not_return_after_a_newer_dram_write() {
+    let dir = tier_dir();
+    {
+        let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
+        c.set(b"x", b"old", 0, 0).unwrap();
+        c.get(b"x").unwrap();
+        let mut k = 0u32;
+        // Demote x to the file tier.
+        while c.get(b"x").unwrap().is_some_and(|g| g.tier() == 0) {
+            c.set(format!("f{k}").as_bytes(), &[1u8; 2000], 0, 0)
+                .unwrap();
+            k += 1;
+        }
+        let guard = c.get(b"x").unwrap().unwrap();
+        assert_eq!((guard.tier(), guard.value()), (1, &b"old"[..]));
+        // Push hot items through until the file tier evicts x's segment.
+        while c.get(b"x").unwrap().is_some() {
+            let key = format!("h{k}");
+            c.set(key.as_bytes(), &[2u8; 2000], 0, 0).unwrap();
+            c.get(key.as_bytes()).unwrap();
+            k += 1;
+        }
+        assert_eq!(
+            guard.value(),
+            b"old",
+            "the guard keeps the evicted bytes readable"
+        );
+        // A newer value, in DRAM only: lost at the "crash" below.
+        c.set(b"x", b"new", 0, 0).unwrap();
+        std::mem::forget(guard);
+        std::mem::forget(c); // no shutdown path at all
+    }
+    let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
+    assert!(
+        c.get(b"x").unwrap().is_none(),
+        "the evicted old value came back"
+    );
+}
+
+#[test]
+fn a_tier_file_of_another_size_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Cache::open(file_only(dir.path())).unwrap());
+    let other = config(vec![TierConfig::file(dir.path(), TierSize::Bytes(8 * MIB))]);
+    assert!(matches!(
+        Cache::open(other),
+        Err(CacheError::TierFileSize { .. })
+    ));
+}
+
+#[test]
+fn corrupt_segments_are_dropped_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (c, _) = Cache::open(file_only(dir.path())).unwrap();
+        for k in 0..100u32 {
+            c.set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0)
+                .unwrap();
+        }
+    }
+    // Flip a byte inside the first segment's items (past its 64-byte header).
+    let path = tier_path(dir.path(), 0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let (seg, _) = bytes
+        .chunks(1 << 15)
+        .enumerate()
+        .find(|(_, s)| s[0] != 0)
+        .unwrap();
+    bytes[(seg << 15) + 100] ^= 0x55;
+    std::fs::write(&path, &bytes).unwrap();
+    let (c, report) = Cache::open(file_only(dir.path())).unwrap();
+    assert_eq!(report.dropped.len(), 1, "{report:?}");
+    // Whatever survived is exact.
+    for k in 0..100u32 {
+        if let Some(g) = c.get(format!("k{k}").as_bytes()).unwrap() {
+            assert_eq!(g.value(), &value(k, 0)[..]);
+        }
+    }
+}
+
+/// Keys of a crash run: few on a file tier alone (every key is rewritten often); more
+/// than DRAM holds in front of a file tier (so live items get demoted).
+fn crash_keys(layout: &str) -> u32 {
+    match layout {
+        "dram+file" => 3000,
+        _ => 64,
+    }
+}
+
+fn crash_value(k: u32, op: u64) -> Vec<u8> {
+    let mut v = format!("{k}:{op}:").into_bytes();
+    v.resize(20 + (op % 3000) as usize, b'.');
+    v
+}
+
+fn parse_op(v: &[u8]) -> Option<(u32, u64)> {
+    let s = std::str::from_utf8(v).ok()?;
+    let mut it = s.split(':');
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// The child side: sets and deletes forever, logging each acknowledged op.
+#[test]
+#[ignore = "run by the crash_kill_reopen_never_stale tests as a child process"]
+fn crash_child() {
+    let Ok(dir) = std::env::var("TERRACE_CRASH_DIR") else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    let first: u64 = std::env::var("TERRACE_CRASH_FIRST_OP")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let layout = std::env::var("TERRACE_CRASH_TIERS").unwrap_or_default();
+    let (c, _) = Cache::open(crash_config(dir, &layout)).unwrap();
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(dir.join("acked.log"))
+        .unwrap();
+    let keys = u64::from(crash_keys(&layout));
+    let mut rng = first.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for op in first.. {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let k = (rng % keys) as u32;
+        let key = format!("key{k}");
+        // Reads give keys hits, so that evictions demote them to the file tier.
+        let _ = c.get(format!("key{}", (rng >> 20) % keys).as_bytes());
+        if rng % 5 == 0 {
+            c.delete(key.as_bytes()).unwrap();
+            // One write(2) per line: a kill leaves whole lines (or none).
+            log.write_all(format!("{op} D {k}\n").as_bytes()).unwrap();
+        } else {
+            c.set(key.as_bytes(), &crash_value(k, op), 0, 0).unwrap();
+            log.write_all(format!("{op} S {k}\n").as_bytes()).unwrap();
+        }
+    }
+}
+
+#[test]
+fn crash_kill_reopen_never_stale_file_tier() {
+    crash_rounds("file");
+}
+
+#[test]
+fn crash_kill_reopen_never_stale_dram_and_file_tiers() {
+    crash_rounds("dram+file");
+}
+
+fn crash_rounds(layout: &str) {
+    // Fast enough on tmpfs to wrap the tier's FIFO many times within the test.
+    let dir = tier_dir();
+    let exe = std::env::current_exe().unwrap();
+    let mut rounds_with_items = 0;
+    // What the previous reopen found (the value that survived, op number), which later
+    // rounds start from: an in-flight write that reached the media is legitimately there.
+    let mut survivors: HashMap<u32, u64> = HashMap::new();
+    let mut total_ops = 0;
+    for round in 0..4u64 {
+        let logged = std::fs::read_to_string(dir.path().join("acked.log")).unwrap_or_default();
+        // Skip the number of the op that was in flight at the last kill.
+        let first = logged.lines().count() as u64 + 2;
+        let mut child = std::process::Command::new(&exe)
+            .args(["crash_child", "--exact", "--ignored", "--nocapture"])
+            .env("TERRACE_CRASH_DIR", dir.path())
+            .env("TERRACE_CRASH_FIRST_OP", first.to_string())
+            .env("TERRACE_CRASH_TIERS", layout)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(150 + round * 70));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+
+        // The last acknowledged op per key; the op in flight is the one after the last
+        // line (a line is written only after its op returned).
+        let log = std::fs::read_to_string(dir.path().join("acked.log")).unwrap_or_default();
+        assert!(log.is_empty() || log.ends_with('\n'), "a torn log line");
+        let mut last: HashMap<u32, (u64, bool)> =
+            survivors.iter().map(|(&k, &op)| (k, (op, true))).collect();
+        let mut max_op = 0;
+        for line in log.lines() {
+            let mut f = line.split(' ');
+            let (Some(op), Some(kind), Some(k)) = (f.next(), f.next(), f.next()) else {
+                continue; // a torn last line
+            };
+            let (Ok(op), Ok(k)) = (op.parse::<u64>(), k.parse::<u32>()) else {
+                continue;
+            };
+            if last.get(&k).is_none_or(|&(prev, _)| op > prev) {
+                last.insert(k, (op, kind == "S"));
+            }
+            max_op = max_op.max(op);
+        }
+        total_ops = max_op;
+        let (c, report) = Cache::open(crash_config(dir.path(), layout)).unwrap();
+        assert!(report.dropped.is_empty(), "round {round}: {report:?}");
+        let mut hits = 0;
+        survivors.clear();
+        for k in 0..crash_keys(layout) {
+            let Some(g) = c.get(format!("key{k}").as_bytes()).unwrap() else {
+                continue;
+            };
+            hits += 1;
+            let (vk, op) = parse_op(g.value()).expect("a value the child wrote");
+            assert_eq!(vk, k);
+            assert_eq!(g.value(), &crash_value(k, op)[..], "torn value");
+            let acked = last.get(&k).copied();
+            let ok = match acked {
+                Some((a, true)) => op == a || op > max_op,
+                Some((_, false)) | None => op > max_op,
+            };
+            assert!(
+                ok,
+                "round {round}: key{k} returned op {op}, last acked {acked:?}, max acked {max_op}"
+            );
+            survivors.insert(k, op);
+        }
+        if hits > 0 {
+            rounds_with_items += 1;
+        }
+    }
+    assert!(rounds_with_items > 0, "the child never got to write");
+    eprintln!("crash test ({layout}): {total_ops} acknowledged ops over 4 kills");
+}
+
+#[test]
+fn a_truncated_tier_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Cache::open(file_only(dir.path())).unwrap());
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(tier_path(dir.path(), 0))
+        .unwrap();
+    file.set_len(2 * MIB).unwrap();
+    assert!(matches!(
+        Cache::open(file_only(dir.path())),
+        Err(CacheError::TierFileSize { .. })
+    ));
+    file.set_len(MIB + 5).unwrap();
+    assert!(matches!(
+        Cache::open(file_only(dir.path())),
+        Err(CacheError::Media(_))
+    ));
+}
+
+#[test]
+fn a_clean_shutdown_saves_the_index_and_the_next_open_uses_it_once() {
+    let dir = tier_dir();
+    let two_tiers = || dram_and_file(dir.path());
+    let mut on_file: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut deleted: Vec<Vec<u8>> = Vec::new();
+    {
+        let (c, _) = Cache::open(two_tiers()).unwrap();
+        for k in 0..300u32 {
+            c.set(format!("hot{k}").as_bytes(), &value(k, 0), 0, 0)
+                .unwrap();
+            c.get(format!("hot{k}").as_bytes()).unwrap();
+        }
+        for k in 0..3000u32 {
+            c.set(format!("cold{k}").as_bytes(), &[7u8; 1000], 0, 0)
+                .unwrap();
+        }
+        for k in 0..300u32 {
+            let key = format!("hot{k}").into_bytes();
+            if c.get(&key).unwrap().is_some_and(|g| g.tier() == 1) {
+                if k % 4 == 0 {
+                    c.delete(&key).unwrap();
+                    deleted.push(key);
+                } else {
+                    on_file.insert(key, value(k, 0));
+                }
+            }
+        }
+        assert!(on_file.len() > 50);
+        c.shutdown().unwrap();
+    }
+    let saved = terrace_cache::cache::saved_path(dir.path());
+    assert!(saved.exists());
+    let kept_copy = std::fs::read(&saved).unwrap();
+    let check = |c: &Cache, on_file: &HashMap<Vec<u8>, Vec<u8>>, deleted: &[Vec<u8>]| {
+        for (k, v) in on_file {
+            let g = c
+                .get(k)
+                .unwrap()
+                .expect("an item on the file tier survives");
+            assert_eq!(g.value(), &v[..]);
+        }
+        for k in deleted {
+            assert!(c.get(k).unwrap().is_none(), "a deleted item came back");
+        }
+    };
+    {
+        let (c, report) = Cache::open(two_tiers()).unwrap();
+        assert!(report.from_saved_index > 0, "{report:?}");
+        assert!(!saved.exists(), "a saved index is used once");
+        check(&c, &on_file, &deleted);
+        // Change things, then stop uncleanly.
+        let k = on_file.keys().next().unwrap().clone();
+        c.delete(&k).unwrap();
+        on_file.remove(&k);
+        deleted.push(k);
+    }
+    // An old saved index put back is refused (another open happened since it was written).
+    std::fs::write(&saved, &kept_copy).unwrap();
+    let (c, report) = Cache::open(two_tiers()).unwrap();
+    assert_eq!(report.from_saved_index, 0, "{report:?}");
+    check(&c, &on_file, &deleted);
+    drop(c);
+    // A torn saved index is refused too.
+    let (c, _) = Cache::open(two_tiers()).unwrap();
+    c.shutdown().unwrap();
+    let bytes = std::fs::read(&saved).unwrap();
+    std::fs::write(&saved, &bytes[..bytes.len() - 3]).unwrap();
+    let (c, report) = Cache::open(two_tiers()).unwrap();
+    assert_eq!(report.from_saved_index, 0);
+    check(&c, &on_file, &deleted);
+}
