@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Terrace's cache against foyer and moka, in one run, on issue 5's "Done when" workload:
+#   --capacity 256MiB --keys 2000000 --zipf 0.99 --value-size 64-4096 --ops 10000000
+#   --threads 2 --get-ratio 0.9
+# for terrace (dram:1), terrace (dram:1,file:3, the file tier on /dev/shm), foyer and moka.
+# Each engine runs in its own process, so peak RSS is per engine. Prints a Markdown table
+# (ratios against terrace dram:1) and keeps the raw JSON lines.
+#
+# Usage: bench/cache-vs-foyer-moka.sh [extra terrace-bench args...]
+# Environment overrides (for a quicker, reduced run):
+#   CAPACITY KEYS ZIPF VALUE_SIZE OPS THREADS GET_RATIO  the workload (defaults above)
+#   ENGINES   which runs, default "terrace terrace-tiered foyer moka"
+#   TIER_DIR  directory of the file tier, default /dev/shm
+#   OUT       where the JSON lines go, default $TMPDIR/terrace-bench-cache-<date>.jsonl
+#   CARGO_TARGET_DIR  as for cargo (the release binary is built there)
+# Example of a reduced run:
+#   CAPACITY=64MiB KEYS=500000 OPS=2000000 bench/cache-vs-foyer-moka.sh
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+CAPACITY=${CAPACITY:-256MiB}
+KEYS=${KEYS:-2000000}
+ZIPF=${ZIPF:-0.99}
+VALUE_SIZE=${VALUE_SIZE:-64-4096}
+OPS=${OPS:-10000000}
+THREADS=${THREADS:-2}
+GET_RATIO=${GET_RATIO:-0.9}
+ENGINES=${ENGINES:-terrace terrace-tiered foyer moka}
+TIER_DIR=${TIER_DIR:-/dev/shm}
+OUT=${OUT:-${TMPDIR:-/tmp}/terrace-bench-cache-$(date -u +%Y%m%dT%H%M%SZ).jsonl}
+
+cargo build --release --quiet -p terrace-bench
+bin="${CARGO_TARGET_DIR:-$root/target}/release/terrace-bench"
+mkdir -p "$(dirname "$OUT")"
+: >"$OUT"
+
+common=(--capacity "$CAPACITY" --keys "$KEYS" --zipf "$ZIPF" --value-size "$VALUE_SIZE"
+        --ops "$OPS" --threads "$THREADS" --get-ratio "$GET_RATIO" --json)
+
+for e in $ENGINES; do
+    case "$e" in
+        terrace) args=(--engine terrace --tiers dram:1) ;;
+        terrace-tiered) args=(--engine terrace --tiers dram:1,file:3 --dir "$TIER_DIR") ;;
+        foyer | moka) args=(--engine "$e") ;;
+        *) echo "unknown engine run: $e" >&2; exit 2 ;;
+    esac
+    echo "+ terrace-bench cache ${args[*]} ${common[*]} $*" >&2
+    "$bin" cache "${args[@]}" "${common[@]}" "$@" >>"$OUT"
+done
+
+echo "command: terrace-bench cache --engine E ${common[*]} $*" >&2
+echo "results: $OUT" >&2
+python3 - "$OUT" <<'EOF'
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+base = next((r for r in rows if r["engine"] == "terrace" and r["tiers"] == "dram:1"), None)
+
+def num(v, fmt="{:.0f}"):
+    return "–" if v is None else fmt.format(v)
+
+def mib(v):
+    return "–" if v is None else f"{v / 2**20:.0f}"
+
+hdr = ["engine", "tiers", "ops/s", "× terrace", "hit ratio", "get p50/p99/p99.9 ns",
+       "set p50/p99/p99.9 ns", "peak RSS MiB", "items", "meta B/item", "inline evict %"]
+print("| " + " | ".join(hdr) + " |")
+print("|" + "---|" * len(hdr))
+for r in rows:
+    ratio = "–" if not base else f"{r['ops_per_sec'] / base['ops_per_sec']:.2f}"
+    st = r.get("engine_stats") or {}
+    inline = "–"
+    if isinstance(st, dict) and "inline_evictions" in st and st.get("sets"):
+        inline = f"{100 * st['inline_evictions'] / st['sets']:.3f}"
+    print("| " + " | ".join([
+        r["engine"], r["tiers"], num(r["ops_per_sec"]), ratio, num(r["hit_ratio"], "{:.4f}"),
+        f"{num(r['get_p50_ns'])}/{num(r['get_p99_ns'])}/{num(r['get_p999_ns'])}",
+        f"{num(r['set_p50_ns'])}/{num(r['set_p99_ns'])}/{num(r['set_p999_ns'])}",
+        mib(r["peak_rss_bytes"]), num(r["items"]), num(r["metadata_bytes_per_item"], "{:.1f}"),
+        inline,
+    ]) + " |")
+EOF

@@ -1,0 +1,271 @@
+//! The engines under test behind one small trait. Each is configured at the same byte
+//! capacity, entries weighed as key + value bytes; moka and foyer with their best
+//! policies (moka: TinyLFU admission with LRU eviction, its default; foyer: S3-FIFO).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use terrace_cache::{Cache, CacheConfig, Limits, Movers, TierConfig, TierSize};
+
+use crate::args::{TierAmount, TierKind, Tiers};
+use crate::workload;
+
+/// What a get found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Got {
+    Miss,
+    Hit,
+    /// A hit whose value is not the one stored for that key.
+    Wrong,
+}
+
+pub trait Engine: Send + Sync {
+    /// Looks `key` (key number `id`, whose values are `len` bytes) up and checks a hit's
+    /// value against the workload's.
+    fn get(&self, key: &[u8], id: u64, len: usize) -> Result<Got>;
+    fn set(&self, key: &[u8], value: &[u8]) -> Result<()>;
+    /// Items held at the end of the run, if the engine can say.
+    fn items(&self) -> Option<u64>;
+    /// Bytes of metadata per item (index and headers), if the engine can say.
+    fn metadata_bytes_per_item(&self) -> Option<f64>;
+    /// Engine-specific counters for the JSON output.
+    fn extra(&self) -> Value {
+        Value::Null
+    }
+}
+
+fn check(value: &[u8], id: u64, len: usize) -> Got {
+    if workload::check_value(value, id, len) {
+        Got::Hit
+    } else {
+        Got::Wrong
+    }
+}
+
+pub struct Terrace {
+    // Field order matters: the movers stop before the cache drops, and the cache drops
+    // before its temporary directory is removed.
+    movers: Option<Movers>,
+    cache: Arc<Cache>,
+    /// Mean item header bytes for the workload's items (keys and values are fixed-size
+    /// distributions, so this is computed once).
+    header_bytes: f64,
+    _tempdir: Option<tempfile::TempDir>,
+}
+
+pub struct TerraceOptions<'a> {
+    pub capacity: u64,
+    pub tiers: &'a Tiers,
+    pub dir: Option<PathBuf>,
+    pub max_value: u64,
+    pub expected_items: usize,
+    pub mover_interval: Duration,
+    pub segment_size: Option<u64>,
+    pub key_len: usize,
+    pub mean_value: u64,
+}
+
+impl Terrace {
+    pub fn open(o: TerraceOptions<'_>) -> Result<Terrace> {
+        let has_file = o.tiers.0.iter().any(|t| t.kind == TierKind::File);
+        let (dir, tempdir) = match (&o.dir, has_file) {
+            (Some(d), true) => {
+                // A run always starts cold: a fresh directory inside the one given, so
+                // an earlier run's tier files are never reopened (and DIR is kept).
+                let t = tempfile::Builder::new()
+                    .prefix("terrace-bench.")
+                    .tempdir_in(d)
+                    .with_context(|| format!("cannot create a directory in {}", d.display()))?;
+                (Some(t.path().to_path_buf()), Some(t))
+            }
+            (None, true) => {
+                let base = std::path::Path::new("/dev/shm");
+                let b = tempfile::Builder::new().prefix("terrace-bench.").to_owned();
+                let t = if base.is_dir() {
+                    b.tempdir_in(base)
+                } else {
+                    b.tempdir()
+                }
+                .context("cannot create a temporary directory for the file tier")?;
+                (Some(t.path().to_path_buf()), Some(t))
+            }
+            (_, false) => (None, None),
+        };
+        let tiers = o
+            .tiers
+            .0
+            .iter()
+            .map(|t| {
+                let size = match t.amount {
+                    TierAmount::Ratio(r) => TierSize::Ratio(r),
+                    TierAmount::Bytes(b) => TierSize::Bytes(b),
+                };
+                match t.kind {
+                    TierKind::Dram => TierConfig::dram(size),
+                    TierKind::File => TierConfig::file(dir.clone().unwrap_or_default(), size),
+                    TierKind::Numa(n) => TierConfig::numa(n, size),
+                }
+            })
+            .collect();
+        let mut config = CacheConfig::new(tiers);
+        config.total_bytes = Some(o.capacity);
+        config.expected_items = Some(o.expected_items.max(1024));
+        if let Some(size) = o.segment_size {
+            if !size.is_power_of_two() {
+                anyhow::bail!("--segment-size must be a power of two, not {size}");
+            }
+            config.segment_shift = Some(u8::try_from(size.trailing_zeros()).unwrap_or(u8::MAX));
+        }
+        let mut limits = Limits::default();
+        if o.max_value > u64::from(limits.max_value_len) {
+            limits.max_value_len = u32::try_from(o.max_value)
+                .context("--value-size MAX is too large for the cache (at most 4 GiB - 1)")?;
+        }
+        config.limits = limits;
+        let (cache, _report) = Cache::open(config).context("cannot open the Terrace cache")?;
+        let cache = Arc::new(cache);
+        let movers = Some(Cache::start_movers(&cache, o.mover_interval));
+        let header_bytes =
+            terrace_cache::ItemSpec::new(&vec![0u8; o.key_len], o.mean_value as usize).header_len()
+                as f64;
+        Ok(Terrace {
+            movers,
+            cache,
+            header_bytes,
+            _tempdir: tempdir,
+        })
+    }
+}
+
+impl Engine for Terrace {
+    fn get(&self, key: &[u8], id: u64, len: usize) -> Result<Got> {
+        Ok(match self.cache.get(key).context("terrace get")? {
+            Some(g) => check(g.value(), id, len),
+            None => Got::Miss,
+        })
+    }
+
+    fn set(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.cache.set(key, value, 0, 0).context("terrace set")?;
+        Ok(())
+    }
+
+    fn items(&self) -> Option<u64> {
+        Some(self.cache.stats().items as u64)
+    }
+
+    fn metadata_bytes_per_item(&self) -> Option<f64> {
+        let s = self.cache.stats();
+        (s.items > 0).then_some(s.index_bytes_per_item + self.header_bytes)
+    }
+
+    fn extra(&self) -> Value {
+        let s = self.cache.stats();
+        json!({
+            "index_bytes_per_item": s.index_bytes_per_item,
+            "item_header_bytes": self.header_bytes,
+            "sets": s.sets,
+            "inline_evictions": s.inline_evictions,
+            "background_evictions": s.background_evictions,
+            "index_evictions": s.index_evictions,
+            "demotions": s.demotions,
+            "mover_errors": s.mover_errors,
+            "movers_running": self.movers.as_ref().is_some_and(Movers::is_running),
+            "segment_bytes": self.cache.segment_size(),
+            "tier_hits": s.tiers.iter().map(|t| t.hits).collect::<Vec<_>>(),
+        })
+    }
+}
+
+type MokaCache = moka::sync::Cache<Box<[u8]>, Arc<[u8]>>;
+
+pub struct Moka {
+    cache: MokaCache,
+}
+
+impl Moka {
+    pub fn new(capacity: u64) -> Moka {
+        let cache = MokaCache::builder()
+            .max_capacity(capacity)
+            .weigher(|k, v| u32::try_from(k.len() + v.len()).unwrap_or(u32::MAX))
+            .build();
+        Moka { cache }
+    }
+}
+
+impl Engine for Moka {
+    fn get(&self, key: &[u8], id: u64, len: usize) -> Result<Got> {
+        Ok(match self.cache.get(key) {
+            Some(v) => check(&v, id, len),
+            None => Got::Miss,
+        })
+    }
+
+    fn set(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.cache.insert(key.into(), value.into());
+        Ok(())
+    }
+
+    fn items(&self) -> Option<u64> {
+        self.cache.run_pending_tasks();
+        Some(self.cache.entry_count())
+    }
+
+    fn metadata_bytes_per_item(&self) -> Option<f64> {
+        None
+    }
+
+    fn extra(&self) -> Value {
+        json!({ "policy": "TinyLFU", "weighted_size": self.cache.weighted_size() })
+    }
+}
+
+type FoyerCache = foyer_memory::Cache<Box<[u8]>, Box<[u8]>>;
+
+pub struct Foyer {
+    cache: FoyerCache,
+}
+
+impl Foyer {
+    pub fn new(capacity: u64, threads: usize) -> Result<Foyer> {
+        let capacity = usize::try_from(capacity).context("--capacity too large")?;
+        // foyer's default is 8 shards; more shards than threads only costs memory.
+        let shards = (threads * 4).clamp(8, 64);
+        let cache = foyer_memory::CacheBuilder::<Box<[u8]>, Box<[u8]>, _>::new(capacity)
+            .with_shards(shards)
+            .with_eviction_config(foyer_memory::S3FifoConfig::default())
+            .with_weighter(|k, v| k.len() + v.len())
+            .build();
+        Ok(Foyer { cache })
+    }
+}
+
+impl Engine for Foyer {
+    fn get(&self, key: &[u8], id: u64, len: usize) -> Result<Got> {
+        Ok(match self.cache.get(key) {
+            Some(e) => check(e.value(), id, len),
+            None => Got::Miss,
+        })
+    }
+
+    fn set(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        // The returned handle is dropped at once, as a look-aside client would.
+        drop(self.cache.insert(key.into(), value.into()));
+        Ok(())
+    }
+
+    fn items(&self) -> Option<u64> {
+        Some(self.cache.entries() as u64)
+    }
+
+    fn metadata_bytes_per_item(&self) -> Option<f64> {
+        None
+    }
+
+    fn extra(&self) -> Value {
+        json!({ "policy": "S3-FIFO", "usage_bytes": self.cache.usage(), "shards": self.cache.shards() })
+    }
+}

@@ -1,0 +1,394 @@
+//! `terrace-bench`: cachebench-style benchmarks of Terrace against other systems. A crate
+//! of its own so that no Terrace library ever depends on a competitor.
+//!
+//! `terrace-bench cache --engine terrace|foyer|moka --capacity 256MiB [--tiers dram:1,file:3]
+//! [--dir DIR] --keys N --zipf ALPHA --value-size MIN-MAX --ops N --threads T
+//! --get-ratio R --json`
+//!
+//! Look-aside workload: every op draws a key from Zipf(ALPHA) over N keys; with
+//! probability R it is a get, and a get that misses is followed by a set of that key
+//! (timed as a set); otherwise it is a set. Each key's value size (uniform in MIN-MAX over
+//! keys) and contents are derived from the key, and every hit's length and first 8 bytes
+//! are checked. One JSON object is printed at the end.
+
+#![forbid(unsafe_code)]
+
+mod args;
+mod engines;
+mod workload;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use hdrhistogram::Histogram;
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use serde_json::{json, Value};
+
+use args::{SizeRange, Tiers};
+use engines::{Engine, Got};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "terrace-bench",
+    version,
+    about = "Benchmarks Terrace against other systems"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Look-aside cache workload (cachebench-style) against one engine.
+    Cache(CacheArgs),
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum EngineName {
+    Terrace,
+    Foyer,
+    Moka,
+}
+
+impl EngineName {
+    fn as_str(self) -> &'static str {
+        match self {
+            EngineName::Terrace => "terrace",
+            EngineName::Foyer => "foyer",
+            EngineName::Moka => "moka",
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct CacheArgs {
+    #[arg(long, value_enum)]
+    engine: EngineName,
+    /// Total capacity (all tiers), e.g. 256MiB.
+    #[arg(long, value_parser = args::parse_size)]
+    capacity: u64,
+    /// Terrace's tiers, fastest first: KIND:AMOUNT,... with KIND dram, file or numaN and
+    /// AMOUNT a ratio of --capacity (an integer) or a size (64MiB).
+    #[arg(long, value_parser = args::parse_tiers, default_value = "dram:1")]
+    tiers: Tiers,
+    /// Directory for file tiers (a fresh subdirectory is made and removed); default a
+    /// temporary directory on /dev/shm.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Number of distinct keys (suffixes k, m: 2m = 2 000 000).
+    #[arg(long, value_parser = args::parse_count)]
+    keys: u64,
+    /// Zipf exponent of key popularity (0 = uniform).
+    #[arg(long, value_parser = args::parse_alpha, default_value = "0.99")]
+    zipf: f64,
+    /// Value sizes in bytes, MIN-MAX, uniform over keys.
+    #[arg(long, value_parser = args::parse_range, default_value = "64-4096")]
+    value_size: SizeRange,
+    /// Total operations over all threads (suffixes k, m).
+    #[arg(long, value_parser = args::parse_count)]
+    ops: u64,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: u16,
+    /// Probability that an op is a get.
+    #[arg(long, value_parser = args::parse_ratio, default_value = "0.9")]
+    get_ratio: f64,
+    /// Print only one JSON object on stdout (no progress bar).
+    #[arg(long)]
+    json: bool,
+    /// RNG seed (each thread derives its own).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Terrace: items the index is sized for; default --capacity / mean item size.
+    #[arg(long, value_parser = args::parse_count)]
+    expected_items: Option<u64>,
+    /// Terrace: segment size, a power of two (default: the cache's, 2 MiB for its default
+    /// 1 MiB value limit).
+    #[arg(long, value_parser = args::parse_size)]
+    segment_size: Option<u64>,
+    /// Terrace: mover thread polling interval, microseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    mover_interval_us: u64,
+}
+
+/// One thread's results.
+struct ThreadResult {
+    gets: u64,
+    hits: u64,
+    wrong: u64,
+    sets: u64,
+    get_ns: Histogram<u64>,
+    set_ns: Histogram<u64>,
+}
+
+fn histogram() -> Result<Histogram<u64>> {
+    // 1 ns .. 100 s at 3 significant digits.
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).context("cannot create a histogram")
+}
+
+fn elapsed_ns(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+struct Shared<'a> {
+    engine: &'a dyn Engine,
+    args: &'a CacheArgs,
+    zipf: Zipf<f64>,
+    done: &'a AtomicU64,
+    failed: &'a AtomicBool,
+}
+
+fn run_thread(s: &Shared<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
+    let a = s.args;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(workload::mix(a.seed ^ workload::mix(thread)));
+    let max = usize::try_from(a.value_size.max).context("--value-size too large")?;
+    let mut buf = workload::filler(max);
+    let mut key = [0u8; workload::KEY_LEN];
+    let mut r = ThreadResult {
+        gets: 0,
+        hits: 0,
+        wrong: 0,
+        sets: 0,
+        get_ns: histogram()?,
+        set_ns: histogram()?,
+    };
+    let mut pending = 0u64;
+    for _ in 0..ops {
+        // Zipf yields ranks 1..=N as floats; rank 1 is the most popular key.
+        let rank = s.zipf.sample(&mut rng) as u64;
+        let id = rank.saturating_sub(1).min(a.keys - 1);
+        workload::key(id, &mut key);
+        let len = workload::value_len(id, a.value_size.min, a.value_size.max);
+        let need_set = if rng.random_bool(a.get_ratio) {
+            r.gets += 1;
+            let t = Instant::now();
+            let got = s.engine.get(&key, id, len)?;
+            r.get_ns.saturating_record(elapsed_ns(t).max(1));
+            match got {
+                Got::Hit => {
+                    r.hits += 1;
+                    false
+                }
+                Got::Wrong => {
+                    r.hits += 1;
+                    r.wrong += 1;
+                    false
+                }
+                Got::Miss => true,
+            }
+        } else {
+            true
+        };
+        if need_set {
+            workload::fill_value(&mut buf, id, len);
+            r.sets += 1;
+            let t = Instant::now();
+            s.engine.set(&key, &buf[..len])?;
+            r.set_ns.saturating_record(elapsed_ns(t).max(1));
+        }
+        pending += 1;
+        if pending == 4096 {
+            s.done.fetch_add(pending, Ordering::Relaxed);
+            pending = 0;
+            if s.failed.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+    }
+    s.done.fetch_add(pending, Ordering::Relaxed);
+    Ok(r)
+}
+
+/// Peak resident set size of this process (`VmHWM`), in bytes.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+fn open_engine(a: &CacheArgs) -> Result<Box<dyn Engine>> {
+    let mean_value = (a.value_size.min + a.value_size.max) / 2;
+    Ok(match a.engine {
+        EngineName::Terrace => {
+            // Size the index for the items the capacity holds at the mean item size
+            // (key, value and a ~5-byte header), as a deployment would configure it.
+            let mean_item = workload::KEY_LEN as u64 + mean_value + 5;
+            let expected = a
+                .expected_items
+                .unwrap_or(a.capacity / mean_item.max(1))
+                .min(a.keys.saturating_add(a.keys / 8));
+            Box::new(engines::Terrace::open(engines::TerraceOptions {
+                capacity: a.capacity,
+                tiers: &a.tiers,
+                dir: a.dir.clone(),
+                max_value: a.value_size.max,
+                expected_items: usize::try_from(expected).unwrap_or(usize::MAX),
+                mover_interval: Duration::from_micros(a.mover_interval_us),
+                segment_size: a.segment_size,
+                key_len: workload::KEY_LEN,
+                mean_value,
+            })?)
+        }
+        EngineName::Moka => Box::new(engines::Moka::new(a.capacity)),
+        EngineName::Foyer => Box::new(engines::Foyer::new(a.capacity, usize::from(a.threads))?),
+    })
+}
+
+fn run(a: &CacheArgs) -> Result<Value> {
+    if a.engine != EngineName::Terrace && a.tiers.to_string() != "dram:1" {
+        bail!("--tiers applies to --engine terrace only");
+    }
+    let zipf = Zipf::new(a.keys as f64, a.zipf)
+        .map_err(|e| anyhow::anyhow!("bad Zipf parameters: {e}"))?;
+    let engine = open_engine(a)?;
+    let threads = u64::from(a.threads);
+    let done = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    let shared = Shared {
+        engine: engine.as_ref(),
+        args: a,
+        zipf,
+        done: &done,
+        failed: &failed,
+    };
+    let bar = (!a.json && std::io::stdout().is_terminal()).then(|| {
+        let pb = indicatif::ProgressBar::new(a.ops);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} ops ({per_sec}, eta {eta})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    });
+    let start = Instant::now();
+    let results: Vec<Result<ThreadResult>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let ops = a.ops / threads + u64::from(t < a.ops % threads);
+                let shared = &shared;
+                scope.spawn(move || {
+                    let r = run_thread(shared, t, ops);
+                    if r.is_err() {
+                        shared.failed.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        if let Some(pb) = &bar {
+            while !handles.iter().all(|h| h.is_finished()) {
+                pb.set_position(done.load(Ordering::Relaxed));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            pb.finish_and_clear();
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a benchmark thread panicked")))
+            })
+            .collect()
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    let mut total = ThreadResult {
+        gets: 0,
+        hits: 0,
+        wrong: 0,
+        sets: 0,
+        get_ns: histogram()?,
+        set_ns: histogram()?,
+    };
+    for r in results {
+        let r = r?;
+        total.gets += r.gets;
+        total.hits += r.hits;
+        total.wrong += r.wrong;
+        total.sets += r.sets;
+        total.get_ns.add(&r.get_ns).context("merging histograms")?;
+        total.set_ns.add(&r.set_ns).context("merging histograms")?;
+    }
+    let ops = done.load(Ordering::Relaxed);
+    let q = |h: &Histogram<u64>, p: f64| (!h.is_empty()).then(|| h.value_at_quantile(p));
+    let tiers = match a.engine {
+        EngineName::Terrace => a.tiers.to_string(),
+        _ => "dram".to_string(),
+    };
+    let out = json!({
+        "engine": a.engine.as_str(),
+        "tiers": tiers,
+        "threads": a.threads,
+        "ops": ops,
+        "seconds": seconds,
+        "ops_per_sec": ops as f64 / seconds.max(1e-9),
+        "hit_ratio": if total.gets > 0 { Some(total.hits as f64 / total.gets as f64) } else { None },
+        "get_p50_ns": q(&total.get_ns, 0.5),
+        "get_p99_ns": q(&total.get_ns, 0.99),
+        "get_p999_ns": q(&total.get_ns, 0.999),
+        "set_p50_ns": q(&total.set_ns, 0.5),
+        "set_p99_ns": q(&total.set_ns, 0.99),
+        "set_p999_ns": q(&total.set_ns, 0.999),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "items": engine.items(),
+        "metadata_bytes_per_item": engine.metadata_bytes_per_item(),
+        "gets": total.gets,
+        "hits": total.hits,
+        "sets": total.sets,
+        "wrong_values": total.wrong,
+        "capacity_bytes": a.capacity,
+        "keys": a.keys,
+        "zipf": a.zipf,
+        "value_size": a.value_size.to_string(),
+        "get_ratio": a.get_ratio,
+        "engine_stats": engine.extra(),
+    });
+    drop(engine);
+    if total.wrong > 0 {
+        // Still print the numbers, then fail: a cache that returns wrong values has no
+        // meaningful throughput.
+        print_result(&out, a.json)?;
+        bail!(
+            "{} hits returned a value that is not the key's",
+            total.wrong
+        );
+    }
+    Ok(out)
+}
+
+fn print_result(out: &Value, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(out)?);
+    } else if let Value::Object(map) = out {
+        for (k, v) in map {
+            println!("{k:>24}: {v}");
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Command::Cache(a) = cli.command;
+    match run(&a).and_then(|out| print_result(&out, a.json)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("terrace-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
