@@ -498,6 +498,30 @@ impl<B: Backend> Pool<B> {
         Ok(oid)
     }
 
+    /// Finishes a move (realloc, root growth): the new object `r` is committed together
+    /// with freeing the old one (`f`); on failure both are cancelled and the old object
+    /// stays live.
+    fn finish_move(
+        &self,
+        r: &Reserved,
+        dest: Dest,
+        init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
+        f: Freeing,
+        extra: &[Entry],
+    ) -> Result<Oid> {
+        match self.finish_alloc(r, dest, init, Some(&f), extra) {
+            Ok(oid) => {
+                self.heap.free_done(f);
+                Ok(oid)
+            }
+            Err(e) => {
+                self.heap.free_cancel(f);
+                self.heap.cancel(r);
+                Err(e)
+            }
+        }
+    }
+
     /// Allocates without initialising (contents are whatever the medium held).
     pub fn alloc(&self, size: u64, type_num: u64, dest: Dest) -> Result<Oid> {
         self.alloc_with(size, type_num, dest, |_| Ok(()))
@@ -608,17 +632,7 @@ impl<B: Backend> Pool<B> {
             }
             Ok(())
         };
-        match self.finish_alloc(&r, dest, copy, Some(&f), extra) {
-            Ok(oid) => {
-                self.heap.free_done(f);
-                Ok(oid)
-            }
-            Err(e) => {
-                self.heap.free_cancel(f);
-                self.heap.cancel(&r);
-                Err(e)
-            }
-        }
+        self.finish_move(&r, dest, copy, f, extra)
     }
 
     /// The root object, at least `size` bytes: allocated zeroed on first request, grown
@@ -667,17 +681,7 @@ impl<B: Backend> Pool<B> {
                     w.write(0, &buf)?;
                     w.fill(buf.len() as u64, w.usable - buf.len() as u64, 0)
                 };
-                match self.finish_alloc(&r, Dest::None, copy, Some(&f), &extra) {
-                    Ok(oid) => {
-                        self.heap.free_done(f);
-                        Ok(oid)
-                    }
-                    Err(e) => {
-                        self.heap.free_cancel(f);
-                        self.heap.cancel(&r);
-                        Err(e)
-                    }
-                }
+                self.finish_move(&r, Dest::None, copy, f, &extra)
             }
         }
     }
@@ -697,7 +701,9 @@ impl<B: Backend> Pool<B> {
         Ok(self.heap.object(oid.offset())?.type_num)
     }
 
-    fn object_range(&self, oid: Oid, offset: u64, len: u64) -> Result<u64> {
+    /// The pool offset of `[offset, offset+len)` inside object `oid`, bounds-checked
+    /// against its usable size.
+    pub(crate) fn object_range(&self, oid: Oid, offset: u64, len: u64) -> Result<u64> {
         let usable = self.usable_size(oid)?;
         match offset.checked_add(len) {
             Some(end) if end <= usable => Ok(oid.offset() + offset),

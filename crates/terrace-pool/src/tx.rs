@@ -140,7 +140,7 @@ impl<'p, B: Backend> Tx<'p, B> {
     /// Snapshots `[offset, offset+len)` of an object so that it can be written and is
     /// restored if the transaction does not commit.
     pub fn add_range(&mut self, oid: Oid, offset: u64, len: u64) -> Result<()> {
-        let r = self.object_range(oid, offset, len);
+        let r = self.pool.object_range(oid, offset, len);
         let r = r.and_then(|at| self.snapshot(at, len));
         self.fail(r)
     }
@@ -151,24 +151,11 @@ impl<'p, B: Backend> Tx<'p, B> {
         self.fail(r)
     }
 
-    fn object_range(&self, oid: Oid, offset: u64, len: u64) -> Result<u64> {
-        let usable = self.pool.usable_size(oid)?;
-        match offset.checked_add(len) {
-            Some(end) if end <= usable => Ok(oid.offset() + offset),
-            _ => Err(PoolError::OutOfBounds {
-                offset,
-                len,
-                what: "the object",
-                limit: usable,
-            }),
-        }
-    }
-
     /// Writes object bytes transactionally: snapshots them first (unless the object was
     /// allocated by this transaction), persisted at commit.
     pub fn write(&mut self, oid: Oid, offset: u64, data: &[u8]) -> Result<()> {
         let r = (|| {
-            let at = self.object_range(oid, offset, data.len() as u64)?;
+            let at = self.pool.object_range(oid, offset, data.len() as u64)?;
             self.snapshot(at, data.len() as u64)?;
             self.pool.backend.write(at, data)
         })();
