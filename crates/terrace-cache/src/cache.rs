@@ -650,22 +650,14 @@ impl Cache {
         client_flags: u32,
         ttl_secs: u32,
     ) -> Result<Store, CacheError> {
-        self.check_key(key)?;
-        loop {
-            let Some((cur, _)) = self.current(key) else {
-                return Ok(Store::NotStored);
-            };
-            let r = self.write(
-                key,
-                &[value],
-                client_flags,
-                self.expiry(ttl_secs),
-                Expect::At(cur.loc),
-            )?;
-            if r != Store::NotStored {
-                return Ok(r);
-            }
-        }
+        self.store_over(
+            key,
+            value,
+            client_flags,
+            ttl_secs,
+            |_| None,
+            Store::NotStored,
+        )
     }
 
     /// Stores only if the key's CAS is `cas`.
@@ -677,13 +669,29 @@ impl Cache {
         ttl_secs: u32,
         cas: u64,
     ) -> Result<Store, CacheError> {
+        let refuse = |cur: &Current| (cur.cas != cas).then_some(Store::Exists);
+        self.store_over(key, value, client_flags, ttl_secs, refuse, Store::NotFound)
+    }
+
+    /// Replaces the key's current item if it exists (else `absent`) and `refuse` does not
+    /// object to it; retries while another writer replaces the item in between (the write
+    /// publishes only over the exact item that was read).
+    fn store_over(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        client_flags: u32,
+        ttl_secs: u32,
+        refuse: impl Fn(&Current) -> Option<Store>,
+        absent: Store,
+    ) -> Result<Store, CacheError> {
         self.check_key(key)?;
         loop {
             let Some((cur, _)) = self.current(key) else {
-                return Ok(Store::NotFound);
+                return Ok(absent);
             };
-            if cur.cas != cas {
-                return Ok(Store::Exists);
+            if let Some(answer) = refuse(&cur) {
+                return Ok(answer);
             }
             let r = self.write(
                 key,
