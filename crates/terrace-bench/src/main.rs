@@ -128,6 +128,19 @@ struct ThreadResult {
     set_ns: Histogram<u64>,
 }
 
+impl ThreadResult {
+    fn empty() -> Result<ThreadResult> {
+        Ok(ThreadResult {
+            gets: 0,
+            hits: 0,
+            wrong: 0,
+            sets: 0,
+            get_ns: histogram()?,
+            set_ns: histogram()?,
+        })
+    }
+}
+
 fn histogram() -> Result<Histogram<u64>> {
     // 1 ns .. 100 s at 3 significant digits.
     Histogram::new_with_bounds(1, 100_000_000_000, 3).context("cannot create a histogram")
@@ -151,14 +164,7 @@ fn run_thread(s: &Shared<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
     let max = usize::try_from(a.value_size.max).context("--value-size too large")?;
     let mut buf = workload::filler(max);
     let mut key = [0u8; workload::KEY_LEN];
-    let mut r = ThreadResult {
-        gets: 0,
-        hits: 0,
-        wrong: 0,
-        sets: 0,
-        get_ns: histogram()?,
-        set_ns: histogram()?,
-    };
+    let mut r = ThreadResult::empty()?;
     let mut pending = 0u64;
     for _ in 0..ops {
         // Zipf yields ranks 1..=N as floats; rank 1 is the most popular key.
@@ -306,14 +312,7 @@ fn run(a: &CacheArgs) -> Result<Value> {
             .collect()
     });
     let seconds = start.elapsed().as_secs_f64();
-    let mut total = ThreadResult {
-        gets: 0,
-        hits: 0,
-        wrong: 0,
-        sets: 0,
-        get_ns: histogram()?,
-        set_ns: histogram()?,
-    };
+    let mut total = ThreadResult::empty()?;
     for r in results {
         let r = r?;
         total.gets += r.gets;
