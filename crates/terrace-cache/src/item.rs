@@ -338,6 +338,20 @@ impl ItemHeader {
     pub fn total_len(&self) -> u64 {
         u64::from(self.header_len) + u64::from(self.key_len) + u64::from(self.value_len)
     }
+
+    /// Where the key and the value of an item starting at `start` lie (the caller has
+    /// checked that `start + total_len()` is in bounds).
+    pub fn key_value_ranges(
+        &self,
+        start: usize,
+    ) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let key_at = start + self.header_len as usize;
+        let value_at = key_at + self.key_len as usize;
+        (
+            key_at..value_at,
+            value_at..value_at + self.value_len as usize,
+        )
+    }
 }
 
 /// Longest item header: state, kind, three 5-byte varints and an 8-byte origin CAS.
@@ -419,17 +433,15 @@ pub fn decode(segment: &[u8], offset: u32, end: usize) -> Result<ItemRef<'_>, It
     if total > (end - start) as u64 || start as u64 + total > u64::from(u32::MAX) {
         return Err(overrun(total));
     }
-    let pos = start + h.header_len as usize;
-    let key_end = pos + h.key_len as usize;
-    let value_end = key_end + h.value_len as usize;
+    let (key, value) = h.key_value_ranges(start);
     Ok(ItemRef {
         offset,
         len: total as u32,
         state: h.state,
         client_flags: h.client_flags,
         origin_cas: h.origin_cas,
-        key: &buf[pos..key_end],
-        value: &buf[key_end..value_end],
+        key: &buf[key],
+        value: &buf[value],
     })
 }
 

@@ -422,9 +422,8 @@ impl<'a> Pin<'a> {
         if total > (end - start) as u64 {
             return Err(overrun(total));
         }
-        let key_at = start + h.header_len as usize;
-        let value_at = key_at + h.key_len as usize;
-        // SAFETY: [key_at, start + total) lies inside the segment (checked against `end`
+        let (key_range, value_range) = h.key_value_ranges(start);
+        // SAFETY: [key_range.start, start + total) lies inside the segment (checked against `end`
         // <= size). These are the key and value bytes of a committed item of this pinned
         // incarnation: written before the commit word / index entry we loaded with Acquire,
         // never written again while the pin lives (invariants 1-2), and containing no
@@ -432,8 +431,8 @@ impl<'a> Pin<'a> {
         let (key, value) = unsafe {
             let base = self.area.seg_ptr(self.seg);
             (
-                std::slice::from_raw_parts(base.add(key_at), h.key_len as usize),
-                std::slice::from_raw_parts(base.add(value_at), h.value_len as usize),
+                std::slice::from_raw_parts(base.add(key_range.start), key_range.len()),
+                std::slice::from_raw_parts(base.add(value_range.start), value_range.len()),
             )
         };
         Ok(ItemRef {
