@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use terrace_cache::{Cache, CacheConfig, Limits, Movers, TierConfig, TierSize};
+use terrace_cache::{Cache, CacheConfig, Limits, Movers};
 
-use crate::args::{TierAmount, TierKind, Tiers};
+use crate::args::Tiers;
 use crate::workload;
 
 /// What a get found.
@@ -70,7 +70,7 @@ pub struct TerraceOptions<'a> {
 
 impl Terrace {
     pub fn open(o: TerraceOptions<'_>) -> Result<Terrace> {
-        let has_file = o.tiers.0.iter().any(|t| t.kind == TierKind::File);
+        let has_file = o.tiers.has_file();
         let (dir, tempdir) = match (&o.dir, has_file) {
             (Some(d), true) => {
                 // A run always starts cold: a fresh directory inside the one given, so
@@ -94,22 +94,7 @@ impl Terrace {
             }
             (_, false) => (None, None),
         };
-        let tiers = o
-            .tiers
-            .0
-            .iter()
-            .map(|t| {
-                let size = match t.amount {
-                    TierAmount::Ratio(r) => TierSize::Ratio(r),
-                    TierAmount::Bytes(b) => TierSize::Bytes(b),
-                };
-                match t.kind {
-                    TierKind::Dram => TierConfig::dram(size),
-                    TierKind::File => TierConfig::file(dir.clone().unwrap_or_default(), size),
-                    TierKind::Numa(n) => TierConfig::numa(n, size),
-                }
-            })
-            .collect();
+        let tiers = o.tiers.configs(&dir.clone().unwrap_or_default());
         let mut config = CacheConfig::new(tiers);
         config.total_bytes = Some(o.capacity);
         config.expected_items = Some(o.expected_items.max(1024));

@@ -302,6 +302,7 @@ mod mem;
 pub mod seglog;
 pub mod segment;
 pub mod seqmark;
+pub mod spec;
 pub mod tier;
 
 pub use cache::{Cache, CacheConfig, Guard, Movers, RecoveryReport as CacheRecovery, Stats, Store};
