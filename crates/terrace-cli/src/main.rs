@@ -10,13 +10,15 @@
 //!
 //! - `terrace pool create|info|check|stats PATH`: persistent pools (see `pool.rs`).
 //!
-//! The memcached-compatible server (`terrace serve`) arrives with the server crate.
+//! - `terrace serve [FLAGS]`: the memcached-compatible tiered cache server (see
+//!   `serve.rs` and the terrace-server crate).
 
 #![forbid(unsafe_code)]
 
 mod bench;
 mod info;
 mod pool;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,6 +38,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the tiered cache over memcached's protocols (ascii, meta, binary).
+    Serve(serve::ServeArgs),
     /// Show the memory media this machine offers.
     Info {
         /// Also probe this directory as a file tier (DAX? durability? free space?).
@@ -102,6 +106,7 @@ enum BenchCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
         Command::Info { dir } => info::run(dir.as_deref()),
         Command::Bench(BenchCommand::Kinds {
             dir,

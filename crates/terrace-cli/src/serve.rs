@@ -1,0 +1,90 @@
+//! `terrace serve`: flags → [`terrace_server::ServerConfig`] → the server, with logs on
+//! stderr (text, or JSON lines with `--log-json`; level from `RUST_LOG`, default info).
+
+use std::path::PathBuf;
+
+use terrace_cache::spec::{parse_size, TierList};
+use terrace_server::config::{Overrides, ServerConfig};
+
+/// The flags of `terrace serve`; every one may also be set in the `--config` TOML file.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// TOML file with the same settings as these flags (flags win).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// TCP address to listen on [default: 127.0.0.1:11211; off when only --unix is given].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// UNIX socket to listen on.
+    #[arg(long, value_name = "PATH")]
+    unix: Option<PathBuf>,
+    /// Data directory of the file tiers, created if missing [default: terrace-data].
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Tiers, fastest first: dram:SIZE, file:SIZE, numa:NODE:SIZE, or ratios of
+    /// --capacity (dram:1,file:3) [default: dram:64MiB,file:256MiB].
+    #[arg(long, value_name = "SPEC", value_parser = parse_tiers)]
+    tiers: Option<TierList>,
+    /// Total capacity, needed when tiers are ratios (e.g. 1GiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    capacity: Option<u64>,
+    /// Worker threads [default: the number of CPUs].
+    #[arg(long, short = 't')]
+    threads: Option<usize>,
+    /// Largest value accepted (e.g. 1MiB, up to 1GiB) [default: 1MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    max_item_size: Option<u64>,
+    /// Simultaneous client connections [default: 1024].
+    #[arg(long, short = 'c')]
+    max_connections: Option<usize>,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
+    /// Logs as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn parse_tiers(s: &str) -> Result<TierList, String> {
+    s.parse()
+}
+
+pub fn run(args: ServeArgs) -> Result<(), String> {
+    let config = ServerConfig::resolve(Overrides {
+        config: args.config,
+        listen: args.listen,
+        unix: args.unix,
+        dir: args.dir,
+        tiers: args.tiers,
+        capacity: args.capacity,
+        threads: args.threads,
+        max_item_size: args.max_item_size,
+        max_connections: args.max_connections,
+        metrics: args.metrics,
+        log_json: args.log_json,
+    })
+    .map_err(|e| e.to_string())?;
+    init_logs(config.log_json);
+    tracing::info!(
+        listen = %terrace_server::server::describe_listen(&config),
+        tiers = %config.tiers,
+        dir = %config.dir.display(),
+        threads = config.threads,
+        "starting"
+    );
+    terrace_server::run(config).map_err(|e| e.to_string())
+}
+
+fn init_logs(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second initialisation (tests) is not an error worth stopping for.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

@@ -1,0 +1,197 @@
+//! The wire protocols, as pure functions from input bytes to reply bytes: no sockets, no
+//! async, so every parser is tested and fuzzed on byte slices.
+//!
+//! A connection's loop (`conn.rs`) keeps an input buffer and calls [`handle`] until it
+//! asks for more bytes; each call handles at most one request and appends its reply (if
+//! any) to `out`, which the loop writes out when the input runs dry (so pipelined and
+//! quiet requests batch into one write).
+//!
+//! Invariants every protocol keeps:
+//! - never panic, whatever the bytes (the fuzz tests feed garbage);
+//! - ask for more input only up to a bound: a command line is at most
+//!   [`MAX_LINE`] bytes, a request body at most what the limits allow; anything larger is
+//!   answered with an error and either swallowed without buffering ([`Step::Swallow`]) or
+//!   the connection is closed ([`Step::Close`]);
+//! - the first byte of a connection picks its protocol: `0x80` is binary, anything else
+//!   text (ascii and meta commands share the text protocol, as in memcached).
+
+pub mod binary;
+pub mod meta;
+pub mod text;
+
+use crate::shared::Shared;
+
+/// Longest text command line accepted, `\r\n` included (memcached: 2048 for ascii; meta
+/// lines with many flags and base64 keys need a little more).
+pub const MAX_LINE: usize = 8192;
+
+/// What the connection loop does after one call of a protocol handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// One request handled, its reply (if any) appended: drop `consumed` input bytes.
+    Done { consumed: usize },
+    /// The request is incomplete. `total`: the whole request's length from the start of
+    /// the input, when known (so the loop can reserve it); always bounded by the limits.
+    NeedMore { total: Option<usize> },
+    /// An error reply was appended for a request whose body is too large to buffer:
+    /// drop `consumed` bytes, then discard the next `skip` bytes as they arrive.
+    Swallow { consumed: usize, skip: usize },
+    /// Append nothing more: drop `consumed` bytes, write out what was replied so far and
+    /// close (`quit`, or input that cannot be resynchronised).
+    Close { consumed: usize },
+}
+
+/// Which protocol a connection speaks, fixed by its first byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Text,
+    Binary,
+}
+
+impl Protocol {
+    /// The protocol of a connection whose first input byte is `first`.
+    pub fn detect(first: u8) -> Protocol {
+        if first == binary::REQUEST_MAGIC {
+            Protocol::Binary
+        } else {
+            Protocol::Text
+        }
+    }
+}
+
+/// Handles at most one request at the start of `input` (non-empty).
+pub fn handle(shared: &Shared, proto: Protocol, input: &[u8], out: &mut Vec<u8>) -> Step {
+    match proto {
+        Protocol::Text => text::handle(shared, input, out),
+        Protocol::Binary => binary::handle(shared, input, out),
+    }
+}
+
+/// A text command line found at the start of the input.
+#[derive(Clone, Copy, Debug)]
+pub struct Line<'a> {
+    /// The line without its `\n` (and without a `\r` before it).
+    pub text: &'a [u8],
+    /// Bytes up to and including the `\n`.
+    pub consumed: usize,
+}
+
+/// The first line of `input`, `Err(true)` when no `\n` is within [`MAX_LINE`] bytes (the
+/// line is too long), `Err(false)` when more input may complete it.
+pub fn split_line(input: &[u8]) -> Result<Line<'_>, bool> {
+    let window = &input[..input.len().min(MAX_LINE)];
+    match window.iter().position(|&b| b == b'\n') {
+        Some(nl) => {
+            let text = &input[..nl];
+            let text = text.strip_suffix(b"\r").unwrap_or(text);
+            Ok(Line {
+                text,
+                consumed: nl + 1,
+            })
+        }
+        None => Err(input.len() >= MAX_LINE),
+    }
+}
+
+/// The body of a text storage command: `len` data bytes then `\r\n`, starting at `start`.
+/// `Ok(None)`: not all here yet.
+pub fn data_block(input: &[u8], start: usize, len: usize) -> Result<Option<&[u8]>, ()> {
+    let end = start.checked_add(len).ok_or(())?;
+    let Some(rest) = input.get(end..) else {
+        return Ok(None);
+    };
+    if rest.len() < 2 {
+        return Ok(None);
+    }
+    if &rest[..2] != b"\r\n" {
+        return Err(());
+    }
+    Ok(Some(&input[start..end]))
+}
+
+/// Appends the decimal digits of `n`.
+pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// Parses an unsigned decimal (ASCII digits only, no sign, no spaces), as memcached's
+/// `safe_strtoull`.
+pub fn parse_u64(b: &[u8]) -> Option<u64> {
+    if b.is_empty() || b.len() > 20 {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &c in b {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+    }
+    Some(n)
+}
+
+/// Parses a signed decimal (optional leading `-`).
+pub fn parse_i64(b: &[u8]) -> Option<i64> {
+    match b.strip_prefix(b"-") {
+        Some(digits) => {
+            let n = parse_u64(digits)?;
+            if n <= i64::MAX as u64 + 1 {
+                Some((n as i128).wrapping_neg() as i64)
+            } else {
+                None
+            }
+        }
+        None => i64::try_from(parse_u64(b)?).ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_bounded() {
+        assert_eq!(split_line(b"get a\r\nrest").unwrap().text, b"get a");
+        assert_eq!(split_line(b"get a\r\nrest").unwrap().consumed, 7);
+        assert_eq!(split_line(b"get a\nx").unwrap().text, b"get a");
+        assert_eq!(split_line(b"get a").unwrap_err(), false);
+        assert_eq!(split_line(&vec![b'a'; MAX_LINE]).unwrap_err(), true);
+    }
+
+    #[test]
+    fn numbers() {
+        let mut out = Vec::new();
+        for n in [0u64, 7, 10, 12345, u64::MAX] {
+            out.clear();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string().as_bytes());
+            assert_eq!(parse_u64(&out), Some(n));
+        }
+        assert_eq!(parse_u64(b"18446744073709551616"), None);
+        assert_eq!(parse_u64(b""), None);
+        assert_eq!(parse_u64(b"-1"), None);
+        assert_eq!(parse_u64(b"1x"), None);
+        assert_eq!(parse_i64(b"-1"), Some(-1));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_i64(b"9223372036854775808"), None);
+        assert_eq!(parse_i64(b"-"), None);
+    }
+
+    #[test]
+    fn data_blocks_need_their_terminator() {
+        assert_eq!(data_block(b"xxabc\r\n", 2, 3), Ok(Some(&b"abc"[..])));
+        assert_eq!(data_block(b"xxabc\r", 2, 3), Ok(None));
+        assert_eq!(data_block(b"xxabcde", 2, 3), Err(()));
+        assert_eq!(data_block(b"xx", 2, usize::MAX), Err(()));
+    }
+}

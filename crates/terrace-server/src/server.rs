@@ -1,0 +1,366 @@
+//! The server's lifecycle: open the cache (warm after a clean stop, recovered after a
+//! crash), start the movers, listen on TCP and/or a UNIX socket (and the opt-in
+//! Prometheus endpoint), serve until SIGTERM/SIGINT, then stop cleanly: close the
+//! listeners and connections, stop the movers and save the index so the next start is
+//! warm.
+//!
+//! Invariant: the cache is shut down (index saved) only after every connection task and
+//! the movers have let go of it; if something still holds it, the stop is reported as
+//! unclean (the next start scans the segments, which is safe, only slower).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use terrace_cache::{Cache, CacheConfig, Limits as CacheLimits, Medium};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+
+use crate::config::ServerConfig;
+use crate::shared::{Limits, Shared};
+use crate::stats;
+use crate::workers::{Accepted, Workers};
+
+/// How long the movers sleep between rounds (they also run when a writer runs low).
+const MOVER_INTERVAL: Duration = Duration::from_millis(5);
+/// How long connections get to finish at shutdown.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// Why the server could not start, or did not stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot create the data directory {dir:?}: {source}")]
+    DataDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open the cache: {0}")]
+    Cache(#[from] terrace_cache::CacheError),
+    #[error("cannot listen on {what}: {source}")]
+    Listen {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("clean shutdown failed, the next start will scan the tiers: {0}")]
+    Shutdown(String),
+}
+
+/// Opens the cache the configuration describes.
+pub fn open_cache(config: &ServerConfig) -> Result<(Cache, terrace_cache::CacheRecovery), ServeError> {
+    if config.tiers.has_file() {
+        std::fs::create_dir_all(&config.dir).map_err(|source| ServeError::DataDir {
+            dir: config.dir.clone(),
+            source,
+        })?;
+    }
+    let mut cache_config = CacheConfig::new(config.tiers.configs(&config.dir));
+    cache_config.total_bytes = config.capacity;
+    cache_config.limits = CacheLimits {
+        max_value_len: u32::try_from(config.max_item_size).unwrap_or(u32::MAX),
+        ..CacheLimits::default()
+    };
+    cache_config.stripes = config.threads;
+    Ok(Cache::open(cache_config)?)
+}
+
+/// Runs the server until SIGTERM or SIGINT; returns after a clean shutdown.
+pub fn run(config: ServerConfig) -> Result<(), ServeError> {
+    let (cache, recovery) = open_cache(&config)?;
+    let cache = Arc::new(cache);
+    tracing::info!(
+        items = cache.stats().items,
+        recovery = ?recovery,
+        "cache opened"
+    );
+    describe_tiers(&config, &cache);
+    let movers = Cache::start_movers(&cache, MOVER_INTERVAL);
+    let shared = Arc::new(Shared::new(
+        Arc::clone(&cache),
+        Limits {
+            max_value: usize::try_from(config.max_item_size).unwrap_or(usize::MAX),
+            max_key: CacheLimits::default().max_key_len as usize,
+        },
+        config.max_connections,
+        config.threads,
+    ));
+    // The acceptor, signals, metrics and timers run here; connections on the workers.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .thread_name("terrace-main")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let workers = Workers::start(config.threads, &shared, &stop_rx, DRAIN)
+        .map_err(ServeError::Runtime)?;
+    let workers = Arc::new(workers);
+    let served = runtime.block_on(serve_until_signal(
+        &config,
+        Arc::clone(&shared),
+        Arc::clone(&workers),
+        stop_tx,
+        stop_rx,
+    ));
+    runtime.shutdown_timeout(DRAIN);
+    match Arc::try_unwrap(workers) {
+        Ok(workers) => workers.stop(),
+        Err(_) => tracing::warn!("an acceptor outlived the runtime"),
+    }
+    drop(movers);
+    served?;
+    drop(shared);
+    match Arc::try_unwrap(cache) {
+        Ok(cache) => {
+            cache.shutdown()?;
+            tracing::info!("clean shutdown: index saved");
+            Ok(())
+        }
+        Err(_) => Err(ServeError::Shutdown(
+            "the cache is still in use by a connection".to_string(),
+        )),
+    }
+}
+
+fn describe_tiers(config: &ServerConfig, cache: &Cache) {
+    let stats = cache.stats();
+    let segment = cache.segment_size() as u64;
+    for (i, (tier, t)) in config
+        .tiers
+        .configs(&config.dir)
+        .iter()
+        .zip(&stats.tiers)
+        .enumerate()
+    {
+        let medium = match &tier.medium {
+            Medium::Dram { .. } => "dram".to_string(),
+            Medium::File { dir } => format!("file in {}", dir.display()),
+            Medium::Numa { node } => format!("numa node {node}"),
+        };
+        let bytes = u64::from(t.segments) * segment;
+        tracing::info!(tier = i, medium = %medium, bytes, durability = ?t.durability, "tier");
+        println!(
+            "terrace: tier {i}: {medium}, {} MiB{}",
+            bytes >> 20,
+            match t.durability {
+                Some(d) => format!(" (survives: {d:?})"),
+                None => String::new(),
+            }
+        );
+    }
+}
+
+async fn serve_until_signal(
+    config: &ServerConfig,
+    shared: Arc<Shared>,
+    workers: Arc<Workers>,
+    stop_tx: watch::Sender<bool>,
+    stop_rx: watch::Receiver<bool>,
+) -> Result<(), ServeError> {
+    if let Some(addr) = &config.listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Listen {
+                what: format!("tcp {addr}"),
+                source,
+            })?;
+        let local = listener.local_addr().map_err(|source| ServeError::Listen {
+            what: format!("tcp {addr}"),
+            source,
+        })?;
+        announce("tcp", &local.to_string());
+        tokio::spawn(accept_tcp(listener, Arc::clone(&shared), Arc::clone(&workers), stop_rx.clone()));
+    }
+    if let Some(path) = &config.unix {
+        let listener = bind_unix(path)?;
+        announce("unix", &path.display().to_string());
+        tokio::spawn(accept_unix(listener, Arc::clone(&shared), Arc::clone(&workers), stop_rx.clone()));
+    }
+    if let Some(addr) = &config.metrics {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Listen {
+                what: format!("metrics {addr}"),
+                source,
+            })?;
+        if let Ok(local) = listener.local_addr() {
+            announce("metrics", &format!("http://{local}/metrics"));
+        }
+        tokio::spawn(serve_metrics(listener, Arc::clone(&shared), stop_rx.clone()));
+    }
+    tokio::spawn(tick(Arc::clone(&shared), stop_rx.clone()));
+    wait_for_signal().await;
+    tracing::info!("stopping: closing connections, then saving the index");
+    let _ = stop_tx.send(true);
+    // Give connections a moment to see the stop and close.
+    let deadline = tokio::time::Instant::now() + DRAIN;
+    while shared.counters.curr_connections.load(std::sync::atomic::Ordering::Relaxed) > 0
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if let Some(path) = &config.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// Prints where the server listens, on stdout (one line each: scripts wait for it).
+fn announce(kind: &str, address: &str) {
+    tracing::info!(kind, address, "listening");
+    println!("terrace: listening on {kind} {address}");
+}
+
+fn bind_unix(path: &std::path::Path) -> Result<UnixListener, ServeError> {
+    use std::os::unix::fs::FileTypeExt;
+    // A socket file left by an earlier run is replaced; any other file is not touched.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    UnixListener::bind(path).map_err(|source| ServeError::Listen {
+        what: format!("unix {}", path.display()),
+        source,
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        _ => {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            std::future::pending::<()>().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+}
+
+async fn accept_tcp(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    workers: Arc<Workers>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.changed() => return,
+        };
+        match accepted.and_then(|(stream, _peer)| {
+            let _ = stream.set_nodelay(true);
+            stream.into_std()
+        }) {
+            Ok(stream) => workers.dispatch(&shared, Accepted::Tcp(stream)).await,
+            Err(e) => accept_failed(e).await,
+        }
+    }
+}
+
+async fn accept_unix(
+    listener: UnixListener,
+    shared: Arc<Shared>,
+    workers: Arc<Workers>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.changed() => return,
+        };
+        match accepted.and_then(|(stream, _peer)| stream.into_std()) {
+            Ok(stream) => workers.dispatch(&shared, Accepted::Unix(stream)).await,
+            Err(e) => accept_failed(e).await,
+        }
+    }
+}
+
+/// Accept errors (out of file descriptors, mostly) are logged and retried after a pause
+/// rather than spinning.
+async fn accept_failed(e: std::io::Error) {
+    tracing::warn!(error = %e, "accept failed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Once a second: a delayed `flush_all` whose time has come.
+async fn tick(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = every.tick() => {
+                if shared.run_delayed_flush() {
+                    tracing::info!("delayed flush_all carried out");
+                }
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// The Prometheus endpoint: `GET /metrics` over HTTP/1.x, one response per connection.
+async fn serve_metrics(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.changed() => return,
+        };
+        let Ok((mut stream, _)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let mut head = Vec::with_capacity(1024);
+            let read_head = async {
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+                    let n = stream.read(&mut buf).await.ok()?;
+                    if n == 0 {
+                        return None;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                }
+                Some(())
+            };
+            if tokio::time::timeout(Duration::from_secs(5), read_head)
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+            {
+                return;
+            }
+            let response = if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET / ") {
+                let body = stats::prometheus(&shared);
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+/// The address a configuration listens on, for messages.
+pub fn describe_listen(config: &ServerConfig) -> String {
+    match (&config.listen, &config.unix) {
+        (Some(a), Some(u)) => format!("tcp {a} and unix {}", u.display()),
+        (Some(a), None) => format!("tcp {a}"),
+        (None, Some(u)) => format!("unix {}", u.display()),
+        (None, None) => "nothing".to_string(),
+    }
+}

@@ -1,0 +1,377 @@
+//! What every connection shares: the cache, the server's settings and counters, and the
+//! memcached semantics the three protocols have in common (expiry times, counted gets and
+//! stores, delayed flush), so each protocol module only parses and formats.
+//!
+//! Invariants: every operation here counts itself under memcached's stat names exactly
+//! once; an exptime that is already in the past never leaves the key's old value
+//! readable (memcached stores the item expired; Terrace removes the key, which reads the
+//! same).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use terrace_cache::{Cache, CacheError, Guard, Store};
+
+use crate::stats::{Counter, Counters};
+
+/// memcached treats an exptime above this many seconds (30 days) as a Unix time.
+pub const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
+
+/// Settings the protocols need at run time.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest value accepted, bytes.
+    pub max_value: usize,
+    /// Longest key accepted, bytes (memcached: 250).
+    pub max_key: usize,
+}
+
+/// How a storage command conditions its write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreOp {
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+    /// Store only if the key's CAS is this.
+    Cas(u64),
+}
+
+/// A cache failure as the protocols report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Key empty, too long or with bytes a key cannot hold.
+    BadKey,
+    /// Value (or appended result) larger than the limit.
+    TooLarge,
+    /// No room could be made.
+    OutOfMemory,
+    /// incr/decr of a value that is not a number.
+    NotANumber,
+    /// Anything else (media error); logged.
+    Internal,
+}
+
+impl Failure {
+    pub fn of(e: &CacheError) -> Failure {
+        match e {
+            CacheError::Encode(terrace_cache::EncodeError::KeyTooLong { .. })
+            | CacheError::Encode(terrace_cache::EncodeError::EmptyKey) => Failure::BadKey,
+            CacheError::Encode(_) | CacheError::TooLarge { .. } => Failure::TooLarge,
+            CacheError::NoSpace { .. } => Failure::OutOfMemory,
+            CacheError::NotANumber => Failure::NotANumber,
+            other => {
+                tracing::warn!(error = %other, "cache operation failed");
+                Failure::Internal
+            }
+        }
+    }
+}
+
+/// The state every connection shares.
+pub struct Shared {
+    pub cache: Arc<Cache>,
+    pub limits: Limits,
+    pub counters: Counters,
+    pub started: Instant,
+    /// Listener-level facts `stats` reports.
+    pub max_connections: usize,
+    pub threads: usize,
+    /// Unix time at which a delayed `flush_all` takes effect (0: none pending).
+    flush_at: AtomicU64,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("limits", &self.limits).finish()
+    }
+}
+
+/// What an exptime means now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// Lives this many seconds (0: forever).
+    Ttl(u32),
+    /// Already expired: the write removes the key.
+    Past,
+}
+
+impl Shared {
+    pub fn new(cache: Arc<Cache>, limits: Limits, max_connections: usize, threads: usize) -> Shared {
+        Shared {
+            cache,
+            limits,
+            counters: Counters::new(),
+            started: Instant::now(),
+            max_connections,
+            threads,
+            flush_at: AtomicU64::new(0),
+        }
+    }
+
+    /// The server version string.
+    pub fn version(&self) -> &'static str {
+        concat!("1.6.18-terrace-", env!("CARGO_PKG_VERSION"))
+    }
+
+    /// Unix seconds on the cache's clock.
+    pub fn now(&self) -> u32 {
+        self.cache.now()
+    }
+
+    /// memcached's exptime rules: 0 never expires; up to 30 days is relative; above is a
+    /// Unix time; negative, or an absolute time not in the future, is already expired.
+    pub fn expiry(&self, exptime: i64) -> Expiry {
+        if exptime == 0 {
+            return Expiry::Ttl(0);
+        }
+        if exptime < 0 {
+            return Expiry::Past;
+        }
+        let ttl = if exptime > REALTIME_MAXDELTA {
+            exptime - i64::from(self.now())
+        } else {
+            exptime
+        };
+        if ttl <= 0 {
+            Expiry::Past
+        } else {
+            Expiry::Ttl(u32::try_from(ttl).unwrap_or(u32::MAX))
+        }
+    }
+
+    /// A counted get (cmd_get, get_hits, get_misses).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Guard<'_>>, Failure> {
+        self.counters.add(Counter::CmdGet, 1);
+        let r = self.cache.get(key).map_err(|e| Failure::of(&e))?;
+        self.counters.add(
+            if r.is_some() {
+                Counter::GetHits
+            } else {
+                Counter::GetMisses
+            },
+            1,
+        );
+        Ok(r)
+    }
+
+    /// Get-and-touch: gives a present key a new expiry, then reads it (counted as a touch
+    /// and a get).
+    pub fn gat(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
+        self.counters.add(Counter::CmdTouch, 1);
+        let touched = match self.expiry(exptime) {
+            Expiry::Ttl(ttl) => self.cache.touch(key, ttl).map_err(|e| Failure::of(&e))?,
+            Expiry::Past => {
+                // The item is returned once more, then gone (memcached returns it too).
+                let hit = self.get(key)?;
+                if hit.is_some() {
+                    self.counters.add(Counter::TouchHits, 1);
+                    let guard = hit;
+                    let _ = self.cache.delete(key);
+                    return Ok(guard);
+                }
+                self.counters.add(Counter::TouchMisses, 1);
+                return Ok(None);
+            }
+        };
+        self.counters.add(
+            if touched {
+                Counter::TouchHits
+            } else {
+                Counter::TouchMisses
+            },
+            1,
+        );
+        if !touched {
+            self.counters.add(Counter::CmdGet, 1);
+            self.counters.add(Counter::GetMisses, 1);
+            return Ok(None);
+        }
+        self.get(key)
+    }
+
+    /// A storage command: `Store::Stored` carries the new CAS.
+    pub fn store(
+        &self,
+        op: StoreOp,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: i64,
+    ) -> Result<Store, Failure> {
+        self.counters.add(Counter::CmdSet, 1);
+        let cache = &*self.cache;
+        let fail = |e: CacheError| Failure::of(&e);
+        let ttl = match self.expiry(exptime) {
+            Expiry::Ttl(t) => t,
+            Expiry::Past => return self.store_expired(op, key, value),
+        };
+        let r = match op {
+            StoreOp::Set => Store::Stored {
+                cas: cache.set(key, value, flags, ttl).map_err(fail)?,
+            },
+            StoreOp::Add => cache.add(key, value, flags, ttl).map_err(fail)?,
+            StoreOp::Replace => cache.replace(key, value, flags, ttl).map_err(fail)?,
+            StoreOp::Append => self.concat(key, value, false)?,
+            StoreOp::Prepend => self.concat(key, value, true)?,
+            StoreOp::Cas(cas) => {
+                let r = cache.cas(key, value, flags, ttl, cas).map_err(fail)?;
+                self.counters.add(
+                    match r {
+                        Store::Stored { .. } => Counter::CasHits,
+                        Store::Exists => Counter::CasBadval,
+                        _ => Counter::CasMisses,
+                    },
+                    1,
+                );
+                r
+            }
+        };
+        if matches!(r, Store::Stored { .. }) {
+            self.counters.add(Counter::TotalItems, 1);
+        }
+        Ok(r)
+    }
+
+    fn concat(&self, key: &[u8], data: &[u8], front: bool) -> Result<Store, Failure> {
+        let r = if front {
+            self.cache.prepend(key, data)
+        } else {
+            self.cache.append(key, data)
+        };
+        r.map_err(|e| Failure::of(&e))
+    }
+
+    /// A store whose exptime is already past: the answer the condition gives, and the
+    /// key ends up absent.
+    fn store_expired(&self, op: StoreOp, key: &[u8], value: &[u8]) -> Result<Store, Failure> {
+        if value.len() > self.limits.max_value {
+            return Err(Failure::TooLarge);
+        }
+        let cache = &*self.cache;
+        let present = cache.get(key).map_err(|e| Failure::of(&e))?.map(|g| g.cas());
+        let r = match (op, present) {
+            (StoreOp::Add, Some(_)) => Store::NotStored,
+            (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => Store::NotStored,
+            (StoreOp::Cas(_), None) => Store::NotFound,
+            (StoreOp::Cas(want), Some(have)) if want != have => Store::Exists,
+            _ => Store::Stored { cas: 0 },
+        };
+        if r == (Store::Stored { cas: 0 }) {
+            cache.delete(key).map_err(|e| Failure::of(&e))?;
+        }
+        Ok(r)
+    }
+
+    /// Counted delete: whether a live item was removed.
+    pub fn delete(&self, key: &[u8]) -> Result<bool, Failure> {
+        let hit = self.cache.delete(key).map_err(|e| Failure::of(&e))?;
+        self.counters.add(
+            if hit {
+                Counter::DeleteHits
+            } else {
+                Counter::DeleteMisses
+            },
+            1,
+        );
+        Ok(hit)
+    }
+
+    /// Counted touch: whether the key was there.
+    pub fn touch(&self, key: &[u8], exptime: i64) -> Result<bool, Failure> {
+        self.counters.add(Counter::CmdTouch, 1);
+        let hit = match self.expiry(exptime) {
+            Expiry::Ttl(ttl) => self.cache.touch(key, ttl).map_err(|e| Failure::of(&e))?,
+            Expiry::Past => self.cache.delete(key).map_err(|e| Failure::of(&e))?,
+        };
+        self.counters.add(
+            if hit {
+                Counter::TouchHits
+            } else {
+                Counter::TouchMisses
+            },
+            1,
+        );
+        Ok(hit)
+    }
+
+    /// Counted incr (`incr = true`) or decr: the new value, `None` on a miss.
+    pub fn arith(&self, key: &[u8], delta: u64, incr: bool) -> Result<Option<u64>, Failure> {
+        let r = if incr {
+            self.cache.incr(key, delta)
+        } else {
+            self.cache.decr(key, delta)
+        }
+        .map_err(|e| Failure::of(&e))?;
+        let counter = match (incr, r.is_some()) {
+            (true, true) => Counter::IncrHits,
+            (true, false) => Counter::IncrMisses,
+            (false, true) => Counter::DecrHits,
+            (false, false) => Counter::DecrMisses,
+        };
+        self.counters.add(counter, 1);
+        Ok(r)
+    }
+
+    /// `flush_all [delay]`: now, or once the delay has passed (checked by
+    /// [`run_delayed_flush`](Self::run_delayed_flush), which the server calls every
+    /// second). A later flush_all replaces a pending one.
+    pub fn flush_all(&self, delay: i64) {
+        self.counters.add(Counter::CmdFlush, 1);
+        match self.expiry(delay) {
+            Expiry::Ttl(0) | Expiry::Past => {
+                self.flush_at.store(0, Ordering::Relaxed);
+                self.cache.flush_all();
+            }
+            Expiry::Ttl(secs) => {
+                let at = u64::from(self.now()) + u64::from(secs);
+                self.flush_at.store(at, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Carries out a delayed flush whose time has come; returns whether it did.
+    pub fn run_delayed_flush(&self) -> bool {
+        let at = self.flush_at.load(Ordering::Relaxed);
+        if at == 0 || u64::from(self.now()) < at {
+            return false;
+        }
+        if self
+            .flush_at
+            .compare_exchange(at, 0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.cache.flush_all();
+            return true;
+        }
+        false
+    }
+
+    /// Whether `key` is one the text protocols accept: 1..=max_key bytes, no control
+    /// characters or spaces.
+    pub fn key_ok(&self, key: &[u8]) -> bool {
+        !key.is_empty()
+            && key.len() <= self.limits.max_key
+            && key.iter().all(|&b| b > b' ' && b != 0x7f)
+    }
+}
+
+/// A small DRAM-only server state for the protocol modules' unit tests.
+#[cfg(test)]
+pub(crate) fn test_shared() -> Shared {
+    use terrace_cache::{CacheConfig, TierConfig, TierSize};
+    let mut config = CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(32 << 20))]);
+    config.stripes = 2;
+    let (cache, _) = Cache::open(config).expect("a 32 MiB DRAM cache opens");
+    Shared::new(
+        Arc::new(cache),
+        Limits {
+            max_value: 1 << 20,
+            max_key: 250,
+        },
+        1024,
+        2,
+    )
+}

@@ -1,0 +1,153 @@
+//! Worker threads, memcached's model: each worker runs its own single-threaded event
+//! loop, and the acceptor hands each new connection to the next worker round-robin.
+//! A connection lives on one worker for its whole life, so serving it never wakes
+//! another thread (a work-stealing runtime spent a futex wake-up per few requests).
+//!
+//! Invariants: a worker ends only after its hand-off channel is closed (the acceptor
+//! stopped) and its connections have ended or the drain deadline passed; a connection
+//! is counted in `curr_connections` from admission until its task ends, on whatever path.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::conn::{self, Admitted};
+use crate::shared::Shared;
+
+/// An accepted connection on its way to a worker.
+pub enum Accepted {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+/// The worker threads and their hand-off channels.
+pub struct Workers {
+    senders: Vec<mpsc::UnboundedSender<(Accepted, Admitted)>>,
+    next: AtomicUsize,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Starts `n` workers; their connections end when `stop` turns true, and get `drain`
+    /// to do so once the workers are [stopped](Self::stop).
+    pub fn start(
+        n: usize,
+        shared: &Arc<Shared>,
+        stop: &watch::Receiver<bool>,
+        drain: Duration,
+    ) -> std::io::Result<Workers> {
+        let mut senders = Vec::with_capacity(n);
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .enable_time()
+                .build()?;
+            let shared = Arc::clone(shared);
+            let stop = stop.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("terrace-worker-{i}"))
+                .spawn(move || runtime.block_on(work(rx, shared, stop, drain)))?;
+            senders.push(tx);
+            threads.push(thread);
+        }
+        Ok(Workers {
+            senders,
+            next: AtomicUsize::new(0),
+            threads,
+        })
+    }
+
+    /// Admits a connection (or refuses it over the limit) and hands it to a worker.
+    pub async fn dispatch(&self, shared: &Arc<Shared>, accepted: Accepted) {
+        let Some(admitted) = Admitted::try_new(shared) else {
+            refuse(accepted).await;
+            return;
+        };
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.senders.len();
+        // A worker that is gone drops the connection, which closes it.
+        let _ = self.senders[i].send((accepted, admitted));
+    }
+
+    /// Closes the hand-off channels and waits for the workers to end.
+    pub fn stop(self) {
+        drop(self.senders);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn work(
+    mut handoff: mpsc::UnboundedReceiver<(Accepted, Admitted)>,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            next = handoff.recv() => match next {
+                Some((accepted, admitted)) => {
+                    let shared = Arc::clone(&shared);
+                    let stop = stop.clone();
+                    match accepted {
+                        Accepted::Tcp(s) => {
+                            if let Ok(s) = tokio::net::TcpStream::from_std(s) {
+                                connections.spawn(serve_admitted(shared, s, stop, admitted));
+                            }
+                        }
+                        Accepted::Unix(s) => {
+                            if let Ok(s) = tokio::net::UnixStream::from_std(s) {
+                                connections.spawn(serve_admitted(shared, s, stop, admitted));
+                            }
+                        }
+                    }
+                }
+                None => break,
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    let _ = tokio::time::timeout(drain, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+}
+
+async fn serve_admitted<S>(
+    shared: Arc<Shared>,
+    stream: S,
+    stop: watch::Receiver<bool>,
+    admitted: Admitted,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    conn::serve(shared, stream, stop).await;
+    drop(admitted);
+}
+
+/// Refuses a connection over the limit the way memcached does.
+async fn refuse(accepted: Accepted) {
+    const MESSAGE: &[u8] = b"ERROR Too many open connections\r\n";
+    match accepted {
+        Accepted::Tcp(s) => {
+            if let Ok(mut s) = tokio::net::TcpStream::from_std(s) {
+                let _ = s.write_all(MESSAGE).await;
+                let _ = s.shutdown().await;
+            }
+        }
+        Accepted::Unix(s) => {
+            if let Ok(mut s) = tokio::net::UnixStream::from_std(s) {
+                let _ = s.write_all(MESSAGE).await;
+                let _ = s.shutdown().await;
+            }
+        }
+    }
+}
