@@ -143,9 +143,8 @@ impl Counters {
 
     /// `stats reset`: every counter reads 0 from now on (the connection gauge is kept).
     pub fn reset(&self) {
-        for i in 0..COUNTERS {
-            let c = ALL[i];
-            self.baseline[i].store(self.total(c), Ordering::Relaxed);
+        for (c, base) in ALL.iter().zip(&self.baseline) {
+            base.store(self.total(*c), Ordering::Relaxed);
         }
     }
 }

@@ -661,7 +661,7 @@ mod tests {
                 skip: n + 2
             }
         );
-        input.extend(std::iter::repeat(b'v').take(n));
+        input.extend(std::iter::repeat_n(b'v', n));
         input.extend_from_slice(b"\r\nget a\r\n");
         assert_eq!(
             run(&s, &input).0,
