@@ -86,7 +86,9 @@ impl Size {
     fn bytes(&self, setting: &'static str) -> Result<u64, ConfigError> {
         match self {
             Size::Bytes(b) => Ok(*b),
-            Size::Text(s) => parse_size(s).map_err(|message| ConfigError::Invalid { setting, message }),
+            Size::Text(s) => {
+                parse_size(s).map_err(|message| ConfigError::Invalid { setting, message })
+            }
         }
     }
 }
@@ -238,7 +240,10 @@ impl ServerConfig {
             })
         };
         if self.listen.is_none() && self.unix.is_none() {
-            return invalid("listen", "no TCP address and no UNIX socket: nothing to serve");
+            return invalid(
+                "listen",
+                "no TCP address and no UNIX socket: nothing to serve",
+            );
         }
         if self.tiers.0.is_empty() {
             return invalid("tiers", "at least one tier is needed");
@@ -310,11 +315,18 @@ mod tests {
         assert!(e.contains("bogus"), "{e}");
         let e = c.apply_toml("tiers = \"ssd:1\"\n").unwrap_err().to_string();
         assert!(e.starts_with("tiers:"), "{e}");
-        let e = c.apply_toml("max-item-size = \"1XB\"\n").unwrap_err().to_string();
+        let e = c
+            .apply_toml("max-item-size = \"1XB\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("max-item-size:"), "{e}");
         let mut c = ServerConfig::default();
         c.apply_toml("tiers = \"dram:1,file:1\"\n").unwrap();
-        assert!(c.validate().unwrap_err().to_string().starts_with("capacity:"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("capacity:"));
         let e = ServerConfig::resolve(Overrides {
             config: Some(PathBuf::from("/nonexistent/terrace.toml")),
             ..Overrides::default()

@@ -49,7 +49,9 @@ pub enum ServeError {
 }
 
 /// Opens the cache the configuration describes.
-pub fn open_cache(config: &ServerConfig) -> Result<(Cache, terrace_cache::CacheRecovery), ServeError> {
+pub fn open_cache(
+    config: &ServerConfig,
+) -> Result<(Cache, terrace_cache::CacheRecovery), ServeError> {
     if config.tiers.has_file() {
         std::fs::create_dir_all(&config.dir).map_err(|source| ServeError::DataDir {
             dir: config.dir.clone(),
@@ -94,8 +96,8 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
         .build()
         .map_err(ServeError::Runtime)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let workers = Workers::start(config.threads, &shared, &stop_rx, DRAIN)
-        .map_err(ServeError::Runtime)?;
+    let workers =
+        Workers::start(config.threads, &shared, &stop_rx, DRAIN).map_err(ServeError::Runtime)?;
     let workers = Arc::new(workers);
     let served = runtime.block_on(serve_until_signal(
         &config,
@@ -171,12 +173,22 @@ async fn serve_until_signal(
             source,
         })?;
         announce("tcp", &local.to_string());
-        tokio::spawn(accept_tcp(listener, Arc::clone(&shared), Arc::clone(&workers), stop_rx.clone()));
+        tokio::spawn(accept_tcp(
+            listener,
+            Arc::clone(&shared),
+            Arc::clone(&workers),
+            stop_rx.clone(),
+        ));
     }
     if let Some(path) = &config.unix {
         let listener = bind_unix(path)?;
         announce("unix", &path.display().to_string());
-        tokio::spawn(accept_unix(listener, Arc::clone(&shared), Arc::clone(&workers), stop_rx.clone()));
+        tokio::spawn(accept_unix(
+            listener,
+            Arc::clone(&shared),
+            Arc::clone(&workers),
+            stop_rx.clone(),
+        ));
     }
     if let Some(addr) = &config.metrics {
         let listener = TcpListener::bind(addr)
@@ -188,7 +200,11 @@ async fn serve_until_signal(
         if let Ok(local) = listener.local_addr() {
             announce("metrics", &format!("http://{local}/metrics"));
         }
-        tokio::spawn(serve_metrics(listener, Arc::clone(&shared), stop_rx.clone()));
+        tokio::spawn(serve_metrics(
+            listener,
+            Arc::clone(&shared),
+            stop_rx.clone(),
+        ));
     }
     tokio::spawn(tick(Arc::clone(&shared), stop_rx.clone()));
     wait_for_signal().await;
@@ -196,7 +212,11 @@ async fn serve_until_signal(
     let _ = stop_tx.send(true);
     // Give connections a moment to see the stop and close.
     let deadline = tokio::time::Instant::now() + DRAIN;
-    while shared.counters.curr_connections.load(std::sync::atomic::Ordering::Relaxed) > 0
+    while shared
+        .counters
+        .curr_connections
+        .load(std::sync::atomic::Ordering::Relaxed)
+        > 0
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -308,7 +328,11 @@ async fn tick(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
 }
 
 /// The Prometheus endpoint: `GET /metrics` over HTTP/1.x, one response per connection.
-async fn serve_metrics(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+async fn serve_metrics(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -347,7 +371,8 @@ async fn serve_metrics(listener: TcpListener, shared: Arc<Shared>, mut stop: wat
                     body.len()
                 )
             } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_string()
             };
             let _ = stream.write_all(response.as_bytes()).await;
             let _ = stream.shutdown().await;

@@ -85,7 +85,9 @@ pub struct Shared {
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").field("limits", &self.limits).finish()
+        f.debug_struct("Shared")
+            .field("limits", &self.limits)
+            .finish()
     }
 }
 
@@ -99,7 +101,12 @@ pub enum Expiry {
 }
 
 impl Shared {
-    pub fn new(cache: Arc<Cache>, limits: Limits, max_connections: usize, threads: usize) -> Shared {
+    pub fn new(
+        cache: Arc<Cache>,
+        limits: Limits,
+        max_connections: usize,
+        threads: usize,
+    ) -> Shared {
         Shared {
             cache,
             limits,
@@ -251,7 +258,10 @@ impl Shared {
             return Err(Failure::TooLarge);
         }
         let cache = &*self.cache;
-        let present = cache.get(key).map_err(|e| Failure::of(&e))?.map(|g| g.cas());
+        let present = cache
+            .get(key)
+            .map_err(|e| Failure::of(&e))?
+            .map(|g| g.cas());
         let r = match (op, present) {
             (StoreOp::Add, Some(_)) => Store::NotStored,
             (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => Store::NotStored,

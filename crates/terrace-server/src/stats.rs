@@ -274,11 +274,17 @@ pub fn report(shared: &Shared) -> Vec<(String, Value)> {
     let evicted: u64 = cache.tiers.last().map_or(0, |t| t.items_evicted);
     put("evictions", Value::Int(evicted + cache.index_evictions));
     put("expired_unfetched", Value::Int(0));
-    put("protocol_errors", Value::Int(c.get(Counter::ProtocolErrors)));
+    put(
+        "protocol_errors",
+        Value::Int(c.get(Counter::ProtocolErrors)),
+    );
     // Terrace's own.
     put("terrace_tiers", Value::Int(cache.tiers.len() as u64));
     put("terrace_demotions", Value::Int(cache.demotions));
-    put("terrace_inline_evictions", Value::Int(cache.inline_evictions));
+    put(
+        "terrace_inline_evictions",
+        Value::Int(cache.inline_evictions),
+    );
     put(
         "terrace_background_evictions",
         Value::Int(cache.background_evictions),

@@ -1,9 +1,1551 @@
-//! memcached's meta commands (placeholder until the module lands).
+//! memcached's meta commands (`mg`, `ms`, `md`, `ma`, `mn`, `me`), as memcached 1.6
+//! speaks them: a two-letter command, one key, then single-letter flags, some with a
+//! token glued on (`T30`, `Oabc`); replies are a two-letter code followed by the flags the
+//! request asked to have returned, in the request's order.
+//!
+//! This module owns the parsing of meta lines (a `Request`: the key, base64-decoded when
+//! `b` is given, and one `Flags` per command) and the formatting of meta replies; the
+//! cache semantics (expiry times, conditional stores, counted operations) are
+//! [`Shared`]'s, called rather than re-implemented.
+//!
+//! Invariants:
+//! - one call handles one request and never panics; `ms` asks for at most its line plus
+//!   `datalen + 2` bytes, and any `ms` refused once its length is known has its data
+//!   block swallowed unread ([`Step::Swallow`]), as memcached does;
+//! - `q` suppresses only the nominal reply (`EN` for `mg`, `HD` for `ms`/`md`, any
+//!   success for `ma`); errors and the other codes are always sent;
+//! - `O` (opaque, at most [`MAX_OPAQUE`] bytes with its letter) and `k` are echoed on
+//!   every reply code, `EN`/`NF`/`NS`/`EX` included; a base64 key comes back base64 with
+//!   a trailing `b`.
+//!
+//! Where Terrace differs from memcached (the engine does not keep the per-item state):
+//! - no remaining TTL is readable from the cache, so `t` is returned only when this very
+//!   request decided the TTL (`T`, or `N` creating the item): `-1` for no expiry, else
+//!   the TTL asked for — an upper bound, as the engine's TTL buckets may expire the item
+//!   a little earlier, never later. Otherwise `t` is left out of the reply (rather than
+//!   a wrong value), and `me` leaves out `exp=`;
+//! - `h` (hit before) and `l` (last access) are not tracked: always `h0`/`l0`; `me`
+//!   says `la=0 fetch=no`; `u` (no LRU bump) is accepted and has no effect;
+//! - no stale items or recache tokens: `md I` deletes (its `T` is moot), `ms I` stores
+//!   as usual, `mg R` never wins, and no reply carries `X` or `Z`. `mg N` creates the
+//!   empty item and answers with `W` to the client that created it; later clients see
+//!   the empty item without `Z`;
+//! - `E` (client-chosen CAS) is parsed and ignored: the engine assigns every CAS;
+//! - CAS checks the engine cannot make atomically (`md C`, `ma C`, `ms C` in append or
+//!   prepend mode) read the item's CAS, then act: a write racing in between may slip by;
+//! - a base64 key may hold any bytes (it is what the binary protocol stores); `b` in a
+//!   reply reflects the request, not how the item was first stored.
 
-use super::{Line, Step};
-use crate::shared::Shared;
+use std::borrow::Cow;
 
-pub fn handle(_shared: &Shared, line: Line<'_>, _input: &[u8], out: &mut Vec<u8>) -> Step {
-    out.extend_from_slice(b"ERROR\r\n");
-    Step::Done { consumed: line.consumed }
+use base64::alphabet;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use base64::Engine;
+use terrace_cache::{Guard, Store};
+
+use super::{data_block, parse_i64, parse_u64, push_decimal, BadChunk, Line, Step};
+use crate::shared::{Expiry, Failure, Shared, StoreOp};
+use crate::stats::Counter;
+
+/// Most tokens a meta line may have, command and key included (memcached's
+/// `MFLAG_MAX_OPT_LENGTH`).
+const MAX_TOKENS: usize = 20;
+
+/// Longest `O` token echoed back, its letter included (memcached's
+/// `MFLAG_MAX_OPAQUE_LENGTH`).
+pub const MAX_OPAQUE: usize = 32;
+
+/// Largest `ms` datalen memcached parses (a 32-bit int with room for the `\r\n`).
+const MAX_DATALEN: u64 = i32::MAX as u64 - 2;
+
+const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
+const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
+const BAD_CHUNK: &[u8] = b"CLIENT_ERROR bad data chunk\r\n";
+
+/// Keys decode with or without their `=` padding; replies encode with it.
+const KEY_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// Handles the meta command on `line` (whose first token is `mg`, `ms`, `md`, `ma`, `mn`
+/// or `me`); `input` starts at that line.
+pub fn handle(shared: &Shared, line: Line<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
+    let mut tokens = [&[][..]; MAX_TOKENS + 1];
+    let mut count = 0;
+    for token in line.text.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
+        if count == tokens.len() {
+            break;
+        }
+        tokens[count] = token;
+        count += 1;
+    }
+    let tokens = &tokens[..count];
+    let done = Step::Done {
+        consumed: line.consumed,
+    };
+    let command = tokens.first().copied().unwrap_or_default();
+    let parsed = match command {
+        b"mn" => {
+            out.extend_from_slice(b"MN\r\n");
+            return done;
+        }
+        b"ms" => return meta_set(shared, line, tokens, input, out),
+        b"mg" | b"md" | b"ma" => parse_request(shared, tokens, 2),
+        // memcached's `me` reads one optional token after the key: `b`.
+        b"me" => {
+            let base64 = tokens.get(2) == Some(&&b"b"[..]);
+            parse_request(shared, &tokens[..count.min(if base64 { 3 } else { 2 })], 2)
+        }
+        _ => {
+            out.extend_from_slice(b"ERROR\r\n");
+            return done;
+        }
+    };
+    match parsed {
+        Ok(request) => match command {
+            b"mg" => meta_get(shared, &request, out),
+            b"md" => meta_delete(shared, &request, out),
+            b"ma" => meta_arithmetic(shared, &request, out),
+            _ => meta_debug(shared, &request, out),
+        },
+        // memcached answers every flag error of `ma` the same way.
+        Err(e) if command == b"ma" && e.is_flag_error() => {
+            out.extend_from_slice(b"CLIENT_ERROR invalid or duplicate flag\r\n")
+        }
+        Err(e) => out.extend_from_slice(e.message()),
+    }
+    done
+}
+
+/// Why a meta line was refused before anything was done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ParseError {
+    /// Missing key, key too long or with bytes a key cannot hold.
+    BadFormat,
+    TooManyTokens,
+    DuplicateFlag,
+    InvalidFlag,
+    /// A flag's numeric token is missing or malformed.
+    BadToken,
+    BadInitial,
+    BadDelta,
+    OpaqueTooLong,
+    /// `b` given and the key is not base64.
+    KeyNotBase64,
+}
+
+impl ParseError {
+    fn message(self) -> &'static [u8] {
+        match self {
+            ParseError::BadFormat => BAD_FORMAT,
+            ParseError::TooManyTokens => b"CLIENT_ERROR options flags are too long\r\n",
+            ParseError::DuplicateFlag => b"CLIENT_ERROR duplicate flag\r\n",
+            ParseError::InvalidFlag => b"CLIENT_ERROR invalid flag\r\n",
+            ParseError::BadToken => b"CLIENT_ERROR bad token in command line format\r\n",
+            ParseError::BadInitial => b"CLIENT_ERROR invalid numeric initial value\r\n",
+            ParseError::BadDelta => b"CLIENT_ERROR invalid numeric delta value\r\n",
+            ParseError::OpaqueTooLong => b"CLIENT_ERROR opaque token too long\r\n",
+            ParseError::KeyNotBase64 => b"CLIENT_ERROR error decoding key\r\n",
+        }
+    }
+
+    /// Errors memcached's `ma` reports as `invalid or duplicate flag`.
+    fn is_flag_error(self) -> bool {
+        !matches!(self, ParseError::BadFormat | ParseError::OpaqueTooLong)
+    }
+}
+
+/// The key of a request: the bytes looked up, and whether they came base64-encoded.
+#[derive(Debug)]
+struct Key<'a> {
+    bytes: Cow<'a, [u8]>,
+    binary: bool,
+}
+
+/// The flags of one meta request. The reply-shaping letters (`k`, `O`, `s`, `t`, ...)
+/// are found in `letters`, which keeps every letter given in request order (each at
+/// most once); the rest is parsed into the fields below.
+#[derive(Debug, Default)]
+struct Flags<'a> {
+    letters: [u8; MAX_TOKENS],
+    /// How many of `letters` are set.
+    count: usize,
+    /// `O`: the whole token, letter included, echoed as is.
+    opaque: Option<&'a [u8]>,
+    /// `q`.
+    quiet: bool,
+    /// `v`.
+    value: bool,
+    /// `b`.
+    base64_key: bool,
+    /// `x` (md): empty the value, keep the item.
+    remove_value: bool,
+    /// `C`.
+    compare_cas: Option<u64>,
+    /// `F`.
+    client_flags: Option<u32>,
+    /// `T`: an exptime.
+    ttl: Option<i64>,
+    /// `N`: the exptime of an item created on a miss.
+    vivify: Option<i64>,
+    /// `M`: the first byte after the letter (`0` when none).
+    mode: Option<u8>,
+    /// `J` (ma).
+    initial: Option<u64>,
+    /// `D` (ma).
+    delta: Option<u64>,
+}
+
+impl Flags<'_> {
+    /// The flag letters, in request order.
+    fn order(&self) -> &[u8] {
+        &self.letters[..self.count]
+    }
+}
+
+/// A parsed meta line: its key and flags.
+#[derive(Debug)]
+struct Request<'a> {
+    key: Key<'a>,
+    flags: Flags<'a>,
+}
+
+impl Request<'_> {
+    fn key(&self) -> &[u8] {
+        &self.key.bytes
+    }
+}
+
+/// Parses `tokens` (command, key, then flags from index `first_flag`).
+fn parse_request<'a>(
+    shared: &Shared,
+    tokens: &[&'a [u8]],
+    first_flag: usize,
+) -> Result<Request<'a>, ParseError> {
+    let Some(&key_token) = tokens.get(1) else {
+        return Err(ParseError::BadFormat);
+    };
+    if key_token.len() > shared.limits.max_key {
+        return Err(ParseError::BadFormat);
+    }
+    if tokens.len() > MAX_TOKENS {
+        return Err(ParseError::TooManyTokens);
+    }
+    let flags = parse_flags(tokens.get(first_flag..).unwrap_or_default())?;
+    let key = if flags.base64_key {
+        let decoded = KEY_BASE64
+            .decode(key_token)
+            .map_err(|_| ParseError::KeyNotBase64)?;
+        if decoded.is_empty() {
+            return Err(ParseError::KeyNotBase64);
+        }
+        if decoded.len() > shared.limits.max_key {
+            return Err(ParseError::BadFormat);
+        }
+        Key {
+            bytes: Cow::Owned(decoded),
+            binary: true,
+        }
+    } else {
+        if !shared.key_ok(key_token) {
+            return Err(ParseError::BadFormat);
+        }
+        Key {
+            bytes: Cow::Borrowed(key_token),
+            binary: false,
+        }
+    };
+    Ok(Request { key, flags })
+}
+
+/// Parses flag tokens: a letter, for some a token glued to it. As memcached, every
+/// command accepts every known letter; only the ones it uses have an effect.
+fn parse_flags<'a>(tokens: &[&'a [u8]]) -> Result<Flags<'a>, ParseError> {
+    let mut flags = Flags::default();
+    let mut seen = [false; 128];
+    for &token in tokens {
+        let Some((&letter, arg)) = token.split_first() else {
+            continue;
+        };
+        let Some(seen) = seen.get_mut(usize::from(letter)) else {
+            return Err(ParseError::DuplicateFlag);
+        };
+        if *seen {
+            return Err(ParseError::DuplicateFlag);
+        }
+        *seen = true;
+        match letter {
+            b'b' => flags.base64_key = true,
+            b'q' => flags.quiet = true,
+            b'v' => flags.value = true,
+            b'x' => flags.remove_value = true,
+            // Reply-only letters, ignored proxy hints, and the flags Terrace accepts
+            // without effect (see the module docs).
+            b'k' | b's' | b't' | b'c' | b'f' | b'h' | b'l' | b'u' | b'I' | b'P' | b'L' => {}
+            b'O' => {
+                if token.len() > MAX_OPAQUE {
+                    return Err(ParseError::OpaqueTooLong);
+                }
+                flags.opaque = Some(token);
+            }
+            b'T' => flags.ttl = Some(parse_exptime(arg)?),
+            b'N' => flags.vivify = Some(parse_exptime(arg)?),
+            b'R' => {
+                parse_exptime(arg)?;
+            }
+            b'C' => flags.compare_cas = Some(parse_u64(arg).ok_or(ParseError::BadToken)?),
+            b'E' => {
+                parse_u64(arg).ok_or(ParseError::BadToken)?;
+            }
+            b'F' => {
+                let value = parse_u64(arg).and_then(|n| u32::try_from(n).ok());
+                flags.client_flags = Some(value.ok_or(ParseError::BadFormat)?);
+            }
+            b'M' => flags.mode = Some(arg.first().copied().unwrap_or(0)),
+            b'J' => flags.initial = Some(parse_u64(arg).ok_or(ParseError::BadInitial)?),
+            b'D' => flags.delta = Some(parse_u64(arg).ok_or(ParseError::BadDelta)?),
+            _ => return Err(ParseError::InvalidFlag),
+        }
+        if let Some(slot) = flags.letters.get_mut(flags.count) {
+            *slot = letter;
+            flags.count += 1;
+        }
+    }
+    Ok(flags)
+}
+
+/// A TTL token: a signed 32-bit exptime, as memcached parses it.
+fn parse_exptime(arg: &[u8]) -> Result<i64, ParseError> {
+    parse_i64(arg)
+        .filter(|n| i32::try_from(*n).is_ok())
+        .ok_or(ParseError::BadToken)
+}
+
+/// The remaining TTL an exptime gives an item written now (`-1`: none); `None` when it
+/// is already past.
+fn ttl_of(shared: &Shared, exptime: i64) -> Option<i64> {
+    match shared.expiry(exptime) {
+        Expiry::Ttl(0) => Some(-1),
+        Expiry::Ttl(secs) => Some(i64::from(secs)),
+        Expiry::Past => None,
+    }
+}
+
+// ---- reply writing ----
+
+/// What a reply can say about an item; `None` leaves the matching flag out.
+#[derive(Clone, Copy, Debug, Default)]
+struct Facts {
+    size: Option<usize>,
+    ttl: Option<i64>,
+    cas: Option<u64>,
+    client_flags: Option<u32>,
+    /// Answer `h` and `l` (with `0`: not tracked).
+    access: bool,
+}
+
+/// Appends ` <letter><n>`.
+fn push_flag(out: &mut Vec<u8>, letter: u8, n: u64) {
+    out.push(b' ');
+    out.push(letter);
+    push_decimal(out, n);
+}
+
+/// Appends ` k<key>`, base64 with a ` b` after it for a binary key.
+fn push_key(out: &mut Vec<u8>, key: &Key<'_>) {
+    out.extend_from_slice(b" k");
+    if key.binary {
+        out.extend_from_slice(KEY_BASE64.encode(&key.bytes).as_bytes());
+        out.extend_from_slice(b" b");
+    } else {
+        out.extend_from_slice(&key.bytes);
+    }
+}
+
+/// Appends the returned flags the request asked for, in its order.
+fn push_flags(out: &mut Vec<u8>, request: &Request<'_>, facts: Facts) {
+    for &letter in request.flags.order() {
+        match letter {
+            b'O' => {
+                if let Some(opaque) = request.flags.opaque {
+                    out.push(b' ');
+                    out.extend_from_slice(opaque);
+                }
+            }
+            b'k' => push_key(out, &request.key),
+            b's' => {
+                if let Some(size) = facts.size {
+                    push_flag(out, b's', size as u64);
+                }
+            }
+            b't' => match facts.ttl {
+                Some(ttl) if ttl < 0 => out.extend_from_slice(b" t-1"),
+                Some(ttl) => push_flag(out, b't', ttl.unsigned_abs()),
+                None => {}
+            },
+            b'c' => {
+                if let Some(cas) = facts.cas {
+                    push_flag(out, b'c', cas);
+                }
+            }
+            b'f' => {
+                if let Some(flags) = facts.client_flags {
+                    push_flag(out, b'f', u64::from(flags));
+                }
+            }
+            b'h' | b'l' if facts.access => push_flag(out, letter, 0),
+            _ => {}
+        }
+    }
+}
+
+/// Appends a status line: `code`, the requested flags, `\r\n`.
+fn push_status(out: &mut Vec<u8>, code: &[u8], request: &Request<'_>, facts: Facts) {
+    out.extend_from_slice(code);
+    push_flags(out, request, facts);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the error line of a failed cache operation.
+fn push_failure(out: &mut Vec<u8>, failure: Failure) {
+    out.extend_from_slice(match failure {
+        Failure::BadKey => BAD_FORMAT,
+        Failure::TooLarge => TOO_LARGE,
+        Failure::OutOfMemory => b"SERVER_ERROR out of memory storing object\r\n",
+        Failure::NotANumber => b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+        Failure::Internal => b"SERVER_ERROR internal error\r\n",
+    });
+}
+
+/// The code of a conditional store's outcome.
+fn store_code(result: Store) -> &'static [u8] {
+    match result {
+        Store::Stored { .. } => b"HD",
+        Store::NotStored => b"NS",
+        Store::Exists => b"EX",
+        Store::NotFound => b"NF",
+    }
+}
+
+/// The key's CAS, without counting a get (`None`: absent).
+fn current_cas(shared: &Shared, key: &[u8]) -> Result<Option<u64>, Failure> {
+    Ok(shared
+        .cache
+        .get(key)
+        .map_err(|e| Failure::of(&e))?
+        .map(|g| g.cas()))
+}
+
+// ---- mg ----
+
+/// An item `mg` found or created.
+struct Hit<'g> {
+    guard: Option<Guard<'g>>,
+    cas: u64,
+    client_flags: u32,
+    ttl: Option<i64>,
+    /// This request created the item (`N`): the client "won" the recache.
+    won: bool,
+}
+
+impl Hit<'_> {
+    fn found(guard: Guard<'_>, ttl: Option<i64>) -> Hit<'_> {
+        Hit {
+            cas: guard.cas(),
+            client_flags: guard.client_flags(),
+            guard: Some(guard),
+            ttl,
+            won: false,
+        }
+    }
+
+    fn value(&self) -> &[u8] {
+        self.guard.as_ref().map_or(&[][..], |g| g.value())
+    }
+}
+
+/// `mg <key> <flags>*`: `VA <size> <flags>*` + data with `v`, `HD <flags>*` without,
+/// `EN` on a miss.
+fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
+    let key = request.key();
+    let found = match request.flags.ttl {
+        Some(exptime) => shared.gat(key, exptime),
+        None => shared.get(key),
+    };
+    let hit = match found {
+        Ok(Some(guard)) => Hit::found(guard, request.flags.ttl.and_then(|e| ttl_of(shared, e))),
+        Ok(None) => match request.flags.vivify {
+            Some(exptime) => match vivify_empty(shared, key, exptime) {
+                Ok(Some(hit)) => hit,
+                Ok(None) => return push_miss(out, request),
+                Err(failure) => return push_failure(out, failure),
+            },
+            None => return push_miss(out, request),
+        },
+        Err(failure) => return push_failure(out, failure),
+    };
+    let value = hit.value();
+    let send_value = request.flags.value && request.flags.compare_cas != Some(hit.cas);
+    if send_value {
+        out.extend_from_slice(b"VA ");
+        push_decimal(out, value.len() as u64);
+    } else {
+        out.extend_from_slice(b"HD");
+    }
+    let facts = Facts {
+        size: Some(value.len()),
+        ttl: hit.ttl,
+        cas: Some(hit.cas),
+        client_flags: Some(hit.client_flags),
+        access: true,
+    };
+    push_flags(out, request, facts);
+    if hit.won {
+        out.extend_from_slice(b" W");
+    }
+    out.extend_from_slice(b"\r\n");
+    if send_value {
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// `mg N`: creates the missing key with an empty value. `None` when it vanished again.
+fn vivify_empty<'s>(
+    shared: &'s Shared,
+    key: &[u8],
+    exptime: i64,
+) -> Result<Option<Hit<'s>>, Failure> {
+    match shared.store(StoreOp::Add, key, b"", 0, exptime)? {
+        Store::Stored { cas } => Ok(Some(Hit {
+            guard: None,
+            cas,
+            client_flags: 0,
+            ttl: ttl_of(shared, exptime),
+            won: true,
+        })),
+        // Another client created it first: answer with its item, without the win.
+        _ => Ok(shared
+            .cache
+            .get(key)
+            .map_err(|e| Failure::of(&e))?
+            .map(|guard| Hit::found(guard, None))),
+    }
+}
+
+/// `EN` with the echoed flags, unless quiet.
+fn push_miss(out: &mut Vec<u8>, request: &Request<'_>) {
+    if !request.flags.quiet {
+        push_status(out, b"EN", request, Facts::default());
+    }
+}
+
+// ---- ms ----
+
+/// The write an `ms` mode asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SetMode {
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+}
+
+impl SetMode {
+    fn of(mode: Option<u8>) -> Option<SetMode> {
+        Some(match mode {
+            None | Some(b'S') => SetMode::Set,
+            Some(b'E') => SetMode::Add,
+            Some(b'R') => SetMode::Replace,
+            Some(b'A') => SetMode::Append,
+            Some(b'P') => SetMode::Prepend,
+            Some(_) => return None,
+        })
+    }
+}
+
+/// `ms <key> <datalen> <flags>*` and its data block: `HD`, `NS`, `EX` or `NF`.
+fn meta_set(
+    shared: &Shared,
+    line: Line<'_>,
+    tokens: &[&[u8]],
+    input: &[u8],
+    out: &mut Vec<u8>,
+) -> Step {
+    let done = Step::Done {
+        consumed: line.consumed,
+    };
+    // Without a length the data cannot be skipped: memcached reads it as commands too.
+    let Some(&length) = tokens.get(2) else {
+        out.extend_from_slice(BAD_FORMAT);
+        return done;
+    };
+    let Some(length) = parse_u64(length).filter(|&n| n <= MAX_DATALEN) else {
+        out.extend_from_slice(BAD_FORMAT);
+        return done;
+    };
+    // At most i32::MAX: fits any usize Terrace runs on.
+    let length = usize::try_from(length).unwrap_or(usize::MAX - 2);
+    let body = length + 2;
+    let swallow = Step::Swallow {
+        consumed: line.consumed,
+        skip: body,
+    };
+    let request = match parse_request(shared, tokens, 3) {
+        Ok(request) => request,
+        Err(e) => {
+            out.extend_from_slice(e.message());
+            return swallow;
+        }
+    };
+    let Some(mode) = SetMode::of(request.flags.mode) else {
+        out.extend_from_slice(b"CLIENT_ERROR invalid mode for ms M token\r\n");
+        return swallow;
+    };
+    if length > shared.limits.max_value {
+        out.extend_from_slice(TOO_LARGE);
+        // As memcached: a write that cannot be honoured must not leave the old value.
+        let _ = shared.cache.delete(request.key());
+        return swallow;
+    }
+    let value = match data_block(input, line.consumed, length) {
+        Ok(Some(value)) => value,
+        Ok(None) => {
+            return Step::NeedMore {
+                total: Some(line.consumed + body),
+            }
+        }
+        Err(BadChunk) => {
+            // Errors are sent even when quiet.
+            out.extend_from_slice(BAD_CHUNK);
+            return Step::Done {
+                consumed: line.consumed + body,
+            };
+        }
+    };
+    let consumed = Step::Done {
+        consumed: line.consumed + body,
+    };
+    let result = match store_in_mode(shared, &request, mode, value) {
+        Ok(result) => result,
+        Err(failure) => {
+            push_failure(out, failure);
+            return consumed;
+        }
+    };
+    if request.flags.quiet && matches!(result, Store::Stored { .. }) {
+        return consumed;
+    }
+    let (cas, size) = match result {
+        Store::Stored { cas } => (cas, stored_size(shared, &request, mode, value.len())),
+        _ => (0, value.len()),
+    };
+    let facts = Facts {
+        size: Some(size),
+        cas: Some(cas),
+        ..Facts::default()
+    };
+    push_status(out, store_code(result), &request, facts);
+    consumed
+}
+
+/// Carries out an `ms` write. `C` makes set and replace a CAS store, conditions append
+/// and prepend, and is ignored by add (as memcached); `C0` asks for no check.
+fn store_in_mode(
+    shared: &Shared,
+    request: &Request<'_>,
+    mode: SetMode,
+    value: &[u8],
+) -> Result<Store, Failure> {
+    let key = request.key();
+    let flags = request.flags.client_flags.unwrap_or(0);
+    let exptime = request.flags.ttl.unwrap_or(0);
+    let cas = request.flags.compare_cas;
+    let op = match (mode, cas) {
+        (SetMode::Set | SetMode::Replace, Some(cas)) => StoreOp::Cas(cas),
+        (SetMode::Set, None) => StoreOp::Set,
+        (SetMode::Replace, None) => StoreOp::Replace,
+        (SetMode::Add, _) => StoreOp::Add,
+        (SetMode::Append, _) => return concat(shared, request, StoreOp::Append, value),
+        (SetMode::Prepend, _) => return concat(shared, request, StoreOp::Prepend, value),
+    };
+    shared.store(op, key, value, flags, exptime)
+}
+
+/// `ms` in append or prepend mode: the key's flags and expiry are kept (`T` and `F` are
+/// ignored); with `N`, a miss creates the item from the data with `N`'s TTL.
+fn concat(
+    shared: &Shared,
+    request: &Request<'_>,
+    op: StoreOp,
+    value: &[u8],
+) -> Result<Store, Failure> {
+    let key = request.key();
+    if let Some(want) = request.flags.compare_cas.filter(|&c| c != 0) {
+        match current_cas(shared, key)? {
+            Some(have) if have != want => return Ok(Store::Exists),
+            Some(_) => {}
+            None if request.flags.vivify.is_none() => return Ok(Store::NotStored),
+            None => {}
+        }
+    }
+    // exptime 0: the concatenation keeps the item's own expiry.
+    let result = shared.store(op, key, value, 0, 0)?;
+    let Some(exptime) = request.flags.vivify else {
+        return Ok(result);
+    };
+    if result != Store::NotStored {
+        return Ok(result);
+    }
+    let flags = request.flags.client_flags.unwrap_or(0);
+    match shared.store(StoreOp::Add, key, value, flags, exptime)? {
+        // Created in between by another client: concatenate to it after all.
+        Store::NotStored => shared.store(op, key, value, 0, 0),
+        created => Ok(created),
+    }
+}
+
+/// The size `s` reports after a successful `ms`: the data's, or for append and prepend
+/// the new value's (read back, so a write racing in between may show).
+fn stored_size(shared: &Shared, request: &Request<'_>, mode: SetMode, written: usize) -> usize {
+    if !matches!(mode, SetMode::Append | SetMode::Prepend) || !request.flags.order().contains(&b's')
+    {
+        return written;
+    }
+    match shared.cache.get(request.key()) {
+        Ok(Some(guard)) => guard.value().len(),
+        _ => written,
+    }
+}
+
+// ---- md ----
+
+/// `md <key> <flags>*`: `HD`, `NF`, or `EX` when `C` does not match. `I` deletes too
+/// (Terrace keeps no stale items); `x` empties the value instead of deleting.
+fn meta_delete(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
+    let code: &[u8] = match delete_item(shared, request) {
+        Ok(code) => code,
+        Err(failure) => return push_failure(out, failure),
+    };
+    if request.flags.quiet && code == b"HD" {
+        return;
+    }
+    push_status(out, code, request, Facts::default());
+}
+
+fn delete_item(shared: &Shared, request: &Request<'_>) -> Result<&'static [u8], Failure> {
+    let key = request.key();
+    if request.flags.remove_value {
+        let op = match request.flags.compare_cas {
+            Some(cas) => StoreOp::Cas(cas),
+            None => StoreOp::Replace,
+        };
+        let flags = request.flags.client_flags.unwrap_or(0);
+        let exptime = request.flags.ttl.unwrap_or(0);
+        return Ok(match shared.store(op, key, b"", flags, exptime)? {
+            Store::Stored { .. } => b"HD",
+            Store::Exists => b"EX",
+            Store::NotStored | Store::NotFound => b"NF",
+        });
+    }
+    if let Some(want) = request.flags.compare_cas {
+        match current_cas(shared, key)? {
+            Some(have) if have == want => {}
+            found => {
+                shared.counters.add(Counter::DeleteMisses, 1);
+                return Ok(if found.is_some() { b"EX" } else { b"NF" });
+            }
+        }
+    }
+    Ok(if shared.delete(key)? { b"HD" } else { b"NF" })
+}
+
+// ---- ma ----
+
+/// `ma <key> <flags>*`: `HD` (or `VA` with the number under `v`), `NF` on a miss, `NS`
+/// when `N` could not create the item, `EX` when `C` does not match.
+fn meta_arithmetic(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
+    let incr = match request.flags.mode {
+        None | Some(b'I' | b'+') => true,
+        Some(b'D' | b'-') => false,
+        Some(_) => {
+            out.extend_from_slice(b"CLIENT_ERROR invalid mode for ma M token\r\n");
+            return;
+        }
+    };
+    let outcome = match apply_arithmetic(shared, request, incr) {
+        Ok(outcome) => outcome,
+        Err(failure) => return push_failure(out, failure),
+    };
+    let (number, facts) = match outcome {
+        Arith::Done { number, facts } => (number, facts),
+        Arith::Refused(code) => return push_status(out, code, request, Facts::default()),
+    };
+    // As memcached: quiet suppresses any success, the number included.
+    if request.flags.quiet {
+        return;
+    }
+    let mut digits = Vec::with_capacity(20);
+    push_decimal(&mut digits, number);
+    if request.flags.value {
+        out.extend_from_slice(b"VA ");
+        push_decimal(out, digits.len() as u64);
+    } else {
+        out.extend_from_slice(b"HD");
+    }
+    push_flags(out, request, facts);
+    out.extend_from_slice(b"\r\n");
+    if request.flags.value {
+        out.extend_from_slice(&digits);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// The outcome of an `ma`.
+enum Arith {
+    Done {
+        number: u64,
+        facts: Facts,
+    },
+    /// `NF`, `NS` or `EX`.
+    Refused(&'static [u8]),
+}
+
+fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Result<Arith, Failure> {
+    let key = request.key();
+    let flags = &request.flags;
+    let delta = flags.delta.unwrap_or(1);
+    // As memcached, C0 asks for no check; a miss goes on to create or NF.
+    if let Some(want) = flags.compare_cas.filter(|&c| c != 0) {
+        if matches!(current_cas(shared, key)?, Some(have) if have != want) {
+            return Ok(Arith::Refused(b"EX"));
+        }
+    }
+    let mut created = None;
+    let number = match shared.arith(key, delta, incr)? {
+        Some(number) => number,
+        None => {
+            let Some(exptime) = flags.vivify else {
+                return Ok(Arith::Refused(b"NF"));
+            };
+            let initial = flags.initial.unwrap_or(0);
+            let mut text = Vec::with_capacity(20);
+            push_decimal(&mut text, initial);
+            match shared.store(StoreOp::Add, key, &text, 0, exptime)? {
+                Store::Stored { cas } => {
+                    created = Some((cas, ttl_of(shared, exptime)));
+                    initial
+                }
+                // Created by another client in between: apply the delta to it.
+                _ => match shared.arith(key, delta, incr)? {
+                    Some(number) => number,
+                    None => return Ok(Arith::Refused(b"NS")),
+                },
+            }
+        }
+    };
+    let (cas, ttl) = match created {
+        Some((cas, ttl)) => (Some(cas), ttl),
+        None => {
+            let ttl = match flags.ttl {
+                Some(exptime) => {
+                    shared.touch(key, exptime)?;
+                    ttl_of(shared, exptime)
+                }
+                None => None,
+            };
+            // Read back after the write (and touch, which gives a new CAS).
+            let cas = if flags.order().contains(&b'c') {
+                current_cas(shared, key)?
+            } else {
+                None
+            };
+            (cas, ttl)
+        }
+    };
+    Ok(Arith::Done {
+        number,
+        facts: Facts {
+            ttl,
+            cas,
+            ..Facts::default()
+        },
+    })
+}
+
+// ---- me ----
+
+/// `me <key> [b]`: a debug line about the item, `EN` on a miss. Terrace reports what it
+/// knows: `la=0 fetch=no` (not tracked), `cls=1` (no slab classes), `size` the value's
+/// length, and the tier the item is in; no `exp=` (the remaining TTL is not readable).
+fn meta_debug(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
+    let guard = match shared.cache.get(request.key()) {
+        Ok(Some(guard)) => guard,
+        Ok(None) => return out.extend_from_slice(b"EN\r\n"),
+        Err(e) => return push_failure(out, Failure::of(&e)),
+    };
+    out.extend_from_slice(b"ME ");
+    if request.key.binary {
+        out.extend_from_slice(KEY_BASE64.encode(request.key()).as_bytes());
+    } else {
+        out.extend_from_slice(request.key());
+    }
+    out.extend_from_slice(b" la=0 cas=");
+    push_decimal(out, guard.cas());
+    out.extend_from_slice(b" fetch=no cls=1 size=");
+    push_decimal(out, guard.value().len() as u64);
+    out.extend_from_slice(b" tier=");
+    push_decimal(out, guard.tier() as u64);
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{split_line, MAX_LINE};
+    use crate::shared::test_shared;
+
+    /// Runs the requests of `input` as the connection loop would, swallowing what a step
+    /// asks to skip; returns the replies and the last step.
+    fn run(shared: &Shared, input: &[u8]) -> (String, Step) {
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut skip = 0;
+        loop {
+            let n = skip.min(input.len() - at);
+            at += n;
+            skip -= n;
+            if at >= input.len() {
+                return (
+                    String::from_utf8_lossy(&out).into_owned(),
+                    Step::NeedMore { total: None },
+                );
+            }
+            let line = match split_line(&input[at..]) {
+                Ok(line) => line,
+                Err(_) => {
+                    return (
+                        String::from_utf8_lossy(&out).into_owned(),
+                        Step::NeedMore { total: None },
+                    )
+                }
+            };
+            let step = handle(shared, line, &input[at..], &mut out);
+            match step {
+                Step::Done { consumed } => at += consumed,
+                Step::Swallow { consumed, skip: s } => {
+                    at += consumed;
+                    skip = s;
+                }
+                Step::NeedMore { .. } | Step::Close { .. } => {
+                    return (String::from_utf8_lossy(&out).into_owned(), step)
+                }
+            }
+        }
+    }
+
+    fn reply(shared: &Shared, input: &str) -> String {
+        run(shared, input.as_bytes()).0
+    }
+
+    /// The one step `input` (one request) gives, and its reply.
+    fn step(shared: &Shared, input: &[u8]) -> (Step, String) {
+        let line = split_line(input).expect("a whole line");
+        let mut out = Vec::new();
+        let step = handle(shared, line, input, &mut out);
+        (step, String::from_utf8_lossy(&out).into_owned())
+    }
+
+    fn cas_of(shared: &Shared, key: &[u8]) -> u64 {
+        shared.cache.get(key).unwrap().expect("key present").cas()
+    }
+
+    #[test]
+    fn noop() {
+        let s = test_shared();
+        assert_eq!(reply(&s, "mn\r\n"), "MN\r\n");
+        assert_eq!(reply(&s, "mn\r\nmn\r\n"), "MN\r\nMN\r\n");
+    }
+
+    #[test]
+    fn get_hit_returns_the_requested_flags_in_order() {
+        let s = test_shared();
+        assert_eq!(reply(&s, "ms foo 2 F5\r\nhi\r\n"), "HD\r\n");
+        let cas = cas_of(&s, b"foo");
+        assert_eq!(reply(&s, "mg foo v\r\n"), "VA 2\r\nhi\r\n");
+        assert_eq!(reply(&s, "mg foo\r\n"), "HD\r\n");
+        assert_eq!(
+            reply(&s, "mg foo s f k O123 c\r\n"),
+            format!("HD s2 f5 kfoo O123 c{cas}\r\n")
+        );
+        assert_eq!(
+            reply(&s, "mg foo c v f\r\n"),
+            format!("VA 2 c{cas} f5\r\nhi\r\n")
+        );
+        // Not tracked by Terrace: always 0.
+        assert_eq!(reply(&s, "mg foo h l\r\n"), "HD h0 l0\r\n");
+        // No LRU bump and an explicit new CAS are accepted without effect.
+        assert_eq!(reply(&s, "mg foo u E99 v\r\n"), "VA 2\r\nhi\r\n");
+        assert_eq!(cas_of(&s, b"foo"), cas);
+        // Proxy hints are ignored.
+        assert_eq!(reply(&s, "mg foo Pxyz L/path v\r\n"), "VA 2\r\nhi\r\n");
+    }
+
+    #[test]
+    fn get_miss_quiet_and_opaque() {
+        let s = test_shared();
+        assert_eq!(reply(&s, "mg nope v\r\n"), "EN\r\n");
+        assert_eq!(reply(&s, "mg nope v q\r\n"), "");
+        assert_eq!(reply(&s, "mg nope v q O1\r\nmn\r\n"), "MN\r\n");
+        // Opaque and key come back on a miss too; asked-for item flags do not.
+        assert_eq!(reply(&s, "mg nope s Oab k v\r\n"), "EN Oab knope\r\n");
+        // Quiet only hides the miss: a hit is answered.
+        assert_eq!(reply(&s, "ms foo 1\r\nx\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg foo q v\r\n"), "VA 1\r\nx\r\n");
+        assert_eq!(reply(&s, "mg foo q\r\n"), "HD\r\n");
+        assert_eq!(s.counters.get(Counter::GetMisses), 4);
+        assert_eq!(s.counters.get(Counter::GetHits), 2);
+    }
+
+    #[test]
+    fn get_with_cas_compare_drops_the_value_when_unchanged() {
+        let s = test_shared();
+        reply(&s, "ms foo 2\r\nhi\r\n");
+        let cas = cas_of(&s, b"foo");
+        assert_eq!(reply(&s, &format!("mg foo v C{cas}\r\n")), "HD\r\n");
+        assert_eq!(
+            reply(&s, &format!("mg foo v C{}\r\n", cas + 1)),
+            "VA 2\r\nhi\r\n"
+        );
+    }
+
+    #[test]
+    fn get_ttl_is_known_only_when_the_request_sets_it() {
+        let s = test_shared();
+        reply(&s, "ms foo 2 T100\r\nhi\r\n");
+        // The remaining TTL cannot be read from the cache: `t` is left out.
+        assert_eq!(reply(&s, "mg foo t v\r\n"), "VA 2\r\nhi\r\n");
+        // T touches, and then the TTL is the one just set.
+        assert_eq!(reply(&s, "mg foo t T0\r\n"), "HD t-1\r\n");
+        s.cache.advance_clock(200);
+        assert_eq!(reply(&s, "mg foo v\r\n"), "VA 2\r\nhi\r\n");
+        assert_eq!(reply(&s, "mg foo T10 t s\r\n"), "HD t10 s2\r\n");
+        s.cache.advance_clock(11);
+        assert_eq!(reply(&s, "mg foo v\r\n"), "EN\r\n");
+        // A touch on a miss is a miss.
+        assert_eq!(reply(&s, "mg foo T10 t\r\n"), "EN\r\n");
+        // A past TTL returns the item once, then it is gone.
+        reply(&s, "ms bar 1\r\nb\r\n");
+        assert_eq!(reply(&s, "mg bar T-1 v\r\n"), "VA 1\r\nb\r\n");
+        assert_eq!(reply(&s, "mg bar v\r\n"), "EN\r\n");
+        assert!(s.counters.get(Counter::CmdTouch) >= 4);
+    }
+
+    #[test]
+    fn get_vivifies_on_miss_and_the_creator_wins() {
+        let s = test_shared();
+        assert_eq!(reply(&s, "mg new N30 s t v\r\n"), "VA 0 s0 t30 W\r\n\r\n");
+        // Later clients find the empty item; Terrace cannot flag it with Z.
+        assert_eq!(reply(&s, "mg new N30 s v\r\n"), "VA 0 s0\r\n\r\n");
+        s.cache.advance_clock(31);
+        assert_eq!(reply(&s, "mg new v\r\n"), "EN\r\n");
+        // N on a hit does nothing.
+        reply(&s, "ms foo 1\r\nx\r\n");
+        assert_eq!(reply(&s, "mg foo N30 v\r\n"), "VA 1\r\nx\r\n");
+        // The won item has a real CAS.
+        let out = reply(&s, "mg other N0 c\r\n");
+        assert_eq!(out, format!("HD c{} W\r\n", cas_of(&s, b"other")));
+    }
+
+    #[test]
+    fn base64_keys() {
+        let s = test_shared();
+        // "Zm9v" is "foo".
+        assert_eq!(reply(&s, "ms Zm9v 2 b\r\nhi\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg foo v\r\n"), "VA 2\r\nhi\r\n");
+        assert_eq!(reply(&s, "mg Zm9v b k v\r\n"), "VA 2 kZm9v b\r\nhi\r\n");
+        assert_eq!(reply(&s, "mg Zm9v k b\r\n"), "HD kZm9v b\r\n");
+        // Binary bytes (0, 1, 2, 0xff) are a valid key when sent in base64.
+        assert_eq!(
+            reply(&s, "ms AAEC/w== 1 b k\r\nz\r\n"),
+            "HD kAAEC/w== b\r\n"
+        );
+        assert_eq!(reply(&s, "mg AAEC/w b v\r\n"), "VA 1\r\nz\r\n");
+        assert_eq!(
+            s.cache.get(&[0, 1, 2, 0xff]).unwrap().unwrap().value(),
+            b"z"
+        );
+        assert_eq!(reply(&s, "mg AAEE b k\r\n"), "EN kAAEE b\r\n");
+        assert_eq!(reply(&s, "md AAEC/w== b k\r\n"), "HD kAAEC/w== b\r\n");
+        assert_eq!(reply(&s, "ma AAEC b k\r\n"), "NF kAAEC b\r\n");
+        assert_eq!(
+            reply(&s, "mg !!!! b v\r\n"),
+            "CLIENT_ERROR error decoding key\r\n"
+        );
+        // Empty once decoded.
+        assert_eq!(
+            reply(&s, "mg = b v\r\n"),
+            "CLIENT_ERROR error decoding key\r\n"
+        );
+        // Decoding errors of ms swallow the data.
+        assert_eq!(
+            reply(&s, "ms !!!! 2 b\r\nhi\r\nmn\r\n"),
+            "CLIENT_ERROR error decoding key\r\nMN\r\n"
+        );
+    }
+
+    #[test]
+    fn line_errors() {
+        let s = test_shared();
+        let long = "k".repeat(251);
+        assert_eq!(
+            reply(&s, "mg\r\n"),
+            "CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(
+            reply(&s, &format!("mg {long} v\r\n")),
+            "CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(
+            reply(&s, "mg a\x01b v\r\n"),
+            "CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(reply(&s, "mg foo z\r\n"), "CLIENT_ERROR invalid flag\r\n");
+        assert_eq!(
+            reply(&s, "mg foo v v\r\n"),
+            "CLIENT_ERROR duplicate flag\r\n"
+        );
+        assert_eq!(
+            reply(&s, "mg foo T1 T2\r\n"),
+            "CLIENT_ERROR duplicate flag\r\n"
+        );
+        assert_eq!(
+            reply(&s, "mg foo Tx\r\n"),
+            "CLIENT_ERROR bad token in command line format\r\n"
+        );
+        assert_eq!(
+            reply(&s, "mg foo T\r\n"),
+            "CLIENT_ERROR bad token in command line format\r\n"
+        );
+        assert_eq!(
+            reply(&s, "mg foo T4294967296\r\n"),
+            "CLIENT_ERROR bad token in command line format\r\n"
+        );
+        assert_eq!(
+            reply(&s, "md foo C-1\r\n"),
+            "CLIENT_ERROR bad token in command line format\r\n"
+        );
+        let opaque = format!("O{}", "x".repeat(MAX_OPAQUE));
+        assert_eq!(
+            reply(&s, &format!("mg foo {opaque}\r\n")),
+            "CLIENT_ERROR opaque token too long\r\n"
+        );
+        assert_eq!(
+            reply(&s, &format!("mg foo {}\r\n", &opaque[..MAX_OPAQUE])),
+            format!("EN {}\r\n", &opaque[..MAX_OPAQUE])
+        );
+        let many = "s c f k t v h l q u O1 E1 T1 J1 R1 P L x";
+        assert_eq!(
+            reply(&s, &format!("mg foo {many} I\r\n")),
+            "CLIENT_ERROR options flags are too long\r\n"
+        );
+        assert_eq!(reply(&s, &format!("mg foo {many}\r\n")), "");
+        // Errors are sent even when quiet.
+        assert_eq!(reply(&s, "mg foo q z\r\n"), "CLIENT_ERROR invalid flag\r\n");
+        // Every flag error of ma reads the same, as in memcached.
+        assert_eq!(
+            reply(&s, "ma foo z\r\n"),
+            "CLIENT_ERROR invalid or duplicate flag\r\n"
+        );
+        assert_eq!(
+            reply(&s, "ma foo Dx\r\n"),
+            "CLIENT_ERROR invalid or duplicate flag\r\n"
+        );
+        assert_eq!(
+            reply(&s, "mg foo Dx\r\n"),
+            "CLIENT_ERROR invalid numeric delta value\r\n"
+        );
+        assert_eq!(
+            reply(&s, "md\r\n"),
+            "CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(
+            reply(&s, "me\r\n"),
+            "CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(reply(&s, "mx foo\r\n"), "ERROR\r\n");
+    }
+
+    #[test]
+    fn set_flags_ttl_and_reply_flags() {
+        let s = test_shared();
+        assert_eq!(
+            reply(&s, "ms foo 2 T1 F7 k O9 s\r\nhi\r\n"),
+            "HD kfoo O9 s2\r\n"
+        );
+        assert_eq!(reply(&s, "mg foo f v\r\n"), "VA 2 f7\r\nhi\r\n");
+        let out = reply(&s, "ms foo 3 c\r\nabc\r\n");
+        assert_eq!(out, format!("HD c{}\r\n", cas_of(&s, b"foo")));
+        assert_eq!(reply(&s, "mg foo f v\r\n"), "VA 3 f0\r\nabc\r\n");
+        reply(&s, "ms ttl 1 T1\r\nx\r\n");
+        s.cache.advance_clock(2);
+        assert_eq!(reply(&s, "mg ttl v\r\n"), "EN\r\n");
+        // A negative TTL leaves nothing behind.
+        assert_eq!(reply(&s, "ms foo 1 T-1\r\nx\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg foo v\r\n"), "EN\r\n");
+        // An empty value, and I (invalidate) storing as usual.
+        assert_eq!(reply(&s, "ms e 0 I\r\n\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg e s v\r\n"), "VA 0 s0\r\n\r\n");
+        // Flags above 32 bits.
+        assert_eq!(
+            reply(&s, "ms foo 1 F4294967296\r\nx\r\nmn\r\n"),
+            "CLIENT_ERROR bad command line format\r\nMN\r\n"
+        );
+    }
+
+    #[test]
+    fn set_quiet_hides_only_stored() {
+        let s = test_shared();
+        assert_eq!(reply(&s, "ms foo 2 q\r\nhi\r\nmn\r\n"), "MN\r\n");
+        assert_eq!(reply(&s, "ms foo 2 q ME O5\r\nhi\r\n"), "NS O5\r\n");
+        assert_eq!(reply(&s, "ms nope 2 q C1\r\nhi\r\n"), "NF\r\n");
+        assert_eq!(reply(&s, "ms foo 2 q C1\r\nhi\r\n"), "EX\r\n");
+    }
+
+    #[test]
+    fn set_modes() {
+        let s = test_shared();
+        // Add.
+        assert_eq!(reply(&s, "ms foo 1 ME\r\na\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "ms foo 1 ME\r\nb\r\n"), "NS\r\n");
+        // Replace.
+        assert_eq!(reply(&s, "ms bar 1 MR\r\nb\r\n"), "NS\r\n");
+        assert_eq!(reply(&s, "ms foo 1 MR\r\nc\r\n"), "HD\r\n");
+        // Append and prepend keep the client flags; s is the new size.
+        assert_eq!(reply(&s, "ms foo 1 F3\r\nm\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "ms foo 2 MA s F9\r\nzz\r\n"), "HD s3\r\n");
+        assert_eq!(reply(&s, "ms foo 2 MP\r\naa\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg foo f v\r\n"), "VA 5 f3\r\naamzz\r\n");
+        assert_eq!(reply(&s, "ms bar 1 MA\r\nx\r\n"), "NS\r\n");
+        assert_eq!(reply(&s, "ms bar 1 MP\r\nx\r\n"), "NS\r\n");
+        // Append with N creates the item on a miss, with N's TTL.
+        assert_eq!(reply(&s, "ms bar 1 MA N5 F2\r\nx\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "ms bar 1 MA N5\r\ny\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg bar f v\r\n"), "VA 2 f2\r\nxy\r\n");
+        s.cache.advance_clock(6);
+        assert_eq!(reply(&s, "mg bar v\r\n"), "EN\r\n");
+        // Set, explicitly.
+        assert_eq!(reply(&s, "ms foo 1 MS\r\nS\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg foo v\r\n"), "VA 1\r\nS\r\n");
+        // Unknown modes refuse the command and swallow its data.
+        assert_eq!(
+            reply(&s, "ms foo 1 MX\r\nx\r\nmn\r\n"),
+            "CLIENT_ERROR invalid mode for ms M token\r\nMN\r\n"
+        );
+        assert_eq!(
+            reply(&s, "ms foo 1 M\r\nx\r\nmn\r\n"),
+            "CLIENT_ERROR invalid mode for ms M token\r\nMN\r\n"
+        );
+    }
+
+    #[test]
+    fn set_compares_cas() {
+        let s = test_shared();
+        assert_eq!(reply(&s, "ms foo 1 C5\r\nx\r\n"), "NF\r\n");
+        reply(&s, "ms foo 1\r\na\r\n");
+        let cas = cas_of(&s, b"foo");
+        assert_eq!(
+            reply(&s, &format!("ms foo 1 C{} c\r\nb\r\n", cas + 1)),
+            "EX c0\r\n"
+        );
+        let out = reply(&s, &format!("ms foo 1 C{cas} c\r\nb\r\n"));
+        let new_cas = cas_of(&s, b"foo");
+        assert_ne!(new_cas, cas);
+        assert_eq!(out, format!("HD c{new_cas}\r\n"));
+        // Replace with C is a CAS store; add ignores C.
+        assert_eq!(reply(&s, &format!("ms foo 1 MR C{cas}\r\nc\r\n")), "EX\r\n");
+        assert_eq!(
+            reply(&s, &format!("ms foo 1 ME C{new_cas}\r\nc\r\n")),
+            "NS\r\n"
+        );
+        // Append respects C.
+        assert_eq!(reply(&s, &format!("ms foo 1 MA C{cas}\r\nc\r\n")), "EX\r\n");
+        assert_eq!(
+            reply(&s, &format!("ms foo 1 MA C{new_cas}\r\nc\r\n")),
+            "HD\r\n"
+        );
+        assert_eq!(reply(&s, "mg foo v\r\n"), "VA 2\r\nbc\r\n");
+        assert_eq!(reply(&s, "ms bar 1 MA C7\r\nc\r\n"), "NS\r\n");
+        assert_eq!(s.counters.get(Counter::CasBadval), 2);
+    }
+
+    #[test]
+    fn set_too_large_is_swallowed_and_removes_the_old_value() {
+        let s = test_shared();
+        reply(&s, "ms foo 1\r\nx\r\n");
+        let n = s.limits.max_value + 1;
+        let head = format!("ms foo {n} T0\r\n");
+        let (st, out) = step(&s, head.as_bytes());
+        assert_eq!(out, "SERVER_ERROR object too large for cache\r\n");
+        assert_eq!(
+            st,
+            Step::Swallow {
+                consumed: head.len(),
+                skip: n + 2
+            }
+        );
+        let mut input = head.into_bytes();
+        input.extend(std::iter::repeat_n(b'v', n));
+        input.extend_from_slice(b"\r\nmg foo v\r\n");
+        assert_eq!(
+            run(&s, &input).0,
+            "SERVER_ERROR object too large for cache\r\nEN\r\n"
+        );
+        // Lengths memcached cannot parse are a format error, with nothing to swallow.
+        for bad in ["x", "-1", "2147483646", "99999999999999999999999"] {
+            let line = format!("ms foo {bad}\r\n");
+            let (st, out) = step(&s, line.as_bytes());
+            assert_eq!(out, "CLIENT_ERROR bad command line format\r\n", "{bad}");
+            assert_eq!(
+                st,
+                Step::Done {
+                    consumed: line.len()
+                }
+            );
+        }
+        let (st, _) = step(&s, b"ms foo 2147483645\r\n");
+        assert!(matches!(
+            st,
+            Step::Swallow {
+                skip: 2147483647,
+                ..
+            }
+        ));
+        let (st, out) = step(&s, b"ms foo\r\n");
+        assert_eq!(out, "CLIENT_ERROR bad command line format\r\n");
+        assert_eq!(st, Step::Done { consumed: 8 });
+    }
+
+    #[test]
+    fn set_needs_its_whole_data_block() {
+        let s = test_shared();
+        let (st, out) = step(&s, b"ms foo 5\r\nhel");
+        assert_eq!(
+            st,
+            Step::NeedMore {
+                total: Some(10 + 7)
+            }
+        );
+        assert!(out.is_empty());
+        let (st, _) = step(&s, b"ms foo 5\r\nhello\r");
+        assert_eq!(st, Step::NeedMore { total: Some(17) });
+        let (st, out) = step(&s, b"ms foo 5\r\nhello\r\nmn\r\n");
+        assert_eq!(st, Step::Done { consumed: 17 });
+        assert_eq!(out, "HD\r\n");
+        // A block without its terminator: the declared bytes are consumed, as memcached.
+        let (st, out) = step(&s, b"ms foo 2 q\r\nabcd\r\n");
+        assert_eq!(out, "CLIENT_ERROR bad data chunk\r\n");
+        assert_eq!(st, Step::Done { consumed: 12 + 4 });
+        // Flag errors swallow the data.
+        assert_eq!(
+            reply(&s, "ms foo 2 zz\r\nhi\r\nmn\r\n"),
+            "CLIENT_ERROR invalid flag\r\nMN\r\n"
+        );
+        let (st, _) = step(&s, b"ms foo 2 zz\r\n");
+        assert_eq!(
+            st,
+            Step::Swallow {
+                consumed: 13,
+                skip: 4
+            }
+        );
+        // Incomplete lines are the caller's to wait for.
+        assert!(split_line(b"mg foo v").is_err());
+    }
+
+    #[test]
+    fn delete() {
+        let s = test_shared();
+        assert_eq!(reply(&s, "md foo\r\n"), "NF\r\n");
+        assert_eq!(reply(&s, "md foo q O1 k\r\n"), "NF O1 kfoo\r\n");
+        reply(&s, "ms foo 1\r\nx\r\n");
+        assert_eq!(reply(&s, "md foo O1 k\r\n"), "HD O1 kfoo\r\n");
+        assert_eq!(reply(&s, "mg foo\r\n"), "EN\r\n");
+        reply(&s, "ms foo 1\r\nx\r\n");
+        assert_eq!(reply(&s, "md foo q\r\nmn\r\n"), "MN\r\n");
+        // CAS compare.
+        reply(&s, "ms foo 1\r\nx\r\n");
+        let cas = cas_of(&s, b"foo");
+        assert_eq!(reply(&s, &format!("md foo C{}\r\n", cas + 1)), "EX\r\n");
+        assert_eq!(reply(&s, &format!("md foo C{cas} q\r\n")), "");
+        assert_eq!(reply(&s, &format!("md foo C{cas}\r\n")), "NF\r\n");
+        // Invalidate deletes (no stale items in Terrace); its T is moot.
+        reply(&s, "ms foo 1\r\nx\r\n");
+        assert_eq!(reply(&s, "md foo I T30\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg foo\r\n"), "EN\r\n");
+        // x empties the value and keeps the item.
+        reply(&s, "ms foo 1 F4\r\nx\r\n");
+        assert_eq!(reply(&s, "md foo x\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg foo s f v\r\n"), "VA 0 s0 f0\r\n\r\n");
+        assert_eq!(reply(&s, "md nope x\r\n"), "NF\r\n");
+        assert_eq!(reply(&s, "md foo x C1\r\n"), "EX\r\n");
+        assert_eq!(s.counters.get(Counter::DeleteHits), 4);
+    }
+
+    #[test]
+    fn arithmetic() {
+        let s = test_shared();
+        assert_eq!(reply(&s, "ma n\r\n"), "NF\r\n");
+        assert_eq!(reply(&s, "ma n q O7 k\r\n"), "NF O7 kn\r\n");
+        // Autovivify with an initial value, then count.
+        assert_eq!(reply(&s, "ma n N0 J10 v\r\n"), "VA 2\r\n10\r\n");
+        assert_eq!(reply(&s, "ma n v\r\n"), "VA 2\r\n11\r\n");
+        assert_eq!(reply(&s, "ma n\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "ma n D10 v\r\n"), "VA 2\r\n22\r\n");
+        assert_eq!(reply(&s, "ma n MD D5 v\r\n"), "VA 2\r\n17\r\n");
+        assert_eq!(reply(&s, "ma n M- D100 v\r\n"), "VA 1\r\n0\r\n");
+        assert_eq!(reply(&s, "ma n M+ v\r\n"), "VA 1\r\n1\r\n");
+        assert_eq!(reply(&s, "ma n MI v\r\n"), "VA 1\r\n2\r\n");
+        // Incr wraps at 2^64.
+        assert_eq!(
+            reply(&s, "ma n D18446744073709551615 v\r\n"),
+            "VA 1\r\n1\r\n"
+        );
+        // Quiet hides any success.
+        assert_eq!(reply(&s, "ma n q v\r\nmn\r\n"), "MN\r\n");
+        assert_eq!(reply(&s, "mg n v\r\n"), "VA 1\r\n2\r\n");
+        // Returned flags.
+        let out = reply(&s, "ma n c k O1\r\n");
+        assert_eq!(out, format!("HD c{} kn O1\r\n", cas_of(&s, b"n")));
+        assert_eq!(reply(&s, "ma n t v\r\n"), "VA 1\r\n4\r\n");
+        assert_eq!(reply(&s, "ma n t T100 v\r\n"), "VA 1 t100\r\n5\r\n");
+        let out = reply(&s, "ma n T0 t c\r\n");
+        assert_eq!(out, format!("HD t-1 c{}\r\n", cas_of(&s, b"n")));
+        // Autovivified items get N's TTL.
+        assert_eq!(reply(&s, "ma m N50 t v\r\n"), "VA 1 t50\r\n0\r\n");
+        s.cache.advance_clock(51);
+        assert_eq!(reply(&s, "ma m\r\n"), "NF\r\n");
+        // CAS compare.
+        let cas = cas_of(&s, b"n");
+        assert_eq!(reply(&s, &format!("ma n C{}\r\n", cas + 1)), "EX\r\n");
+        assert_eq!(reply(&s, &format!("ma n C{cas} v\r\n")), "VA 1\r\n7\r\n");
+        assert_eq!(reply(&s, "ma nope C5\r\n"), "NF\r\n");
+        // Errors.
+        reply(&s, "ms t 3\r\nabc\r\n");
+        assert_eq!(
+            reply(&s, "ma t q\r\n"),
+            "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"
+        );
+        assert_eq!(
+            reply(&s, "ma n MX\r\n"),
+            "CLIENT_ERROR invalid mode for ma M token\r\n"
+        );
+        assert_eq!(
+            reply(&s, "ma n v v\r\n"),
+            "CLIENT_ERROR invalid or duplicate flag\r\n"
+        );
+        assert!(s.counters.get(Counter::IncrHits) >= 8);
+        assert_eq!(s.counters.get(Counter::DecrHits), 2);
+    }
+
+    #[test]
+    fn debug() {
+        let s = test_shared();
+        assert_eq!(reply(&s, "me foo\r\n"), "EN\r\n");
+        reply(&s, "ms foo 2\r\nhi\r\n");
+        let cas = cas_of(&s, b"foo");
+        let expected = format!("ME foo la=0 cas={cas} fetch=no cls=1 size=2 tier=0\r\n");
+        assert_eq!(reply(&s, "me foo\r\n"), expected);
+        // Other tokens are ignored, as memcached.
+        assert_eq!(reply(&s, "me foo zz\r\n"), expected);
+        let expected = format!("ME Zm9v la=0 cas={cas} fetch=no cls=1 size=2 tier=0\r\n");
+        assert_eq!(reply(&s, "me Zm9v b\r\n"), expected);
+        // `me` reads no counted get.
+        assert_eq!(s.counters.get(Counter::CmdGet), 0);
+    }
+
+    #[test]
+    fn pipelined_quiet_gets_end_with_noop() {
+        let s = test_shared();
+        reply(&s, "ms b 1\r\n2\r\n");
+        assert_eq!(
+            reply(&s, "mg a v q O1\r\nmg b v q O2 k\r\nmg c v q O3\r\nmn\r\n"),
+            "VA 1 O2 kb\r\n2\r\nMN\r\n"
+        );
+    }
+
+    fn check_step(step: Step, len: usize, line: usize, max_value: usize) -> Result<(), String> {
+        let ok = match step {
+            Step::Done { consumed } => consumed > 0 && consumed <= len,
+            Step::Swallow { consumed, .. } | Step::Close { consumed } => consumed <= len,
+            Step::NeedMore { total } => total.is_none_or(|t| t > len && t <= line + max_value + 2),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("{step:?} for {len} input bytes"))
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn meta_lines_never_panic(
+            words in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::prelude::Just("mg".to_string()),
+                    proptest::prelude::Just("ms".to_string()),
+                    proptest::prelude::Just("md".to_string()),
+                    proptest::prelude::Just("ma".to_string()),
+                    proptest::prelude::Just("mn".to_string()),
+                    proptest::prelude::Just("me".to_string()),
+                    proptest::prelude::Just("Zm9v".to_string()),
+                    "[bcfhklqstuvxIPL]",
+                    "[OTNRCEFMJD]-?[0-9A-Za-z+=/]{0,22}",
+                    "-?[0-9]{1,21}",
+                    "[a-z]{1,4}",
+                    proptest::prelude::Just("\r\n".to_string()),
+                ],
+                0..26,
+            ),
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let s = test_shared();
+            let mut input = words.join(" ").into_bytes();
+            input.extend_from_slice(b"\r\n");
+            input.extend_from_slice(&tail);
+            let mut at = 0;
+            while at < input.len() {
+                let Ok(line) = split_line(&input[at..]) else { break };
+                let mut out = Vec::new();
+                let step = handle(&s, line, &input[at..], &mut out);
+                let checked = check_step(step, input.len() - at, line.consumed, s.limits.max_value);
+                proptest::prop_assert!(checked.is_ok(), "{:?}", checked);
+                match step {
+                    Step::Done { consumed } => at += consumed,
+                    _ => break,
+                }
+            }
+        }
+
+        #[test]
+        fn raw_bytes_never_panic(
+            head in proptest::sample::select(vec!["mg ", "ms ", "md ", "ma ", "me ", "mn ", "ms k 3 "]),
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+        ) {
+            let s = test_shared();
+            let mut input = head.as_bytes().to_vec();
+            input.extend_from_slice(&bytes);
+            input.extend_from_slice(b"\n");
+            let line = split_line(&input);
+            proptest::prop_assert!(input.len() < MAX_LINE && line.is_ok());
+            if let Ok(line) = line {
+                let mut out = Vec::new();
+                let step = handle(&s, line, &input, &mut out);
+                let checked = check_step(step, input.len(), line.consumed, s.limits.max_value);
+                proptest::prop_assert!(checked.is_ok(), "{:?}", checked);
+            }
+        }
+    }
 }

@@ -76,9 +76,21 @@ pub struct Line<'a> {
     pub consumed: usize,
 }
 
-/// The first line of `input`, `Err(true)` when no `\n` is within [`MAX_LINE`] bytes (the
-/// line is too long), `Err(false)` when more input may complete it.
-pub fn split_line(input: &[u8]) -> Result<Line<'_>, bool> {
+/// Why no whole command line is at the start of the input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineError {
+    /// More input may complete it.
+    Incomplete,
+    /// No `\n` within [`MAX_LINE`] bytes.
+    TooLong,
+}
+
+/// A storage command's data block is not followed by `\r\n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadChunk;
+
+/// The first line of `input`.
+pub fn split_line(input: &[u8]) -> Result<Line<'_>, LineError> {
     let window = &input[..input.len().min(MAX_LINE)];
     match window.iter().position(|&b| b == b'\n') {
         Some(nl) => {
@@ -89,14 +101,15 @@ pub fn split_line(input: &[u8]) -> Result<Line<'_>, bool> {
                 consumed: nl + 1,
             })
         }
-        None => Err(input.len() >= MAX_LINE),
+        None if input.len() >= MAX_LINE => Err(LineError::TooLong),
+        None => Err(LineError::Incomplete),
     }
 }
 
 /// The body of a text storage command: `len` data bytes then `\r\n`, starting at `start`.
 /// `Ok(None)`: not all here yet.
-pub fn data_block(input: &[u8], start: usize, len: usize) -> Result<Option<&[u8]>, ()> {
-    let end = start.checked_add(len).ok_or(())?;
+pub fn data_block(input: &[u8], start: usize, len: usize) -> Result<Option<&[u8]>, BadChunk> {
+    let end = start.checked_add(len).ok_or(BadChunk)?;
     let Some(rest) = input.get(end..) else {
         return Ok(None);
     };
@@ -104,7 +117,7 @@ pub fn data_block(input: &[u8], start: usize, len: usize) -> Result<Option<&[u8]
         return Ok(None);
     }
     if &rest[..2] != b"\r\n" {
-        return Err(());
+        return Err(BadChunk);
     }
     Ok(Some(&input[start..end]))
 }
@@ -164,8 +177,11 @@ mod tests {
         assert_eq!(split_line(b"get a\r\nrest").unwrap().text, b"get a");
         assert_eq!(split_line(b"get a\r\nrest").unwrap().consumed, 7);
         assert_eq!(split_line(b"get a\nx").unwrap().text, b"get a");
-        assert_eq!(split_line(b"get a").unwrap_err(), false);
-        assert_eq!(split_line(&vec![b'a'; MAX_LINE]).unwrap_err(), true);
+        assert_eq!(split_line(b"get a").unwrap_err(), LineError::Incomplete);
+        assert_eq!(
+            split_line(&vec![b'a'; MAX_LINE]).unwrap_err(),
+            LineError::TooLong
+        );
     }
 
     #[test]
@@ -191,7 +207,7 @@ mod tests {
     fn data_blocks_need_their_terminator() {
         assert_eq!(data_block(b"xxabc\r\n", 2, 3), Ok(Some(&b"abc"[..])));
         assert_eq!(data_block(b"xxabc\r", 2, 3), Ok(None));
-        assert_eq!(data_block(b"xxabcde", 2, 3), Err(()));
-        assert_eq!(data_block(b"xx", 2, usize::MAX), Err(()));
+        assert_eq!(data_block(b"xxabcde", 2, 3), Err(BadChunk));
+        assert_eq!(data_block(b"xx", 2, usize::MAX), Err(BadChunk));
     }
 }

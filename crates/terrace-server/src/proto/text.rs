@@ -11,7 +11,10 @@
 
 use terrace_cache::Store;
 
-use super::{data_block, meta, parse_i64, parse_u64, push_decimal, split_line, Line, Step};
+use super::{
+    data_block, meta, parse_i64, parse_u64, push_decimal, split_line, BadChunk, Line, LineError,
+    Step,
+};
 use crate::shared::{Failure, Shared, StoreOp};
 use crate::stats::{self, Counter};
 
@@ -24,8 +27,8 @@ const ERROR: &[u8] = b"ERROR\r\n";
 pub fn handle(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
     let line = match split_line(input) {
         Ok(line) => line,
-        Err(false) => return Step::NeedMore { total: None },
-        Err(true) => {
+        Err(LineError::Incomplete) => return Step::NeedMore { total: None },
+        Err(LineError::TooLong) => {
             shared.counters.add(Counter::ProtocolErrors, 1);
             out.extend_from_slice(b"CLIENT_ERROR line too long\r\n");
             return Step::Close {
@@ -274,7 +277,7 @@ fn storage(
                 total: Some(line.consumed + length + 2),
             }
         }
-        Err(()) => {
+        Err(BadChunk) => {
             out.extend_from_slice(BAD_CHUNK);
             return Step::Done {
                 consumed: line.consumed + length + 2,
@@ -531,7 +534,10 @@ mod tests {
             reply(&s, &format!("cas k 0 0 1 {}\r\nq\r\n", cas + 1)),
             "EXISTS\r\n"
         );
-        assert_eq!(reply(&s, &format!("cas k 0 0 1 {cas}\r\nq\r\n")), "STORED\r\n");
+        assert_eq!(
+            reply(&s, &format!("cas k 0 0 1 {cas}\r\nq\r\n")),
+            "STORED\r\n"
+        );
         assert_eq!(reply(&s, "cas nope 0 0 1 1\r\nq\r\n"), "NOT_FOUND\r\n");
     }
 
@@ -555,7 +561,10 @@ mod tests {
         assert_eq!(reply(&s, "set a 0 0 2\r\n10\r\n"), "STORED\r\n");
         assert_eq!(reply(&s, "incr a 5\r\n"), "15\r\n");
         assert_eq!(reply(&s, "decr a 100\r\n"), "0\r\n");
-        assert_eq!(reply(&s, "incr a x\r\n"), "CLIENT_ERROR invalid numeric delta argument\r\n");
+        assert_eq!(
+            reply(&s, "incr a x\r\n"),
+            "CLIENT_ERROR invalid numeric delta argument\r\n"
+        );
         assert_eq!(reply(&s, "incr nope 1\r\n"), "NOT_FOUND\r\n");
         assert_eq!(reply(&s, "set t 0 0 2\r\nhi\r\n"), "STORED\r\n");
         assert_eq!(
@@ -607,7 +616,10 @@ mod tests {
         s.cache.advance_clock(11);
         assert!(s.run_delayed_flush());
         assert_eq!(reply(&s, "get a\r\n"), "END\r\n");
-        assert_eq!(reply(&s, "flush_all x\r\n"), "CLIENT_ERROR bad command line format\r\n");
+        assert_eq!(
+            reply(&s, "flush_all x\r\n"),
+            "CLIENT_ERROR bad command line format\r\n"
+        );
     }
 
     #[test]
@@ -677,10 +689,15 @@ mod tests {
     fn incomplete_requests_ask_for_their_total() {
         let s = test_shared();
         let mut out = Vec::new();
-        assert_eq!(handle(&s, b"get a", &mut out), Step::NeedMore { total: None });
+        assert_eq!(
+            handle(&s, b"get a", &mut out),
+            Step::NeedMore { total: None }
+        );
         assert_eq!(
             handle(&s, b"set a 0 0 10\r\nabc", &mut out),
-            Step::NeedMore { total: Some(14 + 12) }
+            Step::NeedMore {
+                total: Some(14 + 12)
+            }
         );
         assert!(out.is_empty());
         let long = vec![b'g'; super::super::MAX_LINE + 1];
@@ -705,10 +722,7 @@ mod tests {
         assert!(reply(&s, "stats\r\n").contains("STAT cmd_get 0\r\n"));
         assert!(reply(&s, "stats settings\r\n").contains("STAT item_size_max 1048576\r\n"));
         assert_eq!(reply(&s, "stats nonsense\r\n"), "ERROR\r\n");
-        assert_eq!(
-            run(&s, b"quit\r\nget a\r\n").1,
-            Step::Close { consumed: 6 }
-        );
+        assert_eq!(run(&s, b"quit\r\nget a\r\n").1, Step::Close { consumed: 6 });
     }
 
     proptest::proptest! {
