@@ -81,6 +81,11 @@ where
                     close = true;
                     break;
                 }
+                Step::Resume { prefix, consumed } => {
+                    // The request's head moves up to just before its unhandled rest.
+                    input.copy_within(pos..pos + prefix, pos + consumed - prefix);
+                    pos += consumed - prefix;
+                }
             }
         }
         // Requests still buffered and complete: only a full reply buffer stopped us.

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use terrace_cache::{Cache, CacheConfig, Limits as CacheLimits, Medium};
+use terrace_media::Durability;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
@@ -143,14 +144,14 @@ fn describe_tiers(config: &ServerConfig, cache: &Cache) {
         };
         let bytes = u64::from(t.segments) * segment;
         tracing::info!(tier = i, medium = %medium, bytes, durability = ?t.durability, "tier");
-        println!(
-            "terrace: tier {i}: {medium}, {} MiB{}",
-            bytes >> 20,
-            match t.durability {
-                Some(d) => format!(" (survives: {d:?})"),
-                None => String::new(),
+        let survives = match t.durability {
+            Some(Durability::Power) => "survives a crash and a power loss",
+            Some(Durability::Process) => {
+                "survives a process crash, not a power loss (tmpfs)"
             }
-        );
+            _ => "volatile",
+        };
+        println!("terrace: tier {i}: {medium}, {} MiB, {survives}", bytes >> 20);
     }
 }
 

@@ -1303,6 +1303,7 @@ mod tests {
                     assert!(consumed <= rest.len());
                     break;
                 }
+                Step::Resume { .. } => panic!("binary requests are answered whole"),
             }
         }
         responses(&out);

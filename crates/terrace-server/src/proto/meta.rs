@@ -942,6 +942,7 @@ mod tests {
                 Step::NeedMore { .. } | Step::Close { .. } => {
                     return (String::from_utf8_lossy(&out).into_owned(), step)
                 }
+                Step::Resume { .. } => panic!("meta requests are answered whole"),
             }
         }
     }
@@ -1481,6 +1482,7 @@ mod tests {
             Step::Done { consumed } => consumed > 0 && consumed <= len,
             Step::Swallow { consumed, .. } | Step::Close { consumed } => consumed <= len,
             Step::NeedMore { total } => total.is_none_or(|t| t > len && t <= line + max_value + 2),
+            Step::Resume { .. } => false,
         };
         if ok {
             Ok(())

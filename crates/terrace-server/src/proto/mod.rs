@@ -25,6 +25,9 @@ use crate::shared::Shared;
 /// lines with many flags and base64 keys need a little more).
 pub const MAX_LINE: usize = 8192;
 
+/// Reply bytes one call may append before a multi-key request yields ([`Step::Resume`]).
+pub const REPLY_BUDGET: usize = 256 * 1024;
+
 /// What the connection loop does after one call of a protocol handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -39,6 +42,11 @@ pub enum Step {
     /// Append nothing more: drop `consumed` bytes, write out what was replied so far and
     /// close (`quit`, or input that cannot be resynchronised).
     Close { consumed: usize },
+    /// Part of a request was handled and its reply is large: write the reply out, then
+    /// handle the rest, which is the request's first `prefix` bytes followed by what
+    /// comes after its first `consumed` bytes (a multi-key get resumes at its next key,
+    /// so one request never buffers more than about [`REPLY_BUDGET`] of values).
+    Resume { prefix: usize, consumed: usize },
 }
 
 /// Which protocol a connection speaks, fixed by its first byte.

@@ -13,7 +13,7 @@ use terrace_cache::Store;
 
 use super::{
     data_block, meta, parse_i64, parse_u64, push_decimal, split_line, BadChunk, Line, LineError,
-    Step,
+    Step, REPLY_BUDGET,
 };
 use crate::shared::{Failure, Shared, StoreOp};
 use crate::stats::{self, Counter};
@@ -168,15 +168,23 @@ fn retrieve(
     touch: Option<i64>,
     out: &mut Vec<u8>,
 ) -> Step {
-    let start = out.len();
-    let mut any = false;
-    for key in keys {
-        any = true;
+    // The command and its arguments: kept when the request resumes.
+    let prefix = line.text.len() - keys.rest.len();
+    let mut count = 0;
+    for key in keys.clone() {
         if !shared.key_ok(key) {
-            out.truncate(start);
             out.extend_from_slice(BAD_FORMAT);
             return done(line);
         }
+        count += 1;
+    }
+    if count == 0 {
+        out.extend_from_slice(ERROR);
+        return done(line);
+    }
+    let start = out.len();
+    let mut keys = keys;
+    while let Some(key) = keys.next() {
         let hit = match touch {
             Some(exptime) => shared.gat(key, exptime),
             None => shared.get(key),
@@ -200,17 +208,18 @@ fn retrieve(
             }
             Ok(None) => {}
             Err(failure) => {
-                out.truncate(start);
                 push_failure(out, failure);
                 return done(line);
             }
         }
+        if out.len() - start >= REPLY_BUDGET && keys.clone().next().is_some() {
+            return Step::Resume {
+                prefix,
+                consumed: line.text.len() - keys.rest.len(),
+            };
+        }
     }
-    if any {
-        out.extend_from_slice(b"END\r\n");
-    } else {
-        out.extend_from_slice(ERROR);
-    }
+    out.extend_from_slice(b"END\r\n");
     done(line)
 }
 
@@ -469,6 +478,7 @@ mod tests {
     /// Runs every request in `input` as the connection loop would; returns the replies and
     /// the last step.
     fn run(shared: &Shared, input: &[u8]) -> (String, Step) {
+        let mut input = input.to_vec();
         let mut out = Vec::new();
         let mut at = 0;
         let mut skip = 0usize;
@@ -490,6 +500,10 @@ mod tests {
                 Step::Swallow { consumed, skip: s } => {
                     at += consumed;
                     skip = s;
+                }
+                Step::Resume { prefix, consumed } => {
+                    input.copy_within(at..at + prefix, at + consumed - prefix);
+                    at += consumed - prefix;
                 }
                 Step::NeedMore { .. } | Step::Close { .. } => {
                     return (String::from_utf8_lossy(&out).into_owned(), step)
@@ -686,6 +700,37 @@ mod tests {
     }
 
     #[test]
+    fn large_multigets_resume_in_bounded_pieces() {
+        let s = test_shared();
+        let value = "v".repeat(100_000);
+        let mut keys = Vec::new();
+        for i in 0..10 {
+            let key = format!("key{i}");
+            assert_eq!(
+                reply(&s, &format!("set {key} {i} 0 {}\r\n{value}\r\n", value.len())),
+                "STORED\r\n"
+            );
+            keys.push(key);
+        }
+        let request = format!("gets {} nope\r\nget key0\r\n", keys.join(" "));
+        let mut out = Vec::new();
+        let step = handle(&s, request.as_bytes(), &mut out);
+        let Step::Resume { prefix, consumed } = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(&request[..prefix], "gets");
+        assert!(out.len() >= REPLY_BUDGET && out.len() < REPLY_BUDGET + 200_000);
+        // The whole exchange, resumed as the connection loop does.
+        let (replies, _) = run(&s, request.as_bytes());
+        assert_eq!(replies.matches("VALUE key").count(), 11);
+        assert_eq!(replies.matches("END\r\n").count(), 2);
+        for (i, key) in keys.iter().enumerate() {
+            assert!(replies.contains(&format!("VALUE {key} {i} 100000 ")), "{key}");
+        }
+        assert!(consumed > prefix);
+    }
+
+    #[test]
     fn incomplete_requests_ask_for_their_total() {
         let s = test_shared();
         let mut out = Vec::new();
@@ -749,6 +794,10 @@ mod tests {
                     }
                     Step::Close { consumed } => {
                         proptest::prop_assert!(at + consumed <= input.len());
+                        break;
+                    }
+                    Step::Resume { prefix, consumed } => {
+                        proptest::prop_assert!(prefix < consumed && at + consumed <= input.len());
                         break;
                     }
                 }
