@@ -8,15 +8,15 @@
 //! - replies are written when the input runs dry or the reply buffer passes
 //!   [`FLUSH_AT`], so pipelined and quiet requests share one `write`;
 //! - an idle connection keeps at most [`IDLE_KEEP`] bytes of buffers;
-//! - a shutdown signal ends the connection at its next read (no request is cut in the
-//!   middle of being handled: handling never awaits).
+//! - the loop awaits only on reads and writes, never while a request is being handled:
+//!   at shutdown the worker drops the connection's task at one of those points, so no
+//!   request is ever half-applied (a reply may be cut, the connection closes anyway).
 
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::watch;
 
 use crate::proto::{self, Protocol, Step};
 use crate::shared::Shared;
@@ -29,23 +29,19 @@ const FLUSH_AT: usize = 256 * 1024;
 /// Buffer capacity an idle connection may keep.
 const IDLE_KEEP: usize = 64 * 1024;
 
-/// Serves one connection until the client closes it, a protocol asks to close, an I/O
-/// error, or `shutdown` turns true.
-pub async fn serve<S>(shared: Arc<Shared>, mut stream: S, mut shutdown: watch::Receiver<bool>)
+/// Serves one connection until the client closes it, a protocol asks to close, or an
+/// I/O error.
+pub async fn serve<S>(shared: Arc<Shared>, mut stream: S)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    if let Err(e) = serve_inner(&shared, &mut stream, &mut shutdown).await {
+    if let Err(e) = serve_inner(&shared, &mut stream).await {
         tracing::debug!(error = %e, "connection ended with an error");
     }
     let _ = stream.shutdown().await;
 }
 
-async fn serve_inner<S>(
-    shared: &Shared,
-    stream: &mut S,
-    shutdown: &mut watch::Receiver<bool>,
-) -> io::Result<()>
+async fn serve_inner<S>(shared: &Shared, stream: &mut S) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -118,10 +114,7 @@ where
         // Discarded bytes only ever pass through one chunk of buffer.
         let want = if swallow > 0 { READ_CHUNK } else { want };
         input.reserve(want);
-        let read = tokio::select! {
-            r = stream.read_buf(&mut input) => r?,
-            _ = shutdown.changed() => return Ok(()),
-        };
+        let read = stream.read_buf(&mut input).await?;
         if read == 0 {
             return Ok(());
         }

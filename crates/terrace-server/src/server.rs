@@ -25,7 +25,7 @@ use crate::workers::{Accepted, Workers};
 
 /// How long the movers sleep between rounds (they also run when a writer runs low).
 const MOVER_INTERVAL: Duration = Duration::from_millis(5);
-/// How long connections get to finish at shutdown.
+/// How long the main loop's tasks (acceptors, metrics) get to end at shutdown.
 const DRAIN: Duration = Duration::from_secs(2);
 
 /// Why the server could not start, or did not stop cleanly.
@@ -98,7 +98,7 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
         .map_err(ServeError::Runtime)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let workers =
-        Workers::start(config.threads, &shared, &stop_rx, DRAIN).map_err(ServeError::Runtime)?;
+        Workers::start(config.threads, &shared, &stop_rx).map_err(ServeError::Runtime)?;
     let workers = Arc::new(workers);
     let served = runtime.block_on(serve_until_signal(
         &config,
@@ -109,7 +109,7 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
     ));
     runtime.shutdown_timeout(DRAIN);
     match Arc::try_unwrap(workers) {
-        Ok(workers) => workers.stop(),
+        Ok(workers) => workers.join(),
         Err(_) => tracing::warn!("an acceptor outlived the runtime"),
     }
     drop(movers);
@@ -211,17 +211,6 @@ async fn serve_until_signal(
     wait_for_signal().await;
     tracing::info!("stopping: closing connections, then saving the index");
     let _ = stop_tx.send(true);
-    // Give connections a moment to see the stop and close.
-    let deadline = tokio::time::Instant::now() + DRAIN;
-    while shared
-        .counters
-        .curr_connections
-        .load(std::sync::atomic::Ordering::Relaxed)
-        > 0
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     if let Some(path) = &config.unix {
         let _ = std::fs::remove_file(path);
     }

@@ -3,14 +3,14 @@
 //! A connection lives on one worker for its whole life, so serving it never wakes
 //! another thread (a work-stealing runtime spent a futex wake-up per few requests).
 //!
-//! Invariants: a worker ends only after its hand-off channel is closed (the acceptor
-//! stopped) and its connections have ended or the drain deadline passed; a connection
-//! is counted in `curr_connections` from admission until its task ends, on whatever path.
+//! Invariants: when `stop` turns true a worker drops every connection task (each is
+//! waiting on a read or a write then, never in the middle of a request, see `conn`) and
+//! ends; a connection is counted in `curr_connections` from admission until its task
+//! ends, on whatever path (the count is a guard owned by the task).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
@@ -33,13 +33,11 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts `n` workers; their connections end when `stop` turns true, and get `drain`
-    /// to do so once the workers are [stopped](Self::stop).
+    /// Starts `n` workers; they and their connections end when `stop` turns true.
     pub fn start(
         n: usize,
         shared: &Arc<Shared>,
         stop: &watch::Receiver<bool>,
-        drain: Duration,
     ) -> std::io::Result<Workers> {
         let mut senders = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
@@ -53,7 +51,7 @@ impl Workers {
             let stop = stop.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("terrace-worker-{i}"))
-                .spawn(move || runtime.block_on(work(rx, shared, stop, drain)))?;
+                .spawn(move || runtime.block_on(work(rx, shared, stop)))?;
             senders.push(tx);
             threads.push(thread);
         }
@@ -75,8 +73,8 @@ impl Workers {
         let _ = self.senders[i].send((accepted, admitted));
     }
 
-    /// Closes the hand-off channels and waits for the workers to end.
-    pub fn stop(self) {
+    /// Waits for the workers to end (after `stop` turned true).
+    pub fn join(self) {
         drop(self.senders);
         for t in self.threads {
             let _ = t.join();
@@ -87,8 +85,7 @@ impl Workers {
 async fn work(
     mut handoff: mpsc::UnboundedReceiver<(Accepted, Admitted)>,
     shared: Arc<Shared>,
-    stop: watch::Receiver<bool>,
-    drain: Duration,
+    mut stop: watch::Receiver<bool>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -96,16 +93,15 @@ async fn work(
             next = handoff.recv() => match next {
                 Some((accepted, admitted)) => {
                     let shared = Arc::clone(&shared);
-                    let stop = stop.clone();
                     match accepted {
                         Accepted::Tcp(s) => {
                             if let Ok(s) = tokio::net::TcpStream::from_std(s) {
-                                connections.spawn(serve_admitted(shared, s, stop, admitted));
+                                connections.spawn(serve_admitted(shared, s, admitted));
                             }
                         }
                         Accepted::Unix(s) => {
                             if let Ok(s) = tokio::net::UnixStream::from_std(s) {
-                                connections.spawn(serve_admitted(shared, s, stop, admitted));
+                                connections.spawn(serve_admitted(shared, s, admitted));
                             }
                         }
                     }
@@ -113,23 +109,18 @@ async fn work(
                 None => break,
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = stop.changed() => break,
         }
     }
-    let _ = tokio::time::timeout(drain, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
 }
 
-async fn serve_admitted<S>(
-    shared: Arc<Shared>,
-    stream: S,
-    stop: watch::Receiver<bool>,
-    admitted: Admitted,
-) where
+async fn serve_admitted<S>(shared: Arc<Shared>, stream: S, admitted: Admitted)
+where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    conn::serve(shared, stream, stop).await;
+    conn::serve(shared, stream).await;
     drop(admitted);
 }
 
