@@ -1,0 +1,162 @@
+//! `terrace serve` configured from a TOML file (the same settings as the flags, flags
+//! winning), the Prometheus endpoint (`--metrics`) reporting what the protocol did, and
+//! the meta protocol end to end.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// The body of `GET /metrics`, retried while the endpoint comes up.
+fn scrape(port: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(mut s) => {
+                s.set_read_timeout(Some(Duration::from_secs(10)))
+                    .expect("read timeout");
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .expect("sending the scrape");
+                let mut text = String::new();
+                s.read_to_string(&mut text).expect("reading the scrape");
+                return text;
+            }
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("metrics endpoint on port {port}: {e}"),
+        }
+    }
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+}
+
+#[test]
+fn config_file_settings_apply_and_flags_win() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let metrics_port = common::free_port();
+    let config = dir.path().join("terrace.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\n\
+             dir = \"{}\"\n\
+             tiers = \"dram:1,file:3\"\n\
+             capacity = \"32MiB\"\n\
+             threads = 1\n\
+             max-item-size = \"2MiB\"\n\
+             max-connections = 3\n\
+             metrics = \"127.0.0.1:{metrics_port}\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .expect("writing the config file");
+    let config = config.display().to_string();
+    let mut server = common::start(dir.path(), &["--config", &config, "--max-connections", "4"]);
+
+    // max-item-size from the file: a 2 MiB value is stored.
+    let mut c = server.connect();
+    let value = vec![b'x'; 2 << 20];
+    c.send(format!("set big 0 0 {}\r\n", value.len()).as_bytes());
+    c.send(&value);
+    c.send(b"\r\n");
+    assert_eq!(c.line(), "STORED");
+
+    // Tiers and capacity from the file: 8 MiB of DRAM, 24 MiB of file.
+    let stats = server.stats();
+    let seg: u64 = stats["terrace_segment_bytes"].parse().expect("segment size");
+    let tier0: u64 = stats["tier_0_bytes"].parse().expect("tier 0 bytes");
+    let tier1: u64 = stats["tier_1_bytes"].parse().expect("tier 1 bytes");
+    assert!(tier0 <= 8 << 20 && tier0 + seg > 8 << 20, "tier 0: {tier0}");
+    assert!(tier1 <= 24 << 20 && tier1 + seg > 24 << 20, "tier 1: {tier1}");
+    // The test harness passes --threads 2, which beats the file's 1.
+    assert_eq!(stats["threads"], "2");
+
+    // max-connections: the flag (4) beats the file (3).
+    assert_eq!(stats["max_connections"], "4");
+    let others: Vec<_> = (0..3).map(|_| server.connect()).collect();
+    let mut fifth = server.connect();
+    assert_eq!(fifth.line(), "ERROR Too many open connections");
+    drop(others);
+    drop(c);
+    drop(fifth);
+    // The server notices the closes asynchronously: a slot frees up within moments.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = server.connect().cmd("version");
+        if reply.starts_with("VERSION ") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no connection slot freed: {reply}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn prometheus_endpoint_reports_the_protocol_counters() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let metrics_port = common::free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let mut server = common::start(dir.path(), &["--metrics", &metrics]);
+    let mut c = server.connect();
+    for i in 0..10 {
+        c.send(format!("set k{i} 0 0 1\r\nx\r\n").as_bytes());
+        assert_eq!(c.line(), "STORED");
+    }
+    c.send(b"get k1 k2 nope\r\n");
+    for _ in 0..4 {
+        c.line();
+    }
+    assert_eq!(c.line(), "END");
+
+    let scrape = scrape(metrics_port);
+    assert!(scrape.starts_with("HTTP/1.1 200 OK\r\n"), "{scrape}");
+    assert!(scrape.contains("Content-Type: text/plain; version=0.0.4"), "{scrape}");
+    assert_eq!(metric(&scrape, "memcached_cmd_set"), 10.0);
+    assert_eq!(metric(&scrape, "memcached_get_hits"), 2.0);
+    assert_eq!(metric(&scrape, "memcached_get_misses"), 1.0);
+    assert_eq!(metric(&scrape, "memcached_curr_items"), 10.0);
+    assert!(metric(&scrape, "memcached_curr_connections") >= 1.0);
+    assert!(metric(&scrape, "terrace_tier_segments{tier=\"0\"}") > 0.0);
+    assert!(metric(&scrape, "terrace_tier_segments{tier=\"1\"}") > 0.0);
+
+    // Anything but /metrics is a 404; a client that sends nothing is dropped.
+    let mut s = TcpStream::connect(("127.0.0.1", metrics_port)).expect("metrics connect");
+    s.write_all(b"GET /other HTTP/1.1\r\n\r\n").expect("send");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    assert!(text.starts_with("HTTP/1.1 404"), "{text}");
+    server.assert_alive("after the scrapes");
+}
+
+#[test]
+fn meta_commands_end_to_end() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut server = common::start(dir.path(), &[]);
+    let mut c = server.connect();
+    c.send(b"ms mkey 5 T0 F7 c\r\nhello\r\n");
+    let stored = c.line();
+    assert!(stored.starts_with("HD c"), "{stored}");
+    let cas: u64 = stored[4..].trim().parse().expect("cas after ms c");
+    c.send(b"mg mkey v f c k s\r\n");
+    assert_eq!(c.line(), format!("VA 5 f7 c{cas} kmkey s5"));
+    assert_eq!(c.line(), "hello");
+    c.send(format!("ms mkey 3 C{}\r\nnew\r\n", cas + 1).as_bytes());
+    assert_eq!(c.line(), "EX");
+    c.send(b"ma counter N0 J10 v\r\n");
+    assert_eq!(c.line(), "VA 2");
+    assert_eq!(c.line(), "10");
+    c.send(b"mg missing v q\r\nmg mkey v q O42\r\nmn\r\n");
+    assert_eq!(c.line(), "VA 5 O42");
+    assert_eq!(c.line(), "hello");
+    assert_eq!(c.line(), "MN");
+    c.send(b"md mkey q\r\nmg mkey v\r\n");
+    assert_eq!(c.line(), "EN");
+    server.assert_alive("after the meta commands");
+}
