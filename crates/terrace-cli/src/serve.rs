@@ -78,8 +78,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
 fn init_logs(json: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours only for a person watching; log files and collectors get plain text.
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_writer(std::io::stderr);
     // A second initialisation (tests) is not an error worth stopping for.
     let _ = if json {
