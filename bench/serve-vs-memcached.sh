@@ -72,11 +72,18 @@ stop_all() {
   PIDS=()
 }
 
-# One memcaslap run; prints its TPS.
+# One memcaslap run; prints its TPS. A run in which the server answered any request with
+# an error is not a measurement: it stops the script (a server that refuses every set
+# would look fast).
 load() {
   local port=$1; shift
-  memcaslap -s "127.0.0.1:$port" -T "$THREADS" -c "$CONC" -t "${SECS}s" "$@" 2>&1 |
-    awk '/^Run time:/ { for (i = 1; i <= NF; i++) if ($i == "TPS:") print $(i + 1) }' | tail -1
+  memcaslap -s "127.0.0.1:$port" -T "$THREADS" -c "$CONC" -t "${SECS}s" "$@" >"$WORK/load.out" 2>&1
+  if grep -q "ERROR" "$WORK/load.out"; then
+    echo "server on port $port answered with errors:" >&2
+    grep -m 5 "ERROR" "$WORK/load.out" >&2
+    exit 1
+  fi
+  awk '/^Run time:/ { for (i = 1; i <= NF; i++) if ($i == "TPS:") print $(i + 1) }' "$WORK/load.out" | tail -1
 }
 
 median() { sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else print v[int((NR + 1) / 2)] }'; }

@@ -52,3 +52,44 @@ fn memccapable_ascii_protocol() {
 fn memccapable_binary_protocol() {
     memccapable("-b");
 }
+
+/// memcaslap (the load tool the benchmark uses) for two seconds with data verification:
+/// every set must be stored (its keys carry control bytes, which memcached accepts),
+/// every verified get must return what was set, and nothing may come back as an error.
+#[test]
+fn memcaslap_load_is_served_without_errors() {
+    let Some(tool) = common::require_tool("memcaslap", "libmemcached-tools") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("creating a temporary directory");
+    let server = common::start(dir.path(), &[]);
+    let mut cmd = Command::new(&tool);
+    cmd.args([
+        "-s",
+        &format!("127.0.0.1:{}", server.port()),
+        "-T",
+        "1",
+        "-c",
+        "4",
+        "-t",
+        "2s",
+        "--verify=0.2",
+    ]);
+    let out = common::run_with_timeout(cmd, Duration::from_secs(60));
+    let report = format!("{}\n{}", out.text(), server.log_text());
+    assert!(out.success(), "memcaslap failed:\n{report}");
+    assert!(
+        !out.text().contains("ERROR") && !out.text().contains("verify failed"),
+        "memcaslap saw errors:\n{report}"
+    );
+    let stats = server.stats();
+    let number = |name: &str| -> u64 {
+        stats
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("stat {name} missing:\n{report}"))
+    };
+    assert!(number("cmd_set") > 100, "too few sets:\n{report}");
+    assert!(number("curr_items") > 100, "sets did not store:\n{report}");
+    assert!(number("get_hits") > 100, "gets did not hit:\n{report}");
+}

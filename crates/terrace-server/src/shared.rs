@@ -359,12 +359,11 @@ impl Shared {
         false
     }
 
-    /// Whether `key` is one the text protocols accept: 1..=max_key bytes, no control
-    /// characters or spaces.
+    /// Whether `key` is one the text protocols accept: 1..=max_key bytes. As in
+    /// memcached, any byte but the space that separates tokens and the line's own `\n`
+    /// may be in a key (load tools such as memcaslap send control bytes in keys).
     pub fn key_ok(&self, key: &[u8]) -> bool {
-        !key.is_empty()
-            && key.len() <= self.limits.max_key
-            && key.iter().all(|&b| b > b' ' && b != 0x7f)
+        !key.is_empty() && key.len() <= self.limits.max_key && !key.contains(&b' ')
     }
 }
 

@@ -532,6 +532,18 @@ mod tests {
     }
 
     #[test]
+    fn keys_may_hold_control_bytes_as_in_memcached() {
+        let s = test_shared();
+        // memcaslap's keys start with bytes such as 0x10.
+        let key = "\x10\x10\tk\x7f";
+        assert_eq!(reply(&s, &format!("set {key} 0 0 1\r\nx\r\n")), "STORED\r\n");
+        assert_eq!(
+            reply(&s, &format!("get {key}\r\n")),
+            format!("VALUE {key} 0 1\r\nx\r\nEND\r\n")
+        );
+    }
+
+    #[test]
     fn conditional_stores_and_cas() {
         let s = test_shared();
         assert_eq!(reply(&s, "add k 0 0 1\r\nx\r\n"), "STORED\r\n");
