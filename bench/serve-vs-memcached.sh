@@ -5,13 +5,15 @@
 #
 # Scenarios (each: memcached -m CAP -t THREADS vs terrace serve --threads THREADS):
 #   dram      Terrace with one DRAM tier of CAP
-#   file3of4  Terrace with tiers dram:1,file:3 of CAP (file tier in DIR): three quarters
-#             of the data set sits in the file tier
+#   file3of4  Terrace with tiers dram:1,file:3 of FILE_CAP (file tier in DIR), memcached
+#             with -m FILE_CAP: a run writes about FILE_CAP of values, so three quarters
+#             of the data sits in the file tier (the script prints the share it measured)
 #   multiget  as dram, memcaslap --division=10 (gets of 10 keys at once)
 #   large     as dram, 16 KiB values (memcaslap -X 16384)
 #
 # Usage: bench/serve-vs-memcached.sh [DIR]     (DIR: file tier directory, default /dev/shm)
-# Env:   RUNS (3), SECS (10), CAP_MIB (512), THREADS (2), CONC (32), SCENARIOS
+# Env:   RUNS (3), SECS (10), CAP_MIB (512), FILE_CAP_MIB (96), THREADS (2), CONC (32),
+#        SCENARIOS
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +21,7 @@ DIR=${1:-/dev/shm}
 RUNS=${RUNS:-3}
 SECS=${SECS:-10}
 CAP_MIB=${CAP_MIB:-512}
+FILE_CAP_MIB=${FILE_CAP_MIB:-96}
 THREADS=${THREADS:-2}
 CONC=${CONC:-32}
 SCENARIOS=${SCENARIOS:-"dram file3of4 multiget large"}
@@ -50,18 +53,18 @@ wait_port() {
 }
 
 start_memcached() {
-  local user=()
+  local cap=$1 user=()
   [ "$(id -u)" = 0 ] && user=(-u nobody)
-  memcached "${user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m "$CAP_MIB" -t "$THREADS" -c 4096 &
+  memcached "${user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m "$cap" -t "$THREADS" -c 4096 &
   PIDS+=($!)
   wait_port "$MC_PORT"
 }
 
 start_terrace() {
-  local tiers=$1
+  local tiers=$1 cap=$2
   rm -rf "$WORK/data"
   "$TERRACE" serve --listen "127.0.0.1:$TR_PORT" --threads "$THREADS" --dir "$WORK/data" \
-    --tiers "$tiers" --capacity "${CAP_MIB}MiB" --max-connections 4096 >/dev/null 2>"$WORK/terrace.log" &
+    --tiers "$tiers" --capacity "${cap}MiB" --max-connections 4096 >/dev/null 2>"$WORK/terrace.log" &
   PIDS+=($!)
   wait_port "$TR_PORT"
 }
@@ -100,20 +103,20 @@ file_share() {
 
 printf '%-10s %-28s %12s %12s %7s %s\n' scenario load memcached terrace ratio "file-tier share"
 for scenario in $SCENARIOS; do
-  args=(); tiers="dram:1"
+  args=(); tiers="dram:1"; cap=$CAP_MIB
   case $scenario in
     dram) ;;
-    file3of4) tiers="dram:1,file:3" ;;
+    file3of4) tiers="dram:1,file:3"; cap=$FILE_CAP_MIB ;;
     multiget) args=(--division=10) ;;
     large) args=(-X 16384) ;;
     *) echo "unknown scenario $scenario" >&2; exit 1 ;;
   esac
   mc=(); tr=(); share=-
   for _ in $(seq "$RUNS"); do
-    start_memcached
+    start_memcached "$cap"
     mc+=("$(load "$MC_PORT" "${args[@]}")")
     stop_all
-    start_terrace "$tiers"
+    start_terrace "$tiers" "$cap"
     tr+=("$(load "$TR_PORT" "${args[@]}")")
     [ "$scenario" = file3of4 ] && share=$(file_share)
     stop_all
