@@ -99,30 +99,38 @@ impl RegionBackend {
 }
 
 impl Backend for RegionBackend {
+    #[inline]
     fn len(&self) -> u64 {
         self.len
     }
+    #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.mem.read(offset, buf)
     }
+    #[inline]
     fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.mem.write(offset, data)
     }
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<()> {
         self.mem.fill(offset, len, byte)
     }
+    #[inline]
     fn load_u64(&self, offset: u64) -> Result<u64> {
         self.mem.load_u64(offset)
     }
+    #[inline]
     fn store_u64(&self, offset: u64, value: u64) -> Result<()> {
         self.mem.store_u64(offset, value)
     }
+    #[inline]
     fn fetch_or_u64(&self, offset: u64, mask: u64) -> Result<u64> {
         self.mem.fetch_or_u64(offset, mask)
     }
+    #[inline]
     fn fetch_and_u64(&self, offset: u64, mask: u64) -> Result<u64> {
         self.mem.fetch_and_u64(offset, mask)
     }
+    #[inline]
     fn persist(&self, offset: u64, len: u64) -> Result<()> {
         if offset.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(crate::error::PoolError::OutOfBounds {
@@ -141,6 +149,7 @@ impl Backend for RegionBackend {
     fn durability(&self) -> Durability {
         self.region.durability()
     }
+    #[inline]
     fn address(&self, offset: u64) -> Option<NonNull<u8>> {
         self.mem.address(offset).ok()
     }

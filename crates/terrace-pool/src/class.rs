@@ -26,18 +26,42 @@ pub const MAX_RUN_PAGES: u32 = 256;
 pub const MIN_RUN_SLOTS: u32 = 4;
 
 /// The slot size serving a request of `size` bytes, or `None` when it is an extent.
+#[inline]
 pub fn unit_for(size: u64) -> Option<u32> {
     if size > MAX_RUN_UNIT as u64 {
         return None;
     }
     let s = size.max(MIN_UNIT as u64);
-    let step = if s <= 1024 {
-        16
+    // The step is a power of two: round up with shifts (this is on every allocation).
+    let shift = if s <= 1024 {
+        4
     } else {
         let e = 63 - (s - 1).leading_zeros() as u64; // floor(log2(s - 1))
-        1u64 << (e - 5)
+        e - 5
     };
-    Some(s.div_ceil(step) as u32 * step as u32)
+    Some(((((s - 1) >> shift) + 1) << shift) as u32)
+}
+
+/// Number of size classes (units served from runs): 61 multiples of 16 from 64 B to
+/// 1 KiB, then 32 per power of two up to [`MAX_RUN_UNIT`].
+pub const CLASSES: usize = 61 + 7 * 32;
+
+/// The dense index (`0..CLASSES`) of a class unit, or `None` for a unit no request maps
+/// to (a run from another class table stays usable for frees, not for allocations).
+#[inline]
+pub fn index(unit: u32) -> Option<usize> {
+    if !(MIN_UNIT..=MAX_RUN_UNIT).contains(&unit) || unit % 16 != 0 {
+        return None;
+    }
+    if unit <= 1024 {
+        return Some((unit / 16 - MIN_UNIT / 16) as usize);
+    }
+    let e = 31 - (unit - 1).leading_zeros(); // floor(log2(unit - 1)), 10..=16
+    let step = 1u32 << (e - 5);
+    if unit % step != 0 {
+        return None;
+    }
+    Some(61 + (e as usize - 10) * 32 + (unit / step - 33) as usize)
 }
 
 /// Pages of an extent holding `size` bytes.
@@ -51,8 +75,13 @@ pub fn min_pages(unit: u32) -> u32 {
 }
 
 /// Slots in a run of `pages` pages of `unit`-byte slots.
+#[inline]
 pub fn slots(unit: u32, pages: u32) -> u32 {
-    (pages as u64 * PAGE / unit as u64) as u32
+    // 32-bit division when the run is under 4 GiB (always, for runs this crate makes).
+    match u32::try_from(pages as u64 * PAGE) {
+        Ok(bytes) => bytes / unit,
+        Err(_) => (pages as u64 * PAGE / unit as u64) as u32,
+    }
 }
 
 /// The preferred run length for `unit` (see the module docs).
@@ -96,6 +125,22 @@ mod tests {
         assert_eq!(unit_for(MAX_RUN_UNIT as u64 + 1), None);
         assert_eq!(unit_for(64), Some(64));
         assert_eq!(unit_for(4096), Some(4096));
+        // Class indexes are dense, distinct and cover exactly the class units.
+        let mut seen = vec![false; CLASSES];
+        for size in 1..=MAX_RUN_UNIT as u64 {
+            let unit = unit_for(size).unwrap();
+            let i = index(unit).unwrap();
+            assert!(i < CLASSES);
+            seen[i] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        assert_eq!(index(1024), Some(60));
+        assert_eq!(index(1040), None);
+        assert_eq!(index(1056), Some(61));
+        assert_eq!(index(1088), Some(62));
+        assert_eq!(index(2048 + 48), None);
+        assert_eq!(index(48), None);
+        assert_eq!(index(MAX_RUN_UNIT), Some(CLASSES - 1));
         let mut unit = MIN_UNIT;
         while unit <= MAX_RUN_UNIT {
             let p = run_pages(unit);

@@ -47,7 +47,7 @@ pub enum PoolError {
     /// Persistent state violates an invariant: what is broken and where.
     #[error("pool is corrupt at offset {offset:#x}: {what}")]
     Corrupt { what: String, offset: u64 },
-    /// No space for an allocation of this many bytes, in any arena.
+    /// No space for an allocation of this many bytes anywhere in the heap.
     #[error("out of space for an allocation of {size} bytes")]
     OutOfSpace { size: u64 },
     /// An access outside the pool or outside an object.

@@ -1,8 +1,10 @@
 //! The allocator: volatile free-space structures over the persistent page descriptors.
 //!
-//! Owns: the free page spans (one lock, [`Pages`]), the arenas (one lock each, holding
-//! runs and the per-class lists of runs with free slots), the page→span map, and the scan
-//! that validates page descriptors and rebuilds all of this at open.
+//! Owns: the free page spans (one lock, [`Pages`]); per heap page, the page→span map, the
+//! span's shape, type and state, and a volatile copy of the run bitmap word (which also
+//! marks reservations and frees in flight); per size class, the lists of runs that have
+//! free slots and of runs owned by threads; and each thread's cache of the runs it owns.
+//! Also the scan that validates page descriptors and rebuilds all of this at open.
 //!
 //! The persistent truth is the page descriptors (crate docs, "Heap"). The volatile state
 //! is always *ahead* of it: a slot is reserved here before its bit is set durably, and a
@@ -10,25 +12,54 @@
 //! a reservation can never be handed out twice and a crash can only lose reservations,
 //! which were never published.
 //!
-//! Invariants (checked by [`Heap::verify_against`]):
-//! - every heap page is in exactly one of: a free span of `Pages`, a run of one arena, an
-//!   extent of `Pages.extents`; `head_of[p] == head + 1` for every page of a run and for
-//!   the first page of an extent (objects in extents are only addressed by their first
-//!   page, so mapping the others would cost a store per page for nothing), and 0 for
-//!   extents' other pages and free pages;
-//! - a run's `used` is the number of set bits in `bits` (reserved, allocated, or pending
-//!   free); `pending` ⊆ `bits`; a run is in its arena's `avail` list iff `used < nslots`;
-//! - when no operation is in flight, `bits` equals the persistent bitmap of the run.
+//! # Threads and runs
 //!
-//! Lock order: an arena lock, then the pages lock; never two arena locks at once.
+//! A thread allocates from runs it *owns*: per (class, type) its thread cache holds one
+//! run, and an allocation claims a clear bit of that run's volatile bitmap word with
+//! one atomic `fetch_or`: no lock, and other threads allocate in other runs. When the
+//! run is full the thread gives it back (*unowns* it) and takes a *listed* run of the
+//! class (unowned, with free slots) or carves a new run from the free pages. A thread's
+//! runs are given back when it exits. Any thread frees into any run (an atomic bit
+//! clear, after the durable free); a free that leaves an unowned run with a free slot
+//! lists it, and one that empties an unowned run releases it (its pages return to the
+//! free spans). Before an allocation fails, the thread takes a slot from any run of its
+//! class, owned by another thread or not (*stealing*), and releases empty listed runs
+//! of every class.
+//!
+//! Invariants (checked by [`Heap::verify_against`] when no operation is in flight):
+//! - every heap page is in exactly one of: a free span of `Pages`, a live run, a live
+//!   extent; `head_of[p] == head + 1` for every page of a run and for the first page of an
+//!   extent (objects in extents are only addressed by their first page), and 0 for
+//!   extents' other pages and free pages;
+//! - a live span's state has `LIVE`; only a head page's state is ever non-zero;
+//! - a run of `n` slots uses `words(n)` volatile bitmap words (on its first pages); a bit
+//!   is set iff its slot is reserved, allocated, or being freed, and the bits past `n` in
+//!   the last word are always set (so a clear bit is always a free slot); every other
+//!   volatile bitmap word is 0; `pending` ⊆ the bitmap;
+//! - a run is `OWNED` iff one thread cache holds it, and then it is in its class's
+//!   `owned` list; it is `LISTED` iff it is in its class's `partial` set; an unowned run
+//!   with a free slot is listed (a free that clears a bit of an unowned, unlisted run lists
+//!   it; unowning checks for free slots after clearing `OWNED`, and both sides use
+//!   sequentially consistent operations, so one of them sees the other);
+//! - every live run is durably described (the descriptor is persisted when the run is
+//!   carved, before any slot of it is handed out);
+//! - when no operation is in flight, a run's bitmap words (without the tail bits) equal
+//!   its persistent bitmap.
+//!
+//! Locks: `pages`, and one per size class; no code path holds two of them at once.
+//! State flags of runs change only under their class lock; bitmap words change with
+//! atomics only. An owned run is never released, so its owner claims without a lock;
+//! stealing and releasing happen under the class lock, so a released run has no claim in
+//! flight.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-// The heap's volatile maps are keyed by page numbers: a fast non-cryptographic hash
-// (SipHash was a third of a 64 B allocation's time).
+// The class lists are keyed by type number: a fast non-cryptographic hash.
 use rustc_hash::FxHashMap as HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::Backend;
 use crate::class;
@@ -37,7 +68,8 @@ use crate::format::{
     self, Geometry, KIND_EXTENT, KIND_FREE, KIND_RUN, META_BITMAP, META_TYPE, META_WORD0,
     META_WORD1, PAGE,
 };
-use crate::log::{Entries, Entry};
+use crate::log::{self, Entries, Entry};
+use crate::pool::ROOT_TYPE;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -165,20 +197,12 @@ pub(crate) fn scan<B: Backend>(b: &B, geo: &Geometry) -> Result<(Vec<SpanInfo>, 
     Ok((spans, free))
 }
 
-/// Free page spans and extents.
+/// Free page spans.
 #[derive(Debug, Default)]
 struct Pages {
     by_start: BTreeMap<u32, u32>,
     by_len: BTreeSet<(u32, u32)>,
     free_pages: u64,
-    extents: HashMap<u32, ExtentState>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct ExtentState {
-    pages: u32,
-    type_num: u64,
-    pending_free: bool,
 }
 
 impl Pages {
@@ -221,91 +245,93 @@ impl Pages {
     }
 }
 
-#[derive(Clone, Debug)]
-struct Run {
+/// Span state: the span exists (set from its creation until its release starts).
+const LIVE: u64 = 1;
+/// Run state: a thread cache holds the run.
+const OWNED: u64 = 2;
+/// Run state: the run is in its class's `partial` set.
+const LISTED: u64 = 4;
+/// Extent state: a free of the extent is in flight.
+const FREEING: u64 = 8;
+
+/// "No run" in a thread cache.
+const NONE: u32 = u32::MAX;
+
+/// Volatile description of the span headed at a page (meaningful at head pages only).
+#[derive(Debug, Default)]
+struct Span {
+    /// `unit | pages << 32`; the unit is 0 for an extent.
+    shape: AtomicU64,
+    type_num: AtomicU64,
+    /// `LIVE | OWNED | LISTED | FREEING`.
+    state: AtomicU64,
+}
+
+#[inline]
+fn shape(unit: u32, pages: u32) -> u64 {
+    unit as u64 | (pages as u64) << 32
+}
+
+/// Bitmap words a run of `nslots` slots uses.
+#[inline]
+fn words(nslots: u32) -> u32 {
+    nslots.div_ceil(64).max(1)
+}
+
+/// The bits of word `j` of a run of `nslots` slots that are slots.
+#[inline]
+fn valid(nslots: u32, j: u32) -> u64 {
+    let first = j as u64 * 64;
+    let n = nslots as u64;
+    if first >= n {
+        0
+    } else if n - first >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << (n - first)) - 1
+    }
+}
+
+/// The slot of a run of `unit` at byte `rel` of the run, and the remainder (0 at a
+/// slot's start). Runs this crate makes span at most 1 MiB: 32-bit division then.
+#[inline(always)]
+fn slot_of(rel: u64, unit: u32) -> (u32, u32) {
+    match u32::try_from(rel) {
+        Ok(rel) => (rel / unit, rel % unit),
+        Err(_) => (
+            u32::try_from(rel / unit as u64).unwrap_or(u32::MAX),
+            (rel % unit as u64) as u32,
+        ),
+    }
+}
+
+/// Stores into one element of `a` per 4 KiB of it (see `Heap::load`).
+fn prefault<T>(a: &[T], touch: impl Fn(&T)) {
+    let step = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for x in a.iter().step_by(step) {
+        touch(x);
+    }
+}
+
+/// A run's geometry, read from its volatile span.
+#[derive(Clone, Copy, Debug)]
+struct RunInfo {
     unit: u32,
-    type_num: u64,
     pages: u32,
     nslots: u32,
-    used: u32,
-    bits: Vec<u64>,
-    pending: Vec<u64>,
-    pending_count: u32,
-    /// The descriptor is known durable (false for a run created since the last commit
-    /// that wrote it: every allocation in it then re-writes the descriptor).
-    durable: bool,
 }
 
-impl Run {
-    fn new(unit: u32, type_num: u64, pages: u32) -> Run {
-        Run {
-            unit,
-            type_num,
-            pages,
-            nslots: class::slots(unit, pages),
-            used: 0,
-            bits: vec![0; pages as usize],
-            pending: vec![0; pages as usize],
-            pending_count: 0,
-            durable: false,
-        }
-    }
-
-    fn reserve_slot(&mut self) -> Option<u32> {
-        for (w, word) in self.bits.iter_mut().enumerate() {
-            if *word != u64::MAX {
-                let b = word.trailing_ones();
-                let idx = w as u32 * 64 + b;
-                if idx >= self.nslots {
-                    return None;
-                }
-                *word |= 1 << b;
-                self.used += 1;
-                return Some(idx);
-            }
-        }
-        None
-    }
-}
-
+/// The runs of one (class, type): unowned ones with free slots, and owned ones.
 #[derive(Debug, Default)]
-struct Arena {
-    runs: HashMap<u32, Run>,
-    avail: HashMap<(u32, u64), BTreeSet<u32>>,
+struct TypeLists {
+    partial: BTreeSet<u32>,
+    owned: Vec<u32>,
 }
 
-impl Arena {
-    fn take_slot(&mut self, unit: u32, type_num: u64) -> Option<(u32, u32, bool)> {
-        let set = self.avail.get_mut(&(unit, type_num))?;
-        let &head = set.iter().next()?;
-        let run = self.runs.get_mut(&head)?;
-        let idx = run.reserve_slot()?;
-        let durable = run.durable;
-        if run.used >= run.nslots {
-            set.remove(&head);
-        }
-        Some((head, idx, durable))
-    }
-
-    fn mark_avail(&mut self, head: u32) {
-        if let Some(run) = self.runs.get(&head) {
-            if run.used < run.nslots {
-                self.avail
-                    .entry((run.unit, run.type_num))
-                    .or_default()
-                    .insert(head);
-            }
-        }
-    }
-
-    fn unlist(&mut self, head: u32, unit: u32, type_num: u64) {
-        if let Some(set) = self.avail.get_mut(&(unit, type_num)) {
-            set.remove(&head);
-            if set.is_empty() {
-                self.avail.remove(&(unit, type_num));
-            }
-        }
-    }
+/// The lists of one size class, by type number.
+#[derive(Debug, Default)]
+struct ClassLists {
+    by_type: HashMap<u64, TypeLists>,
 }
 
 /// A block reserved for an allocation, not yet durable.
@@ -316,43 +342,24 @@ pub(crate) struct Reserved {
     block: Block,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 enum Block {
-    Slot {
-        head: u32,
-        idx: u32,
-        arena: u8,
-        unit: u32,
-        pages: u32,
-        type_num: u64,
-        desc_durable: bool,
-    },
-    Extent {
-        head: u32,
-        pages: u32,
-        type_num: u64,
-    },
+    Slot { head: u32, idx: u32 },
+    Extent { head: u32, pages: u32 },
 }
 
 /// A block being freed: pending until its release is durable.
 #[derive(Debug)]
 pub(crate) struct Freeing {
-    block: FreeBlock,
+    block: Block,
 }
 
-#[derive(Debug)]
-enum FreeBlock {
-    Slot {
-        head: u32,
-        idx: u32,
-        arena: u8,
-        /// The run's last object: the run is released with it (and held here meanwhile).
-        released: Option<Box<Run>>,
-    },
-    Extent {
-        head: u32,
-        pages: u32,
-    },
+/// An empty run taken out of every list, whose release is to be made durable.
+#[derive(Clone, Copy, Debug)]
+struct Emptied {
+    head: u32,
+    pages: u32,
+    nslots: u32,
 }
 
 /// A live object as the volatile heap knows it.
@@ -379,170 +386,532 @@ pub struct Stats {
     pub classes: BTreeMap<u32, (u64, u64, u64)>,
 }
 
-/// The volatile allocator. See the module docs.
-#[derive(Debug)]
-pub(crate) struct Heap {
+/// What every thread cache and the pool share.
+struct Shared {
+    /// Distinguishes heaps in thread caches (never reused in a process).
+    id: u64,
     geo: Geometry,
     pages: Mutex<Pages>,
-    arenas: Vec<Mutex<Arena>>,
-    head_of: Vec<AtomicU32>,
-    arena_of: Vec<AtomicU8>,
+    head_of: Box<[AtomicU32]>,
+    spans: Box<[Span]>,
+    /// Volatile bitmap word per page (see the module invariants).
+    vbits: Box<[AtomicU64]>,
+    /// Slots whose free is in flight, per page like `vbits`.
+    pending: Box<[AtomicU64]>,
+    /// One per size class, and a last one for runs of units no request maps to.
+    classes: Box<[Mutex<ClassLists>]>,
+    /// Listed runs that may be empty (a hint for [`Shared::reclaim`]).
+    empty_listed: AtomicUsize,
 }
 
+/// The volatile allocator. See the module docs.
+pub(crate) struct Heap {
+    s: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Heap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heap")
+            .field("id", &self.s.id)
+            .field("pages", &self.s.geo.page_count)
+            .finish_non_exhaustive()
+    }
+}
+
+static HEAP_IDS: AtomicU64 = AtomicU64::new(1);
 static THREAD_IDS: AtomicUsize = AtomicUsize::new(0);
-thread_local! {
-    static THREAD_ID: usize = THREAD_IDS.fetch_add(1, Ordering::Relaxed);
+
+/// One run a thread owns, for one (class, type).
+#[derive(Clone, Copy, Debug)]
+struct Cur {
+    head: u32,
+    nslots: u32,
+    /// The bitmap word the last claim found a clear bit in.
+    hint: u32,
+    type_num: u64,
 }
 
-/// A small per-thread number, used to pick an arena and a lane.
-pub(crate) fn thread_slot() -> usize {
-    THREAD_ID.with(|id| *id)
+const EMPTY: Cur = Cur {
+    head: NONE,
+    nslots: 0,
+    hint: 0,
+    type_num: 0,
+};
+
+/// A thread's runs in one heap: two (class, type) ways per class.
+struct PoolCache {
+    id: u64,
+    shared: Weak<Shared>,
+    ways: Box<[[Cur; 2]]>,
 }
 
-impl Heap {
-    /// Rebuilds the volatile heap from validated page descriptors.
-    pub fn load(geo: Geometry, spans: &[SpanInfo], arenas: usize) -> Heap {
-        let arenas = arenas.clamp(1, 255);
-        let n = geo.page_count as usize;
-        let heap = Heap {
-            geo,
-            pages: Mutex::new(Pages::default()),
-            arenas: (0..arenas).map(|_| Mutex::new(Arena::default())).collect(),
-            head_of: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            arena_of: (0..n).map(|_| AtomicU8::new(0)).collect(),
-        };
-        {
-            let mut pages = lock(&heap.pages);
-            let mut next = 0u32;
-            for (k, s) in spans.iter().enumerate() {
-                if s.head > next {
-                    pages.give(next, s.head - next);
+impl Drop for PoolCache {
+    fn drop(&mut self) {
+        // The thread exits (or the heap is gone): its runs go back to the class lists.
+        if let Some(s) = self.shared.upgrade() {
+            for c in self.ways.iter().flatten() {
+                if c.head != NONE {
+                    s.unown(c.head, c.type_num);
                 }
-                next = s.head + s.pages;
-                if s.kind == KIND_EXTENT {
-                    heap.mark_span(s.head, 1);
-                } else {
-                    heap.mark_span(s.head, s.pages);
-                }
-                if s.kind == KIND_EXTENT {
-                    pages.extents.insert(
-                        s.head,
-                        ExtentState {
-                            pages: s.pages,
-                            type_num: s.type_num,
-                            pending_free: false,
-                        },
-                    );
-                } else {
-                    let a = k % arenas;
-                    heap.arena_of[s.head as usize].store(a as u8, Ordering::Relaxed);
-                    let mut run = Run::new(s.unit, s.type_num, s.pages);
-                    run.bits.clone_from(&s.bits);
-                    run.used = s.bits.iter().map(|w| w.count_ones()).sum();
-                    run.durable = true;
-                    let mut arena = lock(&heap.arenas[a]);
-                    arena.runs.insert(s.head, run);
-                    arena.mark_avail(s.head);
-                }
-            }
-            if (next as u64) < geo.page_count {
-                pages.give(next, geo.page_count as u32 - next);
             }
         }
-        heap
+    }
+}
+
+thread_local! {
+    static THREAD_ID: usize = THREAD_IDS.fetch_add(1, Relaxed);
+    static CACHES: RefCell<Vec<PoolCache>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A small per-thread number, used to pick a lane.
+#[inline]
+pub(crate) fn thread_slot() -> usize {
+    THREAD_ID.try_with(|id| *id).unwrap_or(0)
+}
+
+/// The calling thread's cache for `s`, created on first use (caches of heaps that are
+/// gone are dropped then), moved to the front (where the fast path looks).
+fn cache_of<'c>(caches: &'c mut Vec<PoolCache>, s: &Arc<Shared>) -> &'c mut PoolCache {
+    match caches.iter().position(|c| c.id == s.id) {
+        Some(i) => caches.swap(0, i),
+        None => {
+            caches.retain(|c| c.shared.strong_count() > 0);
+            caches.push(PoolCache {
+                id: s.id,
+                shared: Arc::downgrade(s),
+                ways: vec![[EMPTY; 2]; class::CLASSES].into_boxed_slice(),
+            });
+            let last = caches.len() - 1;
+            caches.swap(0, last);
+        }
+    }
+    &mut caches[0]
+}
+
+impl Shared {
+    #[inline(always)]
+    fn span(&self, head: u32) -> &Span {
+        &self.spans[head as usize]
+    }
+
+    #[inline(always)]
+    fn run_info(&self, head: u32) -> RunInfo {
+        let sh = self.span(head).shape.load(Acquire);
+        let (unit, pages) = (sh as u32, (sh >> 32) as u32);
+        RunInfo {
+            unit,
+            pages,
+            nslots: if unit == 0 {
+                0
+            } else {
+                class::slots(unit, pages)
+            },
+        }
+    }
+
+    /// The class lists a run of `unit` belongs to.
+    fn class_slot(&self, unit: u32) -> usize {
+        class::index(unit).unwrap_or(class::CLASSES)
     }
 
     fn mark_span(&self, head: u32, pages: u32) {
         for p in head..head + pages {
-            self.head_of[p as usize].store(head + 1, Ordering::Release);
+            self.head_of[p as usize].store(head + 1, Release);
         }
     }
 
     fn clear_span(&self, head: u32, pages: u32) {
         for p in head..head + pages {
-            self.head_of[p as usize].store(0, Ordering::Release);
+            self.head_of[p as usize].store(0, Release);
         }
     }
 
-    /// Reserves a block for `size` bytes of type `type_num`: from the calling thread's
-    /// arena, else a new run, else any other arena's runs, else out of space.
-    pub fn reserve(&self, size: u64, type_num: u64) -> Result<Reserved> {
-        if size == 0 {
-            return Err(PoolError::InvalidArgument {
-                what: "allocation size",
-                detail: "0 bytes".into(),
+    /// Claims a clear bit of the run at `head`, starting at word `hint`; `None` when the
+    /// run is full.
+    #[inline(always)]
+    fn claim(&self, head: u32, nslots: u32, hint: &mut u32) -> Option<u32> {
+        let n = words(nslots);
+        let mut w = if *hint < n { *hint } else { 0 };
+        for _ in 0..n {
+            let word = &self.vbits[(head + w) as usize];
+            let mut v = word.load(Relaxed);
+            while v != u64::MAX {
+                let bit = 1u64 << (!v).trailing_zeros();
+                let old = word.fetch_or(bit, AcqRel);
+                if old & bit == 0 {
+                    *hint = w;
+                    return Some(w * 64 + bit.trailing_zeros());
+                }
+                v = old | bit;
+            }
+            w += 1;
+            if w == n {
+                w = 0;
+            }
+        }
+        None
+    }
+
+    fn has_free(&self, head: u32, nslots: u32) -> bool {
+        (0..words(nslots)).any(|j| self.vbits[(head + j) as usize].load(SeqCst) != u64::MAX)
+    }
+
+    fn is_empty(&self, head: u32, nslots: u32) -> bool {
+        (0..words(nslots))
+            .all(|j| self.vbits[(head + j) as usize].load(SeqCst) == !valid(nslots, j))
+    }
+
+    #[inline(always)]
+    fn slot(&self, head: u32, idx: u32, unit: u32) -> Reserved {
+        Reserved {
+            off: self.geo.page_addr(head as u64) + idx as u64 * unit as u64,
+            usable: unit as u64,
+            block: Block::Slot { head, idx },
+        }
+    }
+
+    /// Carves a new run of `unit` from the free pages and describes it durably: unit and
+    /// type first, then word 0 (the run exists on the medium once word 0 is durable; it
+    /// has no bit set). `Ok(None)` when no span of pages fits.
+    fn new_run<B: Backend>(
+        &self,
+        b: &B,
+        unit: u32,
+        type_num: u64,
+        state: u64,
+    ) -> Result<Option<(u32, u32)>> {
+        let want = class::run_pages(unit);
+        let got = {
+            let mut p = lock(&self.pages);
+            p.take(want).map(|h| (h, want)).or_else(|| {
+                let min = class::min_pages(unit);
+                p.take(min).map(|h| (h, min))
+            })
+        };
+        let Some((head, pages)) = got else {
+            return Ok(None);
+        };
+        let meta = self.geo.meta(head as u64);
+        // On failure the descriptor's state is unknown: the pages stay taken (the caller
+        // poisons the pool; reopening rebuilds the heap from the medium).
+        b.store_u64(meta + META_WORD1, unit as u64)?;
+        b.store_u64(meta + META_TYPE, type_num)?;
+        b.persist(meta + META_WORD1, 16)?;
+        b.store_u64(meta + META_WORD0, format::word0(KIND_RUN, pages))?;
+        b.persist(meta + META_WORD0, 8)?;
+        let nslots = class::slots(unit, pages);
+        let span = self.span(head);
+        span.shape.store(shape(unit, pages), Relaxed);
+        span.type_num.store(type_num, Relaxed);
+        let last = words(nslots) - 1;
+        self.vbits[(head + last) as usize].store(!valid(nslots, last), Relaxed);
+        span.state.store(state, SeqCst);
+        self.mark_span(head, pages);
+        Ok(Some((head, nslots)))
+    }
+
+    /// A run of (`cls`, `type_num`) for the calling thread to own: a listed one, else a
+    /// new one. `Ok(None)` when there is neither.
+    fn acquire_run<B: Backend>(
+        &self,
+        b: &B,
+        cls: usize,
+        unit: u32,
+        type_num: u64,
+    ) -> Result<Option<(u32, u32)>> {
+        {
+            let mut lists = lock(&self.classes[cls]);
+            let tl = lists.by_type.entry(type_num).or_default();
+            if let Some(head) = tl.partial.pop_first() {
+                self.span(head).state.store(LIVE | OWNED, SeqCst);
+                tl.owned.push(head);
+                return Ok(Some((head, self.run_info(head).nslots)));
+            }
+        }
+        let Some((head, nslots)) = self.new_run(b, unit, type_num, LIVE | OWNED)? else {
+            return Ok(None);
+        };
+        lock(&self.classes[cls])
+            .by_type
+            .entry(type_num)
+            .or_default()
+            .owned
+            .push(head);
+        Ok(Some((head, nslots)))
+    }
+
+    /// Gives an owned run back to its class: listed if it has a free slot.
+    fn unown(&self, head: u32, type_num: u64) {
+        let info = self.run_info(head);
+        let mut lists = lock(&self.classes[self.class_slot(info.unit)]);
+        let span = self.span(head);
+        span.state.store(LIVE, SeqCst);
+        let tl = lists.by_type.entry(type_num).or_default();
+        if let Some(i) = tl.owned.iter().position(|&h| h == head) {
+            tl.owned.swap_remove(i);
+        }
+        if self.has_free(head, info.nslots) {
+            span.state.store(LIVE | LISTED, SeqCst);
+            tl.partial.insert(head);
+            if self.is_empty(head, info.nslots) {
+                self.empty_listed.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// Called after bit `j`-word of the run at `head` was cleared (its word is now
+    /// `word`): lists the run if it is unowned and unlisted; takes it out of every list
+    /// and returns it for release if it is unowned and empty.
+    #[inline(always)]
+    fn after_clear(&self, head: u32, info: RunInfo, word: u64, j: u32) -> Option<Emptied> {
+        let st = self.span(head).state.load(SeqCst);
+        if st & (OWNED | LIVE) != LIVE {
+            return None;
+        }
+        if st & LISTED != 0 && word != !valid(info.nslots, j) {
+            return None;
+        }
+        self.list_or_empty(head, info)
+    }
+
+    #[inline(never)]
+    fn list_or_empty(&self, head: u32, info: RunInfo) -> Option<Emptied> {
+        let span = self.span(head);
+        let type_num = span.type_num.load(Relaxed);
+        let mut lists = lock(&self.classes[self.class_slot(info.unit)]);
+        let st = span.state.load(SeqCst);
+        if st & (OWNED | LIVE) != LIVE {
+            return None;
+        }
+        let tl = lists.by_type.entry(type_num).or_default();
+        if self.is_empty(head, info.nslots) {
+            tl.partial.remove(&head);
+            span.state.store(0, SeqCst);
+            return Some(Emptied {
+                head,
+                pages: info.pages,
+                nslots: info.nslots,
             });
         }
-        let Some(unit) = class::unit_for(size) else {
-            return self.reserve_extent(size, type_num);
-        };
-        let home = thread_slot() % self.arenas.len();
-        {
-            let mut arena = lock(&self.arenas[home]);
-            if let Some(r) = self.slot_in(&mut arena, home, unit, type_num) {
-                return Ok(r);
-            }
-            let mut pages = lock(&self.pages);
-            let want = class::run_pages(unit);
-            let got = pages.take(want).map(|h| (h, want)).or_else(|| {
-                let min = class::min_pages(unit);
-                pages.take(min).map(|h| (h, min))
-            });
-            drop(pages);
-            if let Some((head, npages)) = got {
-                self.mark_span(head, npages);
-                self.arena_of[head as usize].store(home as u8, Ordering::Relaxed);
-                arena.runs.insert(head, Run::new(unit, type_num, npages));
-                arena.mark_avail(head);
-                if let Some(r) = self.slot_in(&mut arena, home, unit, type_num) {
-                    return Ok(r);
+        if st & LISTED == 0 {
+            span.state.store(LIVE | LISTED, SeqCst);
+            tl.partial.insert(head);
+        }
+        None
+    }
+
+    /// Makes a release durable (word 0 := 0, a single-word commit: every bit of the run
+    /// is durably clear), then returns the pages.
+    #[inline(never)]
+    fn release<B: Backend>(&self, b: &B, rel: Emptied) -> Result<()> {
+        let meta = self.geo.meta(rel.head as u64);
+        log::apply_one(b, &Entry::set(meta + META_WORD0, 0))?;
+        self.clear_span(rel.head, rel.pages);
+        for j in 0..words(rel.nslots) {
+            self.vbits[(rel.head + j) as usize].store(0, Relaxed);
+        }
+        let span = self.span(rel.head);
+        span.shape.store(0, Relaxed);
+        span.type_num.store(0, Relaxed);
+        lock(&self.pages).give(rel.head, rel.pages);
+        Ok(())
+    }
+
+    /// Releases every listed run that is empty (the free pages ran out). Returns whether
+    /// any was.
+    fn reclaim<B: Backend>(&self, b: &B) -> Result<bool> {
+        if self.empty_listed.swap(0, AcqRel) == 0 {
+            return Ok(false);
+        }
+        let mut found = Vec::new();
+        for class in self.classes.iter() {
+            let mut lists = lock(class);
+            for tl in lists.by_type.values_mut() {
+                let empty: Vec<u32> = tl
+                    .partial
+                    .iter()
+                    .copied()
+                    .filter(|&h| self.is_empty(h, self.run_info(h).nslots))
+                    .collect();
+                for head in empty {
+                    tl.partial.remove(&head);
+                    self.span(head).state.store(0, SeqCst);
+                    let info = self.run_info(head);
+                    found.push(Emptied {
+                        head,
+                        pages: info.pages,
+                        nslots: info.nslots,
+                    });
                 }
             }
         }
-        for k in 1..self.arenas.len() {
-            let a = (home + k) % self.arenas.len();
-            let mut arena = lock(&self.arenas[a]);
-            if let Some(r) = self.slot_in(&mut arena, a, unit, type_num) {
-                return Ok(r);
+        for &rel in &found {
+            self.release(b, rel)?;
+        }
+        Ok(!found.is_empty())
+    }
+
+    /// Takes a slot from any run of (`cls`, `type_num`), owned by another thread or not.
+    fn steal(&self, cls: usize, unit: u32, type_num: u64) -> Option<Reserved> {
+        let lists = lock(&self.classes[cls]);
+        let tl = lists.by_type.get(&type_num)?;
+        for &head in tl.owned.iter().chain(tl.partial.iter()) {
+            let mut hint = 0;
+            if let Some(idx) = self.claim(head, self.run_info(head).nslots, &mut hint) {
+                return Some(self.slot(head, idx, unit));
             }
+        }
+        None
+    }
+
+    /// When no run could be acquired: a stolen slot (`Some`), or `None` after empty runs
+    /// were released (try again), or `OutOfSpace`.
+    fn last_resort<B: Backend>(
+        &self,
+        b: &B,
+        cls: usize,
+        unit: u32,
+        type_num: u64,
+        size: u64,
+    ) -> Result<Option<Reserved>> {
+        if let Some(r) = self.steal(cls, unit, type_num) {
+            return Ok(Some(r));
+        }
+        if self.reclaim(b)? {
+            return Ok(None);
         }
         Err(PoolError::OutOfSpace { size })
     }
 
-    fn slot_in(&self, arena: &mut Arena, a: usize, unit: u32, type_num: u64) -> Option<Reserved> {
-        let (head, idx, desc_durable) = arena.take_slot(unit, type_num)?;
-        let pages = arena.runs.get(&head).map(|r| r.pages)?;
-        Some(Reserved {
-            off: self.geo.page_addr(head as u64) + idx as u64 * unit as u64,
-            usable: unit as u64,
-            block: Block::Slot {
-                head,
-                idx,
-                arena: a as u8,
-                unit,
-                pages,
-                type_num,
-                desc_durable,
+    fn reserve_cached<B: Backend>(
+        &self,
+        b: &B,
+        pc: &mut PoolCache,
+        cls: usize,
+        unit: u32,
+        type_num: u64,
+        size: u64,
+    ) -> Result<Reserved> {
+        let ways = &mut pc.ways[cls];
+        let w = match ways
+            .iter()
+            .position(|w| w.head != NONE && w.type_num == type_num)
+        {
+            Some(w) => w,
+            None => match ways.iter().position(|w| w.head == NONE) {
+                Some(w) => w,
+                None => {
+                    // Both ways hold runs of other types: give back the second.
+                    self.unown(ways[1].head, ways[1].type_num);
+                    ways[1] = EMPTY;
+                    1
+                }
             },
-        })
+        };
+        let cur = &mut ways[w];
+        if cur.head != NONE {
+            if let Some(idx) = self.claim(cur.head, cur.nslots, &mut cur.hint) {
+                return Ok(self.slot(cur.head, idx, unit));
+            }
+        }
+        self.refill(b, cur, cls, unit, type_num, size)
     }
 
-    fn reserve_extent(&self, size: u64, type_num: u64) -> Result<Reserved> {
+    /// The slow path of a cached reservation: the owned run is full (or there is none).
+    fn refill<B: Backend>(
+        &self,
+        b: &B,
+        cur: &mut Cur,
+        cls: usize,
+        unit: u32,
+        type_num: u64,
+        size: u64,
+    ) -> Result<Reserved> {
+        loop {
+            if cur.head != NONE {
+                if let Some(idx) = self.claim(cur.head, cur.nslots, &mut cur.hint) {
+                    return Ok(self.slot(cur.head, idx, unit));
+                }
+                let full = cur.head;
+                *cur = EMPTY;
+                self.unown(full, type_num);
+            }
+            match self.acquire_run(b, cls, unit, type_num)? {
+                Some((head, nslots)) => {
+                    *cur = Cur {
+                        head,
+                        nslots,
+                        hint: 0,
+                        type_num,
+                    }
+                }
+                None => {
+                    if let Some(r) = self.last_resort(b, cls, unit, type_num, size)? {
+                        return Ok(r);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A reservation without a thread cache (the thread is exiting): a run is owned
+    /// for one claim only.
+    fn reserve_uncached<B: Backend>(
+        &self,
+        b: &B,
+        cls: usize,
+        unit: u32,
+        type_num: u64,
+        size: u64,
+    ) -> Result<Reserved> {
+        loop {
+            match self.acquire_run(b, cls, unit, type_num)? {
+                Some((head, nslots)) => {
+                    let got = self.claim(head, nslots, &mut 0);
+                    self.unown(head, type_num);
+                    if let Some(idx) = got {
+                        return Ok(self.slot(head, idx, unit));
+                    }
+                }
+                None => {
+                    if let Some(r) = self.last_resort(b, cls, unit, type_num, size)? {
+                        return Ok(r);
+                    }
+                }
+            }
+        }
+    }
+
+    fn reserve_extent<B: Backend>(&self, b: &B, size: u64, type_num: u64) -> Result<Reserved> {
         let npages = class::extent_pages(size);
         if npages > self.geo.page_count {
             return Err(PoolError::OutOfSpace { size });
         }
         let npages = npages as u32;
-        let mut pages = lock(&self.pages);
-        let head = pages.take(npages).ok_or(PoolError::OutOfSpace { size })?;
-        pages.extents.insert(
-            head,
-            ExtentState {
-                pages: npages,
-                type_num,
-                pending_free: false,
-            },
-        );
+        let head = loop {
+            if let Some(head) = lock(&self.pages).take(npages) {
+                break head;
+            }
+            if !self.reclaim(b)? {
+                return Err(PoolError::OutOfSpace { size });
+            }
+        };
+        // Everything but word 0, which the allocation's commit sets: a free page's unit
+        // and type words mean nothing, so this needs no log.
+        let meta = self.geo.meta(head as u64);
+        let described = (|| {
+            b.store_u64(meta + META_WORD1, 0)?;
+            b.store_u64(meta + META_TYPE, type_num)?;
+            b.persist(meta + META_WORD1, 16)
+        })();
+        if let Err(e) = described {
+            lock(&self.pages).give(head, npages);
+            return Err(e);
+        }
+        let span = self.span(head);
+        span.shape.store(shape(0, npages), Relaxed);
+        span.type_num.store(type_num, Relaxed);
+        span.state.store(LIVE, SeqCst);
         // Only the first page: see the module invariants.
         self.mark_span(head, 1);
         Ok(Reserved {
@@ -551,371 +920,510 @@ impl Heap {
             block: Block::Extent {
                 head,
                 pages: npages,
-                type_num,
             },
         })
     }
 
-    /// The redo entries that make a reservation durably allocated.
-    pub fn alloc_entries(&self, r: &Reserved, out: &mut Entries) {
-        let geo = &self.geo;
-        match r.block {
-            Block::Slot {
-                head,
-                idx,
-                unit,
-                pages,
-                type_num,
-                desc_durable,
-                ..
-            } => {
-                let meta = geo.meta(head as u64);
-                if !desc_durable {
-                    out.push(Entry::set(meta + META_WORD1, unit as u64));
-                    out.push(Entry::set(meta + META_TYPE, type_num));
-                    out.push(Entry::set(
-                        meta + META_WORD0,
-                        format::word0(KIND_RUN, pages),
-                    ));
+    /// An extent is gone from the volatile heap: its pages are free again.
+    fn drop_extent(&self, head: u32, pages: u32) {
+        let span = self.span(head);
+        span.state.store(0, SeqCst);
+        self.clear_span(head, 1);
+        span.shape.store(0, Relaxed);
+        span.type_num.store(0, Relaxed);
+        lock(&self.pages).give(head, pages);
+    }
+
+    /// Clears a slot's bit (its reservation was cancelled or its free is durable) and
+    /// lists or releases its run as the module docs say.
+    #[inline(always)]
+    fn clear_slot<B: Backend>(&self, b: &B, head: u32, idx: u32) -> Result<()> {
+        let info = self.run_info(head);
+        let j = idx / 64;
+        let bit = 1u64 << (idx % 64);
+        let word = self.vbits[(head + j) as usize].fetch_and(!bit, SeqCst) & !bit;
+        match self.after_clear(head, info, word, j) {
+            Some(rel) => self.release(b, rel),
+            None => Ok(()),
+        }
+    }
+
+    #[inline(always)]
+    fn head_of(&self, off: u64) -> Result<u32> {
+        let page = self
+            .geo
+            .page_of(off)
+            .ok_or(PoolError::InvalidObject { offset: off })?;
+        match self.head_of[page as usize].load(Acquire) {
+            0 => Err(PoolError::InvalidObject { offset: off }),
+            h => Ok(h - 1),
+        }
+    }
+}
+
+impl Heap {
+    /// Rebuilds the volatile heap from validated page descriptors.
+    pub fn load(geo: Geometry, spans: &[SpanInfo]) -> Heap {
+        let n = geo.page_count as usize;
+        let s = Shared {
+            id: HEAP_IDS.fetch_add(1, Relaxed),
+            geo,
+            pages: Mutex::new(Pages::default()),
+            head_of: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            spans: (0..n).map(|_| Span::default()).collect(),
+            vbits: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            pending: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            classes: (0..=class::CLASSES)
+                .map(|_| Mutex::new(ClassLists::default()))
+                .collect(),
+            empty_listed: AtomicUsize::new(0),
+        };
+        // The arrays may come from fresh zero pages the kernel maps on first touch: touch
+        // them now, so allocations do not take those page faults (up to 11 bytes of
+        // arrays per KiB of heap).
+        prefault(&s.head_of, |a| a.store(0, Relaxed));
+        prefault(&s.spans, |a| a.state.store(0, Relaxed));
+        prefault(&s.vbits, |a| a.store(0, Relaxed));
+        prefault(&s.pending, |a| a.store(0, Relaxed));
+        {
+            let mut gaps = Vec::new();
+            let mut next = 0u32;
+            for sp in spans {
+                if sp.head > next {
+                    gaps.push((next, sp.head - next));
                 }
+                next = sp.head + sp.pages;
+                let span = s.span(sp.head);
+                span.type_num.store(sp.type_num, Relaxed);
+                if sp.kind == KIND_EXTENT {
+                    span.shape.store(shape(0, sp.pages), Relaxed);
+                    span.state.store(LIVE, Relaxed);
+                    s.mark_span(sp.head, 1);
+                    continue;
+                }
+                span.shape.store(shape(sp.unit, sp.pages), Relaxed);
+                s.mark_span(sp.head, sp.pages);
+                let nslots = class::slots(sp.unit, sp.pages);
+                for (j, &w) in sp.bits.iter().enumerate() {
+                    s.vbits[sp.head as usize + j].store(w, Relaxed);
+                }
+                let last = words(nslots) - 1;
+                s.vbits[(sp.head + last) as usize].fetch_or(!valid(nslots, last), Relaxed);
+                let mut state = LIVE;
+                if s.has_free(sp.head, nslots) {
+                    state |= LISTED;
+                    lock(&s.classes[s.class_slot(sp.unit)])
+                        .by_type
+                        .entry(sp.type_num)
+                        .or_default()
+                        .partial
+                        .insert(sp.head);
+                    if s.is_empty(sp.head, nslots) {
+                        s.empty_listed.fetch_add(1, Relaxed);
+                    }
+                }
+                span.state.store(state, Relaxed);
+            }
+            if (next as u64) < geo.page_count {
+                gaps.push((next, geo.page_count as u32 - next));
+            }
+            let mut pages = lock(&s.pages);
+            for (start, len) in gaps {
+                pages.give(start, len);
+            }
+        }
+        Heap { s: Arc::new(s) }
+    }
+
+    /// Reserves a block for `size` bytes of type `type_num`: a slot of a run the calling
+    /// thread owns (see the module docs), or an extent.
+    #[inline]
+    pub fn reserve<B: Backend>(&self, b: &B, size: u64, type_num: u64) -> Result<Reserved> {
+        if let Some(r) = self.reserve_owned(size, type_num) {
+            return Ok(r);
+        }
+        self.reserve_slow(b, size, type_num)
+    }
+
+    /// The fast path: a clear bit of the run the thread cache holds for the class and
+    /// type (in the cache of this heap, which is the thread's first one).
+    #[inline(always)]
+    fn reserve_owned(&self, size: u64, type_num: u64) -> Option<Reserved> {
+        if size == 0 {
+            return None;
+        }
+        let unit = class::unit_for(size)?;
+        let cls = class::index(unit)?;
+        let s = &*self.s;
+        // (head, slot) packed in a word: the result stays in registers.
+        let at = CACHES
+            .try_with(|c| {
+                let mut caches = c.try_borrow_mut().ok()?;
+                let pc = caches.first_mut().filter(|pc| pc.id == s.id)?;
+                let ways = pc.ways.get_mut(cls)?;
+                let cur = ways
+                    .iter_mut()
+                    .find(|w| w.head != NONE && w.type_num == type_num)?;
+                let idx = s.claim(cur.head, cur.nslots, &mut cur.hint)?;
+                Some((cur.head as u64) << 32 | idx as u64)
+            })
+            .ok()
+            .flatten()?;
+        Some(s.slot((at >> 32) as u32, at as u32, unit))
+    }
+
+    #[inline(never)]
+    fn reserve_slow<B: Backend>(&self, b: &B, size: u64, type_num: u64) -> Result<Reserved> {
+        if size == 0 {
+            return Err(PoolError::InvalidArgument {
+                what: "allocation size",
+                detail: "0 bytes".into(),
+            });
+        }
+        let Some((unit, cls)) = class::unit_for(size).and_then(|u| Some((u, class::index(u)?)))
+        else {
+            return self.s.reserve_extent(b, size, type_num);
+        };
+        let s = &self.s;
+        let cached = CACHES.try_with(|c| {
+            let mut caches = c.try_borrow_mut().ok()?;
+            let pc = cache_of(&mut caches, s);
+            Some(s.reserve_cached(b, pc, cls, unit, type_num, size))
+        });
+        match cached {
+            Ok(Some(r)) => r,
+            _ => s.reserve_uncached(b, cls, unit, type_num, size),
+        }
+    }
+
+    /// The redo entry that makes a reservation durably allocated: the slot's bit, or the
+    /// extent's word 0 (its other words were persisted by `reserve`).
+    #[inline(always)]
+    pub fn alloc_entries(&self, r: &Reserved, out: &mut Entries) {
+        let geo = &self.s.geo;
+        match r.block {
+            Block::Slot { head, idx } => {
                 let word = geo.meta(head as u64 + idx as u64 / 64) + META_BITMAP;
                 out.push(Entry::or(word, 1 << (idx % 64)));
             }
-            Block::Extent {
-                head,
-                pages,
-                type_num,
-            } => {
-                let meta = geo.meta(head as u64);
-                out.push(Entry::set(meta + META_WORD1, 0));
-                out.push(Entry::set(meta + META_TYPE, type_num));
+            Block::Extent { head, pages } => {
                 out.push(Entry::set(
-                    meta + META_WORD0,
+                    geo.meta(head as u64) + META_WORD0,
                     format::word0(KIND_EXTENT, pages),
                 ));
             }
         }
     }
 
-    /// The reservation is durably allocated now.
-    pub fn alloc_done(&self, r: &Reserved) {
-        if let Block::Slot {
-            head,
-            arena,
-            desc_durable: false,
-            ..
-        } = r.block
-        {
-            if let Some(run) = lock(&self.arenas[arena as usize]).runs.get_mut(&head) {
-                run.durable = true;
-            }
-        }
-    }
-
-    /// The reservation will never be made durable: give it back.
-    pub fn cancel(&self, r: &Reserved) {
+    /// The reservation will never be made durable: give it back. A run of the calling
+    /// thread that this leaves empty is released, so an aborted allocation leaves no
+    /// trace but durably described empty runs of other threads.
+    pub fn cancel<B: Backend>(&self, b: &B, r: &Reserved) -> Result<()> {
+        let s = &self.s;
         match r.block {
-            Block::Slot {
-                head, idx, arena, ..
-            } => {
-                let mut a = lock(&self.arenas[arena as usize]);
-                let Some(run) = a.runs.get_mut(&head) else {
-                    return;
-                };
-                run.bits[idx as usize / 64] &= !(1 << (idx % 64));
-                run.used -= 1;
-                if run.used == 0 && !run.durable {
-                    // Never described durably: its pages go straight back.
-                    let (unit, type_num, pages) = (run.unit, run.type_num, run.pages);
-                    a.runs.remove(&head);
-                    a.unlist(head, unit, type_num);
-                    self.clear_span(head, pages);
-                    lock(&self.pages).give(head, pages);
-                } else {
-                    a.mark_avail(head);
+            Block::Slot { head, idx } => {
+                let info = s.run_info(head);
+                let j = idx / 64;
+                let bit = 1u64 << (idx % 64);
+                let word = s.vbits[(head + j) as usize].fetch_and(!bit, SeqCst) & !bit;
+                if s.is_empty(head, info.nslots) {
+                    self.disown_mine(head);
+                }
+                match s.after_clear(head, info, word, j) {
+                    Some(rel) => s.release(b, rel),
+                    None => Ok(()),
                 }
             }
-            Block::Extent { head, pages, .. } => {
-                let mut p = lock(&self.pages);
-                p.extents.remove(&head);
-                self.clear_span(head, 1);
-                p.give(head, pages);
+            Block::Extent { head, pages } => {
+                s.drop_extent(head, pages);
+                Ok(())
             }
         }
     }
 
-    fn head_of(&self, off: u64) -> Result<u32> {
-        let page = self
-            .geo
-            .page_of(off)
-            .ok_or(PoolError::InvalidObject { offset: off })?;
-        match self.head_of[page as usize].load(Ordering::Acquire) {
-            0 => Err(PoolError::InvalidObject { offset: off }),
-            h => Ok(h - 1),
-        }
+    /// If the calling thread owns the run at `head`, gives it back.
+    fn disown_mine(&self, head: u32) {
+        let s = &self.s;
+        let _ = CACHES.try_with(|c| {
+            let Ok(mut caches) = c.try_borrow_mut() else {
+                return;
+            };
+            let Some(pc) = caches.iter_mut().find(|pc| pc.id == s.id) else {
+                return;
+            };
+            for cur in pc.ways.iter_mut().flatten() {
+                if cur.head == head {
+                    let type_num = cur.type_num;
+                    *cur = EMPTY;
+                    s.unown(head, type_num);
+                    return;
+                }
+            }
+        });
     }
 
     /// What the volatile heap knows of the live object at `off`.
     pub fn object(&self, off: u64) -> Result<ObjectInfo> {
-        let head = self.head_of(off)?;
-        let start = self.geo.page_addr(head as u64);
-        {
-            let pages = lock(&self.pages);
-            if let Some(e) = pages.extents.get(&head) {
-                if off != start {
-                    return Err(PoolError::InvalidObject { offset: off });
-                }
-                return Ok(ObjectInfo {
-                    usable: e.pages as u64 * PAGE,
-                    type_num: e.type_num,
-                });
-            }
+        let s = &self.s;
+        let head = s.head_of(off)?;
+        let span = s.span(head);
+        if span.state.load(Acquire) & LIVE == 0 {
+            return Err(PoolError::InvalidObject { offset: off });
         }
-        let a = self.arena_of[head as usize].load(Ordering::Relaxed) as usize;
-        let arena = lock(&self.arenas[a.min(self.arenas.len() - 1)]);
-        let run = arena
-            .runs
-            .get(&head)
-            .ok_or(PoolError::InvalidObject { offset: off })?;
-        let rel = off - start;
-        let idx = rel / run.unit as u64;
-        if rel % run.unit as u64 != 0
-            || idx >= run.nslots as u64
-            || run.bits[idx as usize / 64] & (1 << (idx % 64)) == 0
+        let info = s.run_info(head);
+        let type_num = span.type_num.load(Relaxed);
+        let start = s.geo.page_addr(head as u64);
+        if info.unit == 0 {
+            if off != start {
+                return Err(PoolError::InvalidObject { offset: off });
+            }
+            return Ok(ObjectInfo {
+                usable: info.pages as u64 * PAGE,
+                type_num,
+            });
+        }
+        let (idx, rem) = slot_of(off - start, info.unit);
+        if rem != 0
+            || idx >= info.nslots
+            || s.vbits[(head + idx / 64) as usize].load(Acquire) & (1 << (idx % 64)) == 0
         {
             return Err(PoolError::InvalidObject { offset: off });
         }
         Ok(ObjectInfo {
-            usable: run.unit as u64,
-            type_num: run.type_num,
+            usable: info.unit as u64,
+            type_num,
         })
     }
 
     /// Marks the live object at `off` as being freed (a second free of it fails until the
-    /// first is cancelled) and returns the ticket.
-    pub fn begin_free(&self, off: u64) -> Result<Freeing> {
-        let head = self.head_of(off)?;
-        let start = self.geo.page_addr(head as u64);
-        {
-            let mut pages = lock(&self.pages);
-            if let Some(e) = pages.extents.get_mut(&head) {
-                if off != start || e.pending_free {
-                    return Err(PoolError::InvalidObject { offset: off });
-                }
-                e.pending_free = true;
-                return Ok(Freeing {
-                    block: FreeBlock::Extent {
-                        head,
-                        pages: e.pages,
-                    },
-                });
+    /// first is cancelled) and returns the ticket. The root object is refused unless
+    /// `root_too`.
+    #[inline]
+    pub fn begin_free(&self, off: u64, root_too: bool) -> Result<Freeing> {
+        match self.try_begin_free(off, root_too) {
+            Some(f) => Ok(f),
+            None => Err(self.free_error(off, root_too)),
+        }
+    }
+
+    /// [`Heap::begin_free`] without saying why it refuses (kept small for the hot path).
+    #[inline(always)]
+    pub fn try_begin_free(&self, off: u64, root_too: bool) -> Option<Freeing> {
+        let s = &self.s;
+        let head = s.head_of(off).ok()?;
+        let span = s.span(head);
+        let st = span.state.load(Acquire);
+        if st & LIVE == 0 || (!root_too && span.type_num.load(Relaxed) == ROOT_TYPE) {
+            return None;
+        }
+        let info = s.run_info(head);
+        let start = s.geo.page_addr(head as u64);
+        if info.unit == 0 {
+            if off != start
+                || span
+                    .state
+                    .compare_exchange(st & !FREEING, st | FREEING, AcqRel, Acquire)
+                    .is_err()
+            {
+                return None;
             }
+            return Some(Freeing {
+                block: Block::Extent {
+                    head,
+                    pages: info.pages,
+                },
+            });
         }
-        let a = self.arena_of[head as usize].load(Ordering::Relaxed) as usize;
-        let a = a.min(self.arenas.len() - 1);
-        let mut arena = lock(&self.arenas[a]);
-        let run = arena
-            .runs
-            .get_mut(&head)
-            .ok_or(PoolError::InvalidObject { offset: off })?;
-        let rel = off - start;
-        let idx = (rel / run.unit as u64) as u32;
-        let (w, bit) = (idx as usize / 64, 1u64 << (idx % 64));
-        if rel % run.unit as u64 != 0
-            || idx >= run.nslots
-            || run.bits[w] & bit == 0
-            || run.pending[w] & bit != 0
+        let (idx, rem) = slot_of(off - start, info.unit);
+        let (w, bit) = ((head + idx / 64) as usize, 1u64 << (idx % 64));
+        if rem != 0
+            || idx >= info.nslots
+            || s.vbits[w].load(Acquire) & bit == 0
+            || s.pending[w].fetch_or(bit, AcqRel) & bit != 0
         {
-            return Err(PoolError::InvalidObject { offset: off });
+            return None;
         }
-        run.pending[w] |= bit;
-        run.pending_count += 1;
-        let release = run.used == 1 && run.durable;
-        let released = if release {
-            let (unit, type_num) = (run.unit, run.type_num);
-            let run = arena.runs.remove(&head).map(Box::new);
-            arena.unlist(head, unit, type_num);
-            run
-        } else {
-            None
-        };
-        Ok(Freeing {
-            block: FreeBlock::Slot {
-                head,
-                idx,
-                arena: a as u8,
-                released,
-            },
+        Some(Freeing {
+            block: Block::Slot { head, idx },
         })
     }
 
-    /// The redo entries that durably free a block.
-    pub fn free_entries(&self, f: &Freeing, out: &mut Entries) {
-        match &f.block {
-            FreeBlock::Slot {
-                head,
-                idx,
-                released,
-                ..
-            } => {
-                let word = self.geo.meta(*head as u64 + *idx as u64 / 64) + META_BITMAP;
-                out.push(Entry::and_not(word, 1 << (idx % 64)));
-                if released.is_some() {
-                    out.push(Entry::set(self.geo.meta(*head as u64) + META_WORD0, 0));
-                }
+    /// Why [`Heap::try_begin_free`] refused `off`.
+    #[cold]
+    pub fn free_error(&self, off: u64, root_too: bool) -> PoolError {
+        let s = &self.s;
+        if let Ok(head) = s.head_of(off) {
+            let span = s.span(head);
+            if !root_too
+                && span.state.load(Acquire) & LIVE != 0
+                && span.type_num.load(Relaxed) == ROOT_TYPE
+                && self.object(off).is_ok()
+            {
+                return PoolError::InvalidArgument {
+                    what: "object",
+                    detail: "the root object cannot be freed".into(),
+                };
             }
-            FreeBlock::Extent { head, .. } => {
-                out.push(Entry::set(self.geo.meta(*head as u64) + META_WORD0, 0));
+        }
+        PoolError::InvalidObject { offset: off }
+    }
+
+    /// The redo entry that durably frees a block.
+    #[inline(always)]
+    pub fn free_entries(&self, f: &Freeing, out: &mut Entries) {
+        let geo = &self.s.geo;
+        match f.block {
+            Block::Slot { head, idx } => {
+                let word = geo.meta(head as u64 + idx as u64 / 64) + META_BITMAP;
+                out.push(Entry::and_not(word, 1 << (idx % 64)));
+            }
+            Block::Extent { head, .. } => {
+                out.push(Entry::set(geo.meta(head as u64) + META_WORD0, 0));
             }
         }
     }
 
-    /// The free is durable: the block becomes available.
-    pub fn free_done(&self, f: Freeing) {
+    /// The free is durable: the block becomes available (a run it empties is released,
+    /// which is a durable step of its own).
+    #[inline(always)]
+    pub fn free_done<B: Backend>(&self, b: &B, f: Freeing) -> Result<()> {
+        let s = &self.s;
         match f.block {
-            FreeBlock::Slot {
-                head,
-                idx,
-                arena,
-                released,
-            } => {
-                if let Some(run) = released {
-                    self.clear_span(head, run.pages);
-                    lock(&self.pages).give(head, run.pages);
-                    return;
-                }
-                let mut a = lock(&self.arenas[arena as usize]);
-                if let Some(run) = a.runs.get_mut(&head) {
-                    let (w, bit) = (idx as usize / 64, 1u64 << (idx % 64));
-                    run.bits[w] &= !bit;
-                    run.pending[w] &= !bit;
-                    run.pending_count -= 1;
-                    run.used -= 1;
-                }
-                a.mark_avail(head);
+            Block::Slot { head, idx } => {
+                s.pending[(head + idx / 64) as usize].fetch_and(!(1u64 << (idx % 64)), AcqRel);
+                s.clear_slot(b, head, idx)
             }
-            FreeBlock::Extent { head, pages } => {
-                let mut p = lock(&self.pages);
-                p.extents.remove(&head);
-                self.clear_span(head, 1);
-                p.give(head, pages);
+            Block::Extent { head, pages } => {
+                s.drop_extent(head, pages);
+                Ok(())
             }
         }
     }
 
     /// The free will not happen: the object stays live.
     pub fn free_cancel(&self, f: Freeing) {
+        let s = &self.s;
         match f.block {
-            FreeBlock::Slot {
-                head,
-                idx,
-                arena,
-                released,
-            } => {
-                let mut a = lock(&self.arenas[arena as usize]);
-                if let Some(run) = released {
-                    a.runs.insert(head, *run);
-                }
-                if let Some(run) = a.runs.get_mut(&head) {
-                    let (w, bit) = (idx as usize / 64, 1u64 << (idx % 64));
-                    run.pending[w] &= !bit;
-                    run.pending_count -= 1;
-                }
-                a.mark_avail(head);
+            Block::Slot { head, idx } => {
+                s.pending[(head + idx / 64) as usize].fetch_and(!(1u64 << (idx % 64)), AcqRel);
             }
-            FreeBlock::Extent { head, .. } => {
-                if let Some(e) = lock(&self.pages).extents.get_mut(&head) {
-                    e.pending_free = false;
-                }
+            Block::Extent { head, .. } => {
+                s.span(head).state.fetch_and(!FREEING, AcqRel);
             }
         }
     }
 
+    /// Visits every live span: `f(head, info)` (unit 0 for extents).
+    fn for_each_span(&self, mut f: impl FnMut(u32, RunInfo)) {
+        let s = &self.s;
+        let n = s.geo.page_count as u32;
+        let mut p = 0;
+        while p < n {
+            if s.span(p).state.load(Acquire) & LIVE != 0 {
+                let info = s.run_info(p);
+                f(p, info);
+                p += info.pages.max(1);
+            } else {
+                p += 1;
+            }
+        }
+    }
+
+    fn used_slots(&self, head: u32, nslots: u32) -> u64 {
+        (0..words(nslots))
+            .map(|j| {
+                (self.s.vbits[(head + j) as usize].load(Acquire) & valid(nslots, j)).count_ones()
+                    as u64
+            })
+            .sum()
+    }
+
     pub fn stats(&self) -> Stats {
-        let mut s = Stats {
-            heap_bytes: self.geo.page_count * PAGE,
+        let mut st = Stats {
+            heap_bytes: self.s.geo.page_count * PAGE,
+            free_bytes: lock(&self.s.pages).free_pages * PAGE,
             ..Stats::default()
         };
-        {
-            let pages = lock(&self.pages);
-            s.free_bytes = pages.free_pages * PAGE;
-            for e in pages.extents.values() {
-                s.extents += 1;
-                s.allocated_bytes += e.pages as u64 * PAGE;
+        self.for_each_span(|head, info| {
+            if info.unit == 0 {
+                st.extents += 1;
+                st.allocated_bytes += info.pages as u64 * PAGE;
+                return;
             }
-        }
-        for arena in &self.arenas {
-            let arena = lock(arena);
-            for run in arena.runs.values() {
-                s.runs += 1;
-                let used = run.used as u64 * run.unit as u64;
-                s.allocated_bytes += used;
-                s.run_slack_bytes += run.pages as u64 * PAGE - used;
-                let c = s.classes.entry(run.unit).or_default();
-                c.0 += 1;
-                c.1 += run.nslots as u64;
-                c.2 += run.used as u64;
-            }
-        }
-        s
+            st.runs += 1;
+            let used_slots = self.used_slots(head, info.nslots);
+            let used = used_slots * info.unit as u64;
+            st.allocated_bytes += used;
+            st.run_slack_bytes += info.pages as u64 * PAGE - used;
+            let c = st.classes.entry(info.unit).or_default();
+            c.0 += 1;
+            c.1 += info.nslots as u64;
+            c.2 += used_slots;
+        });
+        st
     }
 
     /// Checks that the volatile heap describes exactly the persistent spans (call only
     /// when no operation is in flight). Returns what disagrees.
     pub fn verify_against(&self, spans: &[SpanInfo], free_pages: u64) -> Result<(), String> {
-        // Runs first, one arena lock at a time, then the pages lock (never both: the
-        // allocation path takes an arena lock and then the pages lock).
-        let mut runs: HashMap<u32, Run> = HashMap::default();
-        for arena in &self.arenas {
-            runs.extend(lock(arena).runs.iter().map(|(&h, r)| (h, r.clone())));
-        }
-        let pages = lock(&self.pages);
+        let s = &self.s;
+        let mut live = 0usize;
+        self.for_each_span(|_, _| live += 1);
+        let pages = lock(&s.pages);
         if pages.free_pages != free_pages {
             return Err(format!(
                 "{} free pages in memory, {free_pages} on the medium",
                 pages.free_pages
             ));
         }
-        let total_runs = runs.len();
-        let n_runs = spans.iter().filter(|s| s.kind == KIND_RUN).count();
-        if total_runs != n_runs || pages.extents.len() != spans.len() - n_runs {
+        if live != spans.len() {
             return Err(format!(
-                "{total_runs} runs and {} extents in memory, {n_runs} and {} on the medium",
-                pages.extents.len(),
-                spans.len() - n_runs
+                "{live} spans in memory, {} on the medium",
+                spans.len()
             ));
         }
-        for s in spans {
-            for p in s.head..s.head + s.pages {
-                let want = if s.kind == KIND_EXTENT && p != s.head {
+        for sp in spans {
+            for p in sp.head..sp.head + sp.pages {
+                let want = if sp.kind == KIND_EXTENT && p != sp.head {
                     0
                 } else {
-                    s.head + 1
+                    sp.head + 1
                 };
-                if self.head_of[p as usize].load(Ordering::Acquire) != want {
-                    return Err(format!("page {p} is not mapped to its span at {}", s.head));
+                if s.head_of[p as usize].load(Acquire) != want {
+                    return Err(format!("page {p} is not mapped to its span at {}", sp.head));
                 }
             }
-            if s.kind == KIND_EXTENT {
-                match pages.extents.get(&s.head) {
-                    Some(e) if e.pages == s.pages && e.type_num == s.type_num => {}
-                    _ => return Err(format!("extent at page {} differs in memory", s.head)),
-                }
+            let span = s.span(sp.head);
+            let st = span.state.load(Acquire);
+            let info = s.run_info(sp.head);
+            let same = st & LIVE != 0
+                && st & FREEING == 0
+                && info.pages == sp.pages
+                && info.unit == sp.unit
+                && span.type_num.load(Relaxed) == sp.type_num;
+            if !same {
+                return Err(format!("span at page {} differs in memory", sp.head));
+            }
+            if sp.kind == KIND_EXTENT {
                 continue;
             }
-            match runs.get(&s.head) {
-                Some(r)
-                    if r.unit == s.unit
-                        && r.type_num == s.type_num
-                        && r.pages == s.pages
-                        && r.bits == s.bits
-                        && r.pending_count == 0 => {}
-                _ => return Err(format!("run at page {} differs in memory", s.head)),
+            let n = words(info.nslots);
+            for (j, &bits) in sp.bits.iter().enumerate() {
+                let j = j as u32;
+                let at = (sp.head + j) as usize;
+                let want = if j < n {
+                    bits | !valid(info.nslots, j)
+                } else {
+                    bits
+                };
+                if s.vbits[at].load(Acquire) != want || s.pending[at].load(Acquire) != 0 {
+                    return Err(format!("run at page {} differs in memory", sp.head));
+                }
             }
         }
         for (&start, &len) in &pages.by_start {
             for p in start..start + len {
-                if self.head_of[p as usize].load(Ordering::Acquire) != 0 {
+                if s.head_of[p as usize].load(Acquire) != 0 {
                     return Err(format!("free page {p} is mapped to a span"));
                 }
             }

@@ -41,13 +41,20 @@
 //! - **extent**: a span holding one large object (above 128 KiB), sized in whole pages.
 //! - **size class**: the unit serving a request size ([`class`]): multiples of 16 B from
 //!   64 B to 1 KiB, then 32 steps per power of two up to 128 KiB (< 3.1% rounding).
-//! - **arena**: a volatile set of runs used by a group of threads; an arena that has no
-//!   slot takes a new run from the free pages, and failing that takes a slot from another
-//!   arena, before an allocation fails.
-//! - **lane**: a per-operation log area (redo + undo). An allocation or free takes any
-//!   free lane for its commit; a transaction holds one lane from begin to end.
+//! - **owned run**: a run a thread allocates from without locks (volatile; module
+//!   `heap`). Per (size class, type) a thread owns one run; a full run goes back to its
+//!   class, where runs with free slots are *listed* for any thread to take; a thread that
+//!   finds neither a listed run nor free pages takes a slot from any run of its class
+//!   (owned by another thread or not) before an allocation fails.
+//! - **lane**: a per-operation log area (redo + undo). An allocation or free whose commit
+//!   updates more than one word takes any free lane for it; a transaction holds one lane
+//!   from begin to end.
 //! - **redo log**: a lane's list of word updates (`set`, `or`, `and-not`) that become
-//!   durable together: the atomic step of every allocation, free and commit.
+//!   durable together: the atomic step of every allocation, free and commit that changes
+//!   more than one word.
+//! - **single-word commit**: an operation that changes exactly one word (an allocation or
+//!   free whose handle the caller keeps, a run's release) makes that aligned 8-byte update
+//!   and persists it: the update is its own commit point, no log is written.
 //! - **undo log**: a lane's list of snapshots taken by a transaction before it first
 //!   writes a range; rolled back on abort and at open after a crash.
 //! - **persist point**: one call to [`Backend::persist`]; after it returns, what it
@@ -168,7 +175,9 @@
 //! skipping each head's span visits exactly the heads and the free pages; every non-head
 //! page has word 0 equal to 0; free pages and extent pages have bitmap words of 0; bits
 //! beyond a run's slot count are 0. A run with no bit set is allowed (it serves
-//! allocations of its class). Volatile structures are rebuilt from these descriptors alone.
+//! allocations of its class). Only word 0 and the bitmap word of a free page are read:
+//! its unit and type words may hold those of a span that was never completed or was
+//! released. Volatile structures are rebuilt from these descriptors alone.
 //!
 //! # Commit protocol
 //!
@@ -177,17 +186,35 @@
 //! entries and persist every line they touched; (3) store 0 in the header and persist it.
 //! The lane is not reused before (3) completes.
 //!
-//! **Allocation with publish** (`alloc`, `zalloc`, `alloc_with`): reserve a slot or span in
-//! the volatile heap; write the initial contents (constructor, zeroing) into the reserved
-//! object and persist them; then one redo commit with: the run's descriptor words (when
-//! the run may not yet be durably described), `or` of the slot's bit (or, for an
-//! extent, its descriptor words), and the publish words (`Dest::Word`: the offset;
-//! `Dest::Oid`: `pool_uuid_lo`, then the offset).
+//! **Single-word commit** (`log::apply_one`): when an operation's entries come down to one
+//! word update (after merging), that update is made (`set` as a store, `or` / `and-not` as
+//! an atomic read-modify-write) and persisted; the persist is the commit point. No lane is
+//! taken and no log written.
 //!
-//! **Free** (`free`): mark the slot pending-free in the volatile heap; one redo commit
-//! with `and-not` of its bit (plus word 0 := 0 when it was the run's last object and the
-//! run is released) or extent word 0 := 0, and the cleared destination. The volatile heap
-//! makes the space reusable only after the commit completes.
+//! **Carving a run** (volatile heap, before any slot of the run is handed out): take free
+//! pages; store the head descriptor's unit and type words and persist them; then store
+//! word 0 (kind run, page count) and persist it. The run now exists durably, empty.
+//!
+//! **Allocation with publish** (`alloc`, `zalloc`, `alloc_with`): reserve a slot (in a run
+//! that is durably described) or an extent's pages in the volatile heap — for an extent,
+//! store its head descriptor's unit word (0) and type word and persist them; write the
+//! initial contents (constructor, zeroing) into the reserved object and persist them;
+//! then one commit with: `or` of the slot's bit (for an extent, word 0 := kind extent,
+//! page count), and the publish words (`Dest::Word`: the offset; `Dest::Oid`:
+//! `pool_uuid_lo`, then the offset). With `Dest::None` that is one word: a single-word
+//! commit.
+//!
+//! **Free** (`free`): mark the slot pending-free in the volatile heap; one commit with
+//! `and-not` of its bit (or extent word 0 := 0) and the cleared destination (with
+//! `Dest::None`, a single-word commit). The volatile heap makes the space reusable only
+//! after the commit completes.
+//!
+//! **Releasing a run**: when a completed free (or a cancelled reservation) leaves a run
+//! that no thread owns (or that the cancelling thread owned and gives back) with no slot
+//! reserved, allocated or being freed, the run is taken
+//! out of the volatile heap's lists (so no allocation can pick it), then word 0 := 0 is a
+//! single-word commit, then its pages return to the free spans. Empty runs given back
+//! by exiting threads are released the same way when the free pages run out.
 //!
 //! **Realloc and root growth**: reserve the new block, copy (and zero the rest), persist
 //! it, then one redo commit holding the new allocation, the free of the old block and the
@@ -195,10 +222,12 @@
 //!
 //! **Transactions** ([`Tx`]): the first snapshot sets the lane's undo state to
 //! `(gen + 1) << 1 | 1` and persists it; every snapshot appends an entry and persists it
-//! before the caller may write the range; allocations are volatile reservations (their
-//! memory is not touched on the medium's metadata) and frees are pending tickets. Commit:
+//! before the caller may write the range; allocations are volatile reservations (the
+//! medium's metadata is not touched, but for a run carved for them, durably empty, or an
+//! extent's unit and type words) and frees are pending tickets. Commit:
 //! persist every snapshotted range and every new object, then one redo commit with the
-//! new objects' bits, the frees' bits, and the undo state := `gen << 1` (inactive). Abort:
+//! new objects' bits (and extents' words 0), the frees' bits, and the undo state :=
+//! `gen << 1` (inactive) — a single-word commit when that state word is all. Abort:
 //! restore the snapshots newest first, persist them, set the state inactive and persist;
 //! drop reservations and tickets. Nested transactions are flattened (a failure at any
 //! depth aborts the whole). Dropping an active `Tx` — an early return, or a panic
@@ -231,44 +260,71 @@
 //!   (set, or, and-not), applying some of them twice gives the same words: the operation
 //!   happened completely.
 //! - *Crash after the header is cleared*: everything was applied and persisted before.
-//! - *Allocation*: the object's contents are persisted before the redo commit, so a
-//!   published object always has its initial contents. Before the commit point, the bit
-//!   is clear and the destination old: the reservation was volatile and disappears. The
-//!   run descriptor is rewritten by every allocation until one commit that wrote it
-//!   completed, so a bit is never durable in a run whose descriptor is not.
+//! - *Single-word commit*: an aligned 8-byte update is never torn, so the medium holds
+//!   the old word (the operation did not happen) or the new one (it did), whichever
+//!   lines were written back; once its persist returns, the new one.
+//! - *Carving a run*: until word 0 is durable the head descriptor still says "free page"
+//!   (the scan reads neither unit nor type of a free page, and the run's bitmap words are
+//!   0 like every free page's), so a crash leaves free pages. Unit and type are durable
+//!   before word 0 is stored, so once word 0 is durable the run is complete: an empty run
+//!   of the right class and type, which the format allows.
+//! - *Allocation*: the object's contents are persisted before the commit, so a published
+//!   object always has its initial contents. Before the commit point, the bit is clear
+//!   (extent: word 0 says free) and the destination old: the reservation was volatile and
+//!   disappears. A slot is only reserved in a run carved durably before, so a bit is never
+//!   durable in a run whose descriptor is not; an extent's unit and type words are
+//!   durable before its word 0 is set by the commit.
 //! - *Free*: the space returns to the volatile heap only after the commit completed, so no
 //!   new allocation can be durably placed in a slot whose free could still be undone.
-//!   A run is released only with its last object, and only if no other free in it is in
-//!   flight, so a released run never has a bit set.
+//! - *Release*: a run is released only when no thread owns it and every volatile bit of
+//!   it is clear; a volatile bit is clear only after the free of its slot is durable
+//!   (and a reservation never set a durable bit), so all its durable bits are clear. Taken
+//!   out of the lists first, no allocation can set a bit in it meanwhile. Word 0 := 0 is
+//!   a single-word commit: before, the run is empty (allowed); after, its pages are free
+//!   pages with clear bitmaps. The pages are reused only after that persist returned.
 //! - *Transaction before the commit point*: the undo state is active (it was made durable
 //!   before the first snapshot), and every range written has a durable snapshot (each
 //!   snapshot is persisted before its range is written). Recovery restores them; a torn
 //!   last snapshot was never followed by a write to its range, so stopping at the first
 //!   entry that does not verify loses nothing. Allocations and frees never touched the
-//!   durable bitmaps, so rollback needs no allocator work. If the state word itself is
-//!   not durable, nothing was written yet.
+//!   durable bitmaps, so rollback needs no allocator work (a run carved meanwhile stays,
+//!   empty, as the format allows). If the state word itself is not durable, nothing was
+//!   written yet.
 //! - *Transaction after the commit point*: the redo log carries the bitmap changes *and*
 //!   the undo state := inactive; recovery replays it first, so the rollback does not run
 //!   and every snapshotted range keeps its new contents (persisted before the commit).
 //! - *Abort interrupted*: the state is still active; restoring snapshots is idempotent.
 //! - *Lanes are independent*: bitmap words shared by concurrent operations are changed only
 //!   with `or` / `and-not` on distinct bits, never with `set`, so replaying one lane's log
-//!   cannot undo another lane's completed change. Redo logs are replayed before any undo
-//!   log, and a transaction's undo ranges are not touched by another lane's redo entries
+//!   cannot undo another lane's (or a single-word commit's) completed change. The only
+//!   descriptor word a log sets is an extent's word 0, for the extent that operation
+//!   reserved or frees, which no other operation touches meanwhile; carving and releasing
+//!   runs write descriptors directly, never through a log, and a run is released only
+//!   when no operation in it is in flight. Redo logs are replayed before any undo log,
+//!   and a transaction's undo ranges are not touched by another lane's redo entries
 //!   (which target metadata and publish destinations the caller owns).
 //!
 //! Caller obligations (as in libpmemobj): a destination or snapshotted range must not be
-//! written by another thread while the operation runs, and a handle must not be used after
-//! the object is freed.
+//! written by another thread while the operation runs, a handle must not be used after
+//! the object is freed, and an object must not be freed before the allocation that
+//! returned (or published) it has returned.
 //!
 //! # Volatile state and concurrency
 //!
-//! The `heap` module keeps, per arena, the runs it owns
-//! with a copy of their bitmaps (which also mark reservations and pending frees), per
-//! (unit, type) the runs with free slots, and globally the free page spans (best fit,
-//! coalescing) and extents. A thread uses arena `thread % arenas`; lanes are taken with
-//! `try_lock` (never blocking on one lane). Lock order: one arena lock, then the pages
-//! lock; a lane lock is taken with no heap lock held.
+//! The `heap` module keeps, per heap page, the span it belongs to, the span's shape,
+//! type and state, and an atomic copy of the run's bitmap word (which also marks
+//! reservations and frees in flight); per size class, the runs with free slots that no
+//! thread owns and the runs threads own; per thread, the runs it owns; and the free
+//! page spans (best fit, coalescing). An allocation of a run size claims a clear bit of
+//! the calling thread's run with one atomic `fetch_or` — no lock, and other allocating
+//! threads work in other runs (only neighbouring runs' boundary lines can be shared) —
+//! and, keeping its handle (`Dest::None`), commits with one atomic `or` on the
+//! descriptor's bitmap word: two atomic operations and one persist. A free from any
+//! thread takes a pending-free ticket (atomic), commits, and clears the volatile bit
+//! (atomic). Class and page locks are taken only to change run ownership or lists (a
+//! run filled or emptied) and to carve or release spans; no code path holds two of
+//! them. Lanes are taken with `try_lock` (never blocking on one lane), with no heap
+//! lock held, and only by commits of more than one word and by transactions.
 //!
 //! # Durability per medium
 //!
@@ -283,6 +339,9 @@
 //! - A redo commit holds at most 508 distinct word updates (updates of one bitmap word
 //!   merge), bounding the allocations and frees of one transaction.
 //! - Size classes are built in; custom classes are not yet recorded in the pool.
+//! - A run a thread still owns when it exits goes back to its class; if it is empty it
+//!   stays (empty, durably described) until the free pages run out, when such runs are
+//!   released.
 //! - `check` needs a quiescent pool (no operation or transaction in flight).
 
 pub mod backend;

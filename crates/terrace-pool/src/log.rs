@@ -137,17 +137,39 @@ fn apply<B: Backend>(b: &B, entries: &[Entry]) -> Result<()> {
     Ok(())
 }
 
+/// Commits one word update without a log: an aligned 8-byte store (or `or`, `and-not`)
+/// is failure-atomic, so the persist that makes it durable is the commit point.
+#[inline(always)]
+pub(crate) fn apply_one<B: Backend>(b: &B, e: &Entry) -> Result<()> {
+    match e.op {
+        Op::Set => b.store_u64(e.off, e.value)?,
+        Op::Or => {
+            b.fetch_or_u64(e.off, e.value)?;
+        }
+        Op::AndNot => {
+            b.fetch_and_u64(e.off, !e.value)?;
+        }
+    }
+    b.persist(e.off, 8)
+}
+
 /// Redo records of up to this many entries are built on the stack.
 const STACK_ENTRIES: usize = 16;
 
 /// Makes `entries` happen atomically: log, persist (the commit point), apply, persist,
-/// clear the log, persist.
+/// clear the log, persist. A single word update (after merging) is committed by
+/// [`apply_one`] and leaves the lane untouched.
 pub(crate) fn redo_commit<B: Backend>(b: &B, lane_off: u64, entries: &[Entry]) -> Result<()> {
+    if let [e] = entries {
+        return apply_one(b, e);
+    }
     let mut merged = Entries::new();
     merge(entries, &mut merged);
     let entries = &merged[..];
-    if entries.is_empty() {
-        return Ok(());
+    match entries {
+        [] => return Ok(()),
+        [e] => return apply_one(b, e),
+        _ => {}
     }
     if entries.len() as u64 > REDO_CAPACITY {
         return Err(PoolError::TxLogFull {

@@ -18,6 +18,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{PoolError, Result};
 
+#[cold]
+fn misaligned(offset: u64) -> PoolError {
+    PoolError::InvalidArgument {
+        what: "word offset",
+        detail: format!("{offset:#x} is not 8-byte aligned"),
+    }
+}
+
 /// A bounds-checked view of mapped memory. See the module docs.
 #[derive(Debug)]
 pub(crate) struct Mapped {
@@ -40,6 +48,7 @@ impl Mapped {
         Mapped { base, len }
     }
 
+    #[inline]
     fn check(&self, offset: u64, len: u64) -> Result<usize> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(offset as usize),
@@ -52,12 +61,10 @@ impl Mapped {
         }
     }
 
+    #[inline]
     fn word(&self, offset: u64) -> Result<&AtomicU64> {
         if offset % 8 != 0 {
-            return Err(PoolError::InvalidArgument {
-                what: "word offset",
-                detail: format!("{offset:#x} is not 8-byte aligned"),
-            });
+            return Err(misaligned(offset));
         }
         let at = self.check(offset, 8)?;
         // SAFETY: `at..at+8` is inside the mapping (checked), the mapping base is page
@@ -67,6 +74,7 @@ impl Mapped {
         Ok(unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(at).cast::<u64>()) })
     }
 
+    #[inline]
     pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let at = self.check(offset, buf.len() as u64)?;
         // SAFETY: the source range is inside the live mapping (checked) and cannot overlap
@@ -77,6 +85,7 @@ impl Mapped {
         Ok(())
     }
 
+    #[inline]
     pub(crate) fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         let at = self.check(offset, data.len() as u64)?;
         // SAFETY: the destination range is inside the live, writable mapping (checked) and
@@ -94,21 +103,25 @@ impl Mapped {
         Ok(())
     }
 
+    #[inline]
     pub(crate) fn load_u64(&self, offset: u64) -> Result<u64> {
         Ok(u64::from_le(self.word(offset)?.load(Ordering::Acquire)))
     }
 
+    #[inline]
     pub(crate) fn store_u64(&self, offset: u64, value: u64) -> Result<()> {
         self.word(offset)?.store(value.to_le(), Ordering::Release);
         Ok(())
     }
 
+    #[inline]
     pub(crate) fn fetch_or_u64(&self, offset: u64, mask: u64) -> Result<u64> {
         Ok(u64::from_le(
             self.word(offset)?.fetch_or(mask.to_le(), Ordering::AcqRel),
         ))
     }
 
+    #[inline]
     pub(crate) fn fetch_and_u64(&self, offset: u64, mask: u64) -> Result<u64> {
         Ok(u64::from_le(
             self.word(offset)?.fetch_and(mask.to_le(), Ordering::AcqRel),
@@ -116,6 +129,7 @@ impl Mapped {
     }
 
     /// The address of `offset` (for a C ABI's `pmemobj_direct`), bounds-checked.
+    #[inline]
     pub(crate) fn address(&self, offset: u64) -> Result<NonNull<u8>> {
         let at = self.check(offset, 0)?;
         // SAFETY: `at <= len`, so the result is inside or one past the mapping, and

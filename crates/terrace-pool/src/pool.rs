@@ -2,9 +2,9 @@
 //! the crash-atomic allocation operations (alloc / zalloc / realloc / free with publish).
 //!
 //! Owns the backend, the decoded header, the lanes and the heap. Every operation that
-//! changes persistent allocation state takes a lane and commits through the lane's redo
-//! log (crate docs, "Commit protocol"); volatile heap changes follow the rules in
-//! the `heap` module.
+//! changes persistent allocation state commits atomically (crate docs, "Commit
+//! protocol"): one word by a single-word commit, more through a lane's redo log; volatile
+//! heap changes follow the rules in the `heap` module.
 //!
 //! Invariants: after `open` returns, every lane's redo header is 0 and every undo state is
 //! idle (recovery ran), and the volatile heap equals the persistent descriptors.
@@ -15,7 +15,7 @@ use std::io::Read;
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use terrace_media::{Durability, FileLocation, FileOptions, Region};
@@ -39,9 +39,11 @@ pub struct Oid(NonZeroU64);
 
 impl Oid {
     /// The handle for a pool offset (`None` for 0, the null handle).
+    #[inline]
     pub fn from_offset(off: u64) -> Option<Oid> {
         NonZeroU64::new(off).map(Oid)
     }
+    #[inline]
     pub fn offset(self) -> u64 {
         self.0.get()
     }
@@ -299,11 +301,7 @@ impl<B: Backend> Pool<B> {
             ));
         }
         let (spans, _free) = heap::scan(&backend, &geo)?;
-        let arenas = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(4)
-            .clamp(1, 32);
-        let heap = Heap::load(geo, &spans, arenas);
+        let heap = Heap::load(geo, &spans);
         Ok(Pool {
             backend,
             header,
@@ -364,6 +362,7 @@ impl<B: Backend> Pool<B> {
         self.heap.stats()
     }
 
+    #[inline(always)]
     pub(crate) fn ensure_healthy(&self) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(PoolError::Poisoned);
@@ -403,6 +402,50 @@ impl<B: Backend> Pool<B> {
         })
     }
 
+    /// Commits `entries` atomically: a single word update directly (no lane), more through
+    /// a lane's redo log.
+    #[inline(always)]
+    pub(crate) fn commit(&self, entries: &[Entry]) -> Result<()> {
+        if let [e] = entries {
+            return log::apply_one(&self.backend, e).inspect_err(|_| self.poison());
+        }
+        self.commit_logged(entries)
+    }
+
+    #[inline(never)]
+    fn commit_logged(&self, entries: &[Entry]) -> Result<()> {
+        let lane = self.lane();
+        self.commit_entries(lane.off, entries)
+    }
+
+    /// Passes a heap result through, poisoning the pool when the medium failed under it
+    /// (a descriptor or release write whose durable state is then unknown).
+    #[inline(always)]
+    pub(crate) fn heap_result<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(PoolError::Media(_) | PoolError::Io { .. }) = &r {
+            self.poison();
+        }
+        r
+    }
+
+    /// Reserves a block in the volatile heap (see `Heap::reserve`).
+    #[inline]
+    pub(crate) fn reserve(&self, size: u64, type_num: u64) -> Result<Reserved> {
+        self.heap_result(self.heap.reserve(&self.backend, size, type_num))
+    }
+
+    /// Gives back a reservation that will not be committed.
+    pub(crate) fn cancel(&self, r: &Reserved) {
+        let _ = self.heap_result(self.heap.cancel(&self.backend, r));
+    }
+
+    /// A free is durable: its block becomes available.
+    #[inline]
+    pub(crate) fn free_done(&self, f: Freeing) -> Result<()> {
+        self.heap_result(self.heap.free_done(&self.backend, f))
+    }
+
+    #[inline(always)]
     fn check_dest(&self, dest: Dest) -> Result<()> {
         let (at, len) = match dest {
             Dest::None => return Ok(()),
@@ -418,6 +461,7 @@ impl<B: Backend> Pool<B> {
         Ok(())
     }
 
+    #[inline(always)]
     pub(crate) fn publish_entries(&self, dest: Dest, off: Option<u64>, out: &mut Entries) {
         match dest {
             Dest::None => {}
@@ -457,11 +501,11 @@ impl<B: Backend> Pool<B> {
                 detail: "u64::MAX is reserved for the root object".into(),
             });
         }
-        let r = self.heap.reserve(size, type_num)?;
+        let r = self.reserve(size, type_num)?;
         match self.finish_alloc(&r, dest, init, None, &[]) {
             Ok(oid) => Ok(oid),
             Err(e) => {
-                self.heap.cancel(&r);
+                self.cancel(&r);
                 Err(e)
             }
         }
@@ -475,12 +519,15 @@ impl<B: Backend> Pool<B> {
         freeing: Option<&Freeing>,
         extra: &[Entry],
     ) -> Result<Oid> {
-        let oid = Oid::from_offset(r.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
+        let Some(oid) = Oid::from_offset(r.off) else {
+            return Err(PoolError::InvalidObject { offset: 0 });
+        };
         let writer = ObjectWriter {
             pool: self,
             off: r.off,
             usable: r.usable,
-            dirty: Mutex::new(None),
+            dirty_start: AtomicU64::new(u64::MAX),
+            dirty_end: AtomicU64::new(0),
         };
         init(&writer)?;
         writer.persist()?;
@@ -491,10 +538,7 @@ impl<B: Backend> Pool<B> {
         }
         self.publish_entries(dest, Some(r.off), &mut entries);
         entries.extend_from_slice(extra);
-        let lane = self.lane();
-        self.commit_entries(lane.off, &entries)?;
-        drop(lane);
-        self.heap.alloc_done(r);
+        self.commit(&entries)?;
         Ok(oid)
     }
 
@@ -511,12 +555,12 @@ impl<B: Backend> Pool<B> {
     ) -> Result<Oid> {
         match self.finish_alloc(r, dest, init, Some(&f), extra) {
             Ok(oid) => {
-                self.heap.free_done(f);
+                self.free_done(f)?;
                 Ok(oid)
             }
             Err(e) => {
                 self.heap.free_cancel(f);
-                self.heap.cancel(r);
+                self.cancel(r);
                 Err(e)
             }
         }
@@ -549,25 +593,15 @@ impl<B: Backend> Pool<B> {
     }
 
     fn free_published(&self, oid: Oid, dest: Dest) -> Result<()> {
-        if self.heap.object(oid.offset())?.type_num == ROOT_TYPE {
-            return Err(PoolError::InvalidArgument {
-                what: "object",
-                detail: "the root object cannot be freed".into(),
-            });
-        }
-        let f = self.heap.begin_free(oid.offset())?;
+        let Some(f) = self.heap.try_begin_free(oid.offset(), false) else {
+            return Err(self.heap.free_error(oid.offset(), false));
+        };
         let mut entries = Entries::new();
         self.heap.free_entries(&f, &mut entries);
         self.publish_entries(dest, None, &mut entries);
-        let lane = self.lane();
-        match self.commit_entries(lane.off, &entries) {
-            Ok(()) => {
-                drop(lane);
-                self.heap.free_done(f);
-                Ok(())
-            }
+        match self.commit(&entries) {
+            Ok(()) => self.free_done(f),
             Err(e) => {
-                drop(lane);
                 self.heap.free_cancel(f);
                 Err(e)
             }
@@ -609,11 +643,11 @@ impl<B: Backend> Pool<B> {
         dest: Dest,
         extra: &[Entry],
     ) -> Result<Oid> {
-        let r = self.heap.reserve(size, type_num)?;
-        let f = match self.heap.begin_free(old.offset()) {
+        let r = self.reserve(size, type_num)?;
+        let f = match self.heap.begin_free(old.offset(), false) {
             Ok(f) => f,
             Err(e) => {
-                self.heap.cancel(&r);
+                self.cancel(&r);
                 return Err(e);
             }
         };
@@ -657,19 +691,19 @@ impl<B: Backend> Pool<B> {
         let extra = [Entry::set(ROOT_SIZE_WORD, size)];
         match Oid::from_offset(off) {
             None => {
-                let r = self.heap.reserve(size, ROOT_TYPE)?;
+                let r = self.reserve(size, ROOT_TYPE)?;
                 let mut extra = extra.to_vec();
                 extra.push(Entry::set(ROOT_OFF_WORD, r.off));
                 self.finish_alloc(&r, Dest::None, |w| w.zero(), None, &extra)
-                    .inspect_err(|_| self.heap.cancel(&r))
+                    .inspect_err(|_| self.cancel(&r))
             }
             Some(old) => {
                 let usable = self.heap.object(old.offset())?.usable;
-                let r = self.heap.reserve(size, ROOT_TYPE)?;
-                let f = match self.heap.begin_free(old.offset()) {
+                let r = self.reserve(size, ROOT_TYPE)?;
+                let f = match self.heap.begin_free(old.offset(), true) {
                     Ok(f) => f,
                     Err(e) => {
-                        self.heap.cancel(&r);
+                        self.cancel(&r);
                         return Err(e);
                     }
                 };
@@ -881,7 +915,9 @@ pub struct ObjectWriter<'p, B: Backend> {
     pool: &'p Pool<B>,
     off: u64,
     usable: u64,
-    dirty: Mutex<Option<(u64, u64)>>,
+    /// The written range `[dirty_start, dirty_end)` (empty while start >= end).
+    dirty_start: AtomicU64,
+    dirty_end: AtomicU64,
 }
 
 impl<B: Backend> ObjectWriter<'_, B> {
@@ -898,11 +934,8 @@ impl<B: Backend> ObjectWriter<'_, B> {
     fn range(&self, offset: u64, len: u64) -> Result<u64> {
         match offset.checked_add(len) {
             Some(end) if end <= self.usable => {
-                let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
-                *d = Some(match *d {
-                    None => (offset, end),
-                    Some((s, e)) => (s.min(offset), e.max(end)),
-                });
+                self.dirty_start.fetch_min(offset, Ordering::Relaxed);
+                self.dirty_end.fetch_max(end, Ordering::Relaxed);
                 Ok(self.off + offset)
             }
             _ => Err(PoolError::OutOfBounds {
@@ -929,10 +962,14 @@ impl<B: Backend> ObjectWriter<'_, B> {
     }
 
     fn persist(&self) -> Result<()> {
-        let d = *self.dirty.lock().unwrap_or_else(|e| e.into_inner());
-        match d {
-            Some((s, e)) if e > s => self.pool.backend.persist(self.off + s, e - s),
-            _ => Ok(()),
+        let (s, e) = (
+            self.dirty_start.load(Ordering::Relaxed),
+            self.dirty_end.load(Ordering::Relaxed),
+        );
+        if e > s {
+            self.pool.backend.persist(self.off + s, e - s)
+        } else {
+            Ok(())
         }
     }
 }

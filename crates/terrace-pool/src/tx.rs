@@ -183,7 +183,7 @@ impl<'p, B: Backend> Tx<'p, B> {
                     detail: "u64::MAX is reserved for the root object".into(),
                 });
             }
-            let r = self.pool.heap.reserve(size, type_num)?;
+            let r = self.pool.reserve(size, type_num)?;
             let oid = Oid::from_offset(r.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
             self.allocs.push(r);
             Ok(oid)
@@ -207,16 +207,10 @@ impl<'p, B: Backend> Tx<'p, B> {
             self.check_active()?;
             if let Some(i) = self.allocs.iter().position(|r| r.off == oid.offset()) {
                 let r = self.allocs.swap_remove(i);
-                self.pool.heap.cancel(&r);
+                self.pool.cancel(&r);
                 return Ok(());
             }
-            if self.pool.type_of(oid)? == ROOT_TYPE {
-                return Err(PoolError::InvalidArgument {
-                    what: "object",
-                    detail: "the root object cannot be freed".into(),
-                });
-            }
-            let f = self.pool.heap.begin_free(oid.offset())?;
+            let f = self.pool.heap.begin_free(oid.offset(), false)?;
             self.frees.push(f);
             Ok(())
         })();
@@ -280,13 +274,13 @@ impl<'p, B: Backend> Tx<'p, B> {
             return Err(e);
         }
         self.state = State::Done;
-        for r in self.allocs.drain(..) {
-            pool.heap.alloc_done(&r);
-        }
+        self.allocs.clear();
+        let mut done = Ok(());
         for f in self.frees.drain(..) {
-            pool.heap.free_done(f);
+            let r = pool.free_done(f);
+            done = done.and(r);
         }
-        Ok(())
+        done
     }
 
     /// Aborts: restores every snapshot, drops the reservations and pending frees.
@@ -308,7 +302,7 @@ impl<'p, B: Backend> Tx<'p, B> {
             self.undo_active = false;
         }
         for r in self.allocs.drain(..) {
-            pool.heap.cancel(&r);
+            pool.cancel(&r);
         }
         for f in self.frees.drain(..) {
             pool.heap.free_cancel(f);

@@ -6,6 +6,12 @@
 //! after the operation in flight (after, once its last persist completed), every published
 //! object is live with its contents, and the live objects are exactly the published ones
 //! (no leak, no double allocation).
+//!
+//! Allocations and frees publish through the pool (`Dest::Word`: redo-logged commits) or
+//! through the caller (`Dest::None`, then a durable 8-byte store of the handle: the
+//! single-word commits that need no log). The latter have a window where the object is
+//! live but not published; then exactly that object may also be live, and if it was just
+//! allocated it must already hold its contents.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -83,6 +89,30 @@ struct Counts {
     tx_rolled_back: usize,
     tx_rewrite: usize,
     root_growth: usize,
+    alloc_unpublished: usize,
+    free_unpublished: usize,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.alloc += o.alloc;
+        self.free += o.free;
+        self.realloc += o.realloc;
+        self.tx_commit += o.tx_commit;
+        self.tx_rolled_back += o.tx_rolled_back;
+        self.tx_rewrite += o.tx_rewrite;
+        self.root_growth += o.root_growth;
+        self.alloc_unpublished += o.alloc_unpublished;
+        self.free_unpublished += o.free_unpublished;
+    }
+}
+
+/// An object an operation holds outside the pool for a while: live in the images taken
+/// then without being published. `seed`: it was just allocated with this seed's pattern.
+#[derive(Clone, Copy, Debug)]
+struct Leak {
+    off: u64,
+    seed: Option<u64>,
 }
 
 struct Run {
@@ -90,6 +120,8 @@ struct Run {
     pool: Pool<RecordingBackend>,
     rng: Rng,
     next_seed: u64,
+    /// The current operation's unpublished object, if it has one.
+    leak: Option<Leak>,
 }
 
 impl Run {
@@ -122,7 +154,7 @@ impl Run {
         let size = SIZES[self.rng.below(SIZES.len() as u64) as usize];
         let seed = self.next_seed;
         self.next_seed += 1;
-        match self.rng.below(12) {
+        match self.rng.below(15) {
             0..=3 => {
                 let Some(i) = self.pick(false) else { return };
                 self.set_seed_durable(i, seed);
@@ -167,6 +199,44 @@ impl Run {
                     })
                     .expect("tx rewrite");
                 self.counts.tx_rewrite += 1;
+            }
+            12 | 13 => {
+                // Allocate with the handle held by the caller, then publish it by hand.
+                let Some(i) = self.pick(false) else { return };
+                self.set_seed_durable(i, seed);
+                let data = pattern(seed, CHECKED.min(size));
+                let r = self
+                    .pool
+                    .alloc_with(size, 1 + size % 3, Dest::None, |w| w.write(0, &data));
+                match r {
+                    Ok(oid) => {
+                        self.leak = Some(Leak {
+                            off: oid.offset(),
+                            seed: Some(seed),
+                        });
+                        let root = self.root();
+                        self.pool
+                            .write_durable(root, i * 8, &oid.offset().to_le_bytes())
+                            .expect("publish");
+                        self.counts.alloc_unpublished += 1;
+                    }
+                    Err(PoolError::OutOfSpace { .. }) => {}
+                    Err(e) => panic!("alloc: {e}"),
+                }
+            }
+            14 => {
+                // Unpublish by hand, then free by handle.
+                let Some(i) = self.pick(true) else { return };
+                let root = self.root();
+                let off = self.pool.read_u64(root, i * 8).expect("slot");
+                self.leak = Some(Leak { off, seed: None });
+                self.pool
+                    .write_durable(root, i * 8, &0u64.to_le_bytes())
+                    .expect("unpublish");
+                self.pool
+                    .free_oid(Oid::from_offset(off).expect("non-null"))
+                    .expect("free");
+                self.counts.free_unpublished += 1;
             }
             _ => {
                 if self.rng.below(8) == 0 {
@@ -227,8 +297,28 @@ impl Run {
     }
 }
 
-/// Opens a crash image and checks it against the states allowed at that point.
-fn verify(image: Vec<u8>, allowed: &[&State], what: &str) {
+fn check_contents<B: Backend>(pool: &Pool<B>, oid: Oid, seed: u64, what: &str) {
+    let usable = pool
+        .usable_size(oid)
+        .unwrap_or_else(|e| panic!("{what}: object {:#x} not live: {e}", oid.offset()));
+    let len = CHECKED.min(usable);
+    let mut buf = vec![0u8; len as usize];
+    pool.read(oid, 0, &mut buf).expect("read");
+    let want = pattern(seed, len);
+    let n = want.len().min(buf.len());
+    // Contents are checked over the bytes the writer produced (a realloc to a
+    // smaller class keeps a prefix; the rest of the pattern is only in `want`).
+    let written = n.min(CHECKED as usize);
+    assert_eq!(
+        &buf[..written.min(64)],
+        &want[..written.min(64)],
+        "{what}: contents"
+    );
+}
+
+/// Opens a crash image and checks it against the states allowed at that point (and the
+/// operation's unpublished object, which may be live too).
+fn verify(image: Vec<u8>, allowed: &[&State], leak: Option<Leak>, what: &str) {
     let pool = Pool::open_on(RecordingBackend::from_image(image), LAYOUT)
         .unwrap_or_else(|e| panic!("{what}: recovery failed: {e}"));
     pool.check()
@@ -246,22 +336,7 @@ fn verify(image: Vec<u8>, allowed: &[&State], what: &str) {
             published.insert(off),
             "{what}: slot {i} shares object {off:#x}"
         );
-        let usable = pool
-            .usable_size(oid)
-            .unwrap_or_else(|e| panic!("{what}: slot {i} object {off:#x} not live: {e}"));
-        let len = CHECKED.min(usable);
-        let mut buf = vec![0u8; len as usize];
-        pool.read(oid, 0, &mut buf).expect("read");
-        let want = pattern(expected.seeds[i], len);
-        let n = want.len().min(buf.len());
-        // Contents are checked over the bytes the writer produced (a realloc to a
-        // smaller class keeps a prefix; the rest of the pattern is only in `want`).
-        let written = n.min(CHECKED as usize);
-        assert_eq!(
-            &buf[..written.min(64)],
-            &want[..written.min(64)],
-            "{what}: slot {i} contents"
-        );
+        check_contents(&pool, oid, expected.seeds[i], &format!("{what}: slot {i}"));
     }
     let live: BTreeSet<u64> = pool
         .objects(None)
@@ -269,8 +344,16 @@ fn verify(image: Vec<u8>, allowed: &[&State], what: &str) {
         .iter()
         .map(|o| o.oid.offset())
         .collect();
+    let mut expected_live = published.clone();
+    if let Some(l) = leak {
+        if live.contains(&l.off) && expected_live.insert(l.off) {
+            if let (Some(seed), Some(oid)) = (l.seed, Oid::from_offset(l.off)) {
+                check_contents(&pool, oid, seed, &format!("{what}: unpublished object"));
+            }
+        }
+    }
     assert_eq!(
-        live, published,
+        live, expected_live,
         "{what}: live objects differ from published ones"
     );
     // The recovered heap works: allocate and free once.
@@ -280,7 +363,7 @@ fn verify(image: Vec<u8>, allowed: &[&State], what: &str) {
     pool.free_oid(oid).expect("free after recovery");
 }
 
-fn run_sequence(seed: u64, ops: usize, torn_variants: u64) -> usize {
+fn run_sequence(seed: u64, ops: usize, torn_variants: u64) -> (usize, Counts) {
     let backend = RecordingBackend::new(4 << 20);
     let pool = Pool::create_on(backend, LAYOUT, 2).expect("create");
     pool.root(ROOT_SIZE).expect("root");
@@ -289,12 +372,15 @@ fn run_sequence(seed: u64, ops: usize, torn_variants: u64) -> usize {
         pool,
         rng: Rng(seed),
         next_seed: 1,
+        leak: None,
     };
     run.pool.backend().start_recording();
     let mut states = vec![read_state(&run.pool).expect("state")];
     let mut ends = Vec::new();
+    let mut leaks = Vec::new();
     for _ in 0..ops {
         run.op();
+        leaks.push(run.leak.take());
         states.push(read_state(&run.pool).expect("state"));
         ends.push(run.pool.backend().recorded_points());
         run.pool.check().expect("live check");
@@ -312,6 +398,7 @@ fn run_sequence(seed: u64, ops: usize, torn_variants: u64) -> usize {
         verify(
             image.to_vec(),
             &allowed,
+            leaks[i],
             &format!("seq {seed} point {k} (op {i})"),
         );
         let before = prev.as_deref().unwrap_or(&recording.base);
@@ -320,24 +407,38 @@ fn run_sequence(seed: u64, ops: usize, torn_variants: u64) -> usize {
             verify(
                 torn,
                 &[pre, post],
+                leaks[i],
                 &format!("seq {seed} point {k} torn {v}"),
             );
         }
         prev = Some(image.to_vec());
     });
-    points
+    (points, run.counts)
 }
 
 #[test]
 fn every_persist_point_recovers() {
     let start = Instant::now();
     let mut total = 0;
+    let mut counts = Counts::default();
     for seed in [1u64, 2, 3] {
-        total += run_sequence(seed, 120, 1);
+        let (points, c) = run_sequence(seed, 120, 1);
+        total += points;
+        counts.add(&c);
     }
     eprintln!(
-        "crash suite: {total} persist points (each exact + torn), {:?}",
+        "crash suite: {total} persist points (each exact + torn), {counts:?}, {:?}",
         start.elapsed()
     );
     assert!(total >= 1000, "only {total} persist points");
+    assert!(
+        counts.alloc > 0
+            && counts.free > 0
+            && counts.realloc > 0
+            && counts.tx_commit > 0
+            && counts.tx_rolled_back > 0
+            && counts.alloc_unpublished > 0
+            && counts.free_unpublished > 0,
+        "an operation kind was never exercised: {counts:?}"
+    );
 }

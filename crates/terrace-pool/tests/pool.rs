@@ -369,7 +369,7 @@ fn utilization_is_at_least_97_percent_from_64_bytes_to_2_mib() {
 }
 
 #[test]
-fn threads_allocate_concurrently_and_arenas_lend_before_failing() {
+fn threads_allocate_concurrently_and_lend_before_failing() {
     let dir = shm_dir();
     let path = pool_path(&dir);
     let pool = Pool::create(&path, 64 << 20, "mt").unwrap();
@@ -397,7 +397,7 @@ fn threads_allocate_concurrently_and_arenas_lend_before_failing() {
     let u = total as f64 / (64u64 << 20) as f64;
     assert!(u >= 0.97, "{:.1}%", u * 100.0);
     // Whatever the threads left (a failed 64 KiB request may leave 4 KiB holes) is
-    // still usable by one thread: no arena keeps space to itself.
+    // still usable by one thread: no thread keeps space to itself.
     while pool.alloc(4096, 1, Dest::None).is_ok() {}
     assert!(pool.stats().free_bytes < 4096, "{:?}", pool.stats());
     pool.check().unwrap();
@@ -497,5 +497,171 @@ fn disk_backed_pool_persists_with_msync() {
     pool.read(obj, 10, &mut buf).unwrap();
     assert_eq!(&buf, b"durable");
     assert_eq!(pool.objects(Some(3)).unwrap().len(), 1);
+    pool.check().unwrap();
+}
+
+#[test]
+fn objects_freed_by_other_threads_and_runs_of_exited_threads_are_reused() {
+    let dir = shm_dir();
+    let path = pool_path(&dir);
+    let pool = Pool::create(&path, 128 << 20, "xthread").unwrap();
+    let sizes = [64u64, 200, 512, 4096, 20_000, 150_000];
+    // Each thread allocates, hands every other object to the next thread to free, and
+    // frees what it receives: frees land in runs other threads own, and in runs whose
+    // owner has exited.
+    let threads = 4;
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads)
+        .map(|_| std::sync::mpsc::channel::<Oid>())
+        .unzip();
+    std::thread::scope(|s| {
+        for (t, rx) in receivers.into_iter().enumerate() {
+            let pool = &pool;
+            let next = senders[(t + 1) % threads].clone();
+            s.spawn(move || {
+                let mut mine = Vec::new();
+                for k in 0..1200u64 {
+                    let size = sizes[((k + t as u64) % sizes.len() as u64) as usize];
+                    let oid = pool.alloc(size, 1 + k % 2, Dest::None).unwrap();
+                    if k % 2 == 0 {
+                        next.send(oid).unwrap();
+                    } else {
+                        mine.push(oid);
+                    }
+                    if k % 7 == 0 {
+                        while let Ok(o) = rx.try_recv() {
+                            pool.free_oid(o).unwrap();
+                        }
+                    }
+                }
+                drop(next);
+                for o in mine {
+                    pool.free_oid(o).unwrap();
+                }
+                // Objects still in flight are freed by whoever reads them last.
+                while let Ok(o) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+                    pool.free_oid(o).unwrap();
+                }
+            });
+        }
+        drop(senders);
+    });
+    pool.check().unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.allocated_bytes, 0, "{stats:?}");
+    assert_eq!(pool.objects(None).unwrap().len(), 0);
+    // Every page is usable again: runs emptied by frees were released at once, the empty
+    // runs of exited threads are reclaimed when the free pages run out.
+    let mut n = 0u64;
+    while pool.alloc(4096, 7, Dest::None).is_ok() {
+        n += 1;
+    }
+    assert!(pool.stats().free_bytes < 4096, "{:?}", pool.stats());
+    assert!(n * 4096 >= stats.heap_bytes * 97 / 100, "{n} pages");
+    pool.check().unwrap();
+    // The state survives a reopen.
+    drop(pool);
+    let pool = Pool::open(&path, "xthread").unwrap();
+    assert_eq!(pool.objects(Some(7)).unwrap().len() as u64, n);
+    pool.check().unwrap();
+}
+
+#[test]
+fn one_thread_uses_several_pools_and_type_numbers() {
+    // A thread caches runs per pool and per (class, type): alternating pools, types of one
+    // class, closing and reopening a pool must all keep the heaps exact.
+    let a = mem_pool(8 << 20);
+    let b = mem_pool(8 << 20);
+    let mut live_a = Vec::new();
+    for k in 0..600u64 {
+        live_a.push((a.alloc(100, k % 5, Dest::None).unwrap(), k % 5));
+        let o = b.alloc(100 + k % 3, 9, Dest::None).unwrap();
+        if k % 3 == 0 {
+            b.free_oid(o).unwrap();
+        }
+    }
+    a.check().unwrap();
+    b.check().unwrap();
+    for t in 0..5 {
+        assert_eq!(a.objects(Some(t)).unwrap().len(), 120);
+    }
+    for (o, t) in &live_a {
+        assert_eq!(a.type_of(*o).unwrap(), *t);
+    }
+    let image = a.into_backend().volatile_image();
+    let a = Pool::open_on(RecordingBackend::from_image(image), "t").unwrap();
+    for (o, _) in live_a.iter().step_by(2) {
+        a.free_oid(*o).unwrap();
+    }
+    for k in 0..300u64 {
+        a.alloc(100, k % 5, Dest::None).unwrap();
+        b.alloc(100, 9, Dest::None).unwrap();
+    }
+    a.check().unwrap();
+    b.check().unwrap();
+    assert_eq!(a.objects(None).unwrap().len(), 600);
+    assert_eq!(b.objects(None).unwrap().len(), 700);
+}
+
+#[test]
+fn threads_churn_a_nearly_full_pool() {
+    // Allocation and free from every thread on a pool that keeps running out: stealing,
+    // listing, releasing and reclaiming runs all race with each other's fast paths.
+    let dir = shm_dir();
+    let path = pool_path(&dir);
+    let pool = Pool::create(&path, 8 << 20, "churn").unwrap();
+    let orphans = std::sync::Mutex::new(Vec::<Oid>::new());
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (pool, orphans) = (&pool, &orphans);
+            s.spawn(move || {
+                let mut rng = t * 7919 + 1;
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut mine: Vec<Oid> = Vec::new();
+                for _ in 0..100_000 {
+                    let r = next();
+                    match r % 8 {
+                        0..=3 => {
+                            let size =
+                                [64, 96, 700, 4096, 9000, 70_000, 200_000][(r >> 8) as usize % 7];
+                            match pool.alloc(size, 1 + (r >> 16) % 3, Dest::None) {
+                                Ok(o) => mine.push(o),
+                                Err(PoolError::OutOfSpace { .. }) => {}
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                        4 | 5 if !mine.is_empty() => {
+                            let o = mine.swap_remove((r >> 8) as usize % mine.len());
+                            pool.free_oid(o).unwrap();
+                        }
+                        6 if !mine.is_empty() => {
+                            let o = mine.swap_remove((r >> 8) as usize % mine.len());
+                            orphans.lock().unwrap().push(o);
+                        }
+                        _ => {
+                            let o = orphans.lock().unwrap().pop();
+                            if let Some(o) = o {
+                                pool.free_oid(o).unwrap();
+                            }
+                        }
+                    }
+                }
+                for o in mine {
+                    pool.free_oid(o).unwrap();
+                }
+            });
+        }
+    });
+    for o in orphans.into_inner().unwrap() {
+        pool.free_oid(o).unwrap();
+    }
+    pool.check().unwrap();
+    assert_eq!(pool.stats().allocated_bytes, 0, "{:?}", pool.stats());
+    while pool.alloc(4096, 1, Dest::None).is_ok() {}
+    assert!(pool.stats().free_bytes < 4096, "{:?}", pool.stats());
     pool.check().unwrap();
 }
