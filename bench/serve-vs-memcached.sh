@@ -32,7 +32,7 @@ for tool in memcached memcaslap; do
   command -v "$tool" >/dev/null || { echo "$tool not found: apt-get install memcached libmemcached-tools" >&2; exit 1; }
 done
 cargo build --release -q -p terrace-cli
-TERRACE=target/release/terrace
+TERRACE=${CARGO_TARGET_DIR:-target}/release/terrace
 
 WORK=$(mktemp -d "$DIR/terrace-serve-bench.XXXXXX")
 PIDS=()
