@@ -58,7 +58,7 @@ fn config_file_settings_apply_and_flags_win() {
     )
     .expect("writing the config file");
     let config = config.display().to_string();
-    let mut server = common::start(dir.path(), &["--config", &config, "--max-connections", "4"]);
+    let server = common::start(dir.path(), &["--config", &config, "--max-connections", "4"]);
 
     // max-item-size from the file: a 2 MiB value is stored.
     let mut c = server.connect();
@@ -70,11 +70,16 @@ fn config_file_settings_apply_and_flags_win() {
 
     // Tiers and capacity from the file: 8 MiB of DRAM, 24 MiB of file.
     let stats = server.stats();
-    let seg: u64 = stats["terrace_segment_bytes"].parse().expect("segment size");
+    let seg: u64 = stats["terrace_segment_bytes"]
+        .parse()
+        .expect("segment size");
     let tier0: u64 = stats["tier_0_bytes"].parse().expect("tier 0 bytes");
     let tier1: u64 = stats["tier_1_bytes"].parse().expect("tier 1 bytes");
     assert!(tier0 <= 8 << 20 && tier0 + seg > 8 << 20, "tier 0: {tier0}");
-    assert!(tier1 <= 24 << 20 && tier1 + seg > 24 << 20, "tier 1: {tier1}");
+    assert!(
+        tier1 <= 24 << 20 && tier1 + seg > 24 << 20,
+        "tier 1: {tier1}"
+    );
     // The test harness passes --threads 2, which beats the file's 1.
     assert_eq!(stats["threads"], "2");
 
@@ -93,7 +98,10 @@ fn config_file_settings_apply_and_flags_win() {
         if reply.starts_with("VERSION ") {
             break;
         }
-        assert!(Instant::now() < deadline, "no connection slot freed: {reply}");
+        assert!(
+            Instant::now() < deadline,
+            "no connection slot freed: {reply}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -117,7 +125,10 @@ fn prometheus_endpoint_reports_the_protocol_counters() {
 
     let scrape = scrape(metrics_port);
     assert!(scrape.starts_with("HTTP/1.1 200 OK\r\n"), "{scrape}");
-    assert!(scrape.contains("Content-Type: text/plain; version=0.0.4"), "{scrape}");
+    assert!(
+        scrape.contains("Content-Type: text/plain; version=0.0.4"),
+        "{scrape}"
+    );
     assert_eq!(metric(&scrape, "memcached_cmd_set"), 10.0);
     assert_eq!(metric(&scrape, "memcached_get_hits"), 2.0);
     assert_eq!(metric(&scrape, "memcached_get_misses"), 1.0);
