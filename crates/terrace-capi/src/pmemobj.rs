@@ -9,16 +9,22 @@
 //!   one in volatile memory is written after the call, as libpmemobj does.
 //! - Transactions: one per thread, held in a thread-local with the lane it locked;
 //!   nesting is flattened (an inner abort aborts the outermost transaction).
+//! - Custom allocation classes (`pmemobj_ctl_set`/`get` of `heap.alloc_class.*.desc`,
+//!   `pmemobj_xalloc` and `pmemobj_tx_xalloc` with `POBJ_CLASS_ID`) are the pool's
+//!   recorded classes: unlike libpmemobj's, they are still there after the pool is closed
+//!   and reopened. Other ctl names fail with `EINVAL`.
 //!
 //! Errors set `errno` and the thread's message (`pmemobj_errormsg`), never panic.
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 
-use terrace_pool::{Backend, Dest, Oid, Pool, PoolError, RegionBackend, Tx};
+use terrace_pool::{
+    Backend, ClassDesc, ClassId, Dest, HeaderType, Oid, Pool, PoolError, RegionBackend, RunSize, Tx,
+};
 
 use crate::error;
 
@@ -119,7 +125,12 @@ fn errno_of(err: &PoolError) -> c_int {
         | PoolError::SizeMismatch { .. }
         | PoolError::BadChecksum { .. }
         | PoolError::UnsupportedVersion { .. }
-        | PoolError::Corrupt { .. } => libc::EINVAL,
+        | PoolError::Corrupt { .. }
+        | PoolError::InvalidClass { .. }
+        | PoolError::NoSuchClass { .. }
+        | PoolError::ClassTableFull { .. } => libc::EINVAL,
+        PoolError::ClassExists { .. } => libc::EEXIST,
+        PoolError::FormatTooOld { .. } => libc::ENOTSUP,
         PoolError::TxAborted => libc::ECANCELED,
         PoolError::TxNotActive => libc::EINVAL,
         PoolError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
@@ -386,12 +397,14 @@ type Constructor = Option<unsafe extern "C" fn(*mut PoolHandle, *mut c_void, *mu
 /// # Safety
 /// `pop` an open pool; `oidp` NULL or writable; `constructor`, if any, a valid function
 /// that initialises (and persists, as libpmemobj requires) the object.
+#[allow(clippy::too_many_arguments)]
 unsafe fn alloc_impl(
     pop: *mut PoolHandle,
     oidp: *mut PMEMoid,
     size: usize,
     type_num: u64,
     zero: bool,
+    class: Option<ClassId>,
     constructor: Constructor,
     arg: *mut c_void,
 ) -> c_int {
@@ -406,7 +419,7 @@ unsafe fn alloc_impl(
     }
     let dest = dest_of(h, oidp);
     let mut cancelled = false;
-    let result = h.pool.alloc_with(size as u64, type_num, dest, |w| {
+    let init = |w: &terrace_pool::ObjectWriter<'_, RegionBackend>| {
         if zero {
             w.zero()?;
         }
@@ -423,7 +436,11 @@ unsafe fn alloc_impl(
             }
         }
         Ok(())
-    });
+    };
+    let result = match class {
+        None => h.pool.alloc_with(size as u64, type_num, dest, init),
+        Some(c) => h.pool.alloc_in(c, size as u64, type_num, dest, init),
+    };
     match result {
         Ok(oid) => {
             if matches!(dest, Dest::None) && !oidp.is_null() {
@@ -454,7 +471,7 @@ pub unsafe extern "C" fn pmemobj_alloc(
     arg: *mut c_void,
 ) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { alloc_impl(pop, oidp, size, type_num, false, constructor, arg) }
+    unsafe { alloc_impl(pop, oidp, size, type_num, false, None, constructor, arg) }
 }
 
 /// # Safety
@@ -467,7 +484,302 @@ pub unsafe extern "C" fn pmemobj_zalloc(
     type_num: u64,
 ) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { alloc_impl(pop, oidp, size, type_num, true, None, ptr::null_mut()) }
+    unsafe { alloc_impl(pop, oidp, size, type_num, true, None, None, ptr::null_mut()) }
+}
+
+// ---- allocation classes and flags ----------------------------------------------------
+
+/// `POBJ_FLAG_ZERO` / `POBJ_XALLOC_ZERO`.
+const FLAG_ZERO: u64 = 1;
+/// `POBJ_XALLOC_NO_FLUSH`: accepted; Terrace persists a transaction's objects at commit
+/// regardless.
+const FLAG_NO_FLUSH: u64 = 1 << 1;
+/// `POBJ_XALLOC_NO_ABORT` (`POBJ_FLAG_TX_NO_ABORT`).
+const FLAG_TX_NO_ABORT: u64 = 1 << 4;
+/// `POBJ_XALLOC_CLASS_MASK`: `POBJ_CLASS_ID(id)` is `id << 48`.
+const CLASS_MASK: u64 = 0xFFFF << 48;
+/// `POBJ_XALLOC_ARENA_MASK`: accepted by `pmemobj_tx_xalloc` and ignored (threads own
+/// runs; there are no arenas to choose).
+const ARENA_MASK: u64 = 0xFFFF << 32;
+/// `POBJ_XALLOC_VALID_FLAGS`.
+const XALLOC_VALID: u64 = FLAG_ZERO | CLASS_MASK;
+/// `POBJ_TX_XALLOC_VALID_FLAGS`.
+const TX_XALLOC_VALID: u64 = FLAG_ZERO | FLAG_NO_FLUSH | ARENA_MASK | CLASS_MASK | FLAG_TX_NO_ABORT;
+
+/// The class `POBJ_CLASS_ID` in `flags` names (`None` for 0: the built-in size classes).
+fn class_of_flags(flags: u64) -> Result<Option<ClassId>, PoolError> {
+    match (flags & CLASS_MASK) >> 48 {
+        0 => Ok(None),
+        id => ClassId::new(id as u32)
+            .map(Some)
+            .map_err(|_| PoolError::NoSuchClass { id: id as u32 }),
+    }
+}
+
+/// `pmemobj_alloc` with flags: `POBJ_XALLOC_ZERO` and `POBJ_CLASS_ID(id)` (an object of
+/// custom class `id`, one unit of it: `size` must be at most its unit).
+///
+/// # Safety
+/// See `alloc_impl`.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_xalloc(
+    pop: *mut PoolHandle,
+    oidp: *mut PMEMoid,
+    size: usize,
+    type_num: u64,
+    flags: u64,
+    constructor: Constructor,
+    arg: *mut c_void,
+) -> c_int {
+    if flags & !XALLOC_VALID != 0 {
+        fail_with(
+            libc::EINVAL,
+            &format!("pmemobj_xalloc: unknown flags {:#x}", flags & !XALLOC_VALID),
+        );
+        return -1;
+    }
+    let class = match class_of_flags(flags) {
+        Ok(c) => c,
+        Err(e) => {
+            fail(&e);
+            return -1;
+        }
+    };
+    let zero = flags & FLAG_ZERO != 0;
+    // SAFETY: forwarded contract.
+    unsafe { alloc_impl(pop, oidp, size, type_num, zero, class, constructor, arg) }
+}
+
+/// libpmemobj's `struct pobj_alloc_class_desc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PobjAllocClassDesc {
+    pub unit_size: usize,
+    pub alignment: usize,
+    pub units_per_block: c_uint,
+    /// `enum pobj_header_type`: 0 legacy, 1 compact, 2 none.
+    pub header_type: c_int,
+    pub class_id: c_uint,
+}
+
+/// The ctl entry points this pool has: `heap.alloc_class.new.desc` (write only) and
+/// `heap.alloc_class.<id>.desc`.
+enum CtlName {
+    NewClass,
+    Class(u64),
+}
+
+fn parse_ctl(name: &str) -> Option<CtlName> {
+    let index = name
+        .strip_prefix("heap.alloc_class.")?
+        .strip_suffix(".desc")?;
+    if index == "new" {
+        return Some(CtlName::NewClass);
+    }
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // Too many digits for u64: out of range all the same.
+    Some(CtlName::Class(index.parse().unwrap_or(u64::MAX)))
+}
+
+/// The class id of a `heap.alloc_class.<id>` index, or `ERANGE` as libpmemobj (ids are
+/// below 255).
+fn ctl_class_id(what: &str, id: u64) -> Result<u32, c_int> {
+    if id >= 255 {
+        return Err(fail_with(
+            libc::ERANGE,
+            &format!("{what}: class id {id} is outside 0..=254"),
+        ));
+    }
+    Ok(id as u32)
+}
+
+/// # Safety
+/// `pop` an open pool; `name` NUL-terminated; `arg` NULL or what the entry point takes.
+unsafe fn ctl_args<'a>(
+    what: &str,
+    pop: *mut PoolHandle,
+    name: *const c_char,
+    arg: *mut c_void,
+) -> Result<(&'a PoolHandle, CtlName, &'a mut PobjAllocClassDesc), c_int> {
+    // SAFETY: contract.
+    let Some(h) = (unsafe { pop.as_ref() }) else {
+        return Err(fail_with(libc::EINVAL, &format!("{what}: pool is NULL")));
+    };
+    // SAFETY: contract.
+    let Some(name) = (unsafe { str_arg(name) }) else {
+        return Err(fail_with(libc::EINVAL, &format!("{what}: name is NULL")));
+    };
+    let Some(parsed) = parse_ctl(name) else {
+        return Err(fail_with(
+            libc::EINVAL,
+            &format!("{what}: unknown ctl name {name:?}"),
+        ));
+    };
+    // SAFETY: every entry point this pool has takes a `struct pobj_alloc_class_desc *`
+    // (contract: the caller passes what the name's entry point takes).
+    let Some(desc) = (unsafe { arg.cast::<PobjAllocClassDesc>().as_mut() }) else {
+        return Err(fail_with(
+            libc::EINVAL,
+            &format!("{what}: {name}: argument is NULL"),
+        ));
+    };
+    Ok((h, parsed, desc))
+}
+
+/// Sets a ctl value: `heap.alloc_class.new.desc` registers a class under the next free id
+/// and `heap.alloc_class.<id>.desc` under `id`; both fill in `class_id` and the actual
+/// `units_per_block`. The class is recorded in the pool (it survives reopening).
+/// Returns 0, or -1 with `errno`: `EINVAL` (bad description, unknown name, no free id),
+/// `EEXIST` (id taken), `ERANGE` (id above 254).
+///
+/// # Safety
+/// `pop` an open pool; `name` NUL-terminated; `arg` a `struct pobj_alloc_class_desc *`.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_ctl_set(
+    pop: *mut PoolHandle,
+    name: *const c_char,
+    arg: *mut c_void,
+) -> c_int {
+    const WHAT: &str = "pmemobj_ctl_set";
+    // SAFETY: forwarded contract.
+    let (h, parsed, d) = match unsafe { ctl_args(WHAT, pop, name, arg) } {
+        Ok(v) => v,
+        Err(_) => return -1,
+    };
+    let id = match parsed {
+        CtlName::NewClass => None,
+        CtlName::Class(id) => match ctl_class_id(WHAT, id) {
+            Ok(id) => Some(id),
+            Err(_) => return -1,
+        },
+    };
+    let bad = |detail: String| {
+        fail(&PoolError::InvalidClass {
+            field: "description",
+            detail,
+        });
+        -1
+    };
+    let Some(header) = u32::try_from(d.header_type)
+        .ok()
+        .and_then(HeaderType::from_code)
+    else {
+        return bad(format!("unknown header type {}", d.header_type));
+    };
+    if d.units_per_block == 0 {
+        return bad("units_per_block is 0".into());
+    }
+    let (Ok(unit), Ok(alignment)) = (u32::try_from(d.unit_size), u32::try_from(d.alignment)) else {
+        return bad(format!(
+            "unit size {} or alignment {} out of range",
+            d.unit_size, d.alignment
+        ));
+    };
+    let desc = ClassDesc {
+        unit,
+        run: RunSize::Units(d.units_per_block),
+        alignment,
+        header,
+    };
+    let registered = match id {
+        None => h.pool.register_class(&desc),
+        Some(0) => {
+            // Taken, as in libpmemobj (where a built-in class has id 0).
+            fail_with(
+                libc::EEXIST,
+                "pmemobj_ctl_set: class id 0 stands for the built-in size classes",
+            );
+            return -1;
+        }
+        Some(id) => ClassId::new(id).and_then(|id| h.pool.register_class_as(id, &desc)),
+    };
+    match registered.map(|id| (id, h.pool.class(id))) {
+        Ok((id, Some(c))) => {
+            d.class_id = id.get() as c_uint;
+            d.units_per_block = c.slots_per_run;
+            0
+        }
+        Ok((_, None)) => {
+            fail_with(libc::EIO, "pmemobj_ctl_set: registered class vanished");
+            -1
+        }
+        Err(e) => {
+            fail(&e);
+            -1
+        }
+    }
+}
+
+/// Reads a ctl value: `heap.alloc_class.<id>.desc` fills the description of custom
+/// class `id` (`ENOENT` if none; `ERANGE` above 254). Other names fail with `EINVAL`.
+///
+/// # Safety
+/// `pop` an open pool; `name` NUL-terminated; `arg` a `struct pobj_alloc_class_desc *`.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_ctl_get(
+    pop: *mut PoolHandle,
+    name: *const c_char,
+    arg: *mut c_void,
+) -> c_int {
+    const WHAT: &str = "pmemobj_ctl_get";
+    // SAFETY: forwarded contract.
+    let (h, parsed, d) = match unsafe { ctl_args(WHAT, pop, name, arg) } {
+        Ok(v) => v,
+        Err(_) => return -1,
+    };
+    let CtlName::Class(id) = parsed else {
+        fail_with(
+            libc::EINVAL,
+            "pmemobj_ctl_get: heap.alloc_class.new.desc is write-only",
+        );
+        return -1;
+    };
+    let Ok(id) = ctl_class_id(WHAT, id) else {
+        return -1;
+    };
+    let Some(c) = ClassId::new(id).ok().and_then(|id| h.pool.class(id)) else {
+        fail_with(
+            libc::ENOENT,
+            &format!(
+                "pmemobj_ctl_get: allocation class {id} does not exist{}",
+                if id == 0 {
+                    " (0 stands for the built-in size classes)"
+                } else {
+                    ""
+                }
+            ),
+        );
+        return -1;
+    };
+    *d = PobjAllocClassDesc {
+        unit_size: c.unit as usize,
+        alignment: c.alignment as usize,
+        units_per_block: c.slots_per_run,
+        header_type: c.header.code() as c_int,
+        class_id: id,
+    };
+    0
+}
+
+/// Runs a ctl entry point: this pool has none, so every name fails with `EINVAL`.
+///
+/// # Safety
+/// `name` NUL-terminated or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn pmemobj_ctl_exec(
+    _pop: *mut PoolHandle,
+    name: *const c_char,
+    _arg: *mut c_void,
+) -> c_int {
+    // SAFETY: contract.
+    let name = unsafe { str_arg(name) }.unwrap_or("(null)");
+    fail_with(
+        libc::EINVAL,
+        &format!("pmemobj_ctl_exec: unknown ctl name {name:?}"),
+    );
+    -1
 }
 
 /// # Safety
@@ -488,7 +800,18 @@ pub unsafe extern "C" fn pmemobj_realloc(
     let current = unsafe { oidp.read() };
     if current.off == 0 {
         // SAFETY: forwarded contract.
-        return unsafe { alloc_impl(pop, oidp, size, type_num, false, None, ptr::null_mut()) };
+        return unsafe {
+            alloc_impl(
+                pop,
+                oidp,
+                size,
+                type_num,
+                false,
+                None,
+                None,
+                ptr::null_mut(),
+            )
+        };
     }
     if size == 0 {
         // SAFETY: forwarded contract.
@@ -808,6 +1131,16 @@ fn in_tx<T>(
     what: &str,
     op: impl FnOnce(&mut Tx<'static, RegionBackend>, &PoolHandle) -> Result<T, PoolError>,
 ) -> Result<T, c_int> {
+    in_tx_with(what, true, op)
+}
+
+/// [`in_tx`]; with `abort` false a failure of `op` only sets `errno` and leaves the
+/// transaction in its work stage (libpmemobj's `POBJ_FLAG_TX_NO_ABORT`).
+fn in_tx_with<T>(
+    what: &str,
+    abort: bool,
+    op: impl FnOnce(&mut Tx<'static, RegionBackend>, &PoolHandle) -> Result<T, PoolError>,
+) -> Result<T, c_int> {
     TX.with(|slot| {
         let mut slot = slot.borrow_mut();
         let Some(state) = slot.as_mut() else {
@@ -833,7 +1166,9 @@ fn in_tx<T>(
             Ok(v) => Ok(v),
             Err(e) => {
                 let code = fail(&e);
-                abort_with(state, code);
+                if abort {
+                    abort_with(state, code);
+                }
                 Err(code)
             }
         }
@@ -900,6 +1235,43 @@ pub extern "C" fn pmemobj_tx_alloc(size: usize, type_num: u64) -> PMEMoid {
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_zalloc(size: usize, type_num: u64) -> PMEMoid {
     tx_alloc_impl(size, type_num, true)
+}
+
+/// `pmemobj_tx_alloc` with flags: `POBJ_XALLOC_ZERO`, `POBJ_CLASS_ID(id)` (one unit of
+/// custom class `id`), `POBJ_XALLOC_NO_ABORT` (a failure returns `OID_NULL` with `errno`
+/// and leaves the transaction running), and `POBJ_XALLOC_NO_FLUSH` / `POBJ_ARENA_ID`,
+/// accepted and without effect.
+#[no_mangle]
+pub extern "C" fn pmemobj_tx_xalloc(size: usize, type_num: u64, flags: u64) -> PMEMoid {
+    let no_abort = flags & FLAG_TX_NO_ABORT != 0;
+    in_tx_with("pmemobj_tx_xalloc", !no_abort, |tx, h| {
+        if flags & !TX_XALLOC_VALID != 0 {
+            return Err(PoolError::InvalidArgument {
+                what: "flags",
+                detail: format!("unknown flags {:#x}", flags & !TX_XALLOC_VALID),
+            });
+        }
+        if size == 0 {
+            return Err(PoolError::InvalidArgument {
+                what: "size",
+                detail: "0".into(),
+            });
+        }
+        let class = class_of_flags(flags)?;
+        let zero = flags & FLAG_ZERO != 0;
+        let oid = if no_abort {
+            tx.alloc_no_abort(class, size as u64, type_num, zero)?
+        } else {
+            match (class, zero) {
+                (Some(c), true) => tx.zalloc_in(c, size as u64, type_num)?,
+                (Some(c), false) => tx.alloc_in(c, size as u64, type_num)?,
+                (None, true) => tx.zalloc(size as u64, type_num)?,
+                (None, false) => tx.alloc(size as u64, type_num)?,
+            }
+        };
+        Ok(oid_of(h, oid))
+    })
+    .unwrap_or(OID_NULL)
 }
 
 #[no_mangle]

@@ -267,6 +267,18 @@ fn pmemobj_api() {
     assert!(out.contains("pmemobj_api: ok"), "unexpected output: {out}");
 }
 
+/// Custom allocation classes through pmemobj_ctl_set/get, pmemobj_xalloc and
+/// pmemobj_tx_xalloc: registered, used, refused on bad input, and still there (with their
+/// objects) after the pool is closed and reopened.
+#[test]
+fn pmemobj_classes() {
+    let out = c_test("pmemobj_classes.c");
+    assert!(
+        out.contains("pmemobj_classes: ok"),
+        "unexpected output: {out}"
+    );
+}
+
 /// Parses an anchor's CSV output: the header, then rows of numbers.
 fn csv_rows(out: &str, header: &str) -> Vec<Vec<f64>> {
     let mut lines = out

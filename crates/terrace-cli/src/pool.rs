@@ -1,15 +1,17 @@
 //! `terrace pool create|info|check|stats PATH`: persistent pools from the command line.
 //!
 //! - `create` makes a pool file of a given size and layout name;
-//! - `info` shows the header and geometry (like `pmempool info -H`) and the fill per size
-//!   class;
+//! - `info` shows the header and geometry (like `pmempool info -H`), the allocation
+//!   classes (built-in size classes, and the custom classes recorded in the pool) and the
+//!   fill per class;
 //! - `check` opens the pool (which recovers interrupted operations), verifies every
-//!   invariant and exits non-zero naming what is broken and where;
+//!   invariant (class table included) and exits non-zero naming what is broken and where;
 //! - `stats` shows allocated, free and per-class occupancy.
 
 use std::path::Path;
 
-use terrace_pool::Pool;
+use terrace_pool::class::builtin_classes;
+use terrace_pool::{HeaderType, Pool};
 
 /// Layout name used when none is given (`pmemobj_open` with a NULL layout accepts any).
 fn open(path: &Path, layout: Option<&str>) -> Result<Pool, String> {
@@ -38,6 +40,7 @@ pub fn info(path: &Path, layout: Option<&str>) -> Result<(), String> {
     let geo = pool.geometry();
     let uuid: String = header.uuid.iter().map(|b| format!("{b:02x}")).collect();
     println!("pool        {}", path.display());
+    println!("format      version {}", header.version);
     println!("layout      {:?}", header.layout);
     println!("uuid        {uuid}");
     println!(
@@ -53,8 +56,65 @@ pub fn info(path: &Path, layout: Option<&str>) -> Result<(), String> {
         geo.page_count, geo.heap_off
     );
     println!("root        {} bytes", pool.root_size().unwrap_or(0));
+    print_classes(&pool);
     print_stats(&pool);
     Ok(())
+}
+
+/// The built-in size classes (as ranges of units with one step each) and the custom
+/// classes recorded in the pool.
+fn print_classes(pool: &Pool) {
+    let builtin = builtin_classes();
+    println!(
+        "built-in classes  {} (larger objects are whole-page extents)",
+        builtin.len()
+    );
+    // (first unit, last unit, step, classes)
+    let mut ranges: Vec<(u32, u32, u32, usize)> = Vec::new();
+    for pair in builtin.windows(2) {
+        let (unit, next) = (pair[0].unit, pair[1].unit);
+        match ranges.last_mut() {
+            Some(r) if r.1 == unit && r.2 == next - unit => {
+                r.1 = next;
+                r.3 += 1;
+            }
+            _ => ranges.push((unit, next, next - unit, 2)),
+        }
+    }
+    // A range's first unit ends the one before: show it only once.
+    let mut prev_last = 0;
+    for (first, last, step, n) in ranges {
+        let (first, n) = if first == prev_last {
+            (first + step, n - 1)
+        } else {
+            (first, n)
+        };
+        println!("  {first}..{last} B in steps of {step} ({n} classes)");
+        prev_last = last;
+    }
+    let custom = pool.classes();
+    if custom.is_empty() {
+        println!("custom classes    none");
+        return;
+    }
+    println!("custom classes    {} (recorded in the pool)", custom.len());
+    println!("| id | unit | run pages | slots per run | alignment | header |");
+    println!("|---|---|---|---|---|---|");
+    for c in custom {
+        let header = match c.header {
+            HeaderType::Legacy => "legacy",
+            HeaderType::Compact => "compact",
+            HeaderType::None => "none",
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {header} |",
+            c.id.map_or(0, |id| id.get()),
+            c.unit,
+            c.run_pages,
+            c.slots_per_run,
+            c.alignment
+        );
+    }
 }
 
 pub fn check(path: &Path, layout: Option<&str>) -> Result<(), String> {
@@ -63,13 +123,15 @@ pub fn check(path: &Path, layout: Option<&str>) -> Result<(), String> {
         .check()
         .map_err(|e| format!("{}: inconsistent: {e}", path.display()))?;
     println!(
-        "{}: consistent ({} objects, {} runs, {} extents, {} free pages, {} bytes allocated)",
+        "{}: consistent ({} objects, {} runs, {} extents, {} free pages, {} bytes allocated, \
+         {} custom classes)",
         path.display(),
         report.objects,
         report.runs,
         report.extents,
         report.free_pages,
-        report.allocated_bytes
+        report.allocated_bytes,
+        report.classes
     );
     Ok(())
 }
@@ -109,6 +171,18 @@ fn print_stats(pool: &Pool) {
                 100.0 * *used as f64 / *slots as f64
             };
             println!("| {unit} | {runs} | {slots} | {used} | {fill:.1}% |");
+        }
+    }
+    if !s.custom_classes.is_empty() {
+        println!("| custom class | runs | slots | used | fill |");
+        println!("|---|---|---|---|---|");
+        for (id, (runs, slots, used)) in &s.custom_classes {
+            let fill = if *slots == 0 {
+                0.0
+            } else {
+                100.0 * *used as f64 / *slots as f64
+            };
+            println!("| {id} | {runs} | {slots} | {used} | {fill:.1}% |");
         }
     }
 }

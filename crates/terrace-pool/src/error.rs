@@ -30,8 +30,22 @@ pub enum PoolError {
     #[error("not a Terrace pool: {why}")]
     NotAPool { why: &'static str },
     /// The header's format version is not one this build reads.
-    #[error("pool format version {found} is not supported (this build reads {supported})")]
+    #[error(
+        "pool format version {found} is not supported (this build reads versions {} to {supported})",
+        crate::format::MIN_FORMAT_VERSION
+    )]
     UnsupportedVersion { found: u32, supported: u32 },
+    /// The pool's format version predates a feature that would change what it records
+    /// (the pool still opens and works without that feature).
+    #[error(
+        "pool format version {found} cannot record {feature} (needs version {needed}); \
+         create a new pool to use them"
+    )]
+    FormatTooOld {
+        found: u32,
+        needed: u32,
+        feature: &'static str,
+    },
     /// The header's checksum does not match its contents.
     #[error("pool header checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
     BadChecksum { stored: u32, computed: u32 },
@@ -47,6 +61,19 @@ pub enum PoolError {
     /// Persistent state violates an invariant: what is broken and where.
     #[error("pool is corrupt at offset {offset:#x}: {what}")]
     Corrupt { what: String, offset: u64 },
+    /// A custom allocation class description is unusable: which field, and why.
+    #[error("invalid allocation class {field}: {detail}")]
+    InvalidClass { field: &'static str, detail: String },
+    /// No custom allocation class with this id is registered in the pool.
+    #[error("allocation class {id} is not registered in this pool")]
+    NoSuchClass { id: u32 },
+    /// A custom allocation class with this id is already registered (classes are never
+    /// replaced: objects in its runs depend on it).
+    #[error("allocation class {id} is already registered")]
+    ClassExists { id: u8 },
+    /// Every custom class id is taken.
+    #[error("the pool's class table is full ({max} custom classes)")]
+    ClassTableFull { max: usize },
     /// No space for an allocation of this many bytes anywhere in the heap.
     #[error("out of space for an allocation of {size} bytes")]
     OutOfSpace { size: u64 },

@@ -9,6 +9,12 @@
 //! Invariants of a [`Geometry`]: `lanes_off < meta_off < heap_off <= pool_size`, all
 //! page-aligned; `meta_off + page_count * PAGE_META_SIZE <= heap_off`;
 //! `heap_off + page_count * PAGE == ` at most `pool_size`.
+//!
+//! Versions: this build writes [`FORMAT_VERSION`] (2) and reads 1 and 2. Version 2 added
+//! the class table in the state block and the class byte of run descriptors; in a
+//! version 1 pool both are zero (create zeroed them, and version 1 never wrote there),
+//! so a version 1 pool opens unchanged, but custom classes cannot be registered in it
+//! (its header would still let a version-1 build open it and misread the class bytes).
 
 use std::mem::{offset_of, size_of};
 
@@ -18,8 +24,12 @@ use crate::error::{corrupt, PoolError, Result};
 pub const PAGE: u64 = 4096;
 /// First eight bytes of every pool.
 pub const MAGIC: [u8; 8] = *b"TRCPOOL\0";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes (and the newest it reads).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this build reads.
+pub const MIN_FORMAT_VERSION: u32 = 1;
+/// The first format version with the class table (custom allocation classes).
+pub const CLASS_TABLE_VERSION: u32 = 2;
 /// Bytes of the header covered by the checksum (the checksum itself is the last 4).
 pub const HEADER_LEN: u64 = 256;
 /// Offset of the mutable state block (root object).
@@ -80,6 +90,89 @@ pub struct RawHeader {
 pub struct RawState {
     pub root_off: u64,
     pub root_size: u64,
+    pub reserved: [u8; 2032],
+    /// The class table: entry `i` describes custom allocation class `i` (0: none).
+    /// Entries 0 and 255 are never used.
+    pub classes: [u64; CLASS_SLOTS],
+}
+
+/// Entries in the class table (one per possible class id, 0..=255).
+pub const CLASS_SLOTS: usize = 256;
+
+/// One class table entry, decoded (see the crate docs, "Class table"). Only the encoding
+/// is checked here; whether the values make a usable class is `class::validate`'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassEntry {
+    /// Slot size in bytes (bits 0..24).
+    pub unit: u32,
+    /// Pages of every run of the class (bits 24..40).
+    pub pages: u32,
+    /// libpmemobj header type as registered, 0..=2 (bits 40..42); objects have no header
+    /// whatever it says.
+    pub header: u8,
+    /// Requested alignment: 0 none, else `log2(alignment) + 1` (bits 42..46).
+    pub align_code: u8,
+}
+
+const CLASS_UNIT_BITS: u32 = 24;
+const CLASS_PAGES_SHIFT: u32 = 24;
+const CLASS_HEADER_SHIFT: u32 = 40;
+const CLASS_ALIGN_SHIFT: u32 = 42;
+const CLASS_CHECK_SHIFT: u32 = 48;
+/// Bits 46..48: reserved, zero.
+const CLASS_RESERVED: u64 = 0b11 << 46;
+
+impl ClassEntry {
+    /// The 16-bit check of an entry's low 48 bits, for class `id`: the low half of the
+    /// CRC-32 of `id` (1 byte) followed by the 6 low bytes of the word.
+    fn check(id: u8, low: u64) -> u64 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&[id]);
+        h.update(&low.to_le_bytes()[..6]);
+        (h.finalize() & 0xFFFF) as u64
+    }
+
+    /// The table word of this entry as class `id` (not 0 for a valid class, whose unit
+    /// is not 0).
+    pub fn encode(&self, id: u8) -> u64 {
+        let low = (self.unit as u64 & ((1 << CLASS_UNIT_BITS) - 1))
+            | (self.pages as u64 & 0xFFFF) << CLASS_PAGES_SHIFT
+            | (self.header as u64 & 0b11) << CLASS_HEADER_SHIFT
+            | (self.align_code as u64 & 0b1111) << CLASS_ALIGN_SHIFT;
+        low | Self::check(id, low) << CLASS_CHECK_SHIFT
+    }
+
+    /// Decodes the table word of class `id`: `Ok(None)` for 0 (no class), `Err` naming
+    /// what is wrong with a word that is not a well-formed entry for `id`.
+    pub fn decode(id: u8, w: u64) -> Result<Option<ClassEntry>, &'static str> {
+        if w == 0 {
+            return Ok(None);
+        }
+        let low = w & ((1 << CLASS_CHECK_SHIFT) - 1);
+        if w >> CLASS_CHECK_SHIFT != Self::check(id, low) {
+            return Err("checksum mismatch");
+        }
+        if w & CLASS_RESERVED != 0 {
+            return Err("reserved bits set");
+        }
+        Ok(Some(Self::fields(w)))
+    }
+
+    /// The fields of a word known to be a valid entry (the volatile copy in the heap).
+    #[inline(always)]
+    pub fn fields(w: u64) -> ClassEntry {
+        ClassEntry {
+            unit: (w & ((1 << CLASS_UNIT_BITS) - 1)) as u32,
+            pages: ((w >> CLASS_PAGES_SHIFT) & 0xFFFF) as u32,
+            header: ((w >> CLASS_HEADER_SHIFT) & 0b11) as u8,
+            align_code: ((w >> CLASS_ALIGN_SHIFT) & 0b1111) as u8,
+        }
+    }
+}
+
+/// Offset of the class table entry of class `id`.
+pub fn class_entry_off(id: u8) -> u64 {
+    CLASS_TABLE_OFF + 8 * id as u64
 }
 
 /// One page descriptor (documentation struct).
@@ -87,7 +180,8 @@ pub struct RawState {
 pub struct RawPageMeta {
     /// kind (byte 0) | reserved (bytes 1..4) | span pages (bytes 4..8); head pages only.
     pub word0: u64,
-    /// run unit size in bytes (bytes 0..4) | reserved; run heads only.
+    /// run unit size in bytes (bytes 0..4) | custom class id (byte 4; 0: a built-in
+    /// size class) | reserved, zero (bytes 5..8); run heads only.
     pub word1: u64,
     /// type number of every object in the span; heads only.
     pub type_num: u64,
@@ -103,6 +197,13 @@ pub const META_WORD0: u64 = offset_of!(RawPageMeta, word0) as u64;
 pub const META_WORD1: u64 = offset_of!(RawPageMeta, word1) as u64;
 pub const META_TYPE: u64 = offset_of!(RawPageMeta, type_num) as u64;
 pub const META_BITMAP: u64 = offset_of!(RawPageMeta, bitmap) as u64;
+/// Offset of the class table.
+pub const CLASS_TABLE_OFF: u64 = STATE_OFF + offset_of!(RawState, classes) as u64;
+
+/// `word1` of a run head: unit and class id.
+pub fn run_word1(unit: u32, class: u8) -> u64 {
+    unit as u64 | (class as u64) << 32
+}
 
 const _: () = assert!(size_of::<RawHeader>() as u64 == HEADER_LEN);
 const _: () = assert!(offset_of!(RawHeader, version) == 8);
@@ -118,7 +219,8 @@ const _: () = assert!(offset_of!(RawHeader, heap_off) == 136);
 const _: () = assert!(offset_of!(RawHeader, page_count) == 144);
 const _: () = assert!(offset_of!(RawHeader, created_ns) == 152);
 const _: () = assert!(offset_of!(RawHeader, checksum) == 252);
-const _: () = assert!(size_of::<RawState>() == 16);
+const _: () = assert!(size_of::<RawState>() as u64 == PAGE);
+const _: () = assert!(CLASS_TABLE_OFF == STATE_OFF + 2048 && CLASS_TABLE_OFF % 64 == 0);
 const _: () = assert!(size_of::<RawPageMeta>() as u64 == PAGE_META_SIZE);
 const _: () = assert!(META_BITMAP == 24);
 const _: () = assert!(REDO_CAPACITY == 508);
@@ -216,6 +318,9 @@ impl Geometry {
 /// The decoded header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// Format version ([`MIN_FORMAT_VERSION`]..=[`FORMAT_VERSION`]); `create` writes
+    /// [`FORMAT_VERSION`].
+    pub version: u32,
     pub uuid: [u8; 16],
     pub layout: String,
     pub geometry: Geometry,
@@ -265,7 +370,7 @@ impl Header {
         put(
             &mut b,
             offset_of!(RawHeader, version),
-            &FORMAT_VERSION.to_le_bytes(),
+            &self.version.to_le_bytes(),
         );
         put(
             &mut b,
@@ -349,7 +454,9 @@ impl Header {
         }
         let version = get_u32(b, offset_of!(RawHeader, version));
         let header_len = get_u32(b, offset_of!(RawHeader, header_len));
-        if version != FORMAT_VERSION || header_len as u64 != HEADER_LEN {
+        if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version)
+            || header_len as u64 != HEADER_LEN
+        {
             return Err(PoolError::UnsupportedVersion {
                 found: version,
                 supported: FORMAT_VERSION,
@@ -387,6 +494,7 @@ impl Header {
             ));
         }
         Ok(Header {
+            version,
             uuid: get(b, offset_of!(RawHeader, uuid)),
             layout,
             geometry,
@@ -443,6 +551,7 @@ mod tests {
     #[test]
     fn header_round_trips_and_detects_damage() {
         let h = Header {
+            version: FORMAT_VERSION,
             uuid: [7; 16],
             layout: "anchor".into(),
             geometry: Geometry::compute(4 << 20, 2).unwrap(),
@@ -456,11 +565,14 @@ mod tests {
             Err(PoolError::BadChecksum { .. })
         ));
         b[45] ^= 1;
-        b[8] = 2;
+        b[8] = 3;
         assert!(matches!(
             Header::decode(&b),
-            Err(PoolError::UnsupportedVersion { found: 2, .. })
+            Err(PoolError::UnsupportedVersion { found: 3, .. })
         ));
+        // A version 1 header (written by older builds) still decodes.
+        let old = Header { version: 1, ..h };
+        assert_eq!(Header::decode(&old.encode()).unwrap(), old);
         assert!(matches!(
             Header::decode(&[0u8; 256]),
             Err(PoolError::NotAPool { .. })
@@ -469,5 +581,28 @@ mod tests {
             Header::decode(&[1u8; 100]),
             Err(PoolError::NotAPool { .. })
         ));
+    }
+
+    #[test]
+    fn class_entries_round_trip_and_detect_damage() {
+        let e = ClassEntry {
+            unit: 131072,
+            pages: 4096,
+            header: 2,
+            align_code: 13,
+        };
+        for id in [1u8, 77, 254] {
+            let w = e.encode(id);
+            assert_ne!(w, 0);
+            assert_eq!(ClassEntry::decode(id, w), Ok(Some(e)));
+            assert_eq!(ClassEntry::fields(w), e);
+            // The check covers the id: an entry copied to another slot is caught.
+            assert!(ClassEntry::decode(id.wrapping_add(1), w).is_err());
+            for bit in 0..64 {
+                assert!(ClassEntry::decode(id, w ^ 1 << bit).is_err(), "bit {bit}");
+            }
+        }
+        assert_eq!(ClassEntry::decode(9, 0), Ok(None));
+        assert_eq!(run_word1(48, 7), 48 | 7 << 32);
     }
 }

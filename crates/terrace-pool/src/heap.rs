@@ -1,10 +1,12 @@
 //! The allocator: volatile free-space structures over the persistent page descriptors.
 //!
 //! Owns: the free page spans (one lock, [`Pages`]); per heap page, the page→span map, the
-//! span's shape, type and state, and a volatile copy of the run bitmap word (which also
-//! marks reservations and frees in flight); per size class, the lists of runs that have
-//! free slots and of runs owned by threads; and each thread's cache of the runs it owns.
-//! Also the scan that validates page descriptors and rebuilds all of this at open.
+//! span's shape (unit, custom class, pages), type and state, and a volatile copy of the
+//! run bitmap word (which also marks reservations and frees in flight); per class
+//! (built-in size class or custom class), the lists of runs that have free slots and of
+//! runs owned by threads; each thread's cache of the runs it owns; and the volatile copy
+//! of the pool's class table. Also the scan that validates page descriptors (against the
+//! class table) and rebuilds all of this at open.
 //!
 //! The persistent truth is the page descriptors (crate docs, "Heap"). The volatile state
 //! is always *ahead* of it: a slot is reserved here before its bit is set durably, and a
@@ -44,9 +46,13 @@
 //! - every live run is durably described (the descriptor is persisted when the run is
 //!   carved, before any slot of it is handed out);
 //! - when no operation is in flight, a run's bitmap words (without the tail bits) equal
-//!   its persistent bitmap.
+//!   its persistent bitmap;
+//! - a run of custom class `c` is in the lists of class slot `CLASSES + c` and has the
+//!   class's unit and run length; a custom class is in the volatile table only once its
+//!   entry is durable (the pool publishes it after the commit), so a run of class `c` is
+//!   never carved before class `c` is durably registered.
 //!
-//! Locks: `pages`, and one per size class; no code path holds two of them at once.
+//! Locks: `pages`, and one per class slot; no code path holds two of them at once.
 //! State flags of runs change only under their class lock; bitmap words change with
 //! atomics only. An owned run is never released, so its owner claims without a lock;
 //! stealing and releasing happen under the class lock, so a released run has no claim in
@@ -62,11 +68,11 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::backend::Backend;
-use crate::class;
+use crate::class::{self, ClassId};
 use crate::error::{corrupt, PoolError, Result};
 use crate::format::{
-    self, Geometry, KIND_EXTENT, KIND_FREE, KIND_RUN, META_BITMAP, META_TYPE, META_WORD0,
-    META_WORD1, PAGE,
+    self, ClassEntry, Geometry, CLASS_SLOTS, KIND_EXTENT, KIND_FREE, KIND_RUN, META_BITMAP,
+    META_TYPE, META_WORD0, META_WORD1, PAGE,
 };
 use crate::log::{self, Entries, Entry};
 use crate::pool::ROOT_TYPE;
@@ -82,14 +88,25 @@ pub(crate) struct SpanInfo {
     pub pages: u32,
     pub kind: u8,
     pub unit: u32,
+    /// Runs: the custom class (0: a built-in size class).
+    pub class: u8,
     pub type_num: u64,
     /// Runs: the allocation bitmap (one word per page).
     pub bits: Vec<u64>,
 }
 
-/// Reads and validates every page descriptor; returns the spans in address order and the
-/// number of free pages. Any violation is `Corrupt` naming the descriptor.
-pub(crate) fn scan<B: Backend>(b: &B, geo: &Geometry) -> Result<(Vec<SpanInfo>, u64)> {
+/// The pool's custom classes by id (`None`: not registered); index 0 and 255 are always
+/// `None`.
+pub(crate) type ClassTable = [Option<ClassEntry>; CLASS_SLOTS];
+
+/// Reads and validates every page descriptor (a run of a custom class must match that
+/// class in `classes`); returns the spans in address order and the number of free pages.
+/// Any violation is `Corrupt` naming the descriptor.
+pub(crate) fn scan<B: Backend>(
+    b: &B,
+    geo: &Geometry,
+    classes: &ClassTable,
+) -> Result<(Vec<SpanInfo>, u64)> {
     let n = geo.page_count;
     let mut spans = Vec::new();
     let mut free = 0;
@@ -126,17 +143,10 @@ pub(crate) fn scan<B: Backend>(b: &B, geo: &Geometry) -> Result<(Vec<SpanInfo>, 
                 let w1 = b.load_u64(at + META_WORD1)?;
                 let type_num = b.load_u64(at + META_TYPE)?;
                 let unit = w1 as u32;
+                let cls = (w1 >> 32) as u8;
                 let mut bits = Vec::new();
-                if kind == KIND_RUN
-                    && (w1 >> 32 != 0
-                        || unit < class::MIN_UNIT
-                        || unit % 16 != 0
-                        || unit as u64 > pages as u64 * PAGE)
-                {
-                    return Err(corrupt(
-                        format!("run at page {i} has impossible unit {w1:#x} for {pages} pages"),
-                        at,
-                    ));
+                if kind == KIND_RUN {
+                    check_run(i, pages, w1, classes).map_err(|what| corrupt(what, at))?;
                 }
                 let slots = class::slots(unit.max(1), pages) as u64;
                 for j in 0..pages as u64 {
@@ -184,6 +194,7 @@ pub(crate) fn scan<B: Backend>(b: &B, geo: &Geometry) -> Result<(Vec<SpanInfo>, 
                     pages,
                     kind,
                     unit: if kind == KIND_RUN { unit } else { 0 },
+                    class: if kind == KIND_RUN { cls } else { 0 },
                     type_num,
                     bits,
                 });
@@ -195,6 +206,41 @@ pub(crate) fn scan<B: Backend>(b: &B, geo: &Geometry) -> Result<(Vec<SpanInfo>, 
         }
     }
     Ok((spans, free))
+}
+
+/// Checks a run head's `word1` (unit and class) against its length and the class table.
+fn check_run(
+    page: u64,
+    pages: u32,
+    w1: u64,
+    classes: &ClassTable,
+) -> std::result::Result<(), String> {
+    let unit = w1 as u32;
+    let cls = (w1 >> 32) as u8;
+    if w1 >> 40 != 0 {
+        return Err(format!(
+            "run at page {page} has reserved unit-word bits set ({w1:#x})"
+        ));
+    }
+    if cls == 0 {
+        if unit < class::MIN_UNIT || unit % 16 != 0 || unit as u64 > pages as u64 * PAGE {
+            return Err(format!(
+                "run at page {page} has impossible unit {w1:#x} for {pages} pages"
+            ));
+        }
+        return Ok(());
+    }
+    match classes[cls as usize] {
+        None => Err(format!(
+            "run at page {page} belongs to allocation class {cls}, which is not registered"
+        )),
+        Some(e) if e.unit != unit || e.pages != pages => Err(format!(
+            "run at page {page} of class {cls} has unit {unit} and {pages} pages; the class \
+             says unit {} and {} pages",
+            e.unit, e.pages
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 /// Free page spans.
@@ -260,7 +306,8 @@ const NONE: u32 = u32::MAX;
 /// Volatile description of the span headed at a page (meaningful at head pages only).
 #[derive(Debug, Default)]
 struct Span {
-    /// `unit | pages << 32`; the unit is 0 for an extent.
+    /// `unit | class << 24 | pages << 32` (units are below 2^24); the unit and class are
+    /// 0 for an extent, the class 0 for a run of a built-in size class.
     shape: AtomicU64,
     type_num: AtomicU64,
     /// `LIVE | OWNED | LISTED | FREEING`.
@@ -268,8 +315,38 @@ struct Span {
 }
 
 #[inline]
-fn shape(unit: u32, pages: u32) -> u64 {
-    unit as u64 | (pages as u64) << 32
+fn shape(unit: u32, class: u8, pages: u32) -> u64 {
+    unit as u64 | (class as u64) << 24 | (pages as u64) << 32
+}
+
+/// The lists a class's runs are kept in: built-in size classes by index, then the runs of
+/// units no built-in class has (from another class table: usable for frees only) at
+/// `CLASSES`, then custom class `c` at `CLASSES + c`.
+const CLASS_LISTS: usize = class::CLASSES + CLASS_SLOTS;
+
+/// A class a reservation is served from: where its runs are listed, their unit, and how
+/// carving a run for it goes.
+#[derive(Clone, Copy, Debug)]
+struct RunClass {
+    /// Index into the class lists and thread cache ways (see [`CLASS_LISTS`]).
+    slot: usize,
+    unit: u32,
+    /// Custom class id (0: built-in).
+    id: u8,
+    /// Custom classes: the run length (built-in classes compute theirs, with a fallback).
+    pages: u32,
+}
+
+impl RunClass {
+    #[inline(always)]
+    fn builtin(slot: usize, unit: u32) -> RunClass {
+        RunClass {
+            slot,
+            unit,
+            id: 0,
+            pages: 0,
+        }
+    }
 }
 
 /// Bitmap words a run of `nslots` slots uses.
@@ -313,7 +390,8 @@ fn prefault<T>(a: &[T], touch: impl Fn(&T)) {
     }
 }
 
-/// A run's geometry, read from its volatile span.
+/// A run's geometry, read from its volatile span (its class is [`Shared::run_class`]'s:
+/// only list changes need it, and this is on every free).
 #[derive(Clone, Copy, Debug)]
 struct RunInfo {
     unit: u32,
@@ -382,8 +460,10 @@ pub struct Stats {
     pub run_slack_bytes: u64,
     pub runs: u64,
     pub extents: u64,
-    /// Per unit size: (runs, slots, used slots).
+    /// Runs of built-in size classes, per unit size: (runs, slots, used slots).
     pub classes: BTreeMap<u32, (u64, u64, u64)>,
+    /// Runs of custom classes, per class id: (runs, slots, used slots).
+    pub custom_classes: BTreeMap<u8, (u64, u64, u64)>,
 }
 
 /// What every thread cache and the pool share.
@@ -398,8 +478,11 @@ struct Shared {
     vbits: Box<[AtomicU64]>,
     /// Slots whose free is in flight, per page like `vbits`.
     pending: Box<[AtomicU64]>,
-    /// One per size class, and a last one for runs of units no request maps to.
+    /// One per class slot (see [`CLASS_LISTS`]).
     classes: Box<[Mutex<ClassLists>]>,
+    /// The custom classes: entry words of the class table (0: none), stored only after
+    /// the entry is durable.
+    custom: Box<[AtomicU64]>,
     /// Listed runs that may be empty (a hint for [`Shared::reclaim`]).
     empty_listed: AtomicUsize,
 }
@@ -438,11 +521,12 @@ const EMPTY: Cur = Cur {
     type_num: 0,
 };
 
-/// A thread's runs in one heap: two (class, type) ways per class.
+/// A thread's runs in one heap: two (class, type) ways per class slot (built-in slots
+/// from the start, custom slots added when first used).
 struct PoolCache {
     id: u64,
     shared: Weak<Shared>,
-    ways: Box<[[Cur; 2]]>,
+    ways: Vec<[Cur; 2]>,
 }
 
 impl Drop for PoolCache {
@@ -479,7 +563,7 @@ fn cache_of<'c>(caches: &'c mut Vec<PoolCache>, s: &Arc<Shared>) -> &'c mut Pool
             caches.push(PoolCache {
                 id: s.id,
                 shared: Arc::downgrade(s),
-                ways: vec![[EMPTY; 2]; class::CLASSES].into_boxed_slice(),
+                ways: vec![[EMPTY; 2]; class::CLASSES],
             });
             let last = caches.len() - 1;
             caches.swap(0, last);
@@ -497,7 +581,7 @@ impl Shared {
     #[inline(always)]
     fn run_info(&self, head: u32) -> RunInfo {
         let sh = self.span(head).shape.load(Acquire);
-        let (unit, pages) = (sh as u32, (sh >> 32) as u32);
+        let (unit, pages) = (sh as u32 & 0xFF_FFFF, (sh >> 32) as u32);
         RunInfo {
             unit,
             pages,
@@ -509,8 +593,16 @@ impl Shared {
         }
     }
 
-    /// The class lists a run of `unit` belongs to.
-    fn class_slot(&self, unit: u32) -> usize {
+    /// The custom class of the run at `head` (0: a built-in size class, or an extent).
+    fn run_class(&self, head: u32) -> u8 {
+        (self.span(head).shape.load(Acquire) >> 24) as u8
+    }
+
+    /// The class lists a run of `unit` and custom class `class` (0: none) belongs to.
+    fn class_slot(&self, unit: u32, class: u8) -> usize {
+        if class != 0 {
+            return class::CLASSES + class as usize;
+        }
         class::index(unit).unwrap_or(class::CLASSES)
     }
 
@@ -570,23 +662,30 @@ impl Shared {
         }
     }
 
-    /// Carves a new run of `unit` from the free pages and describes it durably: unit and
-    /// type first, then word 0 (the run exists on the medium once word 0 is durable; it
-    /// has no bit set). `Ok(None)` when no span of pages fits.
+    /// Carves a new run of class `rc` from the free pages and describes it durably: unit,
+    /// class and type first, then word 0 (the run exists on the medium once word 0 is
+    /// durable; it has no bit set). `Ok(None)` when no span of pages fits. A built-in
+    /// class takes a shorter run when its preferred length does not fit; a custom class
+    /// always has its recorded length.
     fn new_run<B: Backend>(
         &self,
         b: &B,
-        unit: u32,
+        rc: RunClass,
         type_num: u64,
         state: u64,
     ) -> Result<Option<(u32, u32)>> {
-        let want = class::run_pages(unit);
+        let unit = rc.unit;
         let got = {
             let mut p = lock(&self.pages);
-            p.take(want).map(|h| (h, want)).or_else(|| {
-                let min = class::min_pages(unit);
-                p.take(min).map(|h| (h, min))
-            })
+            if rc.id != 0 {
+                p.take(rc.pages).map(|h| (h, rc.pages))
+            } else {
+                let want = class::run_pages(unit);
+                p.take(want).map(|h| (h, want)).or_else(|| {
+                    let min = class::min_pages(unit);
+                    p.take(min).map(|h| (h, min))
+                })
+            }
         };
         let Some((head, pages)) = got else {
             return Ok(None);
@@ -594,14 +693,14 @@ impl Shared {
         let meta = self.geo.meta(head as u64);
         // On failure the descriptor's state is unknown: the pages stay taken (the caller
         // poisons the pool; reopening rebuilds the heap from the medium).
-        b.store_u64(meta + META_WORD1, unit as u64)?;
+        b.store_u64(meta + META_WORD1, format::run_word1(unit, rc.id))?;
         b.store_u64(meta + META_TYPE, type_num)?;
         b.persist(meta + META_WORD1, 16)?;
         b.store_u64(meta + META_WORD0, format::word0(KIND_RUN, pages))?;
         b.persist(meta + META_WORD0, 8)?;
         let nslots = class::slots(unit, pages);
         let span = self.span(head);
-        span.shape.store(shape(unit, pages), Relaxed);
+        span.shape.store(shape(unit, rc.id, pages), Relaxed);
         span.type_num.store(type_num, Relaxed);
         let last = words(nslots) - 1;
         self.vbits[(head + last) as usize].store(!valid(nslots, last), Relaxed);
@@ -610,17 +709,16 @@ impl Shared {
         Ok(Some((head, nslots)))
     }
 
-    /// A run of (`cls`, `type_num`) for the calling thread to own: a listed one, else a
+    /// A run of (`rc`, `type_num`) for the calling thread to own: a listed one, else a
     /// new one. `Ok(None)` when there is neither.
     fn acquire_run<B: Backend>(
         &self,
         b: &B,
-        cls: usize,
-        unit: u32,
+        rc: RunClass,
         type_num: u64,
     ) -> Result<Option<(u32, u32)>> {
         {
-            let mut lists = lock(&self.classes[cls]);
+            let mut lists = lock(&self.classes[rc.slot]);
             let tl = lists.by_type.entry(type_num).or_default();
             if let Some(head) = tl.partial.pop_first() {
                 self.span(head).state.store(LIVE | OWNED, SeqCst);
@@ -628,10 +726,10 @@ impl Shared {
                 return Ok(Some((head, self.run_info(head).nslots)));
             }
         }
-        let Some((head, nslots)) = self.new_run(b, unit, type_num, LIVE | OWNED)? else {
+        let Some((head, nslots)) = self.new_run(b, rc, type_num, LIVE | OWNED)? else {
             return Ok(None);
         };
-        lock(&self.classes[cls])
+        lock(&self.classes[rc.slot])
             .by_type
             .entry(type_num)
             .or_default()
@@ -643,7 +741,7 @@ impl Shared {
     /// Gives an owned run back to its class: listed if it has a free slot.
     fn unown(&self, head: u32, type_num: u64) {
         let info = self.run_info(head);
-        let mut lists = lock(&self.classes[self.class_slot(info.unit)]);
+        let mut lists = lock(&self.classes[self.class_slot(info.unit, self.run_class(head))]);
         let span = self.span(head);
         span.state.store(LIVE, SeqCst);
         let tl = lists.by_type.entry(type_num).or_default();
@@ -678,7 +776,7 @@ impl Shared {
     fn list_or_empty(&self, head: u32, info: RunInfo) -> Option<Emptied> {
         let span = self.span(head);
         let type_num = span.type_num.load(Relaxed);
-        let mut lists = lock(&self.classes[self.class_slot(info.unit)]);
+        let mut lists = lock(&self.classes[self.class_slot(info.unit, self.run_class(head))]);
         let st = span.state.load(SeqCst);
         if st & (OWNED | LIVE) != LIVE {
             return None;
@@ -751,14 +849,14 @@ impl Shared {
         Ok(!found.is_empty())
     }
 
-    /// Takes a slot from any run of (`cls`, `type_num`), owned by another thread or not.
-    fn steal(&self, cls: usize, unit: u32, type_num: u64) -> Option<Reserved> {
-        let lists = lock(&self.classes[cls]);
+    /// Takes a slot from any run of (`rc`, `type_num`), owned by another thread or not.
+    fn steal(&self, rc: RunClass, type_num: u64) -> Option<Reserved> {
+        let lists = lock(&self.classes[rc.slot]);
         let tl = lists.by_type.get(&type_num)?;
         for &head in tl.owned.iter().chain(tl.partial.iter()) {
             let mut hint = 0;
             if let Some(idx) = self.claim(head, self.run_info(head).nslots, &mut hint) {
-                return Some(self.slot(head, idx, unit));
+                return Some(self.slot(head, idx, rc.unit));
             }
         }
         None
@@ -769,12 +867,11 @@ impl Shared {
     fn last_resort<B: Backend>(
         &self,
         b: &B,
-        cls: usize,
-        unit: u32,
+        rc: RunClass,
         type_num: u64,
         size: u64,
     ) -> Result<Option<Reserved>> {
-        if let Some(r) = self.steal(cls, unit, type_num) {
+        if let Some(r) = self.steal(rc, type_num) {
             return Ok(Some(r));
         }
         if self.reclaim(b)? {
@@ -787,12 +884,14 @@ impl Shared {
         &self,
         b: &B,
         pc: &mut PoolCache,
-        cls: usize,
-        unit: u32,
+        rc: RunClass,
         type_num: u64,
         size: u64,
     ) -> Result<Reserved> {
-        let ways = &mut pc.ways[cls];
+        if pc.ways.len() <= rc.slot {
+            pc.ways.resize(rc.slot + 1, [EMPTY; 2]);
+        }
+        let ways = &mut pc.ways[rc.slot];
         let w = match ways
             .iter()
             .position(|w| w.head != NONE && w.type_num == type_num)
@@ -811,10 +910,10 @@ impl Shared {
         let cur = &mut ways[w];
         if cur.head != NONE {
             if let Some(idx) = self.claim(cur.head, cur.nslots, &mut cur.hint) {
-                return Ok(self.slot(cur.head, idx, unit));
+                return Ok(self.slot(cur.head, idx, rc.unit));
             }
         }
-        self.refill(b, cur, cls, unit, type_num, size)
+        self.refill(b, cur, rc, type_num, size)
     }
 
     /// The slow path of a cached reservation: the owned run is full (or there is none).
@@ -822,21 +921,20 @@ impl Shared {
         &self,
         b: &B,
         cur: &mut Cur,
-        cls: usize,
-        unit: u32,
+        rc: RunClass,
         type_num: u64,
         size: u64,
     ) -> Result<Reserved> {
         loop {
             if cur.head != NONE {
                 if let Some(idx) = self.claim(cur.head, cur.nslots, &mut cur.hint) {
-                    return Ok(self.slot(cur.head, idx, unit));
+                    return Ok(self.slot(cur.head, idx, rc.unit));
                 }
                 let full = cur.head;
                 *cur = EMPTY;
                 self.unown(full, type_num);
             }
-            match self.acquire_run(b, cls, unit, type_num)? {
+            match self.acquire_run(b, rc, type_num)? {
                 Some((head, nslots)) => {
                     *cur = Cur {
                         head,
@@ -846,7 +944,7 @@ impl Shared {
                     }
                 }
                 None => {
-                    if let Some(r) = self.last_resort(b, cls, unit, type_num, size)? {
+                    if let Some(r) = self.last_resort(b, rc, type_num, size)? {
                         return Ok(r);
                     }
                 }
@@ -859,22 +957,21 @@ impl Shared {
     fn reserve_uncached<B: Backend>(
         &self,
         b: &B,
-        cls: usize,
-        unit: u32,
+        rc: RunClass,
         type_num: u64,
         size: u64,
     ) -> Result<Reserved> {
         loop {
-            match self.acquire_run(b, cls, unit, type_num)? {
+            match self.acquire_run(b, rc, type_num)? {
                 Some((head, nslots)) => {
                     let got = self.claim(head, nslots, &mut 0);
                     self.unown(head, type_num);
                     if let Some(idx) = got {
-                        return Ok(self.slot(head, idx, unit));
+                        return Ok(self.slot(head, idx, rc.unit));
                     }
                 }
                 None => {
-                    if let Some(r) = self.last_resort(b, cls, unit, type_num, size)? {
+                    if let Some(r) = self.last_resort(b, rc, type_num, size)? {
                         return Ok(r);
                     }
                 }
@@ -909,7 +1006,7 @@ impl Shared {
             return Err(e);
         }
         let span = self.span(head);
-        span.shape.store(shape(0, npages), Relaxed);
+        span.shape.store(shape(0, 0, npages), Relaxed);
         span.type_num.store(type_num, Relaxed);
         span.state.store(LIVE, SeqCst);
         // Only the first page: see the module invariants.
@@ -962,8 +1059,9 @@ impl Shared {
 }
 
 impl Heap {
-    /// Rebuilds the volatile heap from validated page descriptors.
-    pub fn load(geo: Geometry, spans: &[SpanInfo]) -> Heap {
+    /// Rebuilds the volatile heap from a validated class table and the page descriptors
+    /// validated against it.
+    pub fn load(geo: Geometry, classes: &ClassTable, spans: &[SpanInfo]) -> Heap {
         let n = geo.page_count as usize;
         let s = Shared {
             id: HEAP_IDS.fetch_add(1, Relaxed),
@@ -973,8 +1071,14 @@ impl Heap {
             spans: (0..n).map(|_| Span::default()).collect(),
             vbits: (0..n).map(|_| AtomicU64::new(0)).collect(),
             pending: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            classes: (0..=class::CLASSES)
+            classes: (0..CLASS_LISTS)
                 .map(|_| Mutex::new(ClassLists::default()))
+                .collect(),
+            custom: (0..CLASS_SLOTS)
+                .map(|id| {
+                    let word = classes[id].map_or(0, |e| e.encode(id as u8));
+                    AtomicU64::new(word)
+                })
                 .collect(),
             empty_listed: AtomicUsize::new(0),
         };
@@ -996,12 +1100,13 @@ impl Heap {
                 let span = s.span(sp.head);
                 span.type_num.store(sp.type_num, Relaxed);
                 if sp.kind == KIND_EXTENT {
-                    span.shape.store(shape(0, sp.pages), Relaxed);
+                    span.shape.store(shape(0, 0, sp.pages), Relaxed);
                     span.state.store(LIVE, Relaxed);
                     s.mark_span(sp.head, 1);
                     continue;
                 }
-                span.shape.store(shape(sp.unit, sp.pages), Relaxed);
+                span.shape
+                    .store(shape(sp.unit, sp.class, sp.pages), Relaxed);
                 s.mark_span(sp.head, sp.pages);
                 let nslots = class::slots(sp.unit, sp.pages);
                 for (j, &w) in sp.bits.iter().enumerate() {
@@ -1012,7 +1117,7 @@ impl Heap {
                 let mut state = LIVE;
                 if s.has_free(sp.head, nslots) {
                     state |= LISTED;
-                    lock(&s.classes[s.class_slot(sp.unit)])
+                    lock(&s.classes[s.class_slot(sp.unit, sp.class)])
                         .by_type
                         .entry(sp.type_num)
                         .or_default()
@@ -1054,6 +1159,12 @@ impl Heap {
         }
         let unit = class::unit_for(size)?;
         let cls = class::index(unit)?;
+        self.claim_owned(cls, unit, type_num)
+    }
+
+    /// A clear bit of the run the thread owns for class slot `cls` and `type_num`.
+    #[inline(always)]
+    fn claim_owned(&self, cls: usize, unit: u32, type_num: u64) -> Option<Reserved> {
         let s = &*self.s;
         // (head, slot) packed in a word: the result stays in registers.
         let at = CACHES
@@ -1084,16 +1195,97 @@ impl Heap {
         else {
             return self.s.reserve_extent(b, size, type_num);
         };
+        self.reserve_run(b, RunClass::builtin(cls, unit), type_num, size)
+    }
+
+    /// A slot of class `rc` through the thread's cache (or without one while the thread
+    /// exits).
+    fn reserve_run<B: Backend>(
+        &self,
+        b: &B,
+        rc: RunClass,
+        type_num: u64,
+        size: u64,
+    ) -> Result<Reserved> {
         let s = &self.s;
         let cached = CACHES.try_with(|c| {
             let mut caches = c.try_borrow_mut().ok()?;
             let pc = cache_of(&mut caches, s);
-            Some(s.reserve_cached(b, pc, cls, unit, type_num, size))
+            Some(s.reserve_cached(b, pc, rc, type_num, size))
         });
         match cached {
             Ok(Some(r)) => r,
-            _ => s.reserve_uncached(b, cls, unit, type_num, size),
+            _ => s.reserve_uncached(b, rc, type_num, size),
         }
+    }
+
+    /// Reserves a slot of custom class `id` for `size` bytes (at most its unit) of type
+    /// `type_num`, as [`Heap::reserve`] does for a size class.
+    #[inline]
+    pub fn reserve_in<B: Backend>(
+        &self,
+        b: &B,
+        id: ClassId,
+        size: u64,
+        type_num: u64,
+    ) -> Result<Reserved> {
+        let word = self.s.custom[id.get() as usize].load(Acquire);
+        if word == 0 {
+            return Err(PoolError::NoSuchClass {
+                id: id.get() as u32,
+            });
+        }
+        let e = ClassEntry::fields(word);
+        if size == 0 || size > e.unit as u64 {
+            return Err(PoolError::InvalidArgument {
+                what: "allocation size",
+                detail: format!(
+                    "{size} bytes in class {id}: must be 1 to its unit, {} bytes",
+                    e.unit
+                ),
+            });
+        }
+        let rc = RunClass {
+            slot: class::CLASSES + id.get() as usize,
+            unit: e.unit,
+            id: id.get(),
+            pages: e.pages,
+        };
+        if let Some(r) = self.claim_owned(rc.slot, rc.unit, type_num) {
+            return Ok(r);
+        }
+        self.reserve_run(b, rc, type_num, size)
+    }
+
+    /// The table entry of custom class `id`, if it is registered.
+    pub fn class_entry(&self, id: ClassId) -> Option<ClassEntry> {
+        match self.s.custom[id.get() as usize].load(Acquire) {
+            0 => None,
+            w => Some(ClassEntry::fields(w)),
+        }
+    }
+
+    /// The volatile class table (every registered class).
+    pub fn class_table(&self) -> ClassTable {
+        let mut t: ClassTable = [None; CLASS_SLOTS];
+        for id in ClassId::all() {
+            t[id.get() as usize] = self.class_entry(id);
+        }
+        t
+    }
+
+    /// Makes class `id` usable: call only once its entry is durable (module invariants).
+    pub fn add_class(&self, id: ClassId, e: &ClassEntry) {
+        self.s.custom[id.get() as usize].store(e.encode(id.get()), Release);
+    }
+
+    /// The custom class of the run holding the live object at `off` (`None`: a built-in
+    /// size class or an extent).
+    pub fn class_of(&self, off: u64) -> Result<Option<ClassId>> {
+        self.object(off)?;
+        let head = self.s.head_of(off)?;
+        let c = self.s.run_class(head);
+        Ok((c != 0).then(|| ClassId::new(c as u32).ok()).flatten())
     }
 
     /// The redo entry that makes a reservation durably allocated: the slot's bit, or the
@@ -1355,7 +1547,12 @@ impl Heap {
             let used = used_slots * info.unit as u64;
             st.allocated_bytes += used;
             st.run_slack_bytes += info.pages as u64 * PAGE - used;
-            let c = st.classes.entry(info.unit).or_default();
+            let class = self.s.run_class(head);
+            let c = if class != 0 {
+                st.custom_classes.entry(class).or_default()
+            } else {
+                st.classes.entry(info.unit).or_default()
+            };
             c.0 += 1;
             c.1 += info.nslots as u64;
             c.2 += used_slots;
@@ -1400,6 +1597,7 @@ impl Heap {
                 && st & FREEING == 0
                 && info.pages == sp.pages
                 && info.unit == sp.unit
+                && s.run_class(sp.head) == sp.class
                 && span.type_num.load(Relaxed) == sp.type_num;
             if !same {
                 return Err(format!("span at page {} differs in memory", sp.head));

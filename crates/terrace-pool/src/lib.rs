@@ -41,6 +41,12 @@
 //! - **extent**: a span holding one large object (above 128 KiB), sized in whole pages.
 //! - **size class**: the unit serving a request size ([`class`]): multiples of 16 B from
 //!   64 B to 1 KiB, then 32 steps per power of two up to 128 KiB (< 3.1% rounding).
+//!   Built in: nothing about them is stored in the pool.
+//! - **custom class** (libpmemobj's allocation class from `heap.alloc_class.*.desc`): a
+//!   unit and run length a program registers under an id 1..=254 ([`Pool::register_class`])
+//!   and names when it allocates ([`Pool::alloc_in`]). Recorded in the pool's *class
+//!   table*, so it survives close and reopen (libpmemobj keeps its classes in memory
+//!   only); runs carved for it record its id.
 //! - **owned run**: a run a thread allocates from without locks (volatile; module
 //!   `heap`). Per (size class, type) a thread owns one run; a full run goes back to its
 //!   class, where runs with free slots are *listed* for any thread to take; a thread that
@@ -63,7 +69,13 @@
 //! - **publish**: storing an object's handle in a destination inside the pool, atomically
 //!   with allocating (or, for free, clearing) it.
 //!
-//! # On-media format (version 1)
+//! # On-media format (version 2)
+//!
+//! Version 2 added the class table (in the state block) and the class byte of run
+//! descriptors. Version 1 pools (written by older builds) open and work: both are zero
+//! in them. Registering a custom class in a version 1 pool is refused (`FormatTooOld`):
+//! its header would still let an older build open it and misread the class bytes.
+//! Versions above 2 are refused at open (`UnsupportedVersion`).
 //!
 //! All integers are little-endian. All references are byte offsets from the start of the
 //! pool file, never pointers. `P` is the page size, 4096.
@@ -88,7 +100,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 8 | magic `"TRCPOOL\0"` |
-//! | 8 | 4 | format version (1) |
+//! | 8 | 4 | format version (2; 1 is read too) |
 //! | 12 | 4 | header length covered by the layout (256) |
 //! | 16 | 16 | pool uuid (random); bytes 16..24 are `pool_uuid_lo` of a `PMEMoid` |
 //! | 32 | 8 | pool size in bytes (must equal the file length) |
@@ -117,8 +129,31 @@
 //! |---|---|---|
 //! | 4096 | 8 | root object offset (0: none yet) |
 //! | 4104 | 8 | root object size as requested (0 iff no root) |
+//! | 4112 | 2032 | reserved, zero |
+//! | 6144 | 2048 | class table: 256 words, word `i` for custom class `i` |
 //!
-//! Both words change only through a redo log, together with the root's allocation.
+//! The root words change only through a redo log, together with the root's allocation.
+//!
+//! ## Class table (offset 6144, 256 × 8 bytes)
+//!
+//! Word `i` (at `6144 + 8 i`) is 0 (class `i` not registered) or the entry of custom
+//! class `i`. Words 0 and 255 are always 0 (id 0 means "no class"; ids are 1..=254). An
+//! entry is one word:
+//!
+//! | bits | field |
+//! |---|---|
+//! | 0..24 | unit in bytes: a multiple of 8, 16..=131072 |
+//! | 24..40 | pages of every run of the class, 1..=4096, holding at least one unit |
+//! | 40..42 | header type as registered (libpmemobj's 0 legacy, 1 compact, 2 none); objects have no header whatever it says |
+//! | 42..46 | alignment: 0 none, else `log2(alignment) + 1` (a power of two up to 4096 dividing the unit) |
+//! | 46..48 | reserved, zero |
+//! | 48..64 | check: low 16 bits of CRC-32 over `i` (1 byte) and bytes 0..6 of the word |
+//!
+//! An entry is written once, by a single-word commit, and never changed or removed (a
+//! class is never unregistered: its runs depend on it). `open` and [`Pool::check`]
+//! validate every word: a non-zero word that fails its check, has reserved bits, sits
+//! at 0 or 255, describes an impossible class, or appears in a version 1 pool is
+//! `Corrupt`, naming the entry and its offset.
 //!
 //! ## Lanes (lane `i` at `8192 + i * 65536`)
 //!
@@ -161,23 +196,29 @@
 //! | 0 | 1 | kind: 0 free, 1 run, 2 extent (head pages only; 0 on every other page) |
 //! | 1 | 3 | reserved, zero |
 //! | 4 | 4 | span length in pages (heads only) |
-//! | 8 | 4 | run unit in bytes: a multiple of 16, at least 64 (run heads only) |
-//! | 12 | 4 | reserved |
+//! | 8 | 4 | run unit in bytes (run heads only; see below) |
+//! | 12 | 1 | custom class id of the run, 0 for a built-in size class (run heads only) |
+//! | 13 | 3 | reserved, zero on run heads |
 //! | 16 | 8 | type number of every object in the span (heads only) |
 //! | 24 | 8 | allocation bitmap word: on page `h + j` of the run headed at `h`, bit `b` is slot `64 j + b` |
 //!
-//! Bytes 0..8 are one word (`kind | pages << 32`), written atomically. A run of `p` pages
-//! and unit `u` has `floor(p * 4096 / u)` slots (at most `64 p`, since `u >= 64`); slot `k`
-//! is at `heap_off + 4096 h + k u`. An extent's object starts at its first page and is
+//! Bytes 0..8 are one word (`kind | pages << 32`), written atomically; bytes 8..16 are
+//! one word too (`unit | class << 32`). A run of a built-in size class (class 0) has a
+//! unit that is a multiple of 16, at least 64. A run of custom class `c` has exactly the
+//! unit and page count of entry `c` of the class table, which must be registered. A run
+//! of `p` pages and unit `u` has `min(floor(p * 4096 / u), 64 p)` slots (the bitmap has
+//! 64 bits per page; only custom units below 64 B reach that bound); slot `k` is at
+//! `heap_off + 4096 h + k u`. An extent's object starts at its first page and is
 //! `p * 4096` bytes. The type of the root object is `u64::MAX`.
 //!
 //! Descriptor invariants (verified by `open` and [`Pool::check`]): scanning from page 0 and
 //! skipping each head's span visits exactly the heads and the free pages; every non-head
 //! page has word 0 equal to 0; free pages and extent pages have bitmap words of 0; bits
-//! beyond a run's slot count are 0. A run with no bit set is allowed (it serves
-//! allocations of its class). Only word 0 and the bitmap word of a free page are read:
-//! its unit and type words may hold those of a span that was never completed or was
-//! released. Volatile structures are rebuilt from these descriptors alone.
+//! beyond a run's slot count are 0; a run's unit and class agree with the class table as
+//! above. A run with no bit set is allowed (it serves allocations of its class). Only word
+//! 0 and the bitmap word of a free page are read: its unit and type words may hold those of
+//! a span that was never completed or was released. Volatile structures are rebuilt from
+//! these descriptors alone.
 //!
 //! # Commit protocol
 //!
@@ -191,9 +232,17 @@
 //! an atomic read-modify-write) and persisted; the persist is the commit point. No lane is
 //! taken and no log written.
 //!
+//! **Registering a custom class** (`register_class`, serialised by a pool lock): validate
+//! the description, pick the id (the lowest free one, or the one asked for if free), then
+//! a single-word commit of its class table entry: store the word, persist it — the commit
+//! point. Only after that persist returns does the class enter the volatile heap, so no
+//! allocation can name it, and no run of it can be carved, before it is durable.
+//!
 //! **Carving a run** (volatile heap, before any slot of the run is handed out): take free
-//! pages; store the head descriptor's unit and type words and persist them; then store
-//! word 0 (kind run, page count) and persist it. The run now exists durably, empty.
+//! pages; store the head descriptor's unit-and-class and type words and persist them;
+//! then store word 0 (kind run, page count) and persist it. The run now exists durably,
+//! empty. A custom class's run has the class's recorded length (built-in classes fall
+//! back to a shorter run when the preferred one does not fit).
 //!
 //! **Allocation with publish** (`alloc`, `zalloc`, `alloc_with`): reserve a slot (in a run
 //! that is durably described) or an extent's pages in the volatile heap — for an extent,
@@ -235,8 +284,9 @@
 //!
 //! **Recovery at open**: for every lane, first replay its redo log if the header's `crc`
 //! verifies, then clear the header; then, if its undo state is active, roll back (restore
-//! the valid entries newest first, persist, set inactive). Then validate the descriptors
-//! and rebuild the volatile heap.
+//! the valid entries newest first, persist, set inactive). Then load and validate the
+//! class table, validate the descriptors against it, and rebuild the volatile heap (its
+//! custom classes first: they are known before any allocation).
 //!
 //! **Create**: zero and persist the state block, lanes and descriptors; then write and
 //! persist the header. The magic becomes durable last.
@@ -263,11 +313,18 @@
 //! - *Single-word commit*: an aligned 8-byte update is never torn, so the medium holds
 //!   the old word (the operation did not happen) or the new one (it did), whichever
 //!   lines were written back; once its persist returns, the new one.
+//! - *Registering a class*: the entry is one aligned word, so the medium holds 0 (the
+//!   class is absent: nothing refers to it yet, see below) or the whole entry (the class
+//!   is registered as described); once its persist returns, the entry. A torn entry
+//!   cannot exist; a damaged one fails its check and is reported, never half-used.
 //! - *Carving a run*: until word 0 is durable the head descriptor still says "free page"
 //!   (the scan reads neither unit nor type of a free page, and the run's bitmap words are
-//!   0 like every free page's), so a crash leaves free pages. Unit and type are durable
-//!   before word 0 is stored, so once word 0 is durable the run is complete: an empty run
-//!   of the right class and type, which the format allows.
+//!   0 like every free page's), so a crash leaves free pages. Unit, class and type are
+//!   durable before word 0 is stored, so once word 0 is durable the run is complete: an
+//!   empty run of the right class and type, which the format allows. A run of custom
+//!   class `c` is only carved after class `c` entered the volatile heap, which is after
+//!   its entry's persist returned; so no durable run ever names a class whose entry is
+//!   not durable (and entries are never removed).
 //! - *Allocation*: the object's contents are persisted before the commit, so a published
 //!   object always has its initial contents. Before the commit point, the bit is clear
 //!   (extent: word 0 says free) and the destination old: the reservation was volatile and
@@ -299,10 +356,11 @@
 //!   cannot undo another lane's (or a single-word commit's) completed change. The only
 //!   descriptor word a log sets is an extent's word 0, for the extent that operation
 //!   reserved or frees, which no other operation touches meanwhile; carving and releasing
-//!   runs write descriptors directly, never through a log, and a run is released only
-//!   when no operation in it is in flight. Redo logs are replayed before any undo log,
-//!   and a transaction's undo ranges are not touched by another lane's redo entries
-//!   (which target metadata and publish destinations the caller owns).
+//!   runs write descriptors directly, never through a log, and a run is released only when
+//!   no operation in it is in flight. Class table entries are written only by their
+//!   registration's single-word commit, never through a log. Redo logs are replayed before
+//!   any undo log, and a transaction's undo ranges are not touched by another lane's redo
+//!   entries (which target metadata and publish destinations the caller owns).
 //!
 //! Caller obligations (as in libpmemobj): a destination or snapshotted range must not be
 //! written by another thread while the operation runs, a handle must not be used after
@@ -338,7 +396,11 @@
 //!   larger is `TxLogFull` (libpmemobj extends logs into the heap; not done yet).
 //! - A redo commit holds at most 508 distinct word updates (updates of one bitmap word
 //!   merge), bounding the allocations and frees of one transaction.
-//! - Size classes are built in; custom classes are not yet recorded in the pool.
+//! - Custom classes (up to 254) cannot be unregistered or changed, and an allocation in
+//!   one is always a single unit (libpmemobj's compact-header classes can combine up to
+//!   64 units). Their units are multiples of 8 from 16 B; a run tracks at most 64 slots
+//!   per 4 KiB page (one bitmap word per page descriptor), so a class with units below
+//!   64 B uses only `64 u` bytes of each page (25% for 16 B units).
 //! - A run a thread still owns when it exits goes back to its class; if it is empty it
 //!   stays (empty, durably described) until the free pages run out, when such runs are
 //!   released.
@@ -356,6 +418,7 @@ pub mod recording;
 pub mod tx;
 
 pub use backend::{Backend, RegionBackend};
+pub use class::{AllocClass, ClassDesc, ClassId, HeaderType, RunSize};
 pub use error::{PoolError, Result};
 pub use heap::Stats;
 pub use pool::{CheckReport, Dest, Object, ObjectWriter, Oid, Pool, ROOT_TYPE};

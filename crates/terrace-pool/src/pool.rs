@@ -1,13 +1,16 @@
 //! The pool: create, open (validation and recovery), close, check, the root object, and
 //! the crash-atomic allocation operations (alloc / zalloc / realloc / free with publish).
 //!
-//! Owns the backend, the decoded header, the lanes and the heap. Every operation that
-//! changes persistent allocation state commits atomically (crate docs, "Commit
-//! protocol"): one word by a single-word commit, more through a lane's redo log; volatile
-//! heap changes follow the rules in the `heap` module.
+//! Owns the backend, the decoded header, the lanes and the heap, and the registration of
+//! custom allocation classes (the class table). Every operation that changes persistent
+//! allocation state commits atomically (crate docs, "Commit protocol"): one word by a
+//! single-word commit, more through a lane's redo log; volatile heap changes follow the
+//! rules in the `heap` module.
 //!
 //! Invariants: after `open` returns, every lane's redo header is 0 and every undo state is
-//! idle (recovery ran), and the volatile heap equals the persistent descriptors.
+//! idle (recovery ran), the volatile heap equals the persistent descriptors, and its
+//! class table equals the persistent one (loaded and validated before any allocation);
+//! afterwards a class enters the volatile table only after its entry is durable.
 
 use std::fs::File;
 use std::hash::{BuildHasher, Hasher};
@@ -21,12 +24,13 @@ use std::sync::{Mutex, MutexGuard};
 use terrace_media::{Durability, FileLocation, FileOptions, Region};
 
 use crate::backend::{Backend, RegionBackend};
+use crate::class::{self, AllocClass, ClassDesc, ClassId};
 use crate::error::{corrupt, PoolError, Result};
 use crate::format::{
-    self, Geometry, Header, HEADER_LEN, KIND_RUN, LANES_OFF, POOL_ALIGN, ROOT_OFF_WORD,
-    ROOT_SIZE_WORD, STATE_OFF,
+    self, ClassEntry, Geometry, Header, CLASS_SLOTS, CLASS_TABLE_VERSION, FORMAT_VERSION,
+    HEADER_LEN, KIND_RUN, LANES_OFF, POOL_ALIGN, ROOT_OFF_WORD, ROOT_SIZE_WORD, STATE_OFF,
 };
-use crate::heap::{self, Freeing, Heap, Reserved, Stats};
+use crate::heap::{self, ClassTable, Freeing, Heap, Reserved, Stats};
 use crate::log::{self, Entries, Entry};
 
 /// The type number of the root object (never handed to user allocations).
@@ -68,6 +72,8 @@ pub struct Object {
     pub oid: Oid,
     pub type_num: u64,
     pub usable: u64,
+    /// The custom class whose run holds it (`None`: a built-in size class or an extent).
+    pub class: Option<ClassId>,
 }
 
 /// What [`Pool::check`] found.
@@ -78,6 +84,10 @@ pub struct CheckReport {
     pub extents: u64,
     pub free_pages: u64,
     pub allocated_bytes: u64,
+    /// Custom classes registered (the class table's entries, all valid).
+    pub classes: u64,
+    /// Runs of custom classes (included in `runs`).
+    pub custom_runs: u64,
 }
 
 /// One lane: a redo area and an undo area used by one operation or transaction at a time.
@@ -97,6 +107,8 @@ pub struct Pool<B: Backend = RegionBackend> {
     pub(crate) heap: Heap,
     lanes: Vec<Mutex<Lane>>,
     root_lock: Mutex<()>,
+    /// Serialises class registrations (choosing an id and committing its entry).
+    class_lock: Mutex<()>,
     poisoned: AtomicBool,
     path: Option<PathBuf>,
 }
@@ -225,6 +237,36 @@ impl Pool<RegionBackend> {
     }
 }
 
+/// Reads and validates the class table of a pool of format `version`: every entry is 0
+/// or a well-formed, usable class; entries 0 and 255 are 0, and a pool older than the
+/// class table has none. A bad entry is `Corrupt` naming its id and offset.
+fn read_class_table<B: Backend>(b: &B, version: u32) -> Result<ClassTable> {
+    let mut table: ClassTable = [None; CLASS_SLOTS];
+    for (id, slot) in table.iter_mut().enumerate() {
+        let id = id as u8;
+        let off = format::class_entry_off(id);
+        let word = b.load_u64(off)?;
+        if word == 0 {
+            continue;
+        }
+        let bad = |why: &str| corrupt(format!("class table entry {id} ({word:#018x}): {why}"), off);
+        if version < CLASS_TABLE_VERSION {
+            return Err(bad(&format!(
+                "set in a format version {version} pool, which has no class table"
+            )));
+        }
+        if ClassId::new(id as u32).is_err() {
+            return Err(bad("this entry is reserved and must be zero"));
+        }
+        let entry = ClassEntry::decode(id, word)
+            .map_err(&bad)?
+            .ok_or_else(|| bad("empty"))?;
+        class::validate(&entry).map_err(|why| bad(&why))?;
+        *slot = Some(entry);
+    }
+    Ok(table)
+}
+
 fn check_layout_matches(header: &Header, layout: Option<&str>) -> Result<()> {
     let Some(layout) = layout else {
         return Ok(());
@@ -250,6 +292,7 @@ impl<B: Backend> Pool<B> {
         backend.fill(STATE_OFF, geo.heap_off - STATE_OFF, 0)?;
         backend.persist(STATE_OFF, geo.heap_off - STATE_OFF)?;
         let header = Header {
+            version: FORMAT_VERSION,
             uuid: new_uuid(),
             layout: layout.to_string(),
             geometry: geo,
@@ -264,8 +307,9 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Opens the pool in `backend`: validates the header, recovers every lane (replay
-    /// complete redo logs, then roll back active undo logs), validates the page
-    /// descriptors and rebuilds the volatile heap.
+    /// complete redo logs, then roll back active undo logs), loads and validates the
+    /// class table, validates the page descriptors against it and rebuilds the volatile
+    /// heap.
     pub fn open_on(backend: B, layout: &str) -> Result<Self> {
         Pool::open_on_with(backend, Some(layout))
     }
@@ -300,8 +344,9 @@ impl<B: Backend> Pool<B> {
                 ROOT_OFF_WORD,
             ));
         }
-        let (spans, _free) = heap::scan(&backend, &geo)?;
-        let heap = Heap::load(geo, &spans);
+        let classes = read_class_table(&backend, header.version)?;
+        let (spans, _free) = heap::scan(&backend, &geo, &classes)?;
+        let heap = Heap::load(geo, &classes, &spans);
         Ok(Pool {
             backend,
             header,
@@ -309,6 +354,7 @@ impl<B: Backend> Pool<B> {
             heap,
             lanes,
             root_lock: Mutex::new(()),
+            class_lock: Mutex::new(()),
             poisoned: AtomicBool::new(false),
             path: None,
         })
@@ -434,6 +480,95 @@ impl<B: Backend> Pool<B> {
         self.heap_result(self.heap.reserve(&self.backend, size, type_num))
     }
 
+    /// Reserves a slot of custom class `class` (see `Heap::reserve_in`).
+    #[inline]
+    pub(crate) fn reserve_in(&self, class: ClassId, size: u64, type_num: u64) -> Result<Reserved> {
+        self.heap_result(self.heap.reserve_in(&self.backend, class, size, type_num))
+    }
+
+    /// Registers a custom allocation class under the lowest free id and returns the id
+    /// (libpmemobj's `heap.alloc_class.new.desc`). The class is recorded in the pool: it
+    /// is there after close and reopen, and so are objects allocated in it.
+    ///
+    /// Crash-atomic: the class's table entry is one aligned word, written and persisted
+    /// (a single-word commit) before the class can be used; after a crash the class is
+    /// registered completely or not at all.
+    ///
+    /// ```
+    /// use terrace_pool::{ClassDesc, Dest, Pool, RecordingBackend};
+    /// # fn main() -> terrace_pool::Result<()> {
+    /// let pool = Pool::create_on(RecordingBackend::new(4 << 20), "example", 2)?;
+    /// let class = pool.register_class(&ClassDesc::new(48).units_per_run(500))?;
+    /// let obj = pool.alloc_in(class, 40, 1, Dest::None, |w| w.write(0, b"node"))?;
+    /// assert_eq!(pool.usable_size(obj)?, 48);
+    /// // Reopened, the pool still has the class, and the object in it.
+    /// let image = pool.into_backend().volatile_image();
+    /// let pool = Pool::open_on(RecordingBackend::from_image(image), "example")?;
+    /// assert_eq!(pool.class(class).map(|c| c.unit), Some(48));
+    /// assert_eq!(pool.class_of(obj)?, Some(class));
+    /// # Ok(()) }
+    /// ```
+    pub fn register_class(&self, desc: &ClassDesc) -> Result<ClassId> {
+        self.register(None, desc)
+    }
+
+    /// Registers a custom allocation class under `id` (libpmemobj's
+    /// `heap.alloc_class.<id>.desc`); `ClassExists` if the id is taken.
+    pub fn register_class_as(&self, id: ClassId, desc: &ClassDesc) -> Result<ClassId> {
+        self.register(Some(id), desc)
+    }
+
+    fn register(&self, id: Option<ClassId>, desc: &ClassDesc) -> Result<ClassId> {
+        self.ensure_healthy()?;
+        if self.header.version < CLASS_TABLE_VERSION {
+            return Err(PoolError::FormatTooOld {
+                found: self.header.version,
+                needed: CLASS_TABLE_VERSION,
+                feature: "custom allocation classes",
+            });
+        }
+        let entry = class::resolve(desc)?;
+        let _guard = self.class_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let id = match id {
+            Some(id) if self.heap.class_entry(id).is_some() => {
+                return Err(PoolError::ClassExists { id: id.get() })
+            }
+            Some(id) => id,
+            None => ClassId::all()
+                .find(|&id| self.heap.class_entry(id).is_none())
+                .ok_or(PoolError::ClassTableFull {
+                    max: class::MAX_CUSTOM_CLASSES,
+                })?,
+        };
+        let word = entry.encode(id.get());
+        // The commit point: once this persist returns the class is durable. Only then is
+        // it usable, so no run of the class can reach the medium before its entry.
+        log::apply_one(
+            &self.backend,
+            &Entry::set(format::class_entry_off(id.get()), word),
+        )
+        .inspect_err(|_| self.poison())?;
+        self.heap.add_class(id, &entry);
+        Ok(id)
+    }
+
+    /// Custom class `id`, if it is registered.
+    pub fn class(&self, id: ClassId) -> Option<AllocClass> {
+        self.heap.class_entry(id).map(|e| class::describe(id, &e))
+    }
+
+    /// Every registered custom class, by id (the built-in size classes are
+    /// [`class::builtin_classes`]).
+    pub fn classes(&self) -> Vec<AllocClass> {
+        ClassId::all().filter_map(|id| self.class(id)).collect()
+    }
+
+    /// The custom class holding the live object `oid` (`None`: a built-in size class or
+    /// an extent).
+    pub fn class_of(&self, oid: Oid) -> Result<Option<ClassId>> {
+        self.heap.class_of(oid.offset())
+    }
+
     /// Gives back a reservation that will not be committed.
     pub(crate) fn cancel(&self, r: &Reserved) {
         let _ = self.heap_result(self.heap.cancel(&self.backend, r));
@@ -493,6 +628,32 @@ impl<B: Backend> Pool<B> {
         dest: Dest,
         init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
     ) -> Result<Oid> {
+        self.alloc_impl(None, size, type_num, dest, init)
+    }
+
+    /// [`Pool::alloc_with`] in custom class `class` (libpmemobj's `pmemobj_xalloc` with
+    /// `POBJ_CLASS_ID`): the object is one unit of the class, so `size` must be 1 to the
+    /// class's unit (`NoSuchClass` if the class is not registered).
+    pub fn alloc_in(
+        &self,
+        class: ClassId,
+        size: u64,
+        type_num: u64,
+        dest: Dest,
+        init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
+    ) -> Result<Oid> {
+        self.alloc_impl(Some(class), size, type_num, dest, init)
+    }
+
+    #[inline(always)]
+    fn alloc_impl(
+        &self,
+        class: Option<ClassId>,
+        size: u64,
+        type_num: u64,
+        dest: Dest,
+        init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
+    ) -> Result<Oid> {
         self.ensure_healthy()?;
         self.check_dest(dest)?;
         if type_num == ROOT_TYPE {
@@ -501,7 +662,10 @@ impl<B: Backend> Pool<B> {
                 detail: "u64::MAX is reserved for the root object".into(),
             });
         }
-        let r = self.reserve(size, type_num)?;
+        let r = match class {
+            None => self.reserve(size, type_num)?,
+            Some(c) => self.reserve_in(c, size, type_num)?,
+        };
         match self.finish_alloc(&r, dest, init, None, &[]) {
             Ok(oid) => Ok(oid),
             Err(e) => {
@@ -611,7 +775,9 @@ impl<B: Backend> Pool<B> {
     /// Resizes the object whose handle is at `dest` to `size` bytes of type `type_num`:
     /// a new object gets the old contents (up to the smaller size) and replaces the old
     /// one in `dest`, atomically. A null handle allocates; a fitting object (same class
-    /// and type) is returned unchanged.
+    /// and type) is returned unchanged. The new object is in a built-in size class: an
+    /// object of a custom class that does not fit moves out of it (as the size class of
+    /// `size` decides, libpmemobj's `pmemobj_realloc` has no class either).
     pub fn realloc(&self, dest: Dest, size: u64, type_num: u64) -> Result<Oid> {
         self.ensure_healthy()?;
         let Some(old) = self.load_dest(dest)? else {
@@ -790,7 +956,7 @@ impl<B: Backend> Pool<B> {
     /// Every durably allocated object of type `type_num` (or of every type except the
     /// root's, for `None`), in address order, read from the page descriptors.
     pub fn objects(&self, type_num: Option<u64>) -> Result<Vec<Object>> {
-        let (spans, _) = heap::scan(&self.backend, &self.geo)?;
+        let (spans, _) = heap::scan(&self.backend, &self.geo, &self.heap.class_table())?;
         let mut out = Vec::new();
         for s in spans {
             let wanted = match type_num {
@@ -801,6 +967,7 @@ impl<B: Backend> Pool<B> {
                 continue;
             }
             let base = self.geo.page_addr(s.head as u64);
+            let class = ClassId::new(s.class as u32).ok();
             if s.kind == KIND_RUN {
                 for (w, &word) in s.bits.iter().enumerate() {
                     let mut word = word;
@@ -812,6 +979,7 @@ impl<B: Backend> Pool<B> {
                                 oid,
                                 type_num: s.type_num,
                                 usable: s.unit as u64,
+                                class,
                             });
                         }
                     }
@@ -821,15 +989,17 @@ impl<B: Backend> Pool<B> {
                     oid,
                     type_num: s.type_num,
                     usable: s.pages as u64 * format::PAGE,
+                    class: None,
                 });
             }
         }
         Ok(out)
     }
 
-    /// Verifies every invariant of the pool: header, idle lanes, page descriptors, the
-    /// root, and that the volatile heap agrees with the medium. Call with no operation or
-    /// transaction in flight. The first violation is returned as `Corrupt`.
+    /// Verifies every invariant of the pool: header, idle lanes, the class table, page
+    /// descriptors (against the class table), the root, and that the volatile heap agrees
+    /// with the medium. Call with no operation or transaction in flight. The first
+    /// violation is returned as `Corrupt`.
     pub fn check(&self) -> Result<CheckReport> {
         let mut head = vec![0u8; HEADER_LEN as usize];
         self.backend.read(0, &mut head)?;
@@ -847,9 +1017,22 @@ impl<B: Backend> Pool<B> {
                 return Err(corrupt(format!("lane {l} has an active undo log"), undo));
             }
         }
-        let (spans, free_pages) = heap::scan(&self.backend, &self.geo)?;
+        let classes = read_class_table(&self.backend, self.header.version)?;
+        for id in ClassId::all() {
+            let (durable, volatile) = (classes[id.get() as usize], self.heap.class_entry(id));
+            if durable != volatile {
+                return Err(corrupt(
+                    format!(
+                        "class table entry {id} is {durable:?} on the medium, {volatile:?} in memory"
+                    ),
+                    format::class_entry_off(id.get()),
+                ));
+            }
+        }
+        let (spans, free_pages) = heap::scan(&self.backend, &self.geo, &classes)?;
         let mut report = CheckReport {
             free_pages,
+            classes: classes.iter().flatten().count() as u64,
             ..CheckReport::default()
         };
         let root_off = self.backend.load_u64(ROOT_OFF_WORD)?;
@@ -859,6 +1042,7 @@ impl<B: Backend> Pool<B> {
             let base = self.geo.page_addr(s.head as u64);
             if s.kind == KIND_RUN {
                 report.runs += 1;
+                report.custom_runs += (s.class != 0) as u64;
                 let n: u64 = s.bits.iter().map(|w| w.count_ones() as u64).sum();
                 report.objects += n;
                 report.allocated_bytes += n * s.unit as u64;

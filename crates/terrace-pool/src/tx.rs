@@ -15,6 +15,7 @@
 use std::sync::MutexGuard;
 
 use crate::backend::Backend;
+use crate::class::ClassId;
 use crate::error::{PoolError, Result};
 use crate::heap::{Freeing, Reserved};
 use crate::log::{self, Entries, Entry};
@@ -175,6 +176,57 @@ impl<'p, B: Backend> Tx<'p, B> {
     /// Allocates an object that exists only if the transaction commits. Its contents are
     /// persisted at commit.
     pub fn alloc(&mut self, size: u64, type_num: u64) -> Result<Oid> {
+        self.alloc_impl(None, size, type_num)
+    }
+
+    /// [`Tx::alloc`] in custom class `class` (`pmemobj_tx_xalloc` with
+    /// `POBJ_CLASS_ID`): one unit of the class, so `size` must be 1 to its unit.
+    pub fn alloc_in(&mut self, class: ClassId, size: u64, type_num: u64) -> Result<Oid> {
+        self.alloc_impl(Some(class), size, type_num)
+    }
+
+    /// [`Tx::alloc_in`], zero-filled.
+    pub fn zalloc_in(&mut self, class: ClassId, size: u64, type_num: u64) -> Result<Oid> {
+        let oid = self.alloc_in(class, size, type_num)?;
+        self.zero_new(oid)
+    }
+
+    /// [`Tx::alloc`] (in `class`, if given; zero-filled if `zero`) whose refusal — an
+    /// unknown class, a size the class does not serve, no space — leaves the transaction
+    /// active (libpmemobj's `POBJ_XALLOC_NO_ABORT`): a refused reservation changed
+    /// nothing. A failure after the reservation (the medium failing while zeroing) still
+    /// fails the transaction.
+    pub fn alloc_no_abort(
+        &mut self,
+        class: Option<ClassId>,
+        size: u64,
+        type_num: u64,
+        zero: bool,
+    ) -> Result<Oid> {
+        self.check_active()?;
+        if type_num == ROOT_TYPE {
+            return Err(PoolError::InvalidArgument {
+                what: "type number",
+                detail: "u64::MAX is reserved for the root object".into(),
+            });
+        }
+        let r = match class {
+            None => self.pool.reserve(size, type_num)?,
+            Some(c) => self.pool.reserve_in(c, size, type_num)?,
+        };
+        let Some(oid) = Oid::from_offset(r.off) else {
+            self.pool.cancel(&r);
+            return Err(PoolError::InvalidObject { offset: 0 });
+        };
+        self.allocs.push(r);
+        if zero {
+            self.zero_new(oid)
+        } else {
+            Ok(oid)
+        }
+    }
+
+    fn alloc_impl(&mut self, class: Option<ClassId>, size: u64, type_num: u64) -> Result<Oid> {
         let r = (|| {
             self.check_active()?;
             if type_num == ROOT_TYPE {
@@ -183,7 +235,10 @@ impl<'p, B: Backend> Tx<'p, B> {
                     detail: "u64::MAX is reserved for the root object".into(),
                 });
             }
-            let r = self.pool.reserve(size, type_num)?;
+            let r = match class {
+                None => self.pool.reserve(size, type_num)?,
+                Some(c) => self.pool.reserve_in(c, size, type_num)?,
+            };
             let oid = Oid::from_offset(r.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
             self.allocs.push(r);
             Ok(oid)
@@ -194,6 +249,11 @@ impl<'p, B: Backend> Tx<'p, B> {
     /// [`Tx::alloc`], zero-filled.
     pub fn zalloc(&mut self, size: u64, type_num: u64) -> Result<Oid> {
         let oid = self.alloc(size, type_num)?;
+        self.zero_new(oid)
+    }
+
+    /// Zeroes an object this transaction just allocated.
+    fn zero_new(&mut self, oid: Oid) -> Result<Oid> {
         let usable = self.pool.usable_size(oid);
         let r = usable.and_then(|u| self.pool.backend.fill(oid.offset(), u, 0));
         self.fail(r)?;

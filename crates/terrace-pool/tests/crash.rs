@@ -1,11 +1,15 @@
 //! The crash-image suite: random sequences of alloc / free / realloc / root growth /
-//! transactions (committed, aborted, failed, panicking) run on the recording backend;
+//! transactions (committed, aborted, failed, panicking) / custom class registration and
+//! allocation in custom classes (atomic, caller-published and transactional) run on the
+//! recording backend;
 //! then, for every persist point, the exact durable image and a torn variant (a random
 //! subset of the lines still dirty at that moment also written back) are opened and
 //! checked: recovery succeeds, `check` passes, the root's slots equal the state before or
 //! after the operation in flight (after, once its last persist completed), every published
-//! object is live with its contents, and the live objects are exactly the published ones
-//! (no leak, no double allocation).
+//! object is live with its contents (and in the class it was allocated in), the live
+//! objects are exactly the published ones (no leak, no double allocation), and the
+//! registered classes are exactly those before or after the operation: a class is either
+//! fully registered, with the description it was registered with, or absent.
 //!
 //! Allocations and frees publish through the pool (`Dest::Word`: redo-logged commits) or
 //! through the caller (`Dest::None`, then a durable 8-byte store of the handle: the
@@ -16,7 +20,10 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use terrace_pool::{Backend, Dest, Oid, Pool, PoolError, RecordingBackend};
+use terrace_pool::{
+    AllocClass, Backend, ClassDesc, ClassId, Dest, HeaderType, Oid, Pool, PoolError,
+    RecordingBackend,
+};
 
 const LAYOUT: &str = "crash-suite";
 const SLOTS: u64 = 24;
@@ -46,22 +53,30 @@ fn pattern(seed: u64, len: u64) -> Vec<u8> {
         .collect()
 }
 
-/// What the root says: root offset, slot handles, counter, seeds.
+/// What the root says: root offset, slot handles, counter, seeds; the registered classes
+/// and the class of each published object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct State {
     root: u64,
     slots: Vec<u64>,
     counter: u64,
     seeds: Vec<u64>,
+    classes: Vec<AllocClass>,
+    slot_classes: Vec<Option<ClassId>>,
 }
 
 fn read_state<B: Backend>(pool: &Pool<B>) -> Result<State, PoolError> {
     let root = pool.root(ROOT_SIZE)?;
     let mut slots = Vec::new();
     let mut seeds = Vec::new();
+    let mut slot_classes = Vec::new();
     for i in 0..SLOTS {
         let slot = pool.read_u64(root, i * 8)?;
         slots.push(slot);
+        slot_classes.push(match Oid::from_offset(slot) {
+            Some(oid) => pool.class_of(oid)?,
+            None => None,
+        });
         // A seed matters only for a published slot (it is written before publishing).
         seeds.push(if slot == 0 {
             0
@@ -74,8 +89,29 @@ fn read_state<B: Backend>(pool: &Pool<B>) -> Result<State, PoolError> {
         slots,
         counter: pool.read_u64(root, COUNTER)?,
         seeds,
+        classes: pool.classes(),
+        slot_classes,
     })
 }
+
+/// Classes the sequences register (in order, up to all of them): small and odd units,
+/// short runs (so runs are carved and released often), chosen ids and the next free one.
+fn class_desc(n: usize) -> (Option<u32>, ClassDesc) {
+    match n {
+        0 => (None, ClassDesc::new(16).run_pages(1)),
+        1 => (Some(200), ClassDesc::new(136).units_per_run(40)),
+        2 => (
+            None,
+            ClassDesc::new(4096)
+                .run_pages(2)
+                .alignment(4096)
+                .header(HeaderType::Compact),
+        ),
+        3 => (Some(9), ClassDesc::new(40).units_per_run(100)),
+        _ => (None, ClassDesc::new(1000).units_per_run(5)),
+    }
+}
+const SUITE_CLASSES: usize = 5;
 
 const SIZES: [u64; 10] = [64, 80, 200, 512, 1500, 4096, 9000, 40_000, 150_000, 300_000];
 
@@ -91,6 +127,10 @@ struct Counts {
     root_growth: usize,
     alloc_unpublished: usize,
     free_unpublished: usize,
+    class_register: usize,
+    class_alloc: usize,
+    class_alloc_unpublished: usize,
+    class_tx_alloc: usize,
 }
 
 impl Counts {
@@ -104,6 +144,10 @@ impl Counts {
         self.root_growth += o.root_growth;
         self.alloc_unpublished += o.alloc_unpublished;
         self.free_unpublished += o.free_unpublished;
+        self.class_register += o.class_register;
+        self.class_alloc += o.class_alloc;
+        self.class_alloc_unpublished += o.class_alloc_unpublished;
+        self.class_tx_alloc += o.class_tx_alloc;
     }
 }
 
@@ -141,6 +185,18 @@ impl Run {
             .find(|&i| (self.pool.read_u64(root, i * 8).expect("slot") != 0) == full)
     }
 
+    /// A registered class and a size it serves, if any class is registered.
+    fn pick_class(&mut self) -> Option<(ClassId, u64)> {
+        let classes = self.pool.classes();
+        if classes.is_empty() {
+            return None;
+        }
+        let c = classes[self.rng.below(classes.len() as u64) as usize];
+        let unit = c.unit as u64;
+        let size = unit - self.rng.below(unit.min(24));
+        Some((c.id.expect("custom"), size))
+    }
+
     fn set_seed_durable(&self, i: u64, seed: u64) {
         // Seeds are written before the publishing operation, so they are durable
         // whichever state a crash leaves (they only matter for published slots).
@@ -154,7 +210,7 @@ impl Run {
         let size = SIZES[self.rng.below(SIZES.len() as u64) as usize];
         let seed = self.next_seed;
         self.next_seed += 1;
-        match self.rng.below(15) {
+        match self.rng.below(19) {
             0..=3 => {
                 let Some(i) = self.pick(false) else { return };
                 self.set_seed_durable(i, seed);
@@ -175,6 +231,12 @@ impl Run {
             }
             6 => {
                 let Some(i) = self.pick(true) else { return };
+                // Contents are checked over 64 bytes: a smaller (custom-class) object
+                // would leave only its prefix of the pattern in the new one.
+                let old = Oid::from_offset(self.pool.read_u64(self.root(), i * 8).expect("slot"));
+                if old.is_some_and(|o| self.pool.usable_size(o).expect("live") < 64) {
+                    return;
+                }
                 match self.pool.realloc(self.slot(i), size, 1 + size % 3) {
                     Ok(_) => self.counts.realloc += 1,
                     Err(PoolError::OutOfSpace { .. }) => {}
@@ -238,6 +300,69 @@ impl Run {
                     .expect("free");
                 self.counts.free_unpublished += 1;
             }
+            15 => {
+                // Register the next class of the list (by chosen id or the next free).
+                let n = self.pool.classes().len();
+                if n >= SUITE_CLASSES {
+                    return;
+                }
+                let (want, desc) = class_desc(n);
+                let got = match want {
+                    Some(id) => self
+                        .pool
+                        .register_class_as(ClassId::new(id).expect("id"), &desc),
+                    None => self.pool.register_class(&desc),
+                };
+                got.expect("register");
+                self.counts.class_register += 1;
+            }
+            16 | 17 => {
+                // Allocate in a custom class, published by the pool.
+                let Some(i) = self.pick(false) else { return };
+                let Some((class, size)) = self.pick_class() else {
+                    return;
+                };
+                self.set_seed_durable(i, seed);
+                // The object is a whole unit: the checked prefix covers more than `size`.
+                let r = self
+                    .pool
+                    .alloc_in(class, size, 1 + size % 3, self.slot(i), |w| {
+                        w.write(0, &pattern(seed, CHECKED.min(w.usable())))
+                    });
+                match r {
+                    Ok(_) => self.counts.class_alloc += 1,
+                    Err(PoolError::OutOfSpace { .. }) => {}
+                    Err(e) => panic!("alloc in class: {e}"),
+                }
+            }
+            18 => {
+                // Allocate in a custom class keeping the handle, then publish by hand.
+                let Some(i) = self.pick(false) else { return };
+                let Some((class, size)) = self.pick_class() else {
+                    return;
+                };
+                self.set_seed_durable(i, seed);
+                let r = self
+                    .pool
+                    .alloc_in(class, size, 1 + size % 3, Dest::None, |w| {
+                        w.write(0, &pattern(seed, CHECKED.min(w.usable())))
+                    });
+                match r {
+                    Ok(oid) => {
+                        self.leak = Some(Leak {
+                            off: oid.offset(),
+                            seed: Some(seed),
+                        });
+                        let root = self.root();
+                        self.pool
+                            .write_durable(root, i * 8, &oid.offset().to_le_bytes())
+                            .expect("publish");
+                        self.counts.class_alloc_unpublished += 1;
+                    }
+                    Err(PoolError::OutOfSpace { .. }) => {}
+                    Err(e) => panic!("alloc in class: {e}"),
+                }
+            }
             _ => {
                 if self.rng.below(8) == 0 {
                     let bigger = self.pool.root_size().expect("root size") + 512;
@@ -253,6 +378,13 @@ impl Run {
     fn tx(&mut self, size: u64, seed: u64, how: u64) {
         let full = self.pick(true);
         let empty = self.pick(false);
+        // Half of the transactions that allocate do it in a custom class.
+        let class = if self.rng.below(2) == 0 {
+            self.pick_class()
+        } else {
+            None
+        };
+        let size = class.map_or(size, |(_, s)| s);
         let root = self.root();
         let pool = &self.pool;
         let body = |tx: &mut terrace_pool::Tx<'_, RecordingBackend>| -> Result<(), PoolError> {
@@ -262,8 +394,12 @@ impl Run {
                 tx.free(obj)?;
             }
             if let Some(b) = empty {
-                let obj = tx.alloc(size, 1 + size % 3)?;
-                tx.write(obj, 0, &pattern(seed, CHECKED.min(size)))?;
+                let obj = match class {
+                    Some((c, _)) => tx.alloc_in(c, size, 1 + size % 3)?,
+                    None => tx.alloc(size, 1 + size % 3)?,
+                };
+                let len = CHECKED.min(pool.usable_size(obj)?);
+                tx.write(obj, 0, &pattern(seed, len))?;
                 tx.write_u64(root, SEEDS + b * 8, seed)?;
                 tx.write_u64(root, b * 8, obj.offset())?;
             }
@@ -289,6 +425,9 @@ impl Run {
             Ok(()) => {
                 assert!(how <= 2);
                 self.counts.tx_commit += 1;
+                if class.is_some() && empty.is_some() {
+                    self.counts.class_tx_alloc += 1;
+                }
             }
             Err(PoolError::OutOfSpace { .. }) => {}
             Err(_) if how >= 3 => self.counts.tx_rolled_back += 1,
@@ -356,11 +495,23 @@ fn verify(image: Vec<u8>, allowed: &[&State], leak: Option<Leak>, what: &str) {
         live, expected_live,
         "{what}: live objects differ from published ones"
     );
-    // The recovered heap works: allocate and free once.
+    // The recovered heap works: allocate and free once, in a size class and in every
+    // registered class.
     let oid = pool
         .alloc(100, 9, Dest::None)
         .expect("alloc after recovery");
     pool.free_oid(oid).expect("free after recovery");
+    for c in &expected.classes {
+        let id = c.id.expect("custom");
+        match pool.alloc_in(id, c.unit as u64, 9, Dest::None, |_| Ok(())) {
+            Ok(oid) => {
+                assert_eq!(pool.class_of(oid).expect("live"), Some(id), "{what}");
+                pool.free_oid(oid).expect("free in class after recovery");
+            }
+            Err(PoolError::OutOfSpace { .. }) => {}
+            Err(e) => panic!("{what}: alloc in class {id} after recovery: {e}"),
+        }
+    }
 }
 
 fn run_sequence(seed: u64, ops: usize, torn_variants: u64) -> (usize, Counts) {
@@ -421,7 +572,7 @@ fn every_persist_point_recovers() {
     let start = Instant::now();
     let mut total = 0;
     let mut counts = Counts::default();
-    for seed in [1u64, 2, 3] {
+    for seed in [1u64, 2, 3, 4] {
         let (points, c) = run_sequence(seed, 120, 1);
         total += points;
         counts.add(&c);
@@ -438,7 +589,11 @@ fn every_persist_point_recovers() {
             && counts.tx_commit > 0
             && counts.tx_rolled_back > 0
             && counts.alloc_unpublished > 0
-            && counts.free_unpublished > 0,
+            && counts.free_unpublished > 0
+            && counts.class_register > 0
+            && counts.class_alloc > 0
+            && counts.class_alloc_unpublished > 0
+            && counts.class_tx_alloc > 0,
         "an operation kind was never exercised: {counts:?}"
     );
 }
