@@ -2,7 +2,7 @@
 //! functions are declared in `include/terrace.h` (the native API) and
 //! `include/memkind.h` (a memkind-compatible subset, so memkind programs recompile
 //! unchanged against Terrace) and `include/libpmemobj.h` (the libpmemobj-compatible subset
-//! over the persistent pool).
+//! over the persistent pool) and `include/terrace_pool.h` (the native pool API, [`pool`]).
 //!
 //! Conventions shared by both APIs:
 //! - a kind handle (`terrace_kind_t`, `memkind_t`) is an opaque, never-dereferenced
@@ -17,3 +17,4 @@ pub mod handle;
 pub mod memkind;
 pub mod native;
 pub mod pmemobj;
+pub mod pool;

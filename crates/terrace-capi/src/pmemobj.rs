@@ -43,14 +43,16 @@ const OID_NULL: PMEMoid = PMEMoid {
 
 /// What a `PMEMobjpool *` points to.
 pub struct PoolHandle {
-    pool: Pool<RegionBackend>,
+    pub(crate) pool: Pool<RegionBackend>,
     uuid_lo: u64,
-    base: usize,
-    len: usize,
+    pub(crate) base: usize,
+    pub(crate) len: usize,
     /// Transactions on this pool that have begun and not ended, on any thread.
-    active_txs: AtomicUsize,
+    pub(crate) active_txs: AtomicUsize,
     /// Offsets of live objects captured by `pmemobj_first`, for `pmemobj_next`.
     iteration: Mutex<Vec<u64>>,
+    /// Offsets captured by `terrace_pool_first` (the native API), for `terrace_pool_next`.
+    pub(crate) native_iteration: Mutex<Vec<u64>>,
 }
 
 /// A pool as the lookup table sees it.
@@ -139,14 +141,14 @@ fn errno_of(err: &PoolError) -> c_int {
 }
 
 /// Records `err` as the thread's last error and returns its errno.
-fn fail(err: &PoolError) -> c_int {
+pub(crate) fn fail(err: &PoolError) -> c_int {
     let code = errno_of(err);
     error::record_message(&err.to_string());
     error::set_errno(code);
     code
 }
 
-fn fail_with(code: c_int, message: &str) -> c_int {
+pub(crate) fn fail_with(code: c_int, message: &str) -> c_int {
     error::record_message(message);
     error::set_errno(code);
     code
@@ -154,7 +156,7 @@ fn fail_with(code: c_int, message: &str) -> c_int {
 
 /// # Safety
 /// `s` must be null or NUL-terminated.
-unsafe fn str_arg<'a>(s: *const c_char) -> Option<&'a str> {
+pub(crate) unsafe fn str_arg<'a>(s: *const c_char) -> Option<&'a str> {
     if s.is_null() {
         return None;
     }
@@ -162,7 +164,7 @@ unsafe fn str_arg<'a>(s: *const c_char) -> Option<&'a str> {
     unsafe { CStr::from_ptr(s) }.to_str().ok()
 }
 
-fn publish(pool: Pool<RegionBackend>) -> *mut PoolHandle {
+pub(crate) fn publish(pool: Pool<RegionBackend>) -> *mut PoolHandle {
     let base = pool.backend().address(0).map_or(0, |p| p.as_ptr() as usize);
     let handle = Box::into_raw(Box::new(PoolHandle {
         uuid_lo: pool.uuid_lo(),
@@ -171,6 +173,7 @@ fn publish(pool: Pool<RegionBackend>) -> *mut PoolHandle {
         pool,
         active_txs: AtomicUsize::new(0),
         iteration: Mutex::new(Vec::new()),
+        native_iteration: Mutex::new(Vec::new()),
     }));
     // SAFETY: just created; published below and freed only by pmemobj_close.
     let h = unsafe { &*handle };
@@ -825,16 +828,7 @@ pub unsafe extern "C" fn pmemobj_realloc(
             let Some(old) = Oid::from_offset(current.off) else {
                 return -1;
             };
-            h.pool.usable_size(old).and_then(|old_len| {
-                let keep = old_len.min(size as u64);
-                let new = h.pool.alloc_with(size as u64, type_num, Dest::None, |w| {
-                    let mut buf = vec![0u8; keep as usize];
-                    h.pool.read(old, 0, &mut buf)?;
-                    w.write(0, &buf)
-                })?;
-                h.pool.free_oid(old)?;
-                Ok(new)
-            })
+            move_object(&h.pool, old, size as u64, type_num)
         }
     };
     match result {
@@ -850,6 +844,27 @@ pub unsafe extern "C" fn pmemobj_realloc(
             -1
         }
     }
+}
+
+/// Moves `old` into a new object of `size` bytes and type `type_num` (contents kept up to
+/// the smaller size) and frees `old`: a realloc whose handle lives outside the pool, so it
+/// cannot be published atomically (libpmemobj is not atomic here either).
+pub(crate) fn move_object(
+    pool: &Pool<RegionBackend>,
+    old: Oid,
+    size: u64,
+    type_num: u64,
+) -> Result<Oid, PoolError> {
+    pool.usable_size(old).and_then(|old_len| {
+        let keep = old_len.min(size);
+        let new = pool.alloc_with(size, type_num, Dest::None, |w| {
+            let mut buf = vec![0u8; keep as usize];
+            pool.read(old, 0, &mut buf)?;
+            w.write(0, &buf)
+        })?;
+        pool.free_oid(old)?;
+        Ok(new)
+    })
 }
 
 /// # Safety
@@ -1100,6 +1115,13 @@ pub unsafe extern "C" fn pmemobj_tx_begin(
     })
 }
 
+/// The pool of the calling thread's transaction, if one is active.
+pub(crate) fn tx_pool() -> Option<*const PoolHandle> {
+    TX.try_with(|slot| slot.borrow().as_ref().map(|s| ptr::from_ref(s.handle)))
+        .ok()
+        .flatten()
+}
+
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_stage() -> c_int {
     TX.try_with(|slot| slot.borrow().as_ref().map_or(TX_STAGE_NONE, |s| s.stage))
@@ -1127,7 +1149,7 @@ fn abort_with(state: &mut TxState, errnum: c_int) {
 
 /// Runs `op` on the active transaction in its work stage; a failure aborts the whole
 /// (flattened) transaction, as libpmemobj does. Returns the errno (0 on success).
-fn in_tx<T>(
+pub(crate) fn in_tx<T>(
     what: &str,
     op: impl FnOnce(&mut Tx<'static, RegionBackend>, &PoolHandle) -> Result<T, PoolError>,
 ) -> Result<T, c_int> {

@@ -279,6 +279,19 @@ fn pmemobj_classes() {
     );
 }
 
+/// terrace_pool.h, the native pool API: root, allocation published into destinations in
+/// and out of the pool, transactions that abort and commit, iteration by type, realloc,
+/// custom classes, statistics, reopening (everything survived), check, and error paths
+/// (missing file, wrong layout, double free).
+#[test]
+fn terrace_pool_api() {
+    let out = c_test("terrace_pool_api.c");
+    assert!(
+        out.contains("terrace_pool_api: ok"),
+        "unexpected output: {out}"
+    );
+}
+
 /// Parses an anchor's CSV output: the header, then rows of numbers.
 fn csv_rows(out: &str, header: &str) -> Vec<Vec<f64>> {
     let mut lines = out
