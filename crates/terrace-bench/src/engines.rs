@@ -157,10 +157,13 @@ impl Engine for Terrace {
             "background_evictions": s.background_evictions,
             "index_evictions": s.index_evictions,
             "demotions": s.demotions,
+            "reinsertions": s.reinsertions,
             "mover_errors": s.mover_errors,
             "movers_running": self.movers.as_ref().is_some_and(Movers::is_running),
             "segment_bytes": self.cache.segment_size(),
             "tier_hits": s.tiers.iter().map(|t| t.hits).collect::<Vec<_>>(),
+            "tier_dead_bytes": s.tiers.iter().map(|t| t.dead_bytes).collect::<Vec<_>>(),
+            "tier_free_segments": s.tiers.iter().map(|t| t.free_segments).collect::<Vec<_>>(),
         })
     }
 }

@@ -1,10 +1,10 @@
 //! The concurrent engine: [`Cache`] over the [`Index`] and the tiers ([`crate::tier`]).
 //! It owns the write protocol of the crate docs ("Commit protocol") in its concurrent
-//! form, the read path with its [`Guard`], TTL buckets, segment allocation with FIFO
-//! eviction and demotion (ahead of need by the movers, [`Cache::maintain`], else inline),
-//! the write-sequence mark and the restart scan. Eviction and the movers live in
-//! `cache/evict.rs`, the restart scan in `cache/recover.rs`; the invariants below are
-//! the ones all three keep.
+//! form, the read path with its [`Guard`], TTL buckets, segment allocation with eviction,
+//! demotion and reinsertion (ahead of need by the movers, [`Cache::maintain`], else
+//! inline; the policy is in `cache/evict.rs`), the write-sequence mark and the restart
+//! scan. Eviction and the movers live in `cache/evict.rs`, the restart scan in
+//! `cache/recover.rs`; the invariants below are the ones all three keep.
 //!
 //! Invariants (outside a bucket lock held by a writer):
 //! - **E1** every index entry points at the start of a committed item of a segment in state
@@ -22,7 +22,10 @@
 //!   key's bucket lock, while its segment is `Open` or `Sealed` — never `Evicting` — and
 //!   pinned by the writer. An evictor sets `Evicting` before walking and takes the bucket
 //!   lock of every non-DEAD item it walks, so it either sees the published entry or the
-//!   publisher sees `Evicting` and retries elsewhere.
+//!   publisher sees `Evicting` and retries elsewhere. Under the lock, a writer finds the
+//!   key's current item wherever an entry points — also in a durable segment already
+//!   retired for its eviction walk (`Pin::indexed_item` reads past a zeroed commit word) —
+//!   so it replaces that entry instead of publishing a second one for the key.
 //! - **E4** a current index entry never points at a non-LIVE item: a writer makes the new
 //!   item LIVE, then publishes it, then kills the old one; a delete removes the entry,
 //!   then kills the item. So a reader that finds its key's item DEAD knows the entry
@@ -31,9 +34,12 @@
 //!   racing with it may miss, which a flush allows.)
 //!
 //! Lock order: a stripe's appender lock → a tier's `mover` lock → the next tier's `mover`
-//! lock → … (a mover thread starts at the first `mover` lock); each tier's `lists` lock is
-//! held only briefly and never across another lock; bucket locks are leaves (nothing is
-//! allocated, appended or evicted while one is held). No thread waits for a pin to drain:
+//! lock → … (a mover thread starts at the first `mover` lock) → the last tier's
+//! `reinsert` lock (an eviction in the last tier takes it to copy, possibly under that
+//! tier's `mover` lock; while holding it, it may evict only without reinsertion); each
+//! tier's `lists` lock is held only briefly and never across another lock; bucket locks
+//! and the mover-thread handle's lock are leaves (nothing is allocated, appended or
+//! evicted while one is held). No thread waits for a pin to drain:
 //! an evicted segment waits in its tier's reclaim list, and a thread holding a [`Guard`]
 //! can still write.
 
@@ -44,6 +50,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 
 use crate::error::CacheError;
+use crate::ghost::Ghost;
 use crate::index::{BucketGuard, Index, IndexConfig, Location};
 use crate::item::{ItemRef, ItemSpec, ItemState, Limits};
 use crate::mem::{Appender, OpenError, Pin, SegState, SegmentArea};
@@ -56,6 +63,7 @@ mod recover;
 mod saved;
 
 pub use evict::Movers;
+use evict::Queue;
 pub use recover::{DropReason, RecoveryReport};
 pub use saved::saved_path;
 
@@ -70,7 +78,9 @@ pub struct CacheConfig {
     /// the largest item the limits allow (2 MiB for the default 1 MiB values).
     pub segment_shift: Option<u8>,
     pub limits: Limits,
-    /// Items the index is sized for; `None`: one per 256 bytes of capacity.
+    /// Items the whole capacity holds at the expected item size (capacity divided by the
+    /// mean item size); `None`: one per 256 bytes of capacity. The index is sized for the
+    /// share of them that the engine keeps live (about 85%; see `index_items`).
     pub expected_items: Option<usize>,
     /// Open-segment stripes (threads map to stripes round-robin); 0 = available
     /// parallelism.
@@ -120,6 +130,9 @@ pub struct Stats {
     pub index_evictions: u64,
     /// Items copied from tier *i* to *i + 1* on eviction.
     pub demotions: u64,
+    /// Items with hits copied within the last tier when their segment was evicted
+    /// (instead of being dropped).
+    pub reinsertions: u64,
     /// Segment evictions done on a request's critical path (no free segment was ready).
     pub inline_evictions: u64,
     /// Failed persists of a state flip that could not be reported to a caller (flush).
@@ -128,7 +141,8 @@ pub struct Stats {
     pub background_evictions: u64,
     /// Rounds of the mover thread that ended in an error.
     pub mover_errors: u64,
-    /// Index memory per indexed item, in bytes (the per-item header is extra: 4–5 bytes).
+    /// Index memory (with the ghost filter's) per indexed item, in bytes (the per-item
+    /// header is extra: 4–5 bytes).
     pub index_bytes_per_item: f64,
     pub items: usize,
     pub tiers: Vec<TierStats>,
@@ -153,6 +167,8 @@ struct SegMeta {
     write_seq: AtomicU64,
     expires_at: AtomicU32,
     ttl_bucket: AtomicU32,
+    /// Bytes of this incarnation's committed items that are DEAD (reset when opened).
+    dead_bytes: AtomicU32,
 }
 
 /// A hit: pins the item's segment so its bytes stay valid (zero-copy) until dropped.
@@ -222,9 +238,36 @@ struct Current {
     expires_at: u32,
 }
 
+/// Ghost-filter slots (one byte each): one per this many of the items the capacity holds,
+/// about 0.4 bytes per item.
+const GHOST_ITEMS_PER_SLOT: usize = 3;
+
 static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
     static STRIPE: usize = NEXT_STRIPE.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The items the index is sized for, of `expected` (what the whole capacity would hold):
+/// only live items have entries, and the engine never fills all of its capacity with
+/// them. It keeps each tier's free reserve ready, one segment per stripe and one per tier
+/// (for copies) open and partly filled, and lets the dead bytes of its last tier's main
+/// queue reach [`evict::MAIN_DEAD_SHARE`] of it before it cleans them first. The rest is
+/// what can be live — about 85% of a single tier of 128 segments — and the index is
+/// sized for that at its design load, so that it runs near that load when the cache is
+/// full instead of a fifth emptier. (A workload that leaves no dead bytes runs it up to
+/// about 90% full, where about 3% of inserts find both buckets full and evict an
+/// occupant: see the crate docs, "When full", and `index::SLOTS`.)
+fn index_items(expected: usize, areas: &[(SegmentArea, bool, u32)], stripes: usize) -> usize {
+    let total: u64 = areas.iter().map(|(a, _, _)| u64::from(a.count())).sum();
+    let reserved: u64 = areas
+        .iter()
+        .map(|(a, _, _)| evict::free_target_of(a.count()) as u64 + 1)
+        .sum::<u64>()
+        + stripes as u64;
+    let usable = total.saturating_sub(reserved).max(1) as f64 / total.max(1) as f64;
+    let (dead_num, dead_den) = evict::MAIN_DEAD_SHARE;
+    let live = usable * (1.0 - dead_num as f64 / dead_den as f64);
+    ((expected as f64 * live).ceil() as usize).max(1)
 }
 
 /// TTL bucket of a remaining lifetime: 0 = none; exact below 8 s; else eight buckets per
@@ -247,6 +290,10 @@ pub struct Cache {
     tiers: Vec<Tier>,
     meta: Box<[SegMeta]>,
     index: Index,
+    /// Keys a probation stage dropped recently (see `crate::ghost`).
+    ghost: Ghost,
+    /// The mover thread, if one was started: writers wake it when free segments run low.
+    mover_thread: Mutex<Option<std::thread::Thread>>,
     stripes: Box<[Mutex<HashMap<u16, Appender>>]>,
     shift: u8,
     limits: Limits,
@@ -339,9 +386,18 @@ impl Cache {
         let expected_items = config
             .expected_items
             .unwrap_or((capacity / 256).max(1024) as usize);
+        let stripes = if config.stripes == 0 {
+            std::thread::available_parallelism().map_or(4, |n| n.get())
+        } else {
+            config.stripes
+        };
         let index = Index::new(&IndexConfig {
             seed: config.seed,
-            ..IndexConfig::new(expected_items, total_segments, shift)
+            ..IndexConfig::new(
+                index_items(expected_items, &areas, stripes),
+                total_segments,
+                shift,
+            )
         })?;
         let meta: Box<[SegMeta]> = (0..total_segments).map(|_| SegMeta::default()).collect();
         // The mark first: its bound says whether a saved index may be used.
@@ -382,7 +438,14 @@ impl Cache {
             {
                 let mut lists = tier.lists.lock();
                 kept.sort_unstable();
-                lists.fifo = kept.iter().map(|&(_, slot)| slot).collect();
+                // The last tier's recovered segments go to its main queue: they held
+                // what it kept, not a probation of new writes.
+                let sealed = kept.iter().map(|&(_, slot)| slot).collect();
+                if t + 1 == config.tiers.len() {
+                    lists.main = sealed;
+                } else {
+                    lists.fifo = sealed;
+                }
                 let mut is_kept = vec![false; tier.area.count() as usize];
                 for &(_, slot) in &kept {
                     is_kept[slot as usize] = true;
@@ -399,14 +462,11 @@ impl Cache {
             seq_bound = next_seq + seqmark::STEP;
             m.reserve(seq_bound)?;
         }
-        let stripes = if config.stripes == 0 {
-            std::thread::available_parallelism().map_or(4, |n| n.get())
-        } else {
-            config.stripes
-        };
         let mut cache = Cache {
             tiers,
             meta,
+            ghost: Ghost::new(expected_items / GHOST_ITEMS_PER_SLOT),
+            mover_thread: Mutex::new(None),
             index,
             stripes: (0..stripes).map(|_| Mutex::new(HashMap::new())).collect(),
             shift,
@@ -449,6 +509,17 @@ impl Cache {
     fn expired(&self, id: u32, now: u32) -> bool {
         let e = self.meta[id as usize].expires_at.load(Ordering::Acquire);
         e != 0 && now >= e
+    }
+
+    /// Flips the item at `loc` DEAD (persisted) through `pin`, a pin of `loc.segment`,
+    /// and counts its bytes as dead in its segment (for the choice of segments to clean).
+    fn kill(&self, pin: &Pin<'_>, loc: Location) -> Result<(), terrace_media::MediaError> {
+        if let Some(len) = pin.kill(loc.offset)? {
+            if let Some(m) = self.meta.get(loc.segment as usize) {
+                m.dead_bytes.fetch_add(len, Ordering::Relaxed);
+            }
+        }
+        Ok(())
     }
 
     fn cas_of(&self, id: u32, item: &ItemRef<'_>) -> u64 {
@@ -514,7 +585,7 @@ impl Cache {
                     // new entry may be behind us): look again.
                     continue 'retry;
                 }
-                let Ok(item) = pin.item(loc.offset) else {
+                let Ok(item) = pin.indexed_item(loc.offset) else {
                     continue;
                 };
                 if item.key != key {
@@ -558,7 +629,7 @@ impl Cache {
             let Some((_, pin)) = self.pin(loc.segment) else {
                 continue;
             };
-            let Ok(item) = pin.item(loc.offset) else {
+            let Ok(item) = pin.indexed_item(loc.offset) else {
                 continue;
             };
             if item.key != key {
@@ -810,7 +881,7 @@ impl Cache {
         };
         g.remove(loc);
         if let Some((_, pin)) = self.pin(loc.segment) {
-            pin.set_state(loc.offset, ItemState::Dead)?;
+            self.kill(&pin, loc)?;
         }
         drop(g);
         if was_live {
@@ -824,7 +895,7 @@ impl Cache {
     pub fn flush_all(&self) {
         self.index.sweep(0..self.index.bucket_count(), |loc, _| {
             if let Some((_, pin)) = self.pin(loc.segment) {
-                if pin.set_state(loc.offset, ItemState::Dead).is_err() {
+                if self.kill(&pin, loc).is_err() {
                     self.counters.persist_errors.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -875,12 +946,12 @@ impl Cache {
                 (Expect::At(_), _) => false,
             };
             if !ok {
-                pin.set_state(new.offset, ItemState::Dead)?;
+                self.kill(&pin, new)?;
                 return Ok(Store::NotStored);
             }
             if !matches!(pin.state(), SegState::Open | SegState::Sealed) {
                 // E3: the segment is being evicted; write the item again elsewhere.
-                pin.set_state(new.offset, ItemState::Dead)?;
+                self.kill(&pin, new)?;
                 continue;
             }
             let old = match found {
@@ -891,19 +962,27 @@ impl Cache {
             // E4: LIVE, then publish, then kill the old item — so that a current entry
             // never points at a DEAD item and readers never see a hole. A crash between
             // the two flips leaves two LIVE items of the key, which the restart scan
-            // drops both of (a miss; the write was not acknowledged).
+            // drops both of (a miss; the write was not acknowledged). The policy counts
+            // an overwrite as an access of the key, and a key the ghost filter recalls
+            // as having been hit once (see `cache/evict.rs`).
             pin.set_state(new.offset, ItemState::Live)?;
             let published = match old {
-                Some(old) => g.replace(old, new),
-                None => self.insert_evicting(&mut g, new)?,
+                Some(old) => g.replace_hit(old, new),
+                None => {
+                    let inserted = self.insert_evicting(&mut g, new)?;
+                    if inserted && self.ghost.recalls(hash) {
+                        g.set_frequency(new, 1);
+                    }
+                    inserted
+                }
             };
             if let Some(old) = old {
                 if let Some((_, old_pin)) = self.pin(old.segment) {
-                    old_pin.set_state(old.offset, ItemState::Dead)?;
+                    self.kill(&old_pin, old)?;
                 }
             }
             if !published {
-                pin.set_state(new.offset, ItemState::Dead)?;
+                self.kill(&pin, new)?;
             }
             drop(g);
             self.counters.sets.fetch_add(1, Ordering::Relaxed);
@@ -928,7 +1007,7 @@ impl Cache {
         };
         g.remove_occupant(victim);
         if let Some((_, pin)) = self.pin(victim.segment) {
-            pin.set_state(victim.offset, ItemState::Dead)?;
+            self.kill(&pin, victim)?;
         }
         self.counters
             .index_evictions
@@ -977,8 +1056,25 @@ impl Cache {
         bucket: u16,
         now: u32,
     ) -> Result<Appender, CacheError> {
+        self.open_segment_with(tier, expires_at, bucket, now, || {
+            self.allocate(tier).map(Some)
+        })?
+        .ok_or(CacheError::NoSpace { tier })
+    }
+
+    /// Opens a fresh segment of `tier` in a slot from `slot` (`None`: no slot, no segment).
+    fn open_segment_with(
+        &self,
+        tier: usize,
+        expires_at: u32,
+        bucket: u16,
+        now: u32,
+        slot: impl Fn() -> Result<Option<u32>, CacheError>,
+    ) -> Result<Option<Appender>, CacheError> {
         loop {
-            let slot = self.allocate(tier)?;
+            let Some(slot) = slot()? else {
+                return Ok(None);
+            };
             let header = match self.next_header(tier, slot, expires_at, bucket, now) {
                 Ok(h) => h,
                 Err(e) => {
@@ -990,14 +1086,15 @@ impl Cache {
             m.write_seq.store(header.write_seq, Ordering::Release);
             m.expires_at.store(expires_at, Ordering::Release);
             m.ttl_bucket.store(u32::from(bucket), Ordering::Release);
+            m.dead_bytes.store(0, Ordering::Relaxed);
             match self.tiers[tier].area.open(&header, self.limits) {
-                Ok(Some(app)) => return Ok(app),
+                Ok(Some(app)) => return Ok(Some(app)),
                 // Pinned by readers backing off for too long: try another slot.
                 Ok(None) => self.tiers[tier].lists.lock().free.push(slot),
                 Err(OpenError::Encode(e)) => return Err(e.into()),
                 Err(OpenError::Media(e, app)) => {
                     if let Some(app) = app {
-                        self.seal(tier, app);
+                        self.seal(tier, app, Queue::Fifo);
                     }
                     return Err(e.into());
                 }
@@ -1005,10 +1102,15 @@ impl Cache {
         }
     }
 
-    fn seal(&self, tier: usize, app: Appender) {
+    /// Seals an open segment into one of its tier's queues (`cache/evict.rs`).
+    fn seal(&self, tier: usize, app: Appender, queue: Queue) {
         let slot = app.seg();
         if self.tiers[tier].area.seal(app) {
-            self.tiers[tier].lists.lock().fifo.push_back(slot);
+            let mut lists = self.tiers[tier].lists.lock();
+            match queue {
+                Queue::Fifo => lists.fifo.push_back(slot),
+                Queue::Main => lists.main.push_back(slot),
+            }
         }
     }
 
@@ -1034,7 +1136,7 @@ impl Cache {
         };
         if !open.get(&bucket).is_some_and(usable) {
             if let Some(old) = open.remove(&bucket) {
-                self.seal(0, old);
+                self.seal(0, old, Queue::Fifo);
             }
             let seg_expiry = if lifetime == 0 {
                 0
@@ -1075,6 +1177,11 @@ impl Cache {
             expired: c.expired.load(Ordering::Relaxed),
             index_evictions: c.index_evictions.load(Ordering::Relaxed),
             demotions: c.demotions.load(Ordering::Relaxed),
+            reinsertions: self
+                .tiers
+                .iter()
+                .map(|t| t.counters.reinserted.load(Ordering::Relaxed))
+                .sum(),
             inline_evictions: self
                 .tiers
                 .iter()
@@ -1087,9 +1194,25 @@ impl Cache {
                 .map(|t| t.counters.background_evictions.load(Ordering::Relaxed))
                 .sum(),
             mover_errors: c.mover_errors.load(Ordering::Relaxed),
-            index_bytes_per_item: self.index.memory_bytes() as f64 / items.max(1) as f64,
+            index_bytes_per_item: (self.index.memory_bytes() + self.ghost.memory_bytes()) as f64
+                / items.max(1) as f64,
             items,
-            tiers: self.tiers.iter().map(Tier::stats).collect(),
+            tiers: self
+                .tiers
+                .iter()
+                .map(|t| {
+                    let mut st = t.stats();
+                    st.dead_bytes = (t.base..t.base + t.area.count())
+                        .filter(|&id| {
+                            matches!(t.area.state(id - t.base), SegState::Open | SegState::Sealed)
+                        })
+                        .map(|id| {
+                            u64::from(self.meta[id as usize].dead_bytes.load(Ordering::Relaxed))
+                        })
+                        .sum();
+                    st
+                })
+                .collect(),
         }
     }
 
@@ -1126,6 +1249,9 @@ impl Cache {
         }
         for t in &self.tiers {
             for (_, app) in t.mover.lock().drain() {
+                t.area.seal(app);
+            }
+            for (_, app) in t.reinsert.lock().drain() {
                 t.area.seal(app);
             }
         }

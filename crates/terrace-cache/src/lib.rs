@@ -20,6 +20,13 @@
 //!   frequency ([`index::Layout`]).
 //! - **tag**: the top bits of the key's hash kept in the entry, so most lookups reject
 //!   other keys without touching their segment. Tags are never 0 (0 marks an empty slot).
+//! - **main queue / small queue**: the two queues of sealed segments of the last tier
+//!   (see "The engine", Eviction): what it keeps by reinsertion, and — in a single-tier
+//!   cache — a probation queue of new writes.
+//! - **reinsertion**: copying an item with hits into a segment of its own tier when its
+//!   segment is evicted (in the last tier, which has nowhere to demote to).
+//! - **dead bytes**: bytes of DEAD items (overwritten, deleted, moved) in segments not yet
+//!   evicted; counted per segment.
 //! - **CAS**: memcached's 64-bit "compare and swap" unique. Not stored per item: it is the
 //!   item's **log position** `write_seq << size_shift | offset` (unique because write
 //!   sequences are), or, for an item a mover copied, the origin CAS it carries.
@@ -126,7 +133,10 @@
 //! is DEAD on media before the reply. ([`SegmentLog`], single-threaded, keeps 3, 4, 5.)
 //! The engine also retires a segment first only on durable tiers; a DRAM segment is
 //! walked while still readable (its items keep hitting while they are demoted) and
-//! retired after.
+//! retired after. A retired durable segment stays readable through the index until its
+//! walk is over (the engine reads indexed items up to the segment's end once it is no
+//! longer open, whatever the commit word says): a writer must see the key's current item
+//! to replace it, or it would publish a second one beside it.
 //!
 //! "Persist" is `terrace_media::Region::persist` on power-durable media (cache-line
 //! flushes and a fence on DAX, `msync` elsewhere); on media that only survive a process
@@ -198,10 +208,11 @@
 //! `touch` re-appends the item to another bucket.
 //!
 //! # Index
-//! [`index::Index`] is a fixed array of 64-byte buckets of eight `AtomicU64` entries,
+//! [`index::Index`] is a fixed array of 128-byte buckets of sixteen `AtomicU64` entries,
 //! plus a one-byte writer lock per bucket. A key may sit in either of two buckets chosen
-//! from its hash (two-choice hashing keeps buckets even: at the default 80% load, 0.15%
-//! of inserts find both buckets full). Lookups are wait-free: they load the slots and
+//! from its hash (two-choice hashing keeps buckets even: at the default 80% load, about
+//! one insert in 20,000 finds both buckets full, in the steady churn of a cache where
+//! every insert follows an eviction). Lookups are wait-free: they load the slots and
 //! return the tag matches, home bucket first; a hit raises the entry's frequency (0..=3,
 //! a thermometer code in three bits) with a single `fetch_or`, none once saturated.
 //! Writers of a key lock its two buckets, lower index first (the only lock order; a
@@ -225,10 +236,15 @@
 //! retries; the engine counts these as index evictions.
 //!
 //! # Metadata per item
-//! Index: 8-byte slots at 80% load plus a lock byte per 8 slots: about 10.2 bytes per
-//! item. Item header: 4–5 bytes for memcached-sized keys and values up to 16 KiB. Total
-//! about 14–15 bytes, inside the 16-byte target (Segcache: 5 bytes in the item,
-//! plus its hash table). Segment headers add 64 bytes per segment (0.006% of 1 MiB).
+//! Index: 8-byte slots at 80% load plus a lock byte per 16 slots: about 10.1 bytes per
+//! item, if the index is sized for the items the cache really holds — the engine sizes
+//! it for the share of `expected_items` it keeps live (about 85%: part of the capacity is
+//! free reserve, open segments and dead bytes; `cache::index_items`). The ghost filter
+//! adds a byte per three expected items (about 0.4 per item). Item header: 4–5 bytes for
+//! memcached-sized keys and values up to 16 KiB. Total about 15–16 bytes, inside the
+//! issue's 16-byte target (Segcache: 5 bytes in the item, plus its hash table). Segment
+//! headers add 64 bytes per segment (0.006% of 1 MiB), and the engine keeps 16 bytes of
+//! DRAM per segment (write sequence, expiry, TTL bucket, dead bytes).
 //!
 //! # The engine
 //! [`Cache`] ([`cache`]) is the concurrent, tiered engine over these pieces:
@@ -255,15 +271,26 @@
 //!   replaced once it has aged `T/8`, so no item outlives its TTL and none expires more
 //!   than about a quarter early. Expiry is lazy (a read of an expired item is a miss);
 //!   expired segments are reclaimed when FIFO eviction reaches them.
-//! - **Eviction**: movers ([`Cache::maintain`], or a thread from [`Cache::start_movers`])
-//!   keep 1/16 of every tier's segments free by evicting the oldest sealed ones ahead of
-//!   need; when a tier still has no free segment, the allocating thread evicts inline
-//!   (counted apart: [`Stats::inline_evictions`], [`Stats::background_evictions`]).
-//!   Items with hits (frequency bits set in their index entry) are copied to the next
-//!   tier — keeping their CAS, and into a segment that expires no later than theirs — and
-//!   their entries repointed by compare-and-swap under the bucket lock (FIFO with
-//!   reinsertion one tier down); the others lose their entries. The segment returns to
-//!   the free list once no guard pins it. The last tier is plain FIFO.
+//! - **Eviction** (`cache/evict.rs`): movers ([`Cache::maintain`], or a thread from
+//!   [`Cache::start_movers`]) keep 1/64 of every tier's segments (at least 4) free by
+//!   evicting sealed ones ahead of need, and writers wake the mover thread as soon as a
+//!   tier runs below that; when a tier still has no free segment, the allocating thread
+//!   evicts inline (counted apart: [`Stats::inline_evictions`],
+//!   [`Stats::background_evictions`]). Items with hits (frequency bits set in their index
+//!   entry) get another life, copied — keeping their CAS, into a segment that expires no
+//!   later than theirs — and their entries repointed by compare-and-swap under the bucket
+//!   lock; the others lose their entries. Every tier but the last demotes them to the
+//!   next tier (FIFO with reinsertion one tier down). The last tier *reinserts* them into
+//!   its own main queue, their frequency lowered by one (a CLOCK with a two-bit counter:
+//!   an item nobody reads survives at most three more passes, and one eviction copies at
+//!   most 3/4 of a segment, so eviction always frees space). Its main queue is evicted
+//!   oldest first, except that while its dead bytes exceed a tenth of the tier, its
+//!   deadest segment goes first. In a single-tier cache, new writes go to a small
+//!   probation queue (a tenth of the segments, S3-FIFO's small queue) evicted first while
+//!   longer than that, its items with hits promoted to the main queue; with more tiers,
+//!   tier 0 plays that part. What a probation stage drops is remembered in a ghost
+//!   filter, and a key stored again soon after starts with one hit; an overwrite counts as
+//!   a hit of the key. The segment returns to the free list once no guard pins it.
 //! - **Write sequences** never repeat across restarts: a mark file beside the first file
 //!   tier ([`seqmark`]) bounds every sequence in use, reserved ahead in steps.
 //! - **Restart**: [`Cache::open`] reopens existing tier files and scans them
@@ -287,7 +314,9 @@
 //!   batching the movers' index updates; movers that adapt their target to the write
 //!   rate; reclaiming expired segments ahead of FIFO order; sealing idle open segments
 //!   under pressure (an open segment is never evicted, so a rarely used TTL bucket keeps
-//!   its partly filled tier-0 segment until it fills, ages a TTL/8, or expires);
+//!   its partly filled tier-0 segment until it fills, ages a TTL/8, or expires — and the
+//!   same holds for the last tier's reinsertion and demotion segments, per TTL bucket);
+//!   cleaning dead bytes without a policy pass (compaction), and size-aware eviction;
 //! - delayed flush, pools with quotas, per-tier item and byte counts, per-pool stats;
 //! - the benchmark harness (`terrace-bench`).
 
@@ -295,6 +324,7 @@
 
 pub mod cache;
 pub mod error;
+mod ghost;
 pub mod index;
 pub mod item;
 #[allow(unsafe_code)]

@@ -4,9 +4,10 @@
 //! and with it one control word per segment (its [`SegState`] and how many readers pin
 //! it). Everything else reaches segment bytes through the four doors here:
 //!
-//! - [`SegmentArea::pin`] → [`Pin`]: read committed items ([`Pin::item`], [`Pin::items`]),
-//!   flip item state bytes ([`Pin::set_state`], one atomic byte store), retire the segment
-//!   ([`Pin::retire`], one atomic store of the commit word);
+//! - [`SegmentArea::pin`] → [`Pin`]: read committed items ([`Pin::indexed_item`],
+//!   [`Pin::items`]), flip item state bytes ([`Pin::set_state`], [`Pin::kill`], one
+//!   atomic byte store or swap), retire the segment ([`Pin::retire`], one atomic store of
+//!   the commit word);
 //! - [`SegmentArea::open`] → [`Appender`]: the one writer of an open segment's tail;
 //! - [`SegmentArea::exclusive`] (`&mut self`): the whole segment as a slice, for the
 //!   single-threaded restart scan;
@@ -23,13 +24,16 @@
 //! 3. An `Open` segment has exactly one [`Appender`] (it is created by the `Free →
 //!    Opening` compare-and-swap and consumed by [`SegmentArea::seal`]); only it writes past
 //!    the committed end, and nobody reads there: readers stop at the commit word they
-//!    loaded (`Acquire`, paired with the appender's `Release` store).
-//! 4. Offsets passed to [`Pin::item`] are item starts in the pinned incarnation: the walker
-//!    steps from item to item from the header; the engine takes all others from index
-//!    entries, which it only ever points at committed items and removes before a segment
-//!    is freed (the engine's invariant, argued in `cache.rs`). Item headers are read with
-//!    atomic byte loads, so even a wrong offset cannot race; only the key/value slices
-//!    depend on this invariant.
+//!    loaded (`Acquire`, paired with the appender's `Release` store). Once the segment
+//!    is no longer `Open`, nobody writes past any committed item, and readers may read
+//!    to the segment's end whatever the commit word says (a retire zeroes it; see
+//!    `Pin::readable_end`, which re-checks the state after loading the commit word).
+//! 4. Offsets passed to [`Pin::indexed_item`] are item starts in the pinned incarnation:
+//!    the walker steps from item to item from the header; the engine takes all others
+//!    from index entries, which it only ever points at committed items and removes before
+//!    a segment is freed (the engine's invariant, argued in `cache.rs`). Item headers are
+//!    read with atomic byte loads, so even a wrong offset cannot race; only the key/value
+//!    slices depend on this invariant.
 //!
 //! [`begin_evict`]: SegmentArea::begin_evict
 //! [`try_free`]: SegmentArea::try_free
@@ -379,11 +383,20 @@ impl<'a> Pin<'a> {
 
     /// How far items may be read: the commit word in an open segment (its appender writes
     /// beyond it), else the end of the segment (nobody writes item bytes any more).
+    ///
+    /// The state is loaded again after the commit word: between the two loads the segment
+    /// may have been sealed, evicted and retired (a retire zeroes the commit word), and a
+    /// commit word read then would cut a pinned item off. If it is still `Open` after the
+    /// load, it was `Open` throughout (it cannot be reopened while pinned), so the commit
+    /// word was not retired.
     fn readable_end(&self, end: u32) -> u32 {
-        match self.state() {
-            SegState::Open => end.min(self.committed_end()),
-            _ => end.min(self.area.size() as u32),
+        if self.state() == SegState::Open {
+            let committed = self.committed_end();
+            if self.state() == SegState::Open {
+                return end.min(committed);
+            }
         }
+        end.min(self.area.size() as u32)
     }
 
     fn byte(&self, offset: usize) -> &AtomicU8 {
@@ -395,12 +408,24 @@ impl<'a> Pin<'a> {
     }
 
     /// The committed item at `offset` (an item start, invariant 4), bounded by the
-    /// committed end. Its key and value borrow the pin.
+    /// committed end. Its key and value borrow the pin. (The engine reads through
+    /// [`indexed_item`](Self::indexed_item).)
+    #[cfg(test)]
     pub fn item(&self, offset: u32) -> Result<ItemRef<'_>, crate::ItemError> {
         self.item_within(offset, self.committed_end())
     }
 
-    /// Like [`item`](Self::item), bounded by `end` instead of the current commit word
+    /// The item an index entry points at: bounded by the commit word while the segment
+    /// is open, by the segment's end after (see [`readable_end`](Self::readable_end)),
+    /// whatever the commit word says. A durable segment is retired — its commit word
+    /// zeroed — *before* its eviction walk, and the items the index still points at must
+    /// stay readable until the walk has moved or dropped them: a writer that could not
+    /// read the key's current item would publish a second one beside it.
+    pub fn indexed_item(&self, offset: u32) -> Result<ItemRef<'_>, crate::ItemError> {
+        self.item_within(offset, u32::MAX)
+    }
+
+    /// Like [`indexed_item`](Self::indexed_item), bounded by `end` as well
     /// (a guard re-reads its item after the segment may have been retired).
     pub fn item_within(&self, offset: u32, end: u32) -> Result<ItemRef<'_>, crate::ItemError> {
         let end = self.readable_end(end) as usize;
@@ -477,6 +502,21 @@ impl<'a> Pin<'a> {
             .store(state.byte(), Ordering::Release);
         self.area.persist(self.seg, offset as usize, 1)?;
         Ok(true)
+    }
+
+    /// Flips the item at `offset` DEAD (one atomic swap of its state byte) and persists
+    /// it. Returns the item's length if it was not DEAD before (the bytes that just died),
+    /// `None` if it already was, or if `offset` is outside what may be written.
+    pub fn kill(&self, offset: u32) -> Result<Option<u32>, MediaError> {
+        let limit = self.readable_end(u32::MAX);
+        if (offset as usize) < HEADER_LEN || offset >= limit {
+            return Ok(None);
+        }
+        let len = self.item_within(offset, limit).map_or(0, |i| i.len);
+        let dead = ItemState::Dead.byte();
+        let was = self.byte(offset as usize).swap(dead, Ordering::AcqRel);
+        self.area.persist(self.seg, offset as usize, 1)?;
+        Ok((was != dead).then_some(len))
     }
 
     /// Zeroes the commit word of an `Evicting` segment (persisted) so that no item of it
@@ -643,6 +683,68 @@ mod tests {
         let r = SegmentReader::open(bytes).unwrap();
         assert!(r.verify().is_complete());
         assert_eq!(r.items().next().unwrap().value, b"abcdef");
+    }
+
+    /// A reader holding a pin (a `Guard`) must always be able to read its committed item,
+    /// even while the segment goes `Open → Sealed → Evicting` and is retired (its commit
+    /// word zeroed) under it: a reader that loaded `Open`, then a retired commit word,
+    /// would cut its own item off (seen as an empty value under young-segment evictions).
+    #[test]
+    fn a_pinned_item_stays_readable_while_its_segment_is_retired() {
+        use std::sync::atomic::AtomicBool;
+        let region = Region::dram(2 << 20, false).unwrap();
+        let area = SegmentArea::new(region, 16).unwrap();
+        let stop = AtomicBool::new(false);
+        let lost = std::sync::atomic::AtomicU64::new(0);
+        let reads = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(pin) = area.pin(0) else {
+                        continue;
+                    };
+                    let Ok(end) = pin.item(HEADER_LEN as u32).map(|i| i.end()) else {
+                        continue;
+                    };
+                    for _ in 0..64 {
+                        reads.fetch_add(1, Ordering::Relaxed);
+                        if pin.item_within(HEADER_LEN as u32, end).is_err() {
+                            lost.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+            // Two seconds of churn, longer if the reader has not got to read yet (a busy
+            // machine), at most twenty.
+            let start = std::time::Instant::now();
+            let mut seq = 1;
+            while lost.load(Ordering::Relaxed) == 0
+                && start.elapsed() < std::time::Duration::from_secs(20)
+                && (start.elapsed() < std::time::Duration::from_secs(2)
+                    || reads.load(Ordering::Relaxed) < 10_000)
+            {
+                if seq % 64 == 0 {
+                    std::thread::yield_now();
+                }
+                let Some(mut app) = area.open(&header(0, seq), Limits::default()).unwrap() else {
+                    continue;
+                };
+                seq += 1;
+                app.append(&area, &ItemSpec::new(b"key", 100), b"key", &[&[7u8; 100]])
+                    .unwrap();
+                assert!(area.seal(app));
+                assert!(area.begin_evict(0));
+                let pin = area.pin(0).unwrap();
+                pin.retire().unwrap();
+                drop(pin);
+                while !area.try_free(0) {
+                    std::hint::spin_loop();
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert!(reads.load(Ordering::Relaxed) > 0);
+        assert_eq!(lost.load(Ordering::Relaxed), 0, "a pinned item was cut off");
     }
 
     #[test]

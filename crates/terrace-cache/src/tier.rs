@@ -4,10 +4,11 @@
 //! [`resolve_sizes`].
 //!
 //! Invariants, under the tier's `lists` lock: every slot of the area is in exactly one of
-//! `free` (state `Free`), `fifo` (`Sealed`, oldest first), `reclaim` (`Evicting`, entries
-//! removed, waiting for readers' pins to drain) — or owned by exactly one thread: an
-//! appender (`Open`), an opener (`Opening`) or an evictor (`Evicting`, taken out of
-//! `fifo`).
+//! `free` (state `Free`), `fifo` or `main` (`Sealed`, each oldest first; which one a
+//! sealed segment goes to is the eviction policy's, `cache/evict.rs`), `reclaim`
+//! (`Evicting`, entries removed, waiting for readers' pins to drain) — or owned by
+//! exactly one thread: an appender (`Open`), an opener (`Opening`) or an evictor
+//! (`Evicting`, taken out of `fifo` or `main`).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -170,6 +171,8 @@ pub struct TierCounters {
     pub items_evicted: AtomicU64,
     /// Items copied into this tier from the tier above.
     pub demotions_in: AtomicU64,
+    /// Items with hits copied within this (last) tier when their segment was evicted.
+    pub reinserted: AtomicU64,
     /// Evictions done on a request's critical path.
     pub inline_evictions: AtomicU64,
     /// Evictions done by the movers ([`Cache::maintain`](crate::Cache::maintain)).
@@ -186,6 +189,10 @@ pub struct TierStats {
     pub segments_evicted: u64,
     pub items_evicted: u64,
     pub demotions_in: u64,
+    pub reinserted: u64,
+    /// Bytes of DEAD items (overwritten, deleted, or moved) in the tier's open and sealed
+    /// segments: space that holds nothing until those segments are evicted.
+    pub dead_bytes: u64,
     pub inline_evictions: u64,
     pub background_evictions: u64,
     pub durability: Option<Durability>,
@@ -194,7 +201,12 @@ pub struct TierStats {
 #[derive(Debug, Default)]
 pub(crate) struct Lists {
     pub free: Vec<u32>,
+    /// Sealed segments of new writes (tier 0) or of demotions into a middle tier, oldest
+    /// first. In a single-tier cache, its small (probation) queue.
     pub fifo: VecDeque<u32>,
+    /// The last tier's main queue: sealed segments of the copies it keeps (reinsertions,
+    /// and demotions from the tier above), oldest first. Empty in other tiers.
+    pub main: VecDeque<u32>,
     pub reclaim: Vec<u32>,
 }
 
@@ -209,6 +221,10 @@ pub(crate) struct Tier {
     pub lists: Mutex<Lists>,
     /// The open segments demotions from the tier above append to, per TTL bucket.
     pub mover: Mutex<HashMap<u16, Appender>>,
+    /// The open segments reinsertions within this tier append to, per TTL bucket (used
+    /// by the last tier only; apart from `mover` because an eviction that reinserts may
+    /// run inside a demotion that holds `mover`).
+    pub reinsert: Mutex<HashMap<u16, Appender>>,
     pub counters: TierCounters,
 }
 
@@ -224,6 +240,7 @@ impl Tier {
             base,
             durable,
             mover: Mutex::new(HashMap::new()),
+            reinsert: Mutex::new(HashMap::new()),
             counters: TierCounters::default(),
         }
     }
@@ -233,11 +250,13 @@ impl Tier {
         TierStats {
             segments: self.area.count(),
             free_segments: lists.free.len(),
-            sealed_segments: lists.fifo.len(),
+            sealed_segments: lists.fifo.len() + lists.main.len(),
             hits: self.counters.hits.load(Ordering::Relaxed),
             segments_evicted: self.counters.segments_evicted.load(Ordering::Relaxed),
             items_evicted: self.counters.items_evicted.load(Ordering::Relaxed),
             demotions_in: self.counters.demotions_in.load(Ordering::Relaxed),
+            reinserted: self.counters.reinserted.load(Ordering::Relaxed),
+            dead_bytes: 0,
             inline_evictions: self.counters.inline_evictions.load(Ordering::Relaxed),
             background_evictions: self.counters.background_evictions.load(Ordering::Relaxed),
             durability: Some(self.area.region().durability()),

@@ -6,7 +6,8 @@
 //! neither.
 //!
 //! Invariant on return: every indexed item is the only LIVE item of its key on any file
-//! tier, in a `Sealed` segment listed in its tier's FIFO (oldest write sequence first);
+//! tier, in a `Sealed` segment listed in its tier's queue — the main queue in the last
+//! tier, the FIFO in others — oldest write sequence first, with its dead bytes counted;
 //! every other slot is `Free` and in the free list.
 
 use std::collections::HashMap;
@@ -107,12 +108,14 @@ impl Cache {
             if let Some(offsets) = saved.and_then(|s| s.offsets_for(id, header.write_seq)) {
                 // Clean shutdown: the saved items only, no checksum pass (see `saved`).
                 let end = reader.committed_end() as usize;
+                let mut live_bytes = 0u32;
                 for &offset in offsets
                     .iter()
                     .filter(|&&o| o as usize >= segment::HEADER_LEN)
                 {
                     match item::decode(bytes, offset, end) {
                         Ok(i) if i.state == ItemState::Live => {
+                            live_bytes = live_bytes.saturating_add(i.len);
                             live.entry(i.key.to_vec()).or_default().push(Location {
                                 segment: id,
                                 offset,
@@ -122,7 +125,8 @@ impl Cache {
                     }
                 }
                 report.from_saved_index += 1;
-                Self::keep_segment(area, slot, &header, &meta[id as usize], kept, report);
+                let dead = reader.commit().committed.saturating_sub(live_bytes);
+                Self::keep_segment(area, slot, &header, &meta[id as usize], dead, kept, report);
                 continue;
             }
             let end = reader.verify();
@@ -133,23 +137,30 @@ impl Cache {
                 }
                 continue;
             }
-            for item in reader.items().filter(|i| i.state == ItemState::Live) {
+            let mut dead = 0u32;
+            for item in reader.items() {
+                if item.state != ItemState::Live {
+                    dead = dead.saturating_add(item.len);
+                    continue;
+                }
                 live.entry(item.key.to_vec()).or_default().push(Location {
                     segment: id,
                     offset: item.offset,
                 });
             }
-            Self::keep_segment(area, slot, &header, &meta[id as usize], kept, report);
+            Self::keep_segment(area, slot, &header, &meta[id as usize], dead, kept, report);
         }
         Ok(())
     }
 
-    /// Records a segment whose items are kept: `Sealed`, in the FIFO by write sequence.
+    /// Records a segment whose items are kept: `Sealed`, queued by write sequence,
+    /// with `dead` bytes of items that are not LIVE.
     fn keep_segment(
         area: &mut SegmentArea,
         slot: u32,
         header: &SegmentHeader,
         m: &SegMeta,
+        dead: u32,
         kept: &mut Vec<(u64, u32)>,
         report: &mut RecoveryReport,
     ) {
@@ -157,6 +168,7 @@ impl Cache {
         m.expires_at.store(header.expires_at, Ordering::Relaxed);
         m.ttl_bucket
             .store(u32::from(header.ttl_bucket), Ordering::Relaxed);
+        m.dead_bytes.store(dead, Ordering::Relaxed);
         area.set_state_exclusive(slot, SegState::Sealed);
         kept.push((header.write_seq, slot));
         report.segments += 1;
@@ -190,7 +202,7 @@ impl Cache {
                     continue;
                 };
                 if let Some(pin) = self.tiers[t].area.pin(slot) {
-                    pin.set_state(loc.offset, ItemState::Dead)?;
+                    self.kill(&pin, loc)?;
                 }
             }
         }
