@@ -304,6 +304,9 @@ pub struct Cache {
     /// Where the mark and the saved index live.
     first_file_dir: Option<std::path::PathBuf>,
     clock_offset: AtomicI64,
+    /// Set by a clean shutdown while it demotes every live item of a volatile tier into
+    /// the durable tier below (`evict.rs`, `drain_volatile_tiers`).
+    draining: std::sync::atomic::AtomicBool,
     counters: Counters,
 }
 
@@ -476,6 +479,7 @@ impl Cache {
             seqmark: mark.map(|(m, _)| Mutex::new(m)),
             first_file_dir,
             clock_offset: AtomicI64::new(0),
+            draining: std::sync::atomic::AtomicBool::new(false),
             counters: Counters::default(),
         };
         cache.index_recovered(live, &mut report)?;

@@ -506,3 +506,50 @@ fn a_clean_shutdown_saves_the_index_and_the_next_open_uses_it_once() {
     assert_eq!(report.from_saved_index, 0);
     check(&c, &on_file, &deleted);
 }
+
+/// A clean shutdown moves the DRAM tier's items (the hottest, never demoted yet) into the
+/// file tier, so a warm restart of a dram+file cache keeps every item, not only the file
+/// tier's; deleted and overwritten values stay gone.
+#[test]
+fn a_clean_shutdown_keeps_the_dram_tiers_items_too() {
+    let dir = tier_dir();
+    let two_tiers = || dram_and_file(dir.path());
+    let mut expected: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut deleted = Vec::new();
+    {
+        let (c, _) = Cache::open(two_tiers()).unwrap();
+        for k in 0..200u32 {
+            let key = format!("k{k}").into_bytes();
+            c.set(&key, &value(k, 0), 0, 0).unwrap();
+            expected.insert(key, value(k, 0));
+        }
+        for k in (0..200u32).step_by(5) {
+            let key = format!("k{k}").into_bytes();
+            c.set(&key, &value(k, 1), 0, 0).unwrap();
+            expected.insert(key, value(k, 1));
+        }
+        for k in (1..200u32).step_by(7) {
+            let key = format!("k{k}").into_bytes();
+            c.delete(&key).unwrap();
+            expected.remove(&key);
+            deleted.push(key);
+        }
+        // All of it is still in DRAM (tier 0): nothing was demoted yet.
+        for key in expected.keys() {
+            assert_eq!(c.get(key).unwrap().map(|g| g.tier()), Some(0));
+        }
+        c.shutdown().unwrap();
+    }
+    let (c, report) = Cache::open(two_tiers()).unwrap();
+    assert!(report.from_saved_index > 0, "{report:?}");
+    for (key, v) in &expected {
+        let g = c
+            .get(key)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{key:?} lost at a clean restart"));
+        assert_eq!(g.value(), &v[..]);
+    }
+    for key in &deleted {
+        assert!(c.get(key).unwrap().is_none(), "a deleted item came back");
+    }
+}

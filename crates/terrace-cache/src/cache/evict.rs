@@ -141,6 +141,44 @@ impl Drop for Movers {
 }
 
 impl Cache {
+    /// Clean shutdown, movers stopped and open segments sealed: every live item of a
+    /// volatile tier directly above a durable one is demoted into it, oldest segments
+    /// first (so if the durable tier must evict to make room, the newest items win), so a
+    /// warm restart keeps the DRAM tier's items too, not only the file tiers'. Uses the
+    /// ordinary eviction walk, so every copy is published like a mover's.
+    pub(super) fn drain_volatile_tiers(&self) -> Result<(), CacheError> {
+        for tier in 0..self.tiers.len().saturating_sub(1) {
+            if self.tiers[tier].durable || !self.tiers[tier + 1].durable {
+                continue;
+            }
+            let t = &self.tiers[tier];
+            let mut sealed: Vec<(u64, u32)> = (0..t.area.count())
+                .filter(|&slot| t.area.state(slot) == SegState::Sealed)
+                .map(|slot| {
+                    let seq = self.meta[(t.base + slot) as usize]
+                        .write_seq
+                        .load(Ordering::Acquire);
+                    (seq, slot)
+                })
+                .collect();
+            sealed.sort_unstable();
+            self.draining.store(true, Ordering::Relaxed);
+            let result = sealed.iter().try_for_each(|&(_, slot)| {
+                self.evict(
+                    tier,
+                    Victim {
+                        slot,
+                        probation: tier == 0,
+                    },
+                    false,
+                )
+            });
+            self.draining.store(false, Ordering::Relaxed);
+            result?;
+        }
+        Ok(())
+    }
+
     /// A free slot of `tier`: from the free list, from segments whose eviction finished
     /// and whose pins drained, or by evicting a sealed segment inline. Wakes the mover
     /// thread when the free list runs below its target.
@@ -265,11 +303,15 @@ impl Cache {
                 segment: id,
                 offset: item.offset,
             };
-            let hot = self
-                .index
-                .lookup(hash)
-                .find(|h| h.location() == loc)
-                .is_some_and(|h| h.frequency() > 0);
+            // A clean shutdown keeps every live item of a volatile tier (see
+            // `drain_volatile_tiers`), not only the hot ones.
+            let keep_all = !last && self.draining.load(Ordering::Relaxed);
+            let hot = keep_all
+                || self
+                    .index
+                    .lookup(hash)
+                    .find(|h| h.location() == loc)
+                    .is_some_and(|h| h.frequency() > 0);
             let copy = if !hot || expired {
                 None
             } else if !last {

@@ -102,12 +102,20 @@ pub(super) fn take(dir: &Path, shift: u8, segments: u32, bound: u64) -> Option<S
 }
 
 impl Cache {
-    /// Clean shutdown: seals the open segments and writes the saved index of the file
-    /// tiers (synced), so the next [`open`](Cache::open) does not scan them. Stop any
+    /// Clean shutdown: seals the open segments, demotes every live item of a DRAM tier
+    /// that sits directly above a file tier into it (so the restart keeps the hottest
+    /// items too), and writes the saved index of the file tiers (synced), so the next
+    /// [`open`](Cache::open) does not scan them. Stop any
     /// movers first ([`Movers`](super::Movers) holds the cache). Without a file tier this
     /// is just a drop.
     pub fn shutdown(self) -> Result<(), CacheError> {
         self.seal_all();
+        if self.first_file_dir.is_some() {
+            // The DRAM tier's items (the hottest) move into the file tier below it, then
+            // the segments they went to are sealed like the rest.
+            self.drain_volatile_tiers()?;
+            self.seal_all();
+        }
         let Some(dir) = self.first_file_dir.clone() else {
             return Ok(());
         };
