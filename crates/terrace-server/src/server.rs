@@ -174,8 +174,8 @@ async fn serve_until_signal(
             source,
         })?;
         announce("tcp", &local.to_string());
-        tokio::spawn(accept_tcp(
-            listener,
+        tokio::spawn(accept_loop(
+            Listener::Tcp(listener),
             Arc::clone(&shared),
             Arc::clone(&workers),
             stop_rx.clone(),
@@ -184,8 +184,8 @@ async fn serve_until_signal(
     if let Some(path) = &config.unix {
         let listener = bind_unix(path)?;
         announce("unix", &path.display().to_string());
-        tokio::spawn(accept_unix(
-            listener,
+        tokio::spawn(accept_loop(
+            Listener::Unix(listener),
             Arc::clone(&shared),
             Arc::clone(&workers),
             stop_rx.clone(),
@@ -256,29 +256,28 @@ async fn wait_for_signal() {
     }
 }
 
-async fn accept_tcp(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    workers: Arc<Workers>,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = stop.changed() => return,
-        };
-        match accepted.and_then(|(stream, _peer)| {
-            let _ = stream.set_nodelay(true);
-            stream.into_std()
-        }) {
-            Ok(stream) => workers.dispatch(&shared, Accepted::Tcp(stream)).await,
-            Err(e) => accept_failed(e).await,
+/// A listening socket of either kind.
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    /// The next connection, detached from this runtime so a worker can adopt it.
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Listener::Tcp(l) => {
+                let (stream, _peer) = l.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok(Accepted::Tcp(stream.into_std()?))
+            }
+            Listener::Unix(l) => Ok(Accepted::Unix(l.accept().await?.0.into_std()?)),
         }
     }
 }
 
-async fn accept_unix(
-    listener: UnixListener,
+async fn accept_loop(
+    listener: Listener,
     shared: Arc<Shared>,
     workers: Arc<Workers>,
     mut stop: watch::Receiver<bool>,
@@ -288,8 +287,8 @@ async fn accept_unix(
             r = listener.accept() => r,
             _ = stop.changed() => return,
         };
-        match accepted.and_then(|(stream, _peer)| stream.into_std()) {
-            Ok(stream) => workers.dispatch(&shared, Accepted::Unix(stream)).await,
+        match accepted {
+            Ok(connection) => workers.dispatch(&shared, connection).await,
             Err(e) => accept_failed(e).await,
         }
     }
