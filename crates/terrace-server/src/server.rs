@@ -97,8 +97,7 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
         .build()
         .map_err(ServeError::Runtime)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let workers =
-        Workers::start(config.threads, &shared, &stop_rx).map_err(ServeError::Runtime)?;
+    let workers = Workers::start(config.threads, &shared, &stop_rx).map_err(ServeError::Runtime)?;
     let workers = Arc::new(workers);
     let served = runtime.block_on(serve_until_signal(
         &config,
@@ -146,12 +145,13 @@ fn describe_tiers(config: &ServerConfig, cache: &Cache) {
         tracing::info!(tier = i, medium = %medium, bytes, durability = ?t.durability, "tier");
         let survives = match t.durability {
             Some(Durability::Power) => "survives a crash and a power loss",
-            Some(Durability::Process) => {
-                "survives a process crash, not a power loss (tmpfs)"
-            }
+            Some(Durability::Process) => "survives a process crash, not a power loss (tmpfs)",
             _ => "volatile",
         };
-        println!("terrace: tier {i}: {medium}, {} MiB, {survives}", bytes >> 20);
+        println!(
+            "terrace: tier {i}: {medium}, {} MiB, {survives}",
+            bytes >> 20
+        );
     }
 }
 

@@ -536,7 +536,10 @@ mod tests {
         let s = test_shared();
         // memcaslap's keys start with bytes such as 0x10.
         let key = "\x10\x10\tk\x7f";
-        assert_eq!(reply(&s, &format!("set {key} 0 0 1\r\nx\r\n")), "STORED\r\n");
+        assert_eq!(
+            reply(&s, &format!("set {key} 0 0 1\r\nx\r\n")),
+            "STORED\r\n"
+        );
         assert_eq!(
             reply(&s, &format!("get {key}\r\n")),
             format!("VALUE {key} 0 1\r\nx\r\nEND\r\n")
@@ -719,7 +722,10 @@ mod tests {
         for i in 0..10 {
             let key = format!("key{i}");
             assert_eq!(
-                reply(&s, &format!("set {key} {i} 0 {}\r\n{value}\r\n", value.len())),
+                reply(
+                    &s,
+                    &format!("set {key} {i} 0 {}\r\n{value}\r\n", value.len())
+                ),
                 "STORED\r\n"
             );
             keys.push(key);
@@ -737,7 +743,10 @@ mod tests {
         assert_eq!(replies.matches("VALUE key").count(), 11);
         assert_eq!(replies.matches("END\r\n").count(), 2);
         for (i, key) in keys.iter().enumerate() {
-            assert!(replies.contains(&format!("VALUE {key} {i} 100000 ")), "{key}");
+            assert!(
+                replies.contains(&format!("VALUE {key} {i} 100000 ")),
+                "{key}"
+            );
         }
         assert!(consumed > prefix);
     }
