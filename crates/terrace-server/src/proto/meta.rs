@@ -909,43 +909,8 @@ mod tests {
 
     /// Runs the requests of `input` as the connection loop would, swallowing what a step
     /// asks to skip; returns the replies and the last step.
-    fn run(shared: &Shared, input: &[u8]) -> (String, Step) {
-        let mut out = Vec::new();
-        let mut at = 0;
-        let mut skip = 0;
-        loop {
-            let n = skip.min(input.len() - at);
-            at += n;
-            skip -= n;
-            if at >= input.len() {
-                return (
-                    String::from_utf8_lossy(&out).into_owned(),
-                    Step::NeedMore { total: None },
-                );
-            }
-            let line = match split_line(&input[at..]) {
-                Ok(line) => line,
-                Err(_) => {
-                    return (
-                        String::from_utf8_lossy(&out).into_owned(),
-                        Step::NeedMore { total: None },
-                    )
-                }
-            };
-            let step = handle(shared, line, &input[at..], &mut out);
-            match step {
-                Step::Done { consumed } => at += consumed,
-                Step::Swallow { consumed, skip: s } => {
-                    at += consumed;
-                    skip = s;
-                }
-                Step::NeedMore { .. } | Step::Close { .. } => {
-                    return (String::from_utf8_lossy(&out).into_owned(), step)
-                }
-                Step::Resume { .. } => panic!("meta requests are answered whole"),
-            }
-        }
-    }
+    /// Requests go through the text protocol, which hands meta lines to this module.
+    use crate::proto::drive_text as run;
 
     fn reply(shared: &Shared, input: &str) -> String {
         run(shared, input.as_bytes()).0

@@ -176,6 +176,44 @@ pub fn parse_i64(b: &[u8]) -> Option<i64> {
     }
 }
 
+/// Test support: every text request in `input` handled as the connection loop would,
+/// shared by the text and meta tests; returns the replies and the last step.
+#[cfg(test)]
+pub(crate) fn drive_text(shared: &Shared, input: &[u8]) -> (String, Step) {
+    let mut input = input.to_vec();
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut skip = 0usize;
+    loop {
+        if skip > 0 {
+            let n = skip.min(input.len() - at);
+            at += n;
+            skip -= n;
+        }
+        if at >= input.len() {
+            return (
+                String::from_utf8_lossy(&out).into_owned(),
+                Step::NeedMore { total: None },
+            );
+        }
+        let step = text::handle(shared, &input[at..], &mut out);
+        match step {
+            Step::Done { consumed } => at += consumed,
+            Step::Swallow { consumed, skip: s } => {
+                at += consumed;
+                skip = s;
+            }
+            Step::Resume { prefix, consumed } => {
+                input.copy_within(at..at + prefix, at + consumed - prefix);
+                at += consumed - prefix;
+            }
+            Step::NeedMore { .. } | Step::Close { .. } => {
+                return (String::from_utf8_lossy(&out).into_owned(), step)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -475,42 +475,7 @@ mod tests {
     use super::*;
     use crate::shared::test_shared;
 
-    /// Runs every request in `input` as the connection loop would; returns the replies and
-    /// the last step.
-    fn run(shared: &Shared, input: &[u8]) -> (String, Step) {
-        let mut input = input.to_vec();
-        let mut out = Vec::new();
-        let mut at = 0;
-        let mut skip = 0usize;
-        loop {
-            if skip > 0 {
-                let n = skip.min(input.len() - at);
-                at += n;
-                skip -= n;
-            }
-            if at >= input.len() {
-                return (
-                    String::from_utf8_lossy(&out).into_owned(),
-                    Step::NeedMore { total: None },
-                );
-            }
-            let step = handle(shared, &input[at..], &mut out);
-            match step {
-                Step::Done { consumed } => at += consumed,
-                Step::Swallow { consumed, skip: s } => {
-                    at += consumed;
-                    skip = s;
-                }
-                Step::Resume { prefix, consumed } => {
-                    input.copy_within(at..at + prefix, at + consumed - prefix);
-                    at += consumed - prefix;
-                }
-                Step::NeedMore { .. } | Step::Close { .. } => {
-                    return (String::from_utf8_lossy(&out).into_owned(), step)
-                }
-            }
-        }
-    }
+    use crate::proto::drive_text as run;
 
     fn reply(shared: &Shared, input: &str) -> String {
         run(shared, input.as_bytes()).0
