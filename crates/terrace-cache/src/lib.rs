@@ -284,8 +284,7 @@
 //!   its own main queue, their frequency lowered by one (a CLOCK with a two-bit counter:
 //!   an item nobody reads survives at most three more passes, and one eviction copies at
 //!   most 3/4 of a segment, so eviction always frees space). Its main queue is evicted
-//!   oldest first, except that while its dead bytes exceed a tenth of the tier, its
-//!   deadest segment goes first. In a single-tier cache, new writes go to a small
+//!   oldest first. In a single-tier cache, new writes go to a small
 //!   probation queue (a tenth of the segments, S3-FIFO's small queue) evicted first while
 //!   longer than that, its items with hits promoted to the main queue; with more tiers,
 //!   tier 0 plays that part. What a probation stage drops is remembered in a ghost
