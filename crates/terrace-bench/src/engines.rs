@@ -61,6 +61,7 @@ pub struct TerraceOptions<'a> {
     pub tiers: &'a Tiers,
     pub dir: Option<PathBuf>,
     pub max_value: u64,
+    pub promote: bool,
     pub expected_items: usize,
     pub mover_interval: Duration,
     pub segment_size: Option<u64>,
@@ -110,6 +111,7 @@ impl Terrace {
                 .context("--value-size MAX is too large for the cache (at most 4 GiB - 1)")?;
         }
         config.limits = limits;
+        config.promote = o.promote;
         let (cache, _report) = Cache::open(config).context("cannot open the Terrace cache")?;
         let cache = Arc::new(cache);
         let movers = Some(Cache::start_movers(&cache, o.mover_interval));
@@ -157,6 +159,7 @@ impl Engine for Terrace {
             "background_evictions": s.background_evictions,
             "index_evictions": s.index_evictions,
             "demotions": s.demotions,
+            "promotions": s.promotions,
             "reinsertions": s.reinsertions,
             "mover_errors": s.mover_errors,
             "movers_running": self.movers.as_ref().is_some_and(Movers::is_running),

@@ -116,6 +116,9 @@ struct CacheArgs {
     /// Terrace: mover thread polling interval, microseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     mover_interval_us: u64,
+    /// Terrace: promote items read often in a lower tier into tier 0 (off by default).
+    #[arg(long)]
+    promote: bool,
 }
 
 /// One thread's results.
@@ -244,6 +247,7 @@ fn open_engine(a: &CacheArgs) -> Result<Box<dyn Engine>> {
                 max_value: a.value_size.max,
                 expected_items: usize::try_from(expected).unwrap_or(usize::MAX),
                 mover_interval: Duration::from_micros(a.mover_interval_us),
+                promote: a.promote,
                 segment_size: a.segment_size,
                 key_len: workload::KEY_LEN,
                 mean_value,

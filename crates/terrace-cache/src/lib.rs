@@ -43,6 +43,8 @@
 //! - **stripe**: one of the engine's sets of open tier-0 segments (one per TTL bucket);
 //!   each thread appends through one stripe.
 //! - **demotion**: copying an item from tier *i* to *i + 1* when its segment is evicted.
+//! - **promotion**: copying an item read often in tier *i > 0* up into tier 0, done by
+//!   the mover thread when [`CacheConfig::promote`] is on (`cache/promote.rs`).
 //! - **commit word**: the last 8 bytes of a segment header: how many item bytes are
 //!   committed and their running checksum, stored as one aligned `u64`.
 //!
@@ -238,7 +240,7 @@
 //! # Metadata per item
 //! Index: 8-byte slots at 80% load plus a lock byte per 16 slots: about 10.1 bytes per
 //! item, if the index is sized for the items the cache really holds — the engine sizes
-//! it for the share of `expected_items` it keeps live (about 85%: part of the capacity is
+//! it for the share of `expected_items` it keeps live (about 80%: part of the capacity is
 //! free reserve, open segments and dead bytes; `cache::index_items`). The ghost filter
 //! adds a byte per three expected items (about 0.4 per item). Item header: 4–5 bytes for
 //! memcached-sized keys and values up to 16 KiB. Total about 15–16 bytes, inside the
@@ -309,15 +311,19 @@
 //! (`tests/engine_restart.rs`).
 //!
 //! Not yet (issue 5):
-//! - promotions from lower tiers (a hit in tier 1 is served there and stays there);
-//!   batching the movers' index updates; movers that adapt their target to the write
+//! - promotion that pays on this machine's tiers: it exists (`CacheConfig::promote`,
+//!   `cache/promote.rs`) but is off by default, because with tiers of equal speed it only
+//!   costs copies and space; a promoted copy could leave a replica behind instead of
+//!   killing its source, so that demoting it again is a repoint, not a copy;
+//! - batching the movers' index updates; movers that adapt their target to the write
 //!   rate; reclaiming expired segments ahead of FIFO order; sealing idle open segments
 //!   under pressure (an open segment is never evicted, so a rarely used TTL bucket keeps
 //!   its partly filled tier-0 segment until it fills, ages a TTL/8, or expires — and the
 //!   same holds for the last tier's reinsertion and demotion segments, per TTL bucket);
-//!   cleaning dead bytes without a policy pass (compaction), and size-aware eviction;
-//! - delayed flush, pools with quotas, per-tier item and byte counts, per-pool stats;
-//! - the benchmark harness (`terrace-bench`).
+//!   cleaning dead bytes without a policy pass (compaction that keeps FIFO order — evicting
+//!   dead-heavy segments first cost hit ratio; size-aware reinsertion, requiring more
+//!   hits of larger items, gained 0.2 point with that rule but lost it without);
+//! - delayed flush, pools with quotas, per-tier item and byte counts, per-pool stats.
 
 #![deny(unsafe_code)]
 

@@ -171,6 +171,9 @@ pub struct TierCounters {
     pub items_evicted: AtomicU64,
     /// Items copied into this tier from the tier above.
     pub demotions_in: AtomicU64,
+    /// Items copied into this tier (tier 0) from a lower tier because they were read
+    /// often there.
+    pub promotions_in: AtomicU64,
     /// Items with hits copied within this (last) tier when their segment was evicted.
     pub reinserted: AtomicU64,
     /// Evictions done on a request's critical path.
@@ -189,6 +192,7 @@ pub struct TierStats {
     pub segments_evicted: u64,
     pub items_evicted: u64,
     pub demotions_in: u64,
+    pub promotions_in: u64,
     pub reinserted: u64,
     /// Bytes of DEAD items (overwritten, deleted, or moved) in the tier's open and sealed
     /// segments: space that holds nothing until those segments are evicted.
@@ -255,6 +259,7 @@ impl Tier {
             segments_evicted: self.counters.segments_evicted.load(Ordering::Relaxed),
             items_evicted: self.counters.items_evicted.load(Ordering::Relaxed),
             demotions_in: self.counters.demotions_in.load(Ordering::Relaxed),
+            promotions_in: self.counters.promotions_in.load(Ordering::Relaxed),
             reinserted: self.counters.reinserted.load(Ordering::Relaxed),
             dead_bytes: 0,
             inline_evictions: self.counters.inline_evictions.load(Ordering::Relaxed),

@@ -229,6 +229,94 @@ fn eviction_demotes_hot_items_to_the_next_tier() {
     assert_eq!(c.get(b"hot0").unwrap().unwrap().tier(), 0);
 }
 
+/// A cache whose hot keys (`hot0..64`, read once) were demoted into tier 1 by a stream of
+/// cold writes.
+fn with_hot_keys_in_tier_1(dir: &std::path::Path, promote: bool) -> Cache {
+    let (c, _) = Cache::open(CacheConfig {
+        promote,
+        ..config(vec![
+            dram(2),
+            TierConfig::file(dir, TierSize::Bytes(4 * MIB)),
+        ])
+    })
+    .unwrap();
+    for k in 0..64u32 {
+        c.set(format!("hot{k}").as_bytes(), &value(k, 1000), k, 0)
+            .unwrap();
+        assert!(c.get(format!("hot{k}").as_bytes()).unwrap().is_some());
+    }
+    for k in 0..3000u32 {
+        c.set(format!("cold{k}").as_bytes(), &value(k, 1000), 0, 0)
+            .unwrap();
+    }
+    c
+}
+
+#[test]
+fn items_read_often_in_a_lower_tier_are_promoted_by_the_movers() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = with_hot_keys_in_tier_1(dir.path(), true);
+    let before = c.get(b"hot0").unwrap().unwrap();
+    assert_eq!(before.tier(), 1);
+    let cas = before.cas();
+    drop(before);
+    // The second read in tier 1 (the entry now has two hits) asks; the reader is served
+    // from tier 1 meanwhile, and the mover does the copy.
+    assert_eq!(c.get(b"hot0").unwrap().unwrap().tier(), 1);
+    assert_eq!(c.stats().promotions, 0);
+    c.maintain().unwrap();
+    let s = c.stats();
+    assert_eq!(s.promotions, 1, "{s:?}");
+    assert_eq!(s.tiers[0].promotions_in, 1);
+    let g = c.get(b"hot0").unwrap().unwrap();
+    assert_eq!(g.tier(), 0);
+    assert_eq!(g.value(), &value(0, 1000)[..]);
+    assert_eq!((g.client_flags(), g.cas()), (0, cas));
+    drop(g);
+    // A gets/cas pair spanning the promotion still succeeds.
+    assert!(matches!(
+        c.cas(b"hot0", b"new", 0, 0, cas).unwrap(),
+        Store::Stored { .. }
+    ));
+    // Asked for, then overwritten or deleted before the mover ran: the promotion is
+    // dropped, the old value never comes back.
+    for k in [1u32, 2] {
+        for _ in 0..2 {
+            assert_eq!(
+                c.get(format!("hot{k}").as_bytes()).unwrap().unwrap().tier(),
+                1
+            );
+        }
+    }
+    c.set(b"hot1", b"overwritten", 7, 0).unwrap();
+    assert!(c.delete(b"hot2").unwrap());
+    c.maintain().unwrap();
+    assert_eq!(c.stats().promotions, 1);
+    let g = c.get(b"hot1").unwrap().unwrap();
+    assert_eq!((g.value(), g.client_flags()), (&b"overwritten"[..], 7));
+    drop(g);
+    assert!(c.get(b"hot2").unwrap().is_none());
+    // An item three reads into tier 1 keeps its flags through the copy.
+    for _ in 0..2 {
+        c.get(b"hot3").unwrap();
+    }
+    c.maintain().unwrap();
+    let g = c.get(b"hot3").unwrap().unwrap();
+    assert_eq!((g.tier(), g.client_flags()), (0, 3));
+    assert_eq!(g.value(), &value(3, 1000)[..]);
+}
+
+#[test]
+fn without_promotion_hot_items_stay_in_their_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = with_hot_keys_in_tier_1(dir.path(), false);
+    for _ in 0..4 {
+        assert_eq!(c.get(b"hot0").unwrap().unwrap().tier(), 1);
+        c.maintain().unwrap();
+    }
+    assert_eq!(c.stats().promotions, 0);
+}
+
 #[test]
 fn a_guard_pins_its_segment_through_eviction() {
     let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
@@ -263,16 +351,36 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    op_over(KEYS, 16_000)
+}
+
+/// Operations on `keys` keys, values of set below `max_len` bytes.
+fn op_over(keys: u32, max_len: usize) -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..KEYS, any::<u32>(), 0usize..16_000).prop_map(|(k, s, n)| Op::Set(k, s, n)),
-        1 => (0..KEYS, any::<u32>()).prop_map(|(k, s)| Op::Add(k, s)),
-        1 => (0..KEYS, any::<u32>()).prop_map(|(k, s)| Op::Replace(k, s)),
-        1 => (0..KEYS, any::<u8>()).prop_map(|(k, b)| Op::Append(k, b)),
-        1 => (0..KEYS, any::<u32>(), any::<bool>()).prop_map(|(k, s, r)| Op::Cas(k, s, r)),
-        1 => (0..KEYS, any::<u8>()).prop_map(|(k, d)| Op::Incr(k, d)),
-        2 => (0..KEYS).prop_map(Op::Delete),
-        5 => (0..KEYS).prop_map(Op::Get),
+        6 => (0..keys, any::<u32>(), 0..max_len).prop_map(|(k, s, n)| Op::Set(k, s, n)),
+        1 => (0..keys, any::<u32>()).prop_map(|(k, s)| Op::Add(k, s)),
+        1 => (0..keys, any::<u32>()).prop_map(|(k, s)| Op::Replace(k, s)),
+        1 => (0..keys, any::<u8>()).prop_map(|(k, b)| Op::Append(k, b)),
+        1 => (0..keys, any::<u32>(), any::<bool>()).prop_map(|(k, s, r)| Op::Cas(k, s, r)),
+        1 => (0..keys, any::<u8>()).prop_map(|(k, d)| Op::Incr(k, d)),
+        2 => (0..keys).prop_map(Op::Delete),
+        5 => (0..keys).prop_map(Op::Get),
     ]
+}
+
+/// Tier 0 a small file (2 MiB, like a DRAM tier: 64 segments) that the tiered model
+/// operations overflow, tier 1
+/// 2 MiB of DRAM, promotion on.
+fn tiered_promoting(dir: &std::path::Path) -> Cache {
+    Cache::open(CacheConfig {
+        promote: true,
+        ..config(vec![
+            TierConfig::file(dir, TierSize::Bytes(2 * MIB)),
+            dram(2),
+        ])
+    })
+    .unwrap()
+    .0
 }
 
 fn key(k: u32) -> Vec<u8> {
@@ -312,7 +420,76 @@ proptest! {
     #[test]
     fn engine_matches_a_hashmap_model(ops in proptest::collection::vec(op(), 1..1200)) {
         let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+        check_against_model(&c, ops, KEYS, false)?;
+    }
+
+    /// The same with two tiers and promotion on, the movers' work (demotions,
+    /// promotions of keys read in tier 1) done after every read.
+    #[test]
+    fn a_tiered_engine_with_promotion_matches_a_hashmap_model(
+        ops in proptest::collection::vec(op_over(TIERED_KEYS, 12_000), 1..1200),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let c = tiered_promoting(dir.path());
+        check_against_model(&c, ops, TIERED_KEYS, true)?;
+    }
+}
+
+thread_local! {
+    static PROMOTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[test]
+fn the_tiered_model_test_exercises_promotion() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 4,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &proptest::collection::vec(op_over(TIERED_KEYS, 12_000), 1000..1200),
+            |ops| {
+                let dir = tempfile::tempdir().unwrap();
+                let c = tiered_promoting(dir.path());
+                check_against_model(&c, ops, TIERED_KEYS, true)?;
+                PROMOTED.with(|p| p.set(p.get() + c.stats().promotions));
+                Ok(())
+            },
+        )
+        .unwrap();
+    assert!(PROMOTED.with(|p| p.get()) > 0);
+}
+
+/// Keys of the tiered model test.
+const TIERED_KEYS: u32 = 100;
+
+/// Runs `ops` on `c` and on a model (keys `0..keys`). With `tiered`, first sets every key
+/// and reads it twice, then overflows tier 0 with other keys, so that the keys start in
+/// tier 1 with the hits that make their next read ask for promotion, and runs the movers'
+/// work after every read.
+fn check_against_model(
+    c: &Cache,
+    ops: Vec<Op>,
+    keys: u32,
+    tiered: bool,
+) -> Result<(), TestCaseError> {
+    {
         let mut model: HashMap<u32, (Vec<u8>, u64)> = HashMap::new();
+        if tiered {
+            for k in 0..keys {
+                let v = value(k, 3000);
+                let cas = c.set(&key(k), &v, 0, 0).unwrap();
+                model.insert(k, (v, cas));
+                for _ in 0..2 {
+                    c.get(&key(k)).unwrap();
+                }
+            }
+            for k in 0..1000 {
+                c.set(&key(keys + k), &value(k, 3000), 0, 0).unwrap();
+                c.maintain().unwrap();
+            }
+        }
+        let maintain = tiered;
         for op in ops {
             match op {
                 Op::Set(k, s, n) => {
@@ -324,8 +501,12 @@ proptest! {
                     let v = value(s, 10);
                     match c.add(&key(k), &v, 0, 0).unwrap() {
                         // Stored over a model value: the key had been evicted.
-                        Store::Stored { cas } => { model.insert(k, (v, cas)); }
-                        Store::NotStored => prop_assert!(model.contains_key(&k), "add refused an absent key"),
+                        Store::Stored { cas } => {
+                            model.insert(k, (v, cas));
+                        }
+                        Store::NotStored => {
+                            prop_assert!(model.contains_key(&k), "add refused an absent key")
+                        }
                         other => prop_assert!(false, "add returned {other:?}"),
                     }
                 }
@@ -336,24 +517,26 @@ proptest! {
                             prop_assert!(model.contains_key(&k), "replace stored an absent key");
                             model.insert(k, (v, cas));
                         }
-                        Store::NotStored => { model.remove(&k); }
+                        Store::NotStored => {
+                            model.remove(&k);
+                        }
                         other => prop_assert!(false, "replace returned {other:?}"),
                     }
                 }
-                Op::Append(k, b) => {
-                    match c.append(&key(k), &[b; 3]).unwrap() {
-                        Store::Stored { cas } => {
-                            let Some((v, _)) = model.get(&k).cloned() else {
-                                return Err(TestCaseError::fail("append stored an absent key"));
-                            };
-                            let mut v = v;
-                            v.extend_from_slice(&[b; 3]);
-                            model.insert(k, (v, cas));
-                        }
-                        Store::NotStored => { model.remove(&k); }
-                        other => prop_assert!(false, "append returned {other:?}"),
+                Op::Append(k, b) => match c.append(&key(k), &[b; 3]).unwrap() {
+                    Store::Stored { cas } => {
+                        let Some((v, _)) = model.get(&k).cloned() else {
+                            return Err(TestCaseError::fail("append stored an absent key"));
+                        };
+                        let mut v = v;
+                        v.extend_from_slice(&[b; 3]);
+                        model.insert(k, (v, cas));
                     }
-                }
+                    Store::NotStored => {
+                        model.remove(&k);
+                    }
+                    other => prop_assert!(false, "append returned {other:?}"),
+                },
                 Op::Cas(k, s, right) => {
                     let v = value(s, 20);
                     let given = match (model.get(&k), right) {
@@ -363,23 +546,32 @@ proptest! {
                     };
                     match c.cas(&key(k), &v, 0, 0, given).unwrap() {
                         Store::Stored { cas } => {
-                            prop_assert!(right && model.contains_key(&k), "cas stored with a wrong cas");
+                            prop_assert!(
+                                right && model.contains_key(&k),
+                                "cas stored with a wrong cas"
+                            );
                             model.insert(k, (v, cas));
                         }
                         Store::Exists => prop_assert!(!right || !model.contains_key(&k)),
-                        Store::NotFound => { model.remove(&k); }
+                        Store::NotFound => {
+                            model.remove(&k);
+                        }
                         other => prop_assert!(false, "cas returned {other:?}"),
                     }
                 }
                 Op::Incr(k, d) => {
-                    let numeric = model.get(&k).and_then(|(v, _)| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+                    let numeric = model
+                        .get(&k)
+                        .and_then(|(v, _)| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
                     match (c.incr(&key(k), u64::from(d)), numeric) {
                         (Ok(Some(n)), Some(old)) => {
                             prop_assert_eq!(n, old.wrapping_add(u64::from(d)));
                             let cas = c.get(&key(k)).unwrap().map_or(0, |g| g.cas());
                             model.insert(k, (n.to_string().into_bytes(), cas));
                         }
-                        (Ok(None), _) => { model.remove(&k); }
+                        (Ok(None), _) => {
+                            model.remove(&k);
+                        }
                         (Err(CacheError::NotANumber), None) => {}
                         (r, m) => prop_assert!(false, "incr {r:?} with model {m:?}"),
                     }
@@ -399,11 +591,14 @@ proptest! {
                     } else {
                         model.remove(&k);
                     }
+                    if maintain {
+                        c.maintain().unwrap();
+                    }
                 }
             }
         }
         // Final sweep: nothing the model lacks, nothing stale.
-        for k in 0..KEYS {
+        for k in 0..keys {
             if let Some(g) = c.get(&key(k)).unwrap() {
                 let Some((v, _)) = model.get(&k) else {
                     return Err(TestCaseError::fail(format!("key {k} came back")));
@@ -412,6 +607,7 @@ proptest! {
             }
         }
     }
+    Ok(())
 }
 
 #[test]

@@ -43,9 +43,27 @@ fn dram_and_file(dir: &Path) -> CacheConfig {
     ])
 }
 
+/// Two file tiers with promotion on: items reach tier 1 by demotion and come back up to
+/// tier 0 when read there (the child runs the movers), so a kill can land between a
+/// promoted copy turning LIVE and its source's death becoming durable.
+fn file_and_file_promoting(dir: &Path) -> CacheConfig {
+    let (upper, lower) = (dir.join("upper"), dir.join("lower"));
+    for d in [&upper, &lower] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    CacheConfig {
+        promote: true,
+        ..config(vec![
+            TierConfig::file(&upper, TierSize::Bytes(2 * MIB)),
+            TierConfig::file(&lower, TierSize::Bytes(4 * MIB)),
+        ])
+    }
+}
+
 fn crash_config(dir: &Path, layout: &str) -> CacheConfig {
     match layout {
         "dram+file" => dram_and_file(dir),
+        "file+file, promoting" => file_and_file_promoting(dir),
         _ => file_only(dir),
     }
 }
@@ -269,7 +287,7 @@ fn corrupt_segments_are_dropped_with_a_reason() {
 /// than DRAM holds in front of a file tier (so live items get demoted).
 fn crash_keys(layout: &str) -> u32 {
     match layout {
-        "dram+file" => 3000,
+        "dram+file" | "file+file, promoting" => 3000,
         _ => 64,
     }
 }
@@ -300,6 +318,10 @@ fn crash_child() {
         .unwrap_or(0);
     let layout = std::env::var("TERRACE_CRASH_TIERS").unwrap_or_default();
     let (c, _) = Cache::open(crash_config(dir, &layout)).unwrap();
+    let c = std::sync::Arc::new(c);
+    let _movers = layout
+        .contains("promoting")
+        .then(|| Cache::start_movers(&c, Duration::from_micros(200)));
     let mut log = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -313,8 +335,19 @@ fn crash_child() {
         rng ^= rng << 17;
         let k = (rng % keys) as u32;
         let key = format!("key{k}");
-        // Reads give keys hits, so that evictions demote them to the file tier.
-        let _ = c.get(format!("key{}", (rng >> 20) % keys).as_bytes());
+        // Reads give keys hits, so that evictions demote them to the file tier (and,
+        // promoting, bring them back up). Skewed: a tenth of the keys get most reads.
+        let read = if rng % 4 == 0 {
+            (rng >> 20) % keys
+        } else {
+            (rng >> 20) % (keys / 10)
+        };
+        let _ = c.get(format!("key{read}").as_bytes());
+        if op % 512 == 0 {
+            let promotions = c.stats().promotions.to_string();
+            std::fs::write(dir.join("promotions.tmp"), promotions).unwrap();
+            std::fs::rename(dir.join("promotions.tmp"), dir.join("promotions")).unwrap();
+        }
         if rng % 5 == 0 {
             c.delete(key.as_bytes()).unwrap();
             // One write(2) per line: a kill leaves whole lines (or none).
@@ -336,7 +369,15 @@ fn crash_kill_reopen_never_stale_dram_and_file_tiers() {
     crash_rounds("dram+file");
 }
 
-fn crash_rounds(layout: &str) {
+#[test]
+fn crash_kill_reopen_never_stale_while_promoting_between_file_tiers() {
+    let promotions = crash_rounds("file+file, promoting");
+    assert!(promotions > 0, "the child never promoted");
+}
+
+/// Kills the child four times and checks every reopen; returns the promotions the
+/// children reported (each writes its running count to a file now and then).
+fn crash_rounds(layout: &str) -> u64 {
     // Fast enough on tmpfs to wrap the tier's FIFO many times within the test.
     let dir = tier_dir();
     let exe = std::env::current_exe().unwrap();
@@ -345,6 +386,7 @@ fn crash_rounds(layout: &str) {
     // rounds start from: an in-flight write that reached the media is legitimately there.
     let mut survivors: HashMap<u32, u64> = HashMap::new();
     let mut total_ops = 0;
+    let mut promotions = 0;
     for round in 0..4u64 {
         let logged = std::fs::read_to_string(dir.path().join("acked.log")).unwrap_or_default();
         // Skip the number of the op that was in flight at the last kill.
@@ -361,6 +403,10 @@ fn crash_rounds(layout: &str) {
         std::thread::sleep(Duration::from_millis(150 + round * 70));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
+        if let Ok(n) = std::fs::read_to_string(dir.path().join("promotions")) {
+            promotions += n.parse::<u64>().unwrap_or(0);
+            std::fs::remove_file(dir.path().join("promotions")).unwrap();
+        }
 
         // The last acknowledged op per key; the op in flight is the one after the last
         // line (a line is written only after its op returned).
@@ -411,7 +457,10 @@ fn crash_rounds(layout: &str) {
         }
     }
     assert!(rounds_with_items > 0, "the child never got to write");
-    eprintln!("crash test ({layout}): {total_ops} acknowledged ops over 4 kills");
+    eprintln!(
+        "crash test ({layout}): {total_ops} acknowledged ops over 4 kills, {promotions} promotions"
+    );
+    promotions
 }
 
 #[test]

@@ -281,6 +281,7 @@ pub fn report(shared: &Shared) -> Vec<(String, Value)> {
     // Terrace's own.
     put("terrace_tiers", Value::Int(cache.tiers.len() as u64));
     put("terrace_demotions", Value::Int(cache.demotions));
+    put("terrace_promotions", Value::Int(cache.promotions));
     put(
         "terrace_inline_evictions",
         Value::Int(cache.inline_evictions),
@@ -311,6 +312,7 @@ pub fn report(shared: &Shared) -> Vec<(String, Value)> {
         tier("evicted_segments", t.segments_evicted);
         tier("evicted_items", t.items_evicted);
         tier("demotions_in", t.demotions_in);
+        tier("promotions_in", t.promotions_in);
         tier("inline_evictions", t.inline_evictions);
         tier("background_evictions", t.background_evictions);
     }

@@ -97,9 +97,10 @@ pub(super) struct Victim {
 
 /// Where [`Cache::copy_item`] copies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Dest {
-    /// The next tier's demotion segment (`Tier::mover`).
-    Demote,
+pub(super) enum Dest {
+    /// The tier's segment for items moved in from another tier (`Tier::mover`):
+    /// demotions from the tier above, promotions into tier 0 (`promote.rs`).
+    Moved,
     /// The same tier's reinsertion segment (`Tier::reinsert`).
     Reinsert,
 }
@@ -309,7 +310,7 @@ impl Cache {
                 None
             } else if !last {
                 let cas = self.cas_of(id, &item);
-                self.copy_item(next, Dest::Demote, &item, cas, now, src_expires, src_bucket)?
+                self.copy_item(next, Dest::Moved, &item, cas, now, src_expires, src_bucket)?
             } else if budget >= item.len as usize {
                 budget -= item.len as usize;
                 let cas = self.cas_of(id, &item);
@@ -397,7 +398,7 @@ impl Cache {
     /// items only from sources that expire no earlier (sources are evicted roughly in
     /// opening order, so this rarely opens a new one).
     #[allow(clippy::too_many_arguments)]
-    fn copy_item(
+    pub(super) fn copy_item(
         &self,
         tier: usize,
         dest: Dest,
@@ -413,7 +414,7 @@ impl Cache {
         };
         let t = &self.tiers[tier];
         let mut movers = match dest {
-            Dest::Demote => t.mover.lock(),
+            Dest::Moved => t.mover.lock(),
             Dest::Reinsert => t.reinsert.lock(),
         };
         let fits = |a: &Appender| {
@@ -434,7 +435,7 @@ impl Cache {
                 self.seal(tier, old, queue);
             }
             let app = match dest {
-                Dest::Demote => self.open_segment(tier, src_expires, src_bucket, now)?,
+                Dest::Moved => self.open_segment(tier, src_expires, src_bucket, now)?,
                 Dest::Reinsert => {
                     match self.open_segment_with(tier, src_expires, src_bucket, now, || {
                         self.reinsert_slot(tier)
@@ -533,6 +534,8 @@ impl Cache {
         }
         IN_MOVER.with(|m| m.set(true));
         let _flag = Flag;
+        // Promotions first: they take tier 0 space, which the loop below then refills.
+        self.run_promotions()?;
         let mut evicted = 0;
         for (i, t) in self.tiers.iter().enumerate() {
             let target = self.free_target(i);
@@ -592,7 +595,7 @@ impl Cache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::cell::RefCell;
     use std::path::Path;
     use std::sync::atomic::AtomicUsize;
@@ -610,7 +613,7 @@ mod tests {
         static BEFORE_PUBLISH: RefCell<Option<Hook>> = const { RefCell::new(None) };
     }
 
-    pub(super) fn before_publish(key: &[u8]) {
+    pub(in crate::cache) fn before_publish(key: &[u8]) {
         // Taken out while it runs: what it calls may evict (and get here) again.
         if let Some(mut hook) = BEFORE_PUBLISH.with(|h| h.borrow_mut().take()) {
             hook(key);
@@ -814,5 +817,87 @@ mod tests {
     #[test]
     fn a_reinsertion_racing_an_overwrite_never_brings_the_old_value_back() {
         reinsertion_racing_a_writer(true);
+    }
+
+    /// Two file tiers, promotion on.
+    fn promoting_files(dir: &Path) -> CacheConfig {
+        let (upper, lower) = (dir.join("upper"), dir.join("lower"));
+        for d in [&upper, &lower] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        CacheConfig {
+            promote: true,
+            ..config(vec![
+                TierConfig::file(&upper, TierSize::Bytes(1 << 20)),
+                TierConfig::file(&lower, TierSize::Bytes(1 << 20)),
+            ])
+        }
+    }
+
+    /// A writer replaces or deletes the key between the promotion's copy and its
+    /// publication: the copy must die, durably, or a restart would bring the old value
+    /// back from tier 0.
+    fn promotion_racing_a_writer(overwrite: bool) {
+        let dir = tier_dir();
+        let (c, _) = Cache::open(promoting_files(dir.path())).unwrap();
+        let c = std::sync::Arc::new(c);
+        c.set(b"victim", &value(0, 1), 0, 0).unwrap();
+        assert!(c.get(b"victim").unwrap().is_some());
+        // Cold writes push it down to tier 1 (one hit: demoted, not asked to promote).
+        let mut k = 0;
+        while c.get(b"victim").unwrap().unwrap().tier() == 0 {
+            c.set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0)
+                .unwrap();
+            if k % 8 == 0 {
+                c.maintain().unwrap();
+            }
+            k += 1;
+            assert!(k < 100_000, "the victim was never demoted");
+        }
+        // That read was its second hit; this one asks for the promotion.
+        assert_eq!(c.get(b"victim").unwrap().unwrap().tier(), 1);
+        let fired = std::sync::Arc::new(AtomicUsize::new(0));
+        {
+            let c = std::sync::Arc::clone(&c);
+            let fired = std::sync::Arc::clone(&fired);
+            BEFORE_PUBLISH.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |key: &[u8]| {
+                    if key != b"victim" || fired.load(Ordering::Relaxed) > 0 {
+                        return;
+                    }
+                    fired.fetch_add(1, Ordering::Relaxed);
+                    if overwrite {
+                        c.set(b"victim", &value(0, 2), 0, 0).unwrap();
+                    } else {
+                        assert!(c.delete(b"victim").unwrap());
+                    }
+                }))
+            });
+        }
+        c.maintain().unwrap();
+        BEFORE_PUBLISH.with(|h| h.borrow_mut().take());
+        assert_eq!(fired.load(Ordering::Relaxed), 1, "the promotion never ran");
+        assert_eq!(c.stats().promotions, 0);
+        let expect = overwrite.then(|| value(0, 2));
+        let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
+        assert_eq!(now, expect, "running cache");
+        let Ok(c) = std::sync::Arc::try_unwrap(c) else {
+            panic!("the hook let go of the cache");
+        };
+        drop(c); // not a clean shutdown: the next open scans the tier files
+        let (c, report) = Cache::open(promoting_files(dir.path())).unwrap();
+        assert_eq!(report.conflicts, 0, "{report:?}");
+        let after = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
+        assert_eq!(after, expect, "after a restart");
+    }
+
+    #[test]
+    fn a_promotion_racing_a_delete_never_brings_the_value_back() {
+        promotion_racing_a_writer(false);
+    }
+
+    #[test]
+    fn a_promotion_racing_an_overwrite_never_brings_the_old_value_back() {
+        promotion_racing_a_writer(true);
     }
 }

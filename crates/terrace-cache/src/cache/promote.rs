@@ -1,0 +1,116 @@
+//! Promotion: an item read often in a lower tier is copied up into tier 0, off the
+//! request path. A hit in tier *i > 0* whose index entry had already recorded
+//! [`PROMOTE_AFTER_HITS`] hits asks for its promotion — it leaves the key's hash and the
+//! item's location in a small queue, or nothing when the queue is full or another
+//! reader holds it (a promotion is a hint, never a wait) — and the mover thread
+//! ([`Cache::maintain`]) copies the queued items into tier 0's copy segment.
+//!
+//! A promoted item enters tier 0 with a frequency of 1: it is demoted again when its
+//! tier-0 segment is evicted (tier 0 is every tiered cache's probation stage), and it
+//! must record [`PROMOTE_AFTER_HITS`] hits again down there before a hit brings it back
+//! up, so an item cannot bounce between the tiers on every read. Off unless
+//! [`CacheConfig::promote`](super::CacheConfig::promote) is set.
+//!
+//! # Invariants
+//! A copy is published exactly as a demotion is (`evict.rs`): written PENDING, then under
+//! the key's bucket lock, only if the entry still points at the source and the source is
+//! still LIVE, made LIVE, the entry repointed, the source killed (persisted on a durable
+//! tier) — else the copy is killed. A writer needs the same lock to replace the key, so
+//! between the copy turning LIVE and the source's death being durable nothing newer of
+//! the key can exist: a crash there leaves two LIVE copies of the same value, of which
+//! restart keeps neither (a miss), never a stale value (the tests race a delete and an
+//! overwrite with a promotion at exactly that point, and restart). A reader never waits
+//! to ask (`try_lock`); the mover takes tier 0's copy lock before any lower tier's, the
+//! order evictions take them in.
+
+use std::sync::atomic::Ordering;
+
+use super::evict::Dest;
+use super::Cache;
+use crate::error::CacheError;
+use crate::index::Location;
+use crate::mem::SegState;
+
+/// Hits an entry must have recorded before a hit in a lower tier asks for its promotion.
+pub(super) const PROMOTE_AFTER_HITS: u8 = 2;
+
+/// Most promotions waiting at once (what one mover round copies at most).
+pub(super) const PROMOTION_QUEUE: usize = 1024;
+
+impl Cache {
+    /// Called on a hit in tier `tier` of an entry that had recorded `hits` hits: asks for
+    /// the item's promotion if it qualifies (see the module docs). Never blocks.
+    pub(super) fn consider_promotion(&self, tier: usize, hits: u8, hash: u64, loc: Location) {
+        if tier == 0 || hits < PROMOTE_AFTER_HITS || !self.promote {
+            return;
+        }
+        if let Some(mut queue) = self.promotions.try_lock() {
+            if queue.len() < PROMOTION_QUEUE {
+                queue.push((hash, loc));
+            }
+        }
+    }
+
+    /// Promotes every queued item that is still where it was asked from; returns how many
+    /// were promoted. Runs on the mover thread ([`Cache::maintain`]).
+    pub(super) fn run_promotions(&self) -> Result<usize, CacheError> {
+        let queued = std::mem::take(&mut *self.promotions.lock());
+        let mut promoted = 0;
+        for (hash, loc) in queued {
+            if self.promote_one(hash, loc)? {
+                promoted += 1;
+            }
+        }
+        Ok(promoted)
+    }
+
+    fn promote_one(&self, hash: u64, loc: Location) -> Result<bool, CacheError> {
+        let Some((tier, pin)) = self.pin(loc.segment) else {
+            return Ok(false);
+        };
+        if tier == 0 || !matches!(pin.state(), SegState::Sealed | SegState::Open) {
+            return Ok(false);
+        }
+        // Cheap checks first: moved, replaced or evicted since the hit asked.
+        if !self.index.lookup(hash).any(|h| h.location() == loc) {
+            return Ok(false);
+        }
+        let Ok(item) = pin.indexed_item(loc.offset) else {
+            return Ok(false);
+        };
+        let now = self.now();
+        if item.state != crate::item::ItemState::Live || self.expired(loc.segment, now) {
+            return Ok(false);
+        }
+        let meta = &self.meta[loc.segment as usize];
+        let src_expires = meta.expires_at.load(Ordering::Acquire);
+        let src_bucket = meta.ttl_bucket.load(Ordering::Acquire) as u16;
+        let cas = self.cas_of(loc.segment, &item);
+        let Some((dpin, dloc)) =
+            self.copy_item(0, Dest::Moved, &item, cas, now, src_expires, src_bucket)?
+        else {
+            return Ok(false);
+        };
+        #[cfg(test)]
+        super::evict::tests::before_publish(item.key);
+        let mut g = self.index.lock(hash);
+        let present = g.candidates().any(|l| l == loc);
+        let live = pin.item_state(loc.offset) == Some(crate::item::ItemState::Live);
+        if present && live && matches!(dpin.state(), SegState::Open | SegState::Sealed) {
+            dpin.set_state(dloc.offset, crate::item::ItemState::Live)?;
+            g.repoint(loc, dloc);
+            g.set_frequency(dloc, 1);
+            self.kill(&pin, loc)?;
+            self.counters.promotions.fetch_add(1, Ordering::Relaxed);
+            self.tiers[0]
+                .counters
+                .promotions_in
+                .fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        } else {
+            drop(g);
+            self.kill(&dpin, dloc)?;
+            Ok(false)
+        }
+    }
+}
