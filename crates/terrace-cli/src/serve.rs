@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// Logs as JSON lines.
     #[arg(long)]
     log_json: bool,
+    /// Copy items read often in a lower tier up into the first one, in the background
+    /// (worth it when the lower tiers are slower than DRAM: PMem, CXL, far NUMA memory).
+    #[arg(long)]
+    promote: bool,
 }
 
 fn parse_tiers(s: &str) -> Result<TierList, String> {
@@ -62,6 +66,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         max_connections: args.max_connections,
         metrics: args.metrics,
         log_json: args.log_json,
+        promote: args.promote,
     })
     .map_err(|e| e.to_string())?;
     init_logs(config.log_json);

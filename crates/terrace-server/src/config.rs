@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub metrics: Option<String>,
     /// Logs as JSON lines instead of text.
     pub log_json: bool,
+    /// Promote items read often in a lower tier into the first (see `terrace-cache`).
+    pub promote: bool,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +55,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             metrics: None,
             log_json: false,
+            promote: false,
         }
     }
 }
@@ -112,6 +115,7 @@ struct FileConfig {
     metrics: Option<String>,
     #[serde(alias = "log_json")]
     log_json: Option<bool>,
+    promote: Option<bool>,
 }
 
 /// Settings given on the command line (each `None` when the flag was absent).
@@ -128,6 +132,7 @@ pub struct Overrides {
     pub max_connections: Option<usize>,
     pub metrics: Option<String>,
     pub log_json: bool,
+    pub promote: bool,
 }
 
 impl ServerConfig {
@@ -168,6 +173,7 @@ impl ServerConfig {
             c.metrics = Some(v);
         }
         c.log_json |= flags.log_json;
+        c.promote |= flags.promote;
         c.validate()?;
         Ok(c)
     }
@@ -228,6 +234,9 @@ impl ServerConfig {
         if let Some(v) = f.log_json {
             self.log_json = v;
         }
+        if let Some(v) = f.promote {
+            self.promote = v;
+        }
         Ok(())
     }
 
@@ -283,9 +292,10 @@ mod tests {
         let mut c = ServerConfig::default();
         c.apply_toml(
             "listen = \"127.0.0.1:9\"\ntiers = \"dram:1,file:3\"\ncapacity = \"1GiB\"\n\
-             max-item-size = 2097152\nthreads = 3\nmax_connections = 10\n",
+             max-item-size = 2097152\nthreads = 3\nmax_connections = 10\npromote = true\n",
         )
         .unwrap();
+        assert!(c.promote);
         assert_eq!(c.listen.as_deref(), Some("127.0.0.1:9"));
         assert_eq!(c.capacity, Some(1 << 30));
         assert_eq!(c.max_item_size, 2 << 20);

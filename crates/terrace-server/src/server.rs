@@ -66,6 +66,7 @@ pub fn open_cache(
         ..CacheLimits::default()
     };
     cache_config.stripes = config.threads;
+    cache_config.promote = config.promote;
     Ok(Cache::open(cache_config)?)
 }
 
