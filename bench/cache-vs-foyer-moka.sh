@@ -2,7 +2,12 @@
 # Terrace's cache against foyer and moka, in one run, on issue 5's "Done when" workload:
 #   --capacity 256MiB --keys 2000000 --zipf 0.99 --value-size 64-4096 --ops 10000000
 #   --threads 2 --get-ratio 0.9
-# for terrace (dram:1), terrace (dram:1,file:3, the file tier on /dev/shm), foyer and moka.
+# for terrace (dram:1), terrace (dram:1,file:3, the file tier on /dev/shm), foyer and moka;
+# then terrace again at the same memory as the leaner of foyer and moka ("terrace-same-
+# memory"): foyer and moka count only key + value bytes against --capacity, Terrace its
+# whole segment space (item headers and dead copies too), so this run gives Terrace the
+# segment space that brings its peak RSS just under theirs (their lower peak RSS, less
+# what Terrace's first run used beyond its segments, less one 2 MiB segment).
 # Each engine runs in its own process, so peak RSS is per engine. Prints a Markdown table
 # (ratios against terrace dram:1) and keeps the raw JSON lines.
 #
@@ -27,7 +32,7 @@ VALUE_SIZE=${VALUE_SIZE:-64-4096}
 OPS=${OPS:-10000000}
 THREADS=${THREADS:-2}
 GET_RATIO=${GET_RATIO:-0.9}
-ENGINES=${ENGINES:-terrace terrace-tiered foyer moka}
+ENGINES=${ENGINES:-terrace terrace-tiered foyer moka terrace-same-memory}
 TIER_DIR=${TIER_DIR:-/dev/shm}
 OUT=${OUT:-${TMPDIR:-/tmp}/terrace-bench-cache-$(date -u +%Y%m%dT%H%M%SZ).jsonl}
 
@@ -36,21 +41,40 @@ bin="${CARGO_TARGET_DIR:-$root/target}/release/terrace-bench"
 mkdir -p "$(dirname "$OUT")"
 : >"$OUT"
 
-common=(--capacity "$CAPACITY" --keys "$KEYS" --zipf "$ZIPF" --value-size "$VALUE_SIZE"
+common=(--keys "$KEYS" --zipf "$ZIPF" --value-size "$VALUE_SIZE"
         --ops "$OPS" --threads "$THREADS" --get-ratio "$GET_RATIO" --json)
+
+# The segment space that puts Terrace's peak RSS just under foyer's and moka's (see above).
+same_memory_capacity() {
+    python3 - "$OUT" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+t = next(r for r in rows if r["engine"] == "terrace" and r["tiers"] == "dram:1")
+others = [r["peak_rss_bytes"] for r in rows if r["engine"] in ("foyer", "moka")]
+seg = 2 << 20
+room = min(others) - (t["peak_rss_bytes"] - t["capacity_bytes"]) - seg
+print(f"{max(room // seg, 1) * 2}MiB")
+PY
+}
 
 for e in $ENGINES; do
     case "$e" in
         terrace) args=(--engine terrace --tiers dram:1) ;;
+        terrace-same-memory)
+            cap=$(same_memory_capacity)
+            echo "+ terrace at the same memory as foyer and moka: --capacity $cap" >&2
+            echo "+ terrace-bench cache --engine terrace --tiers dram:1 --capacity $cap ${common[*]} $*" >&2
+            "$bin" cache --engine terrace --tiers dram:1 --capacity "$cap" "${common[@]}" "$@" >>"$OUT"
+            continue ;;
         terrace-tiered) args=(--engine terrace --tiers dram:1,file:3 --dir "$TIER_DIR") ;;
         foyer | moka) args=(--engine "$e") ;;
         *) echo "unknown engine run: $e" >&2; exit 2 ;;
     esac
-    echo "+ terrace-bench cache ${args[*]} ${common[*]} $*" >&2
-    "$bin" cache "${args[@]}" "${common[@]}" "$@" >>"$OUT"
+    echo "+ terrace-bench cache ${args[*]} --capacity $CAPACITY ${common[*]} $*" >&2
+    "$bin" cache "${args[@]}" --capacity "$CAPACITY" "${common[@]}" "$@" >>"$OUT"
 done
 
-echo "command: terrace-bench cache --engine E ${common[*]} $*" >&2
+echo "command: terrace-bench cache --engine E --capacity $CAPACITY ${common[*]} $*" >&2
 echo "results: $OUT" >&2
 python3 - "$OUT" <<'EOF'
 import json, sys
@@ -64,7 +88,7 @@ def num(v, fmt="{:.0f}"):
 def mib(v):
     return "–" if v is None else f"{v / 2**20:.0f}"
 
-hdr = ["engine", "tiers", "ops/s", "× terrace", "hit ratio", "get p50/p99/p99.9 ns",
+hdr = ["engine", "tiers", "capacity MiB", "ops/s", "× terrace", "hit ratio", "get p50/p99/p99.9 ns",
        "set p50/p99/p99.9 ns", "peak RSS MiB", "items", "meta B/item", "inline evict %"]
 print("| " + " | ".join(hdr) + " |")
 print("|" + "---|" * len(hdr))
@@ -75,7 +99,7 @@ for r in rows:
     if isinstance(st, dict) and "inline_evictions" in st and st.get("sets"):
         inline = f"{100 * st['inline_evictions'] / st['sets']:.3f}"
     print("| " + " | ".join([
-        r["engine"], r["tiers"], num(r["ops_per_sec"]), ratio, num(r["hit_ratio"], "{:.4f}"),
+        r["engine"], r["tiers"], mib(r.get("capacity_bytes")), num(r["ops_per_sec"]), ratio, num(r["hit_ratio"], "{:.4f}"),
         f"{num(r['get_p50_ns'])}/{num(r['get_p99_ns'])}/{num(r['get_p999_ns'])}",
         f"{num(r['set_p50_ns'])}/{num(r['set_p99_ns'])}/{num(r['set_p999_ns'])}",
         mib(r["peak_rss_bytes"]), num(r["items"]), num(r["metadata_bytes_per_item"], "{:.1f}"),
