@@ -1230,32 +1230,6 @@ impl Cache {
                 .tiers
                 .iter()
                 .map(|t| {
-                    if std::env::var("DUMPDEAD").is_ok() {
-                        let l = t.lists.lock();
-                        let v: Vec<u32> = l
-                            .main
-                            .iter()
-                            .map(|&sl| {
-                                self.meta[(t.base + sl) as usize]
-                                    .dead_bytes
-                                    .load(Ordering::Relaxed)
-                                    * 100
-                                    / (1 << self.shift)
-                            })
-                            .collect();
-                        let f: Vec<u32> = l
-                            .fifo
-                            .iter()
-                            .map(|&sl| {
-                                self.meta[(t.base + sl) as usize]
-                                    .dead_bytes
-                                    .load(Ordering::Relaxed)
-                                    * 100
-                                    / (1 << self.shift)
-                            })
-                            .collect();
-                        eprintln!("main {v:?}\nfifo {f:?}");
-                    }
                     let mut st = t.stats();
                     st.dead_bytes = (t.base..t.base + t.area.count())
                         .filter(|&id| {
