@@ -749,6 +749,45 @@ pub(super) mod tests {
         assert!(s.items as u64 <= TIER / 400, "{s:?}");
     }
 
+    /// Installs the [`before_publish`] hook: the first time a copy of `victim` is about
+    /// to be published, the key is overwritten (with `value(0, 2)`) or deleted. Returns
+    /// how many times it fired.
+    fn race_a_writer_before_publishing(
+        c: &std::sync::Arc<Cache>,
+        overwrite: bool,
+    ) -> std::sync::Arc<AtomicUsize> {
+        let fired = std::sync::Arc::new(AtomicUsize::new(0));
+        let c = std::sync::Arc::clone(c);
+        let count = std::sync::Arc::clone(&fired);
+        BEFORE_PUBLISH.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |key: &[u8]| {
+                if key != b"victim" || count.load(Ordering::Relaxed) > 0 {
+                    return;
+                }
+                count.fetch_add(1, Ordering::Relaxed);
+                if overwrite {
+                    c.set(b"victim", &value(0, 2), 0, 0).unwrap();
+                } else {
+                    assert!(c.delete(b"victim").unwrap());
+                }
+            }))
+        });
+        fired
+    }
+
+    /// Drops the cache without a clean shutdown, reopens its files with `config` (a
+    /// scan) and checks that `victim` holds `expect` and no key has two LIVE items.
+    fn crash_and_check(c: std::sync::Arc<Cache>, config: CacheConfig, expect: Option<Vec<u8>>) {
+        let Ok(c) = std::sync::Arc::try_unwrap(c) else {
+            panic!("the hook let go of the cache");
+        };
+        drop(c);
+        let (c, report) = Cache::open(config).unwrap();
+        assert_eq!(report.conflicts, 0, "{report:?}");
+        let after = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
+        assert_eq!(after, expect, "after a restart");
+    }
+
     /// A reinsertion in a durable (file) tier races with a delete or an overwrite of the
     /// same key, between copying the item and publishing the copy. The copy must die:
     /// neither the running cache nor a restart may bring the old value back (the
@@ -763,24 +802,7 @@ pub(super) mod tests {
             c.get(b"victim").unwrap().is_some(),
             "a hit: it will be reinserted"
         );
-        let fired = std::sync::Arc::new(AtomicUsize::new(0));
-        {
-            let c = std::sync::Arc::clone(&c);
-            let fired = std::sync::Arc::clone(&fired);
-            BEFORE_PUBLISH.with(|h| {
-                *h.borrow_mut() = Some(Box::new(move |key: &[u8]| {
-                    if key != b"victim" || fired.load(Ordering::Relaxed) > 0 {
-                        return;
-                    }
-                    fired.fetch_add(1, Ordering::Relaxed);
-                    if overwrite {
-                        c.set(b"victim", &value(0, 2), 0, 0).unwrap();
-                    } else {
-                        assert!(c.delete(b"victim").unwrap());
-                    }
-                }))
-            });
-        }
+        let fired = race_a_writer_before_publishing(&c, overwrite);
         // Evictions run in `maintain`, as the mover thread runs them: with no lock held,
         // so that the hook's write can get in (an inline eviction holds its writer's
         // stripe lock, and the hook would wait for itself).
@@ -799,14 +821,7 @@ pub(super) mod tests {
         let expect = overwrite.then(|| value(0, 2));
         let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
         assert_eq!(now, expect, "running cache");
-        let Ok(c) = std::sync::Arc::try_unwrap(c) else {
-            panic!("the hook let go of the cache");
-        };
-        drop(c); // not a clean shutdown: the next open scans the tier file
-        let (c, report) = Cache::open(file_only(dir.path())).unwrap();
-        assert_eq!(report.conflicts, 0, "{report:?}");
-        let after = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
-        assert_eq!(after, expect, "after a restart");
+        crash_and_check(c, file_only(dir.path()), expect);
     }
 
     #[test]
@@ -856,24 +871,7 @@ pub(super) mod tests {
         }
         // That read was its second hit; this one asks for the promotion.
         assert_eq!(c.get(b"victim").unwrap().unwrap().tier(), 1);
-        let fired = std::sync::Arc::new(AtomicUsize::new(0));
-        {
-            let c = std::sync::Arc::clone(&c);
-            let fired = std::sync::Arc::clone(&fired);
-            BEFORE_PUBLISH.with(|h| {
-                *h.borrow_mut() = Some(Box::new(move |key: &[u8]| {
-                    if key != b"victim" || fired.load(Ordering::Relaxed) > 0 {
-                        return;
-                    }
-                    fired.fetch_add(1, Ordering::Relaxed);
-                    if overwrite {
-                        c.set(b"victim", &value(0, 2), 0, 0).unwrap();
-                    } else {
-                        assert!(c.delete(b"victim").unwrap());
-                    }
-                }))
-            });
-        }
+        let fired = race_a_writer_before_publishing(&c, overwrite);
         c.maintain().unwrap();
         BEFORE_PUBLISH.with(|h| h.borrow_mut().take());
         assert_eq!(fired.load(Ordering::Relaxed), 1, "the promotion never ran");
@@ -881,14 +879,7 @@ pub(super) mod tests {
         let expect = overwrite.then(|| value(0, 2));
         let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
         assert_eq!(now, expect, "running cache");
-        let Ok(c) = std::sync::Arc::try_unwrap(c) else {
-            panic!("the hook let go of the cache");
-        };
-        drop(c); // not a clean shutdown: the next open scans the tier files
-        let (c, report) = Cache::open(promoting_files(dir.path())).unwrap();
-        assert_eq!(report.conflicts, 0, "{report:?}");
-        let after = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
-        assert_eq!(after, expect, "after a restart");
+        crash_and_check(c, promoting_files(dir.path()), expect);
     }
 
     #[test]
