@@ -125,6 +125,19 @@ pub enum Store {
     NotFound,
 }
 
+/// The outcome of an operation on a present key that may be conditional on its CAS
+/// (memcached's binary DELETE/APPEND/INCR and meta `md`/`ma` with a CAS): the check is
+/// made against the very item the operation replaces or removes, under the same
+/// guarantee as [`Cache::cas`], never just before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked<T> {
+    Done(T),
+    /// The key is absent.
+    NotFound,
+    /// The key's CAS is not the one given.
+    Exists,
+}
+
 /// Cache-wide counters.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
@@ -807,20 +820,32 @@ impl Cache {
 
     /// Appends `data` to the key's value (flags and expiry kept).
     pub fn append(&self, key: &[u8], data: &[u8]) -> Result<Store, CacheError> {
-        self.concat(key, data, false)
+        self.concat(key, data, false, None)
     }
 
     /// Prepends `data` to the key's value (flags and expiry kept).
     pub fn prepend(&self, key: &[u8], data: &[u8]) -> Result<Store, CacheError> {
-        self.concat(key, data, true)
+        self.concat(key, data, true, None)
     }
 
-    fn concat(&self, key: &[u8], data: &[u8], front: bool) -> Result<Store, CacheError> {
+    /// Appends (or, with `front`, prepends) `data` to the key's value; with `if_cas`,
+    /// only to the item of that CAS ([`Store::Exists`] otherwise). A missing key is
+    /// [`Store::NotStored`].
+    pub fn concat(
+        &self,
+        key: &[u8],
+        data: &[u8],
+        front: bool,
+        if_cas: Option<u64>,
+    ) -> Result<Store, CacheError> {
         self.check_key(key)?;
         loop {
             let Some((cur, value)) = self.current(key) else {
                 return Ok(Store::NotStored);
             };
+            if if_cas.is_some_and(|want| want != cur.cas) {
+                return Ok(Store::Exists);
+            }
             let parts: [&[u8]; 2] = if front {
                 [data, &value]
             } else {
@@ -841,35 +866,61 @@ impl Cache {
 
     /// Adds `delta` to a decimal value (wrapping at 2^64, as memcached); `None` on a miss.
     pub fn incr(&self, key: &[u8], delta: u64) -> Result<Option<u64>, CacheError> {
-        self.arith(key, |v| v.wrapping_add(delta))
+        Ok(match self.arith(key, delta, true, None)? {
+            Checked::Done((value, _)) => Some(value),
+            _ => None,
+        })
     }
 
     /// Subtracts `delta` from a decimal value (stopping at 0, as memcached).
     pub fn decr(&self, key: &[u8], delta: u64) -> Result<Option<u64>, CacheError> {
-        self.arith(key, |v| v.saturating_sub(delta))
+        Ok(match self.arith(key, delta, false, None)? {
+            Checked::Done((value, _)) => Some(value),
+            _ => None,
+        })
     }
 
-    fn arith(&self, key: &[u8], op: impl Fn(u64) -> u64) -> Result<Option<u64>, CacheError> {
+    /// Increments (`incr`) or decrements a decimal value as [`incr`](Self::incr) and
+    /// [`decr`](Self::decr) do; with `if_cas`, only the item of that CAS. Returns the new
+    /// value and the new item's CAS.
+    pub fn arith(
+        &self,
+        key: &[u8],
+        delta: u64,
+        incr: bool,
+        if_cas: Option<u64>,
+    ) -> Result<Checked<(u64, u64)>, CacheError> {
+        let op = |v: u64| {
+            if incr {
+                v.wrapping_add(delta)
+            } else {
+                v.saturating_sub(delta)
+            }
+        };
         self.check_key(key)?;
         loop {
             let Some((cur, value)) = self.current(key) else {
-                return Ok(None);
+                return Ok(Checked::NotFound);
             };
+            if if_cas.is_some_and(|want| want != cur.cas) {
+                return Ok(Checked::Exists);
+            }
             let n: u64 = std::str::from_utf8(&value)
                 .ok()
                 .and_then(|s| s.trim_end().parse().ok())
                 .ok_or(CacheError::NotANumber)?;
             let next = op(n);
             let text = next.to_string();
-            let r = self.write(
+            match self.write(
                 key,
                 &[text.as_bytes()],
                 cur.client_flags,
                 cur.expires_at,
                 Expect::At(cur.loc),
-            )?;
-            if r != Store::NotStored {
-                return Ok(Some(next));
+            )? {
+                Store::NotStored => {}
+                Store::Stored { cas } => return Ok(Checked::Done((next, cas))),
+                _ => return Ok(Checked::Done((next, 0))),
             }
         }
     }
@@ -898,24 +949,38 @@ impl Cache {
     /// Deletes `key`; returns whether a live item was there. The item is DEAD on media
     /// (persisted) before this returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool, CacheError> {
+        Ok(self.delete_checked(key, None)? == Checked::Done(()))
+    }
+
+    /// Deletes `key` as [`delete`](Self::delete) does; with `if_cas`, only the item of
+    /// that CAS (compared under the key's bucket lock).
+    pub fn delete_checked(
+        &self,
+        key: &[u8],
+        if_cas: Option<u64>,
+    ) -> Result<Checked<()>, CacheError> {
         self.check_key(key)?;
         let hash = self.index.hash_key(key);
         let now = self.now();
         let mut g = self.index.lock(hash);
         let (loc, was_live) = match self.find_locked(&g, key, now) {
+            Found::Live(cur) if if_cas.is_some_and(|want| want != cur.cas) => {
+                return Ok(Checked::Exists)
+            }
             Found::Live(cur) => (cur.loc, true),
             Found::Stale(loc) => (loc, false),
-            Found::None => return Ok(false),
+            Found::None => return Ok(Checked::NotFound),
         };
         g.remove(loc);
         if let Some((_, pin)) = self.pin(loc.segment) {
             self.kill(&pin, loc)?;
         }
         drop(g);
-        if was_live {
-            self.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        if !was_live {
+            return Ok(Checked::NotFound);
         }
-        Ok(was_live)
+        self.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        Ok(Checked::Done(()))
     }
 
     /// Removes every item: each is flipped DEAD (persisted) and its entry removed, one

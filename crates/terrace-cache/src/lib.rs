@@ -340,7 +340,9 @@ pub mod seqmark;
 pub mod spec;
 pub mod tier;
 
-pub use cache::{Cache, CacheConfig, Guard, Movers, RecoveryReport as CacheRecovery, Stats, Store};
+pub use cache::{
+    Cache, CacheConfig, Checked, Guard, Movers, RecoveryReport as CacheRecovery, Stats, Store,
+};
 pub use error::{CacheError, EncodeError, HeaderError, IndexError, ItemError};
 pub use index::{BucketGuard, Full, Hit, Index, IndexConfig, Location};
 pub use item::{ItemRef, ItemSpec, ItemState, Limits};

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use terrace_cache::item::Limits;
-use terrace_cache::{Cache, CacheConfig, CacheError, Store, TierConfig, TierSize};
+use terrace_cache::{Cache, CacheConfig, CacheError, Checked, Store, TierConfig, TierSize};
 
 const MIB: u64 = 1 << 20;
 
@@ -93,6 +93,64 @@ fn memcached_operations() {
     assert!(s.hits >= 2 && s.misses >= 4 && s.sets >= 8, "{s:?}");
     assert_eq!(s.tiers[0].hits, s.hits);
     assert_eq!(s.items, 0);
+}
+
+#[test]
+fn delete_concat_and_arith_can_be_conditional_on_the_cas() {
+    let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+    let cas = c.set(b"n", b"10", 5, 0).unwrap();
+    let stale = cas + 1;
+    // A wrong CAS refuses and changes nothing.
+    assert_eq!(
+        c.arith(b"n", 1, true, Some(stale)).unwrap(),
+        Checked::Exists
+    );
+    assert_eq!(
+        c.concat(b"n", b"0", false, Some(stale)).unwrap(),
+        Store::Exists
+    );
+    assert_eq!(
+        c.delete_checked(b"n", Some(stale)).unwrap(),
+        Checked::Exists
+    );
+    let g = c.get(b"n").unwrap().unwrap();
+    assert_eq!((g.value(), g.cas()), (&b"10"[..], cas));
+    drop(g);
+    // The right one applies, and the new CAS comes back with the result.
+    let Checked::Done((11, cas)) = c.arith(b"n", 1, true, Some(cas)).unwrap() else {
+        panic!("incr with the right CAS");
+    };
+    assert_eq!(c.get(b"n").unwrap().unwrap().cas(), cas);
+    let Checked::Done((6, cas)) = c.arith(b"n", 5, false, Some(cas)).unwrap() else {
+        panic!("decr with the right CAS");
+    };
+    let Store::Stored { cas } = c.concat(b"n", b"0", false, Some(cas)).unwrap() else {
+        panic!("append with the right CAS");
+    };
+    let Store::Stored { cas } = c.concat(b"n", b"1", true, Some(cas)).unwrap() else {
+        panic!("prepend with the right CAS");
+    };
+    let g = c.get(b"n").unwrap().unwrap();
+    assert_eq!(
+        (g.value(), g.client_flags(), g.cas()),
+        (&b"160"[..], 5, cas)
+    );
+    drop(g);
+    assert_eq!(
+        c.delete_checked(b"n", Some(cas)).unwrap(),
+        Checked::Done(())
+    );
+    // Absent keys.
+    assert_eq!(
+        c.delete_checked(b"n", Some(cas)).unwrap(),
+        Checked::NotFound
+    );
+    assert_eq!(c.delete_checked(b"n", None).unwrap(), Checked::NotFound);
+    assert_eq!(c.arith(b"n", 1, true, None).unwrap(), Checked::NotFound);
+    assert_eq!(
+        c.concat(b"n", b"x", false, Some(cas)).unwrap(),
+        Store::NotStored
+    );
 }
 
 #[test]

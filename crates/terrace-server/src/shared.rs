@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use terrace_cache::{Cache, CacheError, Guard, Store};
+use terrace_cache::{Cache, CacheError, Checked, Guard, Store};
 
 use crate::stats::{Counter, Counters};
 
@@ -208,6 +208,21 @@ impl Shared {
         flags: u32,
         exptime: i64,
     ) -> Result<Store, Failure> {
+        self.store_checked(op, key, value, flags, exptime, None)
+    }
+
+    /// [`store`](Self::store), with append and prepend applied only to the item of CAS
+    /// `if_cas` when one is given ([`Store::Exists`] otherwise; checked atomically with
+    /// the write). Other operations ignore `if_cas` (`StoreOp::Cas` carries its own).
+    pub fn store_checked(
+        &self,
+        op: StoreOp,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: i64,
+        if_cas: Option<u64>,
+    ) -> Result<Store, Failure> {
         self.counters.add(Counter::CmdSet, 1);
         let cache = &*self.cache;
         let fail = |e: CacheError| Failure::of(&e);
@@ -221,8 +236,8 @@ impl Shared {
             },
             StoreOp::Add => cache.add(key, value, flags, ttl).map_err(fail)?,
             StoreOp::Replace => cache.replace(key, value, flags, ttl).map_err(fail)?,
-            StoreOp::Append => self.concat(key, value, false)?,
-            StoreOp::Prepend => self.concat(key, value, true)?,
+            StoreOp::Append => self.concat(key, value, false, if_cas)?,
+            StoreOp::Prepend => self.concat(key, value, true, if_cas)?,
             StoreOp::Cas(cas) => {
                 let r = cache.cas(key, value, flags, ttl, cas).map_err(fail)?;
                 self.counters.add(
@@ -242,13 +257,16 @@ impl Shared {
         Ok(r)
     }
 
-    fn concat(&self, key: &[u8], data: &[u8], front: bool) -> Result<Store, Failure> {
-        let r = if front {
-            self.cache.prepend(key, data)
-        } else {
-            self.cache.append(key, data)
-        };
-        r.map_err(|e| Failure::of(&e))
+    fn concat(
+        &self,
+        key: &[u8],
+        data: &[u8],
+        front: bool,
+        if_cas: Option<u64>,
+    ) -> Result<Store, Failure> {
+        self.cache
+            .concat(key, data, front, if_cas)
+            .map_err(|e| Failure::of(&e))
     }
 
     /// A store whose exptime is already past: the answer the condition gives, and the
@@ -277,16 +295,25 @@ impl Shared {
 
     /// Counted delete: whether a live item was removed.
     pub fn delete(&self, key: &[u8]) -> Result<bool, Failure> {
-        let hit = self.cache.delete(key).map_err(|e| Failure::of(&e))?;
+        Ok(self.delete_checked(key, None)? == Checked::Done(()))
+    }
+
+    /// Counted delete of the item of CAS `if_cas` only, when one is given (compared
+    /// atomically with the removal); a refusal counts as a delete miss.
+    pub fn delete_checked(&self, key: &[u8], if_cas: Option<u64>) -> Result<Checked<()>, Failure> {
+        let r = self
+            .cache
+            .delete_checked(key, if_cas)
+            .map_err(|e| Failure::of(&e))?;
         self.counters.add(
-            if hit {
+            if r == Checked::Done(()) {
                 Counter::DeleteHits
             } else {
                 Counter::DeleteMisses
             },
             1,
         );
-        Ok(hit)
+        Ok(r)
     }
 
     /// Counted touch: whether the key was there.
@@ -309,13 +336,27 @@ impl Shared {
 
     /// Counted incr (`incr = true`) or decr: the new value, `None` on a miss.
     pub fn arith(&self, key: &[u8], delta: u64, incr: bool) -> Result<Option<u64>, Failure> {
-        let r = if incr {
-            self.cache.incr(key, delta)
-        } else {
-            self.cache.decr(key, delta)
-        }
-        .map_err(|e| Failure::of(&e))?;
-        let counter = match (incr, r.is_some()) {
+        Ok(match self.arith_checked(key, delta, incr, None)? {
+            Checked::Done((value, _)) => Some(value),
+            _ => None,
+        })
+    }
+
+    /// Counted incr or decr of the item of CAS `if_cas` only, when one is given (checked
+    /// atomically with the write): the new value and the new CAS. A refusal counts as a
+    /// hit (the key was there).
+    pub fn arith_checked(
+        &self,
+        key: &[u8],
+        delta: u64,
+        incr: bool,
+        if_cas: Option<u64>,
+    ) -> Result<Checked<(u64, u64)>, Failure> {
+        let r = self
+            .cache
+            .arith(key, delta, incr, if_cas)
+            .map_err(|e| Failure::of(&e))?;
+        let counter = match (incr, r != Checked::NotFound) {
             (true, true) => Counter::IncrHits,
             (true, false) => Counter::IncrMisses,
             (false, true) => Counter::DecrHits,

@@ -20,9 +20,10 @@
 //!   misses); errors are always sent, with cas 0, no extras and memcached's text as
 //!   the value (a GETK/GATK miss carries the key instead).
 //!
-//! Deliberate differences from memcached 1.6: a non-zero CAS on DELETE, APPEND, PREPEND,
-//! INCR and DECR is compared with the key's current CAS just before the operation, not
-//! atomically with it (the shared operations take no CAS); VERBOSITY is answered OK
+//! A non-zero CAS on DELETE, APPEND, PREPEND, INCR and DECR must be the key's, compared
+//! atomically with the operation (the cache's `Checked` operations), as memcached does.
+//!
+//! Deliberate differences from memcached 1.6: VERBOSITY is answered OK
 //! (memcached 1.6 no longer knows the opcode); the body length of TOUCH/GAT must be
 //! exactly extras + key (memcached does not check it and misframes); a non-raw data type
 //! is invalid (memcached ignores it); a body shorter than key + extras is "Invalid
@@ -30,7 +31,7 @@
 
 use std::fmt::Write as _;
 
-use terrace_cache::Store;
+use terrace_cache::{Checked, Store};
 
 use super::{push_decimal, Step};
 use crate::shared::{Failure, Shared, StoreOp};
@@ -413,6 +414,11 @@ impl Request<'_> {
         respond_error(out, &self.header, status);
     }
 
+    /// The request's CAS as a condition: 0 asks for none.
+    fn if_cas(&self) -> Option<u64> {
+        (self.header.cas != 0).then_some(self.header.cas)
+    }
+
     /// The big-endian u32 of the extras at `at`.
     fn extra_u32(&self, at: usize) -> u32 {
         u32::from_be_bytes(field(self.extras, at))
@@ -520,17 +526,15 @@ fn store(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     answer_store(request, out, result, not_stored);
 }
 
-/// APPEND/PREPEND (and quiet variants): a missing key is "Not stored.".
+/// APPEND/PREPEND (and quiet variants): a missing key is "Not stored."; a non-zero
+/// request CAS must be the item's.
 fn concat(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
-    if cas_differs(shared, request) {
-        return request.fail(out, Status::Exists);
-    }
     let op = if request.opcode.command == Command::Append {
         StoreOp::Append
     } else {
         StoreOp::Prepend
     };
-    let result = shared.store(op, request.key, request.value, 0, 0);
+    let result = shared.store_checked(op, request.key, request.value, 0, 0, request.if_cas());
     answer_store(request, out, result, Status::NotStored);
 }
 
@@ -551,14 +555,13 @@ fn answer_store(
     }
 }
 
-/// DELETE/DELETEQ: a miss is always reported.
+/// DELETE/DELETEQ: a miss is always reported; a non-zero request CAS must be the
+/// item's.
 fn delete(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
-    if cas_differs(shared, request) {
-        return request.fail(out, Status::Exists);
-    }
-    match shared.delete(request.key) {
-        Ok(true) => request.ok(out, 0, &[]),
-        Ok(false) => request.fail(out, Status::NotFound),
+    match shared.delete_checked(request.key, request.if_cas()) {
+        Ok(Checked::Done(())) => request.ok(out, 0, &[]),
+        Ok(Checked::NotFound) => request.fail(out, Status::NotFound),
+        Ok(Checked::Exists) => request.fail(out, Status::Exists),
         Err(failure) => request.fail(out, Status::of(failure)),
     }
 }
@@ -570,23 +573,12 @@ fn arith(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     let delta = request.extra_u64(0);
     let initial = request.extra_u64(8);
     let expiration = request.extra_u32(16);
-    if cas_differs(shared, request) {
-        return request.fail(out, Status::Exists);
-    }
     let increment = request.opcode.command == Command::Increment;
-    match shared.arith(request.key, delta, increment) {
-        Ok(Some(value)) => {
-            if !request.opcode.quiet {
-                // The shared operation returns no CAS: read it (uncounted) after.
-                let cas = match shared.cache.get(request.key) {
-                    Ok(Some(item)) => item.cas(),
-                    _ => 0,
-                };
-                request.ok(out, cas, &value.to_be_bytes());
-            }
-        }
-        Ok(None) if expiration == NO_CREATE => request.fail(out, Status::NotFound),
-        Ok(None) => {
+    match shared.arith_checked(request.key, delta, increment, request.if_cas()) {
+        Ok(Checked::Done((value, cas))) => request.ok(out, cas, &value.to_be_bytes()),
+        Ok(Checked::Exists) => request.fail(out, Status::Exists),
+        Ok(Checked::NotFound) if expiration == NO_CREATE => request.fail(out, Status::NotFound),
+        Ok(Checked::NotFound) => {
             let mut text = Vec::with_capacity(20);
             push_decimal(&mut text, initial);
             let exptime = i64::from(expiration);
@@ -598,14 +590,6 @@ fn arith(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         }
         Err(failure) => request.fail(out, Status::of(failure)),
     }
-}
-
-/// For the operations whose shared call takes no CAS: whether the request carries a
-/// non-zero CAS and the key is present with another one. Checked just before the
-/// operation, not atomically with it; a missing key is left to the operation to report.
-fn cas_differs(shared: &Shared, request: &Request<'_>) -> bool {
-    let want = request.header.cas;
-    want != 0 && matches!(shared.cache.get(request.key), Ok(Some(item)) if item.cas() != want)
 }
 
 /// STAT: one response per stat (key: name, value: text), then an empty one. The key
@@ -881,6 +865,13 @@ mod tests {
         let r = call_one(&s, &request(0x04, &[], b"k", &[], r.cas));
         assert_eq!((r.status, r.cas), (0, 0));
         assert_eq!(get_value(&s, b"k"), None);
+        // INCR with the right CAS answers with the CAS of the item it wrote.
+        let cas = set(&s, b"n", b"41", 0);
+        let r = call_one(&s, &request(0x05, &arith_extras(1, 0, 0), b"n", &[], cas));
+        assert_eq!((r.status, r.value), (0, 42u64.to_be_bytes().to_vec()));
+        let now = call_one(&s, &request(0x00, &[], b"n", &[], 0));
+        assert_eq!(now.cas, r.cas);
+        assert_ne!(r.cas, cas);
     }
 
     #[test]

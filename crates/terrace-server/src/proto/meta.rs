@@ -41,11 +41,10 @@ use std::borrow::Cow;
 use base64::alphabet;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
-use terrace_cache::{Guard, Store};
+use terrace_cache::{Checked, Guard, Store};
 
 use super::{data_block, parse_i64, parse_u64, push_decimal, BadChunk, Line, Step};
 use crate::shared::{Expiry, Failure, Shared, StoreOp};
-use crate::stats::Counter;
 
 /// Most tokens a meta line may have, command and key included (memcached's
 /// `MFLAG_MAX_OPT_LENGTH`).
@@ -683,16 +682,10 @@ fn concat(
     value: &[u8],
 ) -> Result<Store, Failure> {
     let key = request.key();
-    if let Some(want) = request.flags.compare_cas.filter(|&c| c != 0) {
-        match current_cas(shared, key)? {
-            Some(have) if have != want => return Ok(Store::Exists),
-            Some(_) => {}
-            None if request.flags.vivify.is_none() => return Ok(Store::NotStored),
-            None => {}
-        }
-    }
+    // As memcached, C0 asks for no check; the check is atomic with the write.
+    let if_cas = request.flags.compare_cas.filter(|&c| c != 0);
     // exptime 0: the concatenation keeps the item's own expiry.
-    let result = shared.store(op, key, value, 0, 0)?;
+    let result = shared.store_checked(op, key, value, 0, 0, if_cas)?;
     let Some(exptime) = request.flags.vivify else {
         return Ok(result);
     };
@@ -702,7 +695,7 @@ fn concat(
     let flags = request.flags.client_flags.unwrap_or(0);
     match shared.store(StoreOp::Add, key, value, flags, exptime)? {
         // Created in between by another client: concatenate to it after all.
-        Store::NotStored => shared.store(op, key, value, 0, 0),
+        Store::NotStored => shared.store_checked(op, key, value, 0, 0, if_cas),
         created => Ok(created),
     }
 }
@@ -750,16 +743,13 @@ fn delete_item(shared: &Shared, request: &Request<'_>) -> Result<&'static [u8], 
             Store::NotStored | Store::NotFound => b"NF",
         });
     }
-    if let Some(want) = request.flags.compare_cas {
-        match current_cas(shared, key)? {
-            Some(have) if have == want => {}
-            found => {
-                shared.counters.add(Counter::DeleteMisses, 1);
-                return Ok(if found.is_some() { b"EX" } else { b"NF" });
-            }
-        }
-    }
-    Ok(if shared.delete(key)? { b"HD" } else { b"NF" })
+    Ok(
+        match shared.delete_checked(key, request.flags.compare_cas)? {
+            Checked::Done(()) => b"HD",
+            Checked::NotFound => b"NF",
+            Checked::Exists => b"EX",
+        },
+    )
 }
 
 // ---- ma ----
@@ -817,16 +807,18 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
     let key = request.key();
     let flags = &request.flags;
     let delta = flags.delta.unwrap_or(1);
-    // As memcached, C0 asks for no check; a miss goes on to create or NF.
-    if let Some(want) = flags.compare_cas.filter(|&c| c != 0) {
-        if matches!(current_cas(shared, key)?, Some(have) if have != want) {
-            return Ok(Arith::Refused(b"EX"));
-        }
-    }
+    // As memcached, C0 asks for no check; a miss goes on to create or NF. The check is
+    // atomic with the write.
+    let if_cas = flags.compare_cas.filter(|&c| c != 0);
     let mut created = None;
-    let number = match shared.arith(key, delta, incr)? {
-        Some(number) => number,
-        None => {
+    let mut written_cas = None;
+    let number = match shared.arith_checked(key, delta, incr, if_cas)? {
+        Checked::Done((number, cas)) => {
+            written_cas = Some(cas);
+            number
+        }
+        Checked::Exists => return Ok(Arith::Refused(b"EX")),
+        Checked::NotFound => {
             let Some(exptime) = flags.vivify else {
                 return Ok(Arith::Refused(b"NF"));
             };
@@ -839,9 +831,13 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
                     initial
                 }
                 // Created by another client in between: apply the delta to it.
-                _ => match shared.arith(key, delta, incr)? {
-                    Some(number) => number,
-                    None => return Ok(Arith::Refused(b"NS")),
+                _ => match shared.arith_checked(key, delta, incr, if_cas)? {
+                    Checked::Done((number, cas)) => {
+                        written_cas = Some(cas);
+                        number
+                    }
+                    Checked::Exists => return Ok(Arith::Refused(b"EX")),
+                    Checked::NotFound => return Ok(Arith::Refused(b"NS")),
                 },
             }
         }
@@ -856,11 +852,13 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
                 }
                 None => None,
             };
-            // Read back after the write (and touch, which gives a new CAS).
-            let cas = if flags.order().contains(&b'c') {
-                current_cas(shared, key)?
-            } else {
+            // The write's own CAS; after a touch (which gives a new one), read back.
+            let cas = if !flags.order().contains(&b'c') {
                 None
+            } else if flags.ttl.is_none() {
+                written_cas
+            } else {
+                current_cas(shared, key)?
             };
             (cas, ttl)
         }
@@ -906,6 +904,7 @@ mod tests {
     use super::*;
     use crate::proto::{split_line, MAX_LINE};
     use crate::shared::test_shared;
+    use crate::stats::Counter;
 
     /// Runs the requests of `input` as the connection loop would, swallowing what a step
     /// asks to skip; returns the replies and the last step.
