@@ -166,6 +166,8 @@ impl Engine for Terrace {
             "segment_bytes": self.cache.segment_size(),
             "tier_hits": s.tiers.iter().map(|t| t.hits).collect::<Vec<_>>(),
             "tier_dead_bytes": s.tiers.iter().map(|t| t.dead_bytes).collect::<Vec<_>>(),
+            "tier_items": s.tiers.iter().map(|t| t.items).collect::<Vec<_>>(),
+            "tier_live_bytes": s.tiers.iter().map(|t| t.live_bytes).collect::<Vec<_>>(),
             "tier_free_segments": s.tiers.iter().map(|t| t.free_segments).collect::<Vec<_>>(),
         })
     }

@@ -1261,7 +1261,13 @@ impl Cache {
     /// Counters and per-tier state.
     pub fn stats(&self) -> Stats {
         let c = &self.counters;
-        let items = self.index.count();
+        let mut tier_items = vec![0u64; self.tiers.len()];
+        self.index.for_each_location(|loc| {
+            if let Some((t, _)) = self.locate(loc.segment) {
+                tier_items[t] += 1;
+            }
+        });
+        let items = tier_items.iter().sum::<u64>() as usize;
         Stats {
             hits: c.hits.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
@@ -1294,16 +1300,23 @@ impl Cache {
             tiers: self
                 .tiers
                 .iter()
-                .map(|t| {
+                .zip(tier_items)
+                .map(|(t, items)| {
                     let mut st = t.stats();
-                    st.dead_bytes = (t.base..t.base + t.area.count())
-                        .filter(|&id| {
-                            matches!(t.area.state(id - t.base), SegState::Open | SegState::Sealed)
-                        })
-                        .map(|id| {
-                            u64::from(self.meta[id as usize].dead_bytes.load(Ordering::Relaxed))
-                        })
-                        .sum();
+                    st.items = items;
+                    for slot in 0..t.area.count() {
+                        if !matches!(t.area.state(slot), SegState::Open | SegState::Sealed) {
+                            continue;
+                        }
+                        let Some(pin) = t.area.pin(slot) else {
+                            continue;
+                        };
+                        let meta = &self.meta[(t.base + slot) as usize];
+                        let dead = u64::from(meta.dead_bytes.load(Ordering::Relaxed));
+                        let written = u64::from(pin.committed_end()) - HEADER_LEN as u64;
+                        st.dead_bytes += dead;
+                        st.live_bytes += written.saturating_sub(dead);
+                    }
                     st
                 })
                 .collect(),

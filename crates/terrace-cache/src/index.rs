@@ -315,6 +315,18 @@ impl Index {
         }
     }
 
+    /// Calls `f` with the location of every occupied entry, in a lock-free pass over the
+    /// table (O(slots); for statistics, not hot paths: entries changing meanwhile may be
+    /// seen or not).
+    pub fn for_each_location(&self, mut f: impl FnMut(Location)) {
+        for s in self.buckets.iter().flat_map(|b| b.slots.iter()) {
+            let entry = s.load(Ordering::Relaxed);
+            if self.layout.tag_of_entry(entry) != 0 {
+                f(self.layout.location(entry));
+            }
+        }
+    }
+
     /// Occupied entries, counted by a lock-free pass over the table (O(slots); for tests
     /// and statistics, not hot paths).
     pub fn count(&self) -> usize {

@@ -323,7 +323,7 @@
 //!   cleaning dead bytes without a policy pass (compaction that keeps FIFO order — evicting
 //!   dead-heavy segments first cost hit ratio; size-aware reinsertion, requiring more
 //!   hits of larger items, gained 0.2 point with that rule but lost it without);
-//! - delayed flush, pools with quotas, per-tier item and byte counts, per-pool stats.
+//! - delayed flush (the server does it), pools with quotas, per-pool stats.
 
 #![deny(unsafe_code)]
 

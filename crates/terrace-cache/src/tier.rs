@@ -188,6 +188,11 @@ pub struct TierStats {
     pub segments: u32,
     pub free_segments: usize,
     pub sealed_segments: usize,
+    /// Indexed items whose copy is in this tier.
+    pub items: u64,
+    /// Bytes of the items in this tier's open and sealed segments that are not dead
+    /// (live items, and copies still being written).
+    pub live_bytes: u64,
     pub hits: u64,
     pub segments_evicted: u64,
     pub items_evicted: u64,
@@ -255,6 +260,8 @@ impl Tier {
             segments: self.area.count(),
             free_segments: lists.free.len(),
             sealed_segments: lists.fifo.len() + lists.main.len(),
+            items: 0,
+            live_bytes: 0,
             hits: self.counters.hits.load(Ordering::Relaxed),
             segments_evicted: self.counters.segments_evicted.load(Ordering::Relaxed),
             items_evicted: self.counters.items_evicted.load(Ordering::Relaxed),

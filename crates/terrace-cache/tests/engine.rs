@@ -271,6 +271,11 @@ fn eviction_demotes_hot_items_to_the_next_tier() {
     assert!(s.tiers[0].segments_evicted > 0, "{s:?}");
     assert!(s.demotions >= 64, "{s:?}");
     assert!(s.inline_evictions > 0);
+    // Per-tier items add up, and the demoted ones are counted in tier 1 with their bytes.
+    assert_eq!(s.tiers[0].items + s.tiers[1].items, s.items as u64);
+    assert!(s.tiers[1].items >= 64, "{s:?}");
+    assert!(s.tiers[1].live_bytes >= 64 * 1000, "{s:?}");
+    assert!(s.tiers[0].live_bytes >= s.tiers[0].items * 1000, "{s:?}");
     for k in 0..64u32 {
         let g = c.get(format!("hot{k}").as_bytes()).unwrap().unwrap();
         assert_eq!(g.value(), &value(k, 1000)[..]);

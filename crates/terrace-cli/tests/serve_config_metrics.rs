@@ -80,6 +80,13 @@ fn config_file_settings_apply_and_flags_win() {
         tier1 <= 24 << 20 && tier1 + seg > 24 << 20,
         "tier 1: {tier1}"
     );
+    // The one item is counted in tier 0, with its bytes.
+    assert_eq!(stats["tier_0_items"], "1");
+    assert_eq!(stats["tier_1_items"], "0");
+    let live: u64 = stats["tier_0_live_bytes"]
+        .parse()
+        .expect("tier 0 live bytes");
+    assert!(live >= 2 << 20, "tier 0 live bytes: {live}");
     // The test harness passes --threads 2, which beats the file's 1.
     assert_eq!(stats["threads"], "2");
 

@@ -308,6 +308,9 @@ pub fn report(shared: &Shared) -> Vec<(String, Value)> {
         tier("segments", u64::from(t.segments));
         tier("free_segments", t.free_segments as u64);
         tier("sealed_segments", t.sealed_segments as u64);
+        tier("items", t.items);
+        tier("live_bytes", t.live_bytes);
+        tier("dead_bytes", t.dead_bytes);
         tier("hits", t.hits);
         tier("evicted_segments", t.segments_evicted);
         tier("evicted_items", t.items_evicted);
