@@ -45,7 +45,6 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
@@ -353,10 +352,10 @@ impl std::fmt::Debug for Cache {
     }
 }
 
+/// Unix seconds from the coarse clock: read on every get and set, where a full
+/// `clock_gettime` was about 3% of an operation; TTLs are whole seconds anyway.
 fn system_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+    terrace_media::os::unix_seconds_coarse()
 }
 
 impl Cache {

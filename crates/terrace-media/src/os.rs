@@ -17,6 +17,25 @@ pub const MAP_SYNC: libc::c_int = 0x80000;
 /// `statfs.f_type` of tmpfs.
 pub const TMPFS_MAGIC: i64 = 0x0102_1994;
 
+/// Seconds since the Unix epoch from the coarse real-time clock (`CLOCK_REALTIME_COARSE`:
+/// the time of the last timer tick, a few milliseconds old at most, read without the
+/// TSC; a third of `SystemTime::now`'s cost). For second-granularity uses such as TTLs.
+pub fn unix_seconds_coarse() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; clock_gettime writes only into it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    if rc == 0 {
+        ts.tv_sec
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64)
+    }
+}
+
 /// The system page size.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -268,5 +287,26 @@ pub fn current_node() -> u32 {
         node
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_coarse_clock_reads_the_wall_clock_to_the_second() {
+        let fine = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap()
+        };
+        let before = fine();
+        let coarse = super::unix_seconds_coarse();
+        let after = fine();
+        // A tick behind the fine clock at most, which can cross one second boundary.
+        assert!(
+            before - 1 <= coarse && coarse <= after,
+            "{before} {coarse} {after}"
+        );
     }
 }
