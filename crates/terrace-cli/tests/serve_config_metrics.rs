@@ -1,6 +1,7 @@
 //! `terrace serve` configured from a TOML file (the same settings as the flags, flags
-//! winning), the Prometheus endpoint (`--metrics`) reporting what the protocol did, and
-//! the meta protocol end to end.
+//! winning), the Prometheus endpoint (`--metrics`) reporting what the protocol did, the
+//! meta protocol end to end, and `--promote` moving items read in the file tier back
+//! into DRAM.
 
 mod common;
 
@@ -177,4 +178,56 @@ fn meta_commands_end_to_end() {
     c.send(b"md mkey q\r\nmg mkey v\r\n");
     assert_eq!(c.line(), "EN");
     server.assert_alive("after the meta commands");
+}
+
+#[test]
+fn promote_brings_items_read_in_the_file_tier_back_into_dram() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let server = common::start(
+        dir.path(),
+        &["--tiers", "dram:4MiB,file:32MiB", "--promote"],
+    );
+    let mut c = server.connect();
+    // Hot keys, read once in DRAM (so they are demoted, not dropped), then a stream of
+    // cold writes that pushes them down into the file tier.
+    let value = vec![b'h'; 4000];
+    for k in 0..64 {
+        assert_eq!(c.set(&format!("hot{k}"), &value), "STORED");
+        assert!(c.get(&format!("hot{k}")).is_some());
+    }
+    let cold = vec![b'c'; 8000];
+    for k in 0..2000 {
+        assert_eq!(c.set(&format!("cold{k}"), &cold), "STORED");
+    }
+    let stats = server.stats();
+    let demoted: u64 = stats["tier_1_demotions_in"].parse().expect("demotions");
+    assert!(demoted >= 64, "hot keys were demoted: {demoted}");
+    // Two more reads each in the file tier: the second asks for promotion, and the
+    // movers (every few milliseconds) copy the item up.
+    for _ in 0..2 {
+        for k in 0..64 {
+            assert_eq!(c.get(&format!("hot{k}")).as_deref(), Some(&value[..]));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = server.stats();
+        let promoted: u64 = stats["terrace_promotions"].parse().expect("promotions");
+        let into_dram: u64 = stats["tier_0_promotions_in"]
+            .parse()
+            .expect("promotions_in");
+        if promoted >= 32 {
+            assert_eq!(into_dram, promoted);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {promoted} of 64 hot keys promoted after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Promoted items read back unchanged.
+    for k in 0..64 {
+        assert_eq!(c.get(&format!("hot{k}")).as_deref(), Some(&value[..]));
+    }
 }
