@@ -543,20 +543,29 @@ impl<'a> BucketGuard<'a> {
         Err(Full)
     }
 
-    /// Points the key's entry at `expected` to `new` with frequency 0 (a new item replaced
-    /// the old one). False when no entry of this key points at `expected`.
-    pub fn replace(&mut self, expected: Location, new: Location) -> bool {
+    /// Points the key's entry at `expected` to `new`, its frequency mapped by `freq` (one
+    /// compare-and-swap loop: hits readers record concurrently are counted before the
+    /// mapping). False when `new` does not fit the layout or no entry of this key points at
+    /// `expected`. Every repointing below is this with another mapping.
+    fn move_entry(&mut self, expected: Location, new: Location, freq: impl Fn(u8) -> u8) -> bool {
         let layout = self.index.layout;
         if !layout.fits(new) {
             return false;
         }
-        match self.find(expected) {
-            Some(s) => {
-                s.store(layout.pack(self.tag, new), Ordering::Release);
-                true
-            }
-            None => false,
-        }
+        let Some(s) = self.find(expected) else {
+            return false;
+        };
+        let target = layout.pack(self.tag, new);
+        let _ = s.fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
+            Some(target | freq_code(freq(freq_count(e))))
+        });
+        true
+    }
+
+    /// Points the key's entry at `expected` to `new` with frequency 0 (a new item replaced
+    /// the old one). False when no entry of this key points at `expected`.
+    pub fn replace(&mut self, expected: Location, new: Location) -> bool {
+        self.move_entry(expected, new, |_| 0)
     }
 
     /// Points the key's entry at `expected` to `new` with its frequency raised by one (a
@@ -564,55 +573,27 @@ impl<'a> BucketGuard<'a> {
     /// overwritten often stays hot). False when no entry of this key points at
     /// `expected`.
     pub fn replace_hit(&mut self, expected: Location, new: Location) -> bool {
-        let layout = self.index.layout;
-        if !layout.fits(new) {
-            return false;
-        }
-        let Some(s) = self.find(expected) else {
-            return false;
-        };
-        let target = layout.pack(self.tag, new);
-        let _ = s.fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
-            Some(target | freq_code(freq_count(e).saturating_add(1)))
-        });
-        true
+        self.move_entry(expected, new, |f| f.saturating_add(1))
     }
 
     /// Points the key's entry at `expected` to `new`, keeping its frequency (the same item
     /// moved). False when no entry of this key points at `expected`.
     pub fn repoint(&mut self, expected: Location, new: Location) -> bool {
-        let layout = self.index.layout;
-        if !layout.fits(new) {
-            return false;
-        }
-        let Some(s) = self.find(expected) else {
-            return false;
-        };
-        let target = layout.pack(self.tag, new);
-        // Readers may OR frequency bits in concurrently: keep them.
-        let _ = s.fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
-            Some(target | (e & FREQ_MASK))
-        });
-        true
+        self.move_entry(expected, new, |f| f)
     }
 
     /// Points the key's entry at `expected` to `new` and lowers its frequency by one (the
     /// same item moved and spent one of its recorded hits: a reinsertion's second chance).
-    /// Hits readers record concurrently are counted before the decrement. False when no
-    /// entry of this key points at `expected`.
+    /// False when no entry of this key points at `expected`.
     pub fn repoint_decayed(&mut self, expected: Location, new: Location) -> bool {
-        let layout = self.index.layout;
-        if !layout.fits(new) {
-            return false;
-        }
-        let Some(s) = self.find(expected) else {
-            return false;
-        };
-        let target = layout.pack(self.tag, new);
-        let _ = s.fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
-            Some(target | freq_code(freq_count(e).saturating_sub(1)))
-        });
-        true
+        self.move_entry(expected, new, |f| f.saturating_sub(1))
+    }
+
+    /// Points the key's entry at `expected` to `new` with frequency `count` (the same item
+    /// moved to a tier where it starts over: a promotion). False when no entry of this key
+    /// points at `expected`.
+    pub fn repoint_with_frequency(&mut self, expected: Location, new: Location, count: u8) -> bool {
+        self.move_entry(expected, new, |_| count)
     }
 
     /// Removes the key's entry at `loc`. False when it is not there.

@@ -58,7 +58,7 @@ use std::time::Duration;
 
 use super::Cache;
 use crate::error::CacheError;
-use crate::index::Location;
+use crate::index::{BucketGuard, Location};
 use crate::item::{ItemRef, ItemSpec, ItemState};
 use crate::mem::{Appender, Pin, SegState};
 use crate::segment::HEADER_LEN;
@@ -101,6 +101,17 @@ pub(super) struct Victim {
     /// From a probation stage (the single tier's small queue, or tier 0 of several):
     /// promotion keeps frequencies, and what is dropped is remembered as a ghost.
     pub probation: bool,
+}
+
+/// What a published copy's entry keeps of the frequency ([`Cache::publish_copy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Frequency {
+    /// The same item, moved on (demotion, promotion out of probation).
+    Keep,
+    /// A reinsertion spends one recorded hit.
+    Decay,
+    /// A promotion starts over at this count.
+    Set(u8),
 }
 
 /// Where [`Cache::copy_item`] copies to.
@@ -355,44 +366,27 @@ impl Cache {
                 tests::before_publish(item.key);
             }
             let mut g = self.index.lock(hash);
-            let present = g.candidates().any(|l| l == loc);
-            let live = pin.item_state(item.offset) == Some(ItemState::Live);
-            match copy {
-                Some((dpin, dloc))
-                    if present
-                        && live
-                        && matches!(dpin.state(), SegState::Open | SegState::Sealed) =>
-                {
-                    // E4: the copy is LIVE before the entry points at it; the source dies
-                    // after. On a durable tier the source segment is already retired, so
-                    // a crash anywhere here leaves at most one LIVE copy (E2).
-                    dpin.set_state(dloc.offset, ItemState::Live)?;
-                    if last && !victim.probation {
-                        g.repoint_decayed(loc, dloc);
-                    } else {
-                        g.repoint(loc, dloc);
-                    }
-                    self.kill(&pin, loc)?;
-                    if last {
-                        t.counters.reinserted.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        self.counters.demotions.fetch_add(1, Ordering::Relaxed);
-                        self.tiers[next]
-                            .counters
-                            .demotions_in
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                copy => {
-                    if let Some((dpin, dloc)) = copy {
-                        self.kill(&dpin, dloc)?;
-                    }
-                    if present && g.remove(loc) {
-                        t.counters.items_evicted.fetch_add(1, Ordering::Relaxed);
-                        if victim.probation && !expired {
-                            self.ghost.remember(hash);
-                        }
-                    }
+            let frequency = if last && !victim.probation {
+                Frequency::Decay
+            } else {
+                Frequency::Keep
+            };
+            let moved = match copy {
+                Some(copy) => self.publish_copy(&mut g, &pin, loc, copy, frequency)?,
+                None => false,
+            };
+            if moved && last {
+                t.counters.reinserted.fetch_add(1, Ordering::Relaxed);
+            } else if moved {
+                self.counters.demotions.fetch_add(1, Ordering::Relaxed);
+                self.tiers[next]
+                    .counters
+                    .demotions_in
+                    .fetch_add(1, Ordering::Relaxed);
+            } else if g.remove(loc) {
+                t.counters.items_evicted.fetch_add(1, Ordering::Relaxed);
+                if victim.probation && !expired {
+                    self.ghost.remember(hash);
                 }
             }
         }
@@ -413,6 +407,40 @@ impl Cache {
         }
         t.counters.segments_evicted.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Publishes `copy` of the item at `loc` (in `src`) in its place, under the key's
+    /// bucket lock `g` — the one protocol of every move (demotion, reinsertion,
+    /// promotion), E4: only if the entry still points at the source, the source is still
+    /// LIVE and the copy's segment is not being evicted, the copy is made LIVE, then the
+    /// entry repointed (its frequency as `frequency` says), then the source killed
+    /// (persisted on a durable tier). A crash anywhere in between leaves at most two LIVE
+    /// items of the same value, which restart keeps neither of; on a durable tier whose
+    /// source segment was retired first (E2), at most one. Otherwise the copy is killed.
+    /// Returns whether it was published. (Tests hook a racing writer in just before the
+    /// caller takes `g`: see `tests::before_publish`.)
+    pub(super) fn publish_copy(
+        &self,
+        g: &mut BucketGuard<'_>,
+        src: &Pin<'_>,
+        loc: Location,
+        (dpin, dloc): (Pin<'_>, Location),
+        frequency: Frequency,
+    ) -> Result<bool, CacheError> {
+        let present = g.candidates().any(|l| l == loc);
+        let live = src.item_state(loc.offset) == Some(ItemState::Live);
+        if !(present && live && matches!(dpin.state(), SegState::Open | SegState::Sealed)) {
+            self.kill(&dpin, dloc)?;
+            return Ok(false);
+        }
+        dpin.set_state(dloc.offset, ItemState::Live)?;
+        match frequency {
+            Frequency::Keep => g.repoint(loc, dloc),
+            Frequency::Decay => g.repoint_decayed(loc, dloc),
+            Frequency::Set(count) => g.repoint_with_frequency(loc, dloc, count),
+        };
+        self.kill(src, loc)?;
+        Ok(true)
     }
 
     /// Copies `item` (keeping its CAS) into tier `tier`'s demotion or reinsertion segment

@@ -25,7 +25,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::evict::Dest;
+use super::evict::{Dest, Frequency};
 use super::Cache;
 use crate::error::CacheError;
 use crate::index::Location;
@@ -94,23 +94,15 @@ impl Cache {
         #[cfg(test)]
         super::evict::tests::before_publish(item.key);
         let mut g = self.index.lock(hash);
-        let present = g.candidates().any(|l| l == loc);
-        let live = pin.item_state(loc.offset) == Some(crate::item::ItemState::Live);
-        if present && live && matches!(dpin.state(), SegState::Open | SegState::Sealed) {
-            dpin.set_state(dloc.offset, crate::item::ItemState::Live)?;
-            g.repoint(loc, dloc);
-            g.set_frequency(dloc, 1);
-            self.kill(&pin, loc)?;
-            self.counters.promotions.fetch_add(1, Ordering::Relaxed);
-            self.tiers[0]
-                .counters
-                .promotions_in
-                .fetch_add(1, Ordering::Relaxed);
-            Ok(true)
-        } else {
-            drop(g);
-            self.kill(&dpin, dloc)?;
-            Ok(false)
+        if !self.publish_copy(&mut g, &pin, loc, (dpin, dloc), Frequency::Set(1))? {
+            return Ok(false);
         }
+        drop(g);
+        self.counters.promotions.fetch_add(1, Ordering::Relaxed);
+        self.tiers[0]
+            .counters
+            .promotions_in
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 }
