@@ -41,7 +41,7 @@ impl Cache {
     /// Called on a hit in tier `tier` of an entry that had recorded `hits` hits: asks for
     /// the item's promotion if it qualifies (see the module docs). Never blocks.
     pub(super) fn consider_promotion(&self, tier: usize, hits: u8, hash: u64, loc: Location) {
-        if tier == 0 || hits < PROMOTE_AFTER_HITS || !self.promote {
+        if !self.promote || tier == 0 || hits < PROMOTE_AFTER_HITS {
             return;
         }
         if let Some(mut queue) = self.promotions.try_lock() {
