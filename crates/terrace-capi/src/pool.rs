@@ -56,6 +56,25 @@ unsafe fn pool_arg<'a>(what: &str, pool: *mut PoolHandle) -> Result<&'a PoolHand
         .ok_or_else(|| fail_with(libc::EINVAL, &format!("{what}: pool is NULL")))
 }
 
+/// Runs `f` on the pool behind `pool` under [`guarded`] (a panic is `EIO`), or fails with
+/// `EINVAL` when `pool` is NULL: the preamble of every entry point taking a pool.
+///
+/// # Safety
+/// `pool` NULL or an open pool that stays open for the call.
+unsafe fn with_pool(
+    what: &str,
+    pool: *mut PoolHandle,
+    f: impl FnOnce(&PoolHandle) -> c_int,
+) -> c_int {
+    guarded(what, libc::EIO, || {
+        // SAFETY: contract.
+        match unsafe { pool_arg(what, pool) } {
+            Ok(h) => f(h),
+            Err(code) => code,
+        }
+    })
+}
+
 fn oid_arg(what: &str, off: u64) -> Result<Oid, c_int> {
     Oid::from_offset(off).ok_or_else(|| fail_with(libc::EINVAL, &format!("{what}: offset is 0")))
 }
@@ -397,12 +416,7 @@ pub unsafe extern "C" fn terrace_pool_realloc(
     type_num: u64,
 ) -> c_int {
     const WHAT: &str = "terrace_pool_realloc";
-    guarded(WHAT, libc::EIO, || {
-        // SAFETY: contract.
-        let h = match unsafe { pool_arg(WHAT, pool) } {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
+    let run = |h: &PoolHandle| {
         if dest.is_null() || size == 0 {
             return fail_with(libc::EINVAL, &format!("{WHAT}: destination NULL or size 0"));
         }
@@ -422,7 +436,9 @@ pub unsafe extern "C" fn terrace_pool_realloc(
             }
             Err(e) => fail(&e),
         }
-    })
+    };
+    // SAFETY: contract (`pool` is NULL or open for the whole call).
+    unsafe { with_pool(WHAT, pool, run) }
 }
 
 /// # Safety
@@ -430,12 +446,7 @@ pub unsafe extern "C" fn terrace_pool_realloc(
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_free(pool: *mut PoolHandle, dest: *mut u64) -> c_int {
     const WHAT: &str = "terrace_pool_free";
-    guarded(WHAT, libc::EIO, || {
-        // SAFETY: contract.
-        let h = match unsafe { pool_arg(WHAT, pool) } {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
+    let run = |h: &PoolHandle| {
         if dest.is_null() {
             return 0;
         }
@@ -451,7 +462,9 @@ pub unsafe extern "C" fn terrace_pool_free(pool: *mut PoolHandle, dest: *mut u64
             },
         };
         errno_result(result.map_err(|e| fail(&e)))
-    })
+    };
+    // SAFETY: contract (`pool` is NULL or open for the whole call).
+    unsafe { with_pool(WHAT, pool, run) }
 }
 
 /// # Safety
@@ -459,17 +472,12 @@ pub unsafe extern "C" fn terrace_pool_free(pool: *mut PoolHandle, dest: *mut u64
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_free_off(pool: *mut PoolHandle, off: u64) -> c_int {
     const WHAT: &str = "terrace_pool_free_off";
-    guarded(WHAT, libc::EIO, || {
-        // SAFETY: contract.
-        let h = match unsafe { pool_arg(WHAT, pool) } {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
-        match Oid::from_offset(off) {
-            None => 0,
-            Some(o) => errno_result(h.pool.free_oid(o).map_err(|e| fail(&e))),
-        }
-    })
+    let run = |h: &PoolHandle| match Oid::from_offset(off) {
+        None => 0,
+        Some(o) => errno_result(h.pool.free_oid(o).map_err(|e| fail(&e))),
+    };
+    // SAFETY: contract (`pool` is NULL or open for the whole call).
+    unsafe { with_pool(WHAT, pool, run) }
 }
 
 /// # Safety
@@ -564,12 +572,7 @@ pub unsafe extern "C" fn terrace_pool_foreach(
     arg: *mut c_void,
 ) -> c_int {
     const WHAT: &str = "terrace_pool_foreach";
-    guarded(WHAT, libc::EIO, || {
-        // SAFETY: contract.
-        let h = match unsafe { pool_arg(WHAT, pool) } {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
+    let run = |h: &PoolHandle| {
         let Some(callback) = callback else {
             return fail_with(libc::EINVAL, &format!("{WHAT}: callback is NULL"));
         };
@@ -585,7 +588,9 @@ pub unsafe extern "C" fn terrace_pool_foreach(
             }
         }
         0
-    })
+    };
+    // SAFETY: contract (`pool` is NULL or open for the whole call).
+    unsafe { with_pool(WHAT, pool, run) }
 }
 
 // ---- persistence and statistics ------------------------------------------------------------
@@ -599,12 +604,7 @@ pub unsafe extern "C" fn terrace_pool_persist(
     len: usize,
 ) -> c_int {
     const WHAT: &str = "terrace_pool_persist";
-    guarded(WHAT, libc::EIO, || {
-        // SAFETY: contract.
-        let h = match unsafe { pool_arg(WHAT, pool) } {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
+    let run = |h: &PoolHandle| {
         let at = addr as usize;
         let inside = at >= h.base
             && (at - h.base)
@@ -619,7 +619,9 @@ pub unsafe extern "C" fn terrace_pool_persist(
                 .persist((at - h.base) as u64, len as u64)
                 .map_err(|e| fail(&e)),
         )
-    })
+    };
+    // SAFETY: contract (`pool` is NULL or open for the whole call).
+    unsafe { with_pool(WHAT, pool, run) }
 }
 
 /// # Safety
@@ -630,12 +632,7 @@ pub unsafe extern "C" fn terrace_pool_stats(
     out: *mut TerracePoolStats,
 ) -> c_int {
     const WHAT: &str = "terrace_pool_stats";
-    guarded(WHAT, libc::EIO, || {
-        // SAFETY: contract.
-        let h = match unsafe { pool_arg(WHAT, pool) } {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
+    let run = |h: &PoolHandle| {
         if out.is_null() {
             return fail_with(libc::EINVAL, &format!("{WHAT}: out is NULL"));
         }
@@ -652,7 +649,9 @@ pub unsafe extern "C" fn terrace_pool_stats(
         // SAFETY: non-null and writable (contract).
         unsafe { out.write(stats) };
         0
-    })
+    };
+    // SAFETY: contract (`pool` is NULL or open for the whole call).
+    unsafe { with_pool(WHAT, pool, run) }
 }
 
 // ---- custom allocation classes -----------------------------------------------------------
@@ -667,12 +666,7 @@ pub unsafe extern "C" fn terrace_pool_register_class(
     id_out: *mut u8,
 ) -> c_int {
     const WHAT: &str = "terrace_pool_register_class";
-    guarded(WHAT, libc::EIO, || {
-        // SAFETY: contract.
-        let h = match unsafe { pool_arg(WHAT, pool) } {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
+    let run = |h: &PoolHandle| {
         if id_out.is_null() {
             return fail_with(libc::EINVAL, &format!("{WHAT}: id_out is NULL"));
         }
@@ -700,7 +694,9 @@ pub unsafe extern "C" fn terrace_pool_register_class(
             }
             Err(e) => fail(&e),
         }
-    })
+    };
+    // SAFETY: contract (`pool` is NULL or open for the whole call).
+    unsafe { with_pool(WHAT, pool, run) }
 }
 
 // ---- transactions ------------------------------------------------------------------------
