@@ -70,7 +70,10 @@ fn config_file_settings_apply_and_flags_win() {
     assert_eq!(c.line(), "STORED");
 
     // Tiers and capacity from the file: 8 MiB of DRAM, 24 MiB of file.
-    let stats = server.stats();
+    // Asked on `c` itself: a separate stats connection would still be counted
+    // against max-connections until the server notices its close, which races
+    // with the admissions below.
+    let stats = c.stats();
     let seg: u64 = stats["terrace_segment_bytes"]
         .parse()
         .expect("segment size");
@@ -93,7 +96,11 @@ fn config_file_settings_apply_and_flags_win() {
 
     // max-connections: the flag (4) beats the file (3).
     assert_eq!(stats["max_connections"], "4");
-    let others: Vec<_> = (0..3).map(|_| server.connect()).collect();
+    let mut others: Vec<_> = (0..3).map(|_| server.connect()).collect();
+    for other in &mut others {
+        let reply = other.cmd("version");
+        assert!(reply.starts_with("VERSION "), "connection 2..4: {reply}");
+    }
     let mut fifth = server.connect();
     assert_eq!(fifth.line(), "ERROR Too many open connections");
     drop(others);
