@@ -168,4 +168,8 @@ pub enum CacheError {
     /// `incr`/`decr` on a value that is not a decimal number below 2^64.
     #[error("the value is not a decimal 64-bit unsigned integer")]
     NotANumber,
+    /// A pool's configuration cannot work, or the pool failed to open or shut down
+    /// (`crate::pools`).
+    #[error("pool {pool:?}: {why}")]
+    Pool { pool: String, why: String },
 }

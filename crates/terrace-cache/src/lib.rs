@@ -334,6 +334,7 @@ pub mod index;
 pub mod item;
 #[allow(unsafe_code)]
 mod mem;
+pub mod pools;
 pub mod seglog;
 pub mod segment;
 pub mod seqmark;
@@ -346,6 +347,7 @@ pub use cache::{
 pub use error::{CacheError, EncodeError, HeaderError, IndexError, ItemError};
 pub use index::{BucketGuard, Full, Hit, Index, IndexConfig, Location};
 pub use item::{ItemRef, ItemSpec, ItemState, Limits};
+pub use pools::{PoolConfig, PoolQuota, Pools};
 pub use seglog::{LogConfig, LogError, RecoveryReport, SegmentLog};
 pub use segment::{ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
 pub use tier::{Medium, TierConfig, TierSize, TierStats};

@@ -207,6 +207,28 @@ pub struct TierStats {
     pub durability: Option<Durability>,
 }
 
+impl TierStats {
+    /// Adds `other`'s segments, items, bytes and counters to these (the same tier of
+    /// another pool); the durability stays this one's, or `other`'s if this has none.
+    pub fn add(&mut self, other: &TierStats) {
+        self.segments += other.segments;
+        self.free_segments += other.free_segments;
+        self.sealed_segments += other.sealed_segments;
+        self.items += other.items;
+        self.live_bytes += other.live_bytes;
+        self.hits += other.hits;
+        self.segments_evicted += other.segments_evicted;
+        self.items_evicted += other.items_evicted;
+        self.demotions_in += other.demotions_in;
+        self.promotions_in += other.promotions_in;
+        self.reinserted += other.reinserted;
+        self.dead_bytes += other.dead_bytes;
+        self.inline_evictions += other.inline_evictions;
+        self.background_evictions += other.background_evictions;
+        self.durability = self.durability.or(other.durability);
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Lists {
     pub free: Vec<u32>,
