@@ -243,6 +243,44 @@ fn an_evicted_file_item_does_not_return_after_a_newer_dram_write() {
 }
 
 #[test]
+fn a_small_tier_keeps_what_a_clean_restart_brought_back_while_the_movers_run() {
+    // 1 + 3 segments of the default 2 MiB: fewer than the free segments a larger tier
+    // keeps ready, which the movers once reached by evicting the whole file tier as
+    // soon as the restarted cache ran.
+    let dir = tier_dir();
+    let small = || {
+        CacheConfig {
+            stripes: 2,
+            ..CacheConfig::new(vec![
+                TierConfig::dram(TierSize::Bytes(2 * MIB)),
+                TierConfig::file(dir.path(), TierSize::Bytes(6 * MIB)),
+            ])
+        }
+    };
+    let (cache, _) = Cache::open(small()).expect("open");
+    let v = vec![b's'; 4000];
+    for k in 0..4000 {
+        cache.set(format!("k{k}").as_bytes(), &v, 0, 0).expect("set");
+        cache.maintain().expect("maintain");
+    }
+    cache.shutdown().expect("clean shutdown");
+    let (cache, report) = Cache::open(small()).expect("reopen");
+    assert!(report.items > 100, "{report:?}");
+    for _ in 0..10 {
+        cache.maintain().expect("maintain");
+    }
+    let hits = (0..4000)
+        .filter(|k| {
+            cache
+                .get(format!("k{k}").as_bytes())
+                .expect("get")
+                .is_some_and(|g| g.value() == &v[..])
+        })
+        .count();
+    assert_eq!(hits, report.items, "items restored, then lost to the movers");
+}
+
+#[test]
 fn a_tier_file_of_another_size_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(Cache::open(file_only(dir.path())).unwrap());

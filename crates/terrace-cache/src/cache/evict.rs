@@ -79,12 +79,22 @@ pub(super) const SMALL_QUEUE_SHARE: (usize, usize) = (1, 10);
 /// under 0.5%, for a few more (still rare) inline evictions.
 pub(super) const REINSERT_RESERVE: usize = 1;
 
-/// Free segments kept ready in every tier, at least (see [`Cache::free_target`]).
+/// Free segments kept ready in every tier, at least (see [`Cache::free_target`]), unless
+/// that is more than [`MAX_FREE_SHARE`] of the tier.
 pub(super) const MIN_FREE: usize = 4;
+
+/// The largest share of a tier kept free: a small tier (a few segments, as a small pool
+/// or a small DRAM tier has) keeps fewer free segments rather than evicting everything
+/// it holds to reach [`MIN_FREE`]. A tier of under four segments keeps none ready: its
+/// writers evict on demand.
+pub(super) const MAX_FREE_SHARE: (usize, usize) = (1, 4);
 
 /// [`Cache::free_target`] of a tier of `segments` segments.
 pub(super) fn free_target_of(segments: u32) -> usize {
-    (segments as usize / 64).max(MIN_FREE)
+    let segments = segments as usize;
+    (segments / 64)
+        .max(MIN_FREE)
+        .min(segments * MAX_FREE_SHARE.0 / MAX_FREE_SHARE.1)
 }
 
 /// Which queue a sealed segment goes to (see the module docs).
