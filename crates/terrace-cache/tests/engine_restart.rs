@@ -248,19 +248,19 @@ fn a_small_tier_keeps_what_a_clean_restart_brought_back_while_the_movers_run() {
     // keeps ready, which the movers once reached by evicting the whole file tier as
     // soon as the restarted cache ran.
     let dir = tier_dir();
-    let small = || {
-        CacheConfig {
-            stripes: 2,
-            ..CacheConfig::new(vec![
-                TierConfig::dram(TierSize::Bytes(2 * MIB)),
-                TierConfig::file(dir.path(), TierSize::Bytes(6 * MIB)),
-            ])
-        }
+    let small = || CacheConfig {
+        stripes: 2,
+        ..CacheConfig::new(vec![
+            TierConfig::dram(TierSize::Bytes(2 * MIB)),
+            TierConfig::file(dir.path(), TierSize::Bytes(6 * MIB)),
+        ])
     };
     let (cache, _) = Cache::open(small()).expect("open");
     let v = vec![b's'; 4000];
     for k in 0..4000 {
-        cache.set(format!("k{k}").as_bytes(), &v, 0, 0).expect("set");
+        cache
+            .set(format!("k{k}").as_bytes(), &v, 0, 0)
+            .expect("set");
         cache.maintain().expect("maintain");
     }
     cache.shutdown().expect("clean shutdown");
@@ -277,7 +277,10 @@ fn a_small_tier_keeps_what_a_clean_restart_brought_back_while_the_movers_run() {
                 .is_some_and(|g| g.value() == &v[..])
         })
         .count();
-    assert_eq!(hits, report.items, "items restored, then lost to the movers");
+    assert_eq!(
+        hits, report.items,
+        "items restored, then lost to the movers"
+    );
 }
 
 #[test]

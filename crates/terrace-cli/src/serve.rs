@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use terrace_cache::spec::{parse_size, TierList};
-use terrace_server::config::{Overrides, ServerConfig};
+use terrace_server::config::{Overrides, PoolDef, ServerConfig};
 
 /// The flags of `terrace serve`; every one may also be set in the `--config` TOML file.
 #[derive(clap::Args, Debug)]
@@ -47,6 +47,16 @@ pub struct ServeArgs {
     /// (worth it when the lower tiers are slower than DRAM: PMem, CXL, far NUMA memory).
     #[arg(long)]
     promote: bool,
+    /// A named pool with its own quota (repeatable): keys starting with PREFIX live in it,
+    /// within SIZE of the cache (a size such as 64MiB, or a share such as 25%); other keys
+    /// go to the default pool, which gets the rest. The prefix may contain ':'
+    /// (--pool users:user::25%).
+    #[arg(long = "pool", value_name = "NAME:PREFIX:SIZE", value_parser = parse_pool)]
+    pools: Vec<PoolDef>,
+}
+
+fn parse_pool(s: &str) -> Result<PoolDef, String> {
+    s.parse()
 }
 
 fn parse_tiers(s: &str) -> Result<TierList, String> {
@@ -67,6 +77,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         metrics: args.metrics,
         log_json: args.log_json,
         promote: args.promote,
+        pools: args.pools,
     })
     .map_err(|e| e.to_string())?;
     init_logs(config.log_json);

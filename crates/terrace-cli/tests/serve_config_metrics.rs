@@ -238,3 +238,80 @@ fn promote_brings_items_read_in_the_file_tier_back_into_dram() {
         assert_eq!(c.get(&format!("hot{k}")).as_deref(), Some(&value[..]));
     }
 }
+
+#[test]
+fn pools_route_keys_by_prefix_keep_their_quota_and_restart_warm() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let metrics_port = common::free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    // 8 + 24 MiB; pool sess (keys "sess:…") a quarter of each tier: 2 + 6 MiB.
+    let args = [
+        "--tiers",
+        "dram:8MiB,file:24MiB",
+        "--pool",
+        "sess:sess::25%",
+        "--metrics",
+        &metrics,
+    ];
+    let mut server = common::start(dir.path(), &args);
+    let mut c = server.connect();
+    let value = vec![b'v'; 1000];
+    for k in 0..100 {
+        assert_eq!(c.set(&format!("keep{k}"), &value), "STORED");
+    }
+    // Far more session data than the pool's 8 MiB: the pool evicts its own items only.
+    let session = vec![b's'; 4000];
+    for k in 0..8000 {
+        assert_eq!(c.set(&format!("sess:{k}"), &session), "STORED");
+    }
+    for k in 0..100 {
+        assert!(
+            c.get(&format!("keep{k}")).as_deref() == Some(&value[..]),
+            "default-pool key keep{k} after the sess pool overflowed"
+        );
+    }
+    assert!(c.get("sess:7999").as_deref() == Some(&session[..]));
+    let stats = c.stats();
+    let n = |name: &str| -> u64 {
+        stats
+            .get(name)
+            .unwrap_or_else(|| panic!("no stat {name}"))
+            .parse()
+            .expect("a number")
+    };
+    assert_eq!(n("pool_default_curr_items"), 100);
+    assert_eq!(n("pool_default_evictions"), 0);
+    assert!(n("pool_sess_evictions") > 0);
+    assert_eq!(n("pool_sess_limit_maxbytes"), 8 << 20);
+    assert_eq!(n("pool_default_limit_maxbytes"), 24 << 20);
+    assert_eq!(n("limit_maxbytes"), 32 << 20);
+    assert_eq!(
+        n("curr_items"),
+        n("pool_default_curr_items") + n("pool_sess_curr_items")
+    );
+    assert!(n("pool_sess_get_hits") >= 1);
+    let scrape = scrape(metrics_port);
+    assert_eq!(
+        metric(&scrape, "terrace_pool_curr_items{pool=\"default\"}"),
+        100.0
+    );
+    assert!(metric(&scrape, "terrace_pool_evictions{pool=\"sess\"}") > 0.0);
+
+    // A clean stop saves every pool; the next start is warm in each.
+    let in_sess: Vec<u32> = (7900..8000)
+        .filter(|k| c.get(&format!("sess:{k}")).is_some())
+        .collect();
+    assert!(in_sess.len() >= 90, "the newest sessions are kept");
+    drop(c);
+    assert!(server.terminate().success(), "{}", server.log_text());
+    let server = common::start(dir.path(), &args[..4]);
+    let mut c = server.connect();
+    let expected = (0..100)
+        .map(|k| (format!("keep{k}"), &value))
+        .chain(in_sess.iter().map(|k| (format!("sess:{k}"), &session)));
+    let lost: Vec<String> = expected
+        .filter(|(key, want)| c.get(key).as_deref() != Some(&want[..]))
+        .map(|(key, _)| key)
+        .collect();
+    assert!(lost.is_empty(), "lost over a clean restart: {lost:?}");
+}

@@ -1,6 +1,8 @@
 //! `terrace serve`'s settings: defaults that serve (127.0.0.1:11211, a DRAM tier plus a
 //! file tier in `./terrace-data`), a TOML file with the same keys as the flags, and the
-//! flags on top (a flag beats the file, the file beats the default).
+//! flags on top (a flag beats the file, the file beats the default). Pools are the
+//! `--pool NAME:PREFIX:SIZE` flags or the file's `[[pool]]` tables (`name`, `prefix`,
+//! `size`); pools given as flags replace the file's.
 //!
 //! Invariant: a [`ServerConfig`] that passed [`ServerConfig::validate`] opens a cache or
 //! fails with an error naming the setting; nothing later re-checks these values.
@@ -8,7 +10,9 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use terrace_cache::pools::check_pool_name;
 use terrace_cache::spec::{parse_size, TierList};
+use terrace_cache::PoolQuota;
 
 /// Default TCP address, memcached's.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:11211";
@@ -40,6 +44,56 @@ pub struct ServerConfig {
     pub log_json: bool,
     /// Promote items read often in a lower tier into the first (see `terrace-cache`).
     pub promote: bool,
+    /// Named pools, each with the key prefix that routes keys to it; keys that match no
+    /// prefix go to the default pool, which gets the space the named pools leave.
+    pub pools: Vec<PoolDef>,
+}
+
+/// A named pool: keys starting with `prefix` live in it, within its quota of the cache.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolDef {
+    pub name: String,
+    pub prefix: String,
+    pub quota: PoolQuota,
+}
+
+/// A pool quota: `25%` of the cache, or a size (`64MiB`).
+pub fn parse_quota(s: &str) -> Result<PoolQuota, String> {
+    match s.trim().strip_suffix('%') {
+        Some(p) => match p.trim().parse::<f64>() {
+            Ok(p) if p > 0.0 && p < 100.0 => Ok(PoolQuota::Percent(p)),
+            _ => Err(format!(
+                "pool size {s:?}: a percentage is more than 0 and less than 100"
+            )),
+        },
+        None => parse_size(s).map(PoolQuota::Bytes),
+    }
+}
+
+impl std::str::FromStr for PoolDef {
+    type Err = String;
+
+    /// `NAME:PREFIX:SIZE`; the prefix may itself contain `:` (`users:user::25%`).
+    fn from_str(s: &str) -> Result<PoolDef, String> {
+        let malformed =
+            || format!("pool {s:?}: expected NAME:PREFIX:SIZE (e.g. sessions:sess::25%)");
+        let (name, rest) = s.split_once(':').ok_or_else(malformed)?;
+        let (prefix, size) = rest.rsplit_once(':').ok_or_else(malformed)?;
+        Ok(PoolDef {
+            name: name.to_string(),
+            prefix: prefix.to_string(),
+            quota: parse_quota(size)?,
+        })
+    }
+}
+
+impl std::fmt::Display for PoolDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.quota {
+            PoolQuota::Percent(p) => write!(f, "{}:{}:{p}%", self.name, self.prefix),
+            PoolQuota::Bytes(b) => write!(f, "{}:{}:{b}", self.name, self.prefix),
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -56,6 +110,7 @@ impl Default for ServerConfig {
             metrics: None,
             log_json: false,
             promote: false,
+            pools: Vec::new(),
         }
     }
 }
@@ -116,6 +171,18 @@ struct FileConfig {
     #[serde(alias = "log_json")]
     log_json: Option<bool>,
     promote: Option<bool>,
+    /// `[[pool]]` tables.
+    pool: Option<Vec<FilePool>>,
+}
+
+/// One `[[pool]]` table of the config file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePool {
+    name: String,
+    prefix: String,
+    /// Bytes, a size with a unit (`"64MiB"`) or a percentage (`"25%"`).
+    size: Size,
 }
 
 /// Settings given on the command line (each `None` when the flag was absent).
@@ -133,6 +200,8 @@ pub struct Overrides {
     pub metrics: Option<String>,
     pub log_json: bool,
     pub promote: bool,
+    /// Replace the config file's pools when not empty.
+    pub pools: Vec<PoolDef>,
 }
 
 impl ServerConfig {
@@ -174,6 +243,9 @@ impl ServerConfig {
         }
         c.log_json |= flags.log_json;
         c.promote |= flags.promote;
+        if !flags.pools.is_empty() {
+            c.pools = flags.pools;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -237,6 +309,26 @@ impl ServerConfig {
         if let Some(v) = f.promote {
             self.promote = v;
         }
+        if let Some(pools) = f.pool {
+            self.pools = pools
+                .into_iter()
+                .map(|p| {
+                    let quota = match p.size {
+                        Size::Bytes(b) => Ok(PoolQuota::Bytes(b)),
+                        Size::Text(t) => parse_quota(&t),
+                    }
+                    .map_err(|message| ConfigError::Invalid {
+                        setting: "pool",
+                        message,
+                    })?;
+                    Ok(PoolDef {
+                        name: p.name,
+                        prefix: p.prefix,
+                        quota,
+                    })
+                })
+                .collect::<Result<_, ConfigError>>()?;
+        }
         Ok(())
     }
 
@@ -268,6 +360,39 @@ impl ServerConfig {
         }
         if self.max_connections == 0 {
             return invalid("max-connections", "must be at least 1");
+        }
+        for (i, pool) in self.pools.iter().enumerate() {
+            if let Err(e) = check_pool_name(&pool.name) {
+                return invalid("pool", &e.to_string());
+            }
+            let prefix = pool.prefix.as_bytes();
+            if prefix.is_empty()
+                || prefix.len() > 250
+                || prefix
+                    .iter()
+                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+            {
+                return invalid(
+                    "pool",
+                    &format!(
+                        "pool {:?}: a prefix is 1 to 250 bytes of a key, no spaces or control \
+                         characters",
+                        pool.name
+                    ),
+                );
+            }
+            if let Some(other) = self.pools[..i]
+                .iter()
+                .find(|p| p.name == pool.name || p.prefix == pool.prefix)
+            {
+                return invalid(
+                    "pool",
+                    &format!(
+                        "pools {:?} and {:?} share a name or a prefix",
+                        other.name, pool.name
+                    ),
+                );
+            }
         }
         Ok(())
     }
@@ -316,6 +441,91 @@ mod tests {
         assert_eq!(c.threads, 5);
         assert_eq!(c.listen, None, "a UNIX socket alone turns TCP off");
         assert_eq!(c.unix, Some(PathBuf::from("/tmp/x.sock")));
+    }
+
+    #[test]
+    fn pools_from_the_file_and_the_flags() {
+        let mut c = ServerConfig::default();
+        c.apply_toml(
+            "[[pool]]\nname = \"sessions\"\nprefix = \"sess:\"\nsize = \"25%\"\n\
+             [[pool]]\nname = \"users\"\nprefix = \"user:\"\nsize = \"64MiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.pools,
+            [
+                PoolDef {
+                    name: "sessions".into(),
+                    prefix: "sess:".into(),
+                    quota: PoolQuota::Percent(25.0)
+                },
+                PoolDef {
+                    name: "users".into(),
+                    prefix: "user:".into(),
+                    quota: PoolQuota::Bytes(64 << 20)
+                },
+            ]
+        );
+        c.validate().unwrap();
+        let flag: PoolDef = "users:user::12.5%".parse().unwrap();
+        assert_eq!(flag.prefix, "user:");
+        assert_eq!(flag.quota, PoolQuota::Percent(12.5));
+        assert_eq!(flag.to_string().parse::<PoolDef>().unwrap(), flag);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(
+            &path,
+            "[[pool]]\nname = \"a\"\nprefix = \"a:\"\nsize = 4194304\n",
+        )
+        .unwrap();
+        let c = ServerConfig::resolve(Overrides {
+            config: Some(path.clone()),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(c.pools[0].quota, PoolQuota::Bytes(4 << 20));
+        let c = ServerConfig::resolve(Overrides {
+            config: Some(path),
+            pools: vec![flag.clone()],
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(c.pools, [flag], "flags replace the file's pools");
+    }
+
+    #[test]
+    fn bad_pools_are_named() {
+        for (spec, why) in [
+            ("nosize", "NAME:PREFIX:SIZE"),
+            ("a:b", "NAME:PREFIX:SIZE"),
+            ("a:b:0%", "percentage"),
+            ("a:b:100%", "percentage"),
+            ("a:b:lots", ""),
+        ] {
+            let e = spec.parse::<PoolDef>().unwrap_err();
+            assert!(e.contains(why), "{spec}: {e}");
+        }
+        for (pools, why) in [
+            ("default:d:10%", "default"),
+            ("a b:x:10%", "letters"),
+            ("a::10%", "prefix"),
+            ("a:x y:10%", "prefix"),
+            ("a:x:10%,a:y:10%", "share"),
+            ("a:x:10%,b:x:10%", "share"),
+        ] {
+            let e = ServerConfig::resolve(Overrides {
+                pools: pools.split(',').map(|p| p.parse().unwrap()).collect(),
+                ..Overrides::default()
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(e.starts_with("pool:") && e.contains(why), "{pools}: {e}");
+        }
+        let e = ServerConfig::default()
+            .apply_toml("[[pool]]\nname = \"a\"\nprefix = \"a\"\nsize = \"150%\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("pool:"), "{e}");
     }
 
     #[test]

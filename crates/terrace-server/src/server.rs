@@ -12,14 +12,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use terrace_cache::{Cache, CacheConfig, Limits as CacheLimits, Medium};
+use terrace_cache::{CacheConfig, Limits as CacheLimits, Medium, PoolConfig, Pools};
 use terrace_media::Durability;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::config::ServerConfig;
-use crate::shared::{Limits, Shared};
+use crate::shared::{Limits, Routes, Shared};
 use crate::stats;
 use crate::workers::{Accepted, Workers};
 
@@ -49,10 +49,11 @@ pub enum ServeError {
     Shutdown(String),
 }
 
-/// Opens the cache the configuration describes.
-pub fn open_cache(
+/// Opens the cache the configuration describes, with its pools (the default pool first),
+/// and the routes of key prefixes to pools; one recovery report per pool.
+pub fn open_pools(
     config: &ServerConfig,
-) -> Result<(Cache, terrace_cache::CacheRecovery), ServeError> {
+) -> Result<(Pools, Routes, Vec<terrace_cache::CacheRecovery>), ServeError> {
     if config.tiers.has_file() {
         std::fs::create_dir_all(&config.dir).map_err(|source| ServeError::DataDir {
             dir: config.dir.clone(),
@@ -67,22 +68,42 @@ pub fn open_cache(
     };
     cache_config.stripes = config.threads;
     cache_config.promote = config.promote;
-    Ok(Cache::open(cache_config)?)
+    let named: Vec<PoolConfig> = config
+        .pools
+        .iter()
+        .map(|p| PoolConfig {
+            name: p.name.clone(),
+            quota: p.quota,
+        })
+        .collect();
+    let (pools, reports) = Pools::open(cache_config, &named)?;
+    let routes = Routes::new(
+        config
+            .pools
+            .iter()
+            .filter_map(|p| Some((p.prefix.as_bytes().to_vec(), pools.position(&p.name)?)))
+            .collect(),
+    );
+    Ok((pools, routes, reports))
 }
 
 /// Runs the server until SIGTERM or SIGINT; returns after a clean shutdown.
 pub fn run(config: ServerConfig) -> Result<(), ServeError> {
-    let (cache, recovery) = open_cache(&config)?;
-    let cache = Arc::new(cache);
-    tracing::info!(
-        items = cache.stats().items,
-        recovery = ?recovery,
-        "cache opened"
-    );
-    describe_tiers(&config, &cache);
-    let movers = Cache::start_movers(&cache, MOVER_INTERVAL);
+    let (pools, routes, recovery) = open_pools(&config)?;
+    for ((name, cache), recovery) in pools.iter().zip(&recovery) {
+        tracing::info!(
+            pool = name,
+            items = cache.stats().items,
+            recovery = ?recovery,
+            "cache opened"
+        );
+    }
+    describe_tiers(&config, &pools);
+    let movers = pools.start_movers(MOVER_INTERVAL);
+    let pools = Arc::new(pools);
     let shared = Arc::new(Shared::new(
-        Arc::clone(&cache),
+        Arc::clone(&pools),
+        routes,
         Limits {
             max_value: usize::try_from(config.max_item_size).unwrap_or(usize::MAX),
             max_key: CacheLimits::default().max_key_len as usize,
@@ -115,9 +136,9 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
     drop(movers);
     served?;
     drop(shared);
-    match Arc::try_unwrap(cache) {
-        Ok(cache) => {
-            cache.shutdown()?;
+    match Arc::try_unwrap(pools) {
+        Ok(pools) => {
+            pools.shutdown()?;
             tracing::info!("clean shutdown: index saved");
             Ok(())
         }
@@ -127,9 +148,10 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
     }
 }
 
-fn describe_tiers(config: &ServerConfig, cache: &Cache) {
-    let stats = cache.stats();
-    let segment = cache.segment_size() as u64;
+fn describe_tiers(config: &ServerConfig, pools: &Pools) {
+    let per_pool = pools.stats();
+    let stats = terrace_cache::Stats::combined(per_pool.iter().map(|(_, s)| s));
+    let segment = pools.default_pool().segment_size() as u64;
     for (i, (tier, t)) in config
         .tiers
         .configs(&config.dir)
@@ -152,6 +174,19 @@ fn describe_tiers(config: &ServerConfig, cache: &Cache) {
         println!(
             "terrace: tier {i}: {medium}, {} MiB, {survives}",
             bytes >> 20
+        );
+    }
+    for (pool, (name, s)) in config.pools.iter().zip(per_pool.iter().skip(1)) {
+        let sizes: Vec<String> = s
+            .tiers
+            .iter()
+            .map(|t| format!("{} MiB", (u64::from(t.segments) * segment) >> 20))
+            .collect();
+        tracing::info!(pool = %name, prefix = %pool.prefix, "pool");
+        println!(
+            "terrace: pool {name}: keys starting with {:?}, tiers {}",
+            pool.prefix,
+            sizes.join(" + ")
         );
     }
 }

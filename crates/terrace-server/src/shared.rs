@@ -1,5 +1,5 @@
-//! What every connection shares: the cache, the server's settings and counters, and the
-//! memcached semantics the three protocols have in common (expiry times, counted gets and
+//! What every connection shares: the cache (its pools, and which key prefixes go to
+//! which), the server's settings and counters, and the memcached semantics the three protocols have in common (expiry times, counted gets and
 //! stores, delayed flush), so each protocol module only parses and formats.
 //!
 //! Invariants: every operation here counts itself under memcached's stat names exactly
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use terrace_cache::{Cache, CacheError, Checked, Guard, Store};
+use terrace_cache::{Cache, CacheError, Checked, Guard, Pools, Store};
 
 use crate::stats::{Counter, Counters};
 
@@ -25,6 +25,30 @@ pub struct Limits {
     pub max_value: usize,
     /// Longest key accepted, bytes (memcached: 250).
     pub max_key: usize,
+}
+
+/// Which key prefixes go to which named pool (`--pool NAME:PREFIX:SIZE`): the longest
+/// matching prefix wins; a key that matches none goes to the default pool.
+#[derive(Clone, Debug, Default)]
+pub struct Routes {
+    /// (prefix, position of the pool in `Pools::iter`), longest prefix first.
+    prefixes: Vec<(Vec<u8>, usize)>,
+}
+
+impl Routes {
+    /// Routes for `(prefix, pool position)` pairs.
+    pub fn new(mut prefixes: Vec<(Vec<u8>, usize)>) -> Routes {
+        prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        Routes { prefixes }
+    }
+
+    /// The position of the pool `key` goes to, if a prefix matches.
+    pub fn pool_of(&self, key: &[u8]) -> Option<usize> {
+        self.prefixes
+            .iter()
+            .find(|(prefix, _)| key.starts_with(prefix))
+            .map(|&(_, position)| position)
+    }
 }
 
 /// How a storage command conditions its write.
@@ -72,7 +96,8 @@ impl Failure {
 
 /// The state every connection shares.
 pub struct Shared {
-    pub cache: Arc<Cache>,
+    pub pools: Arc<Pools>,
+    routes: Routes,
     pub limits: Limits,
     pub counters: Counters,
     pub started: Instant,
@@ -102,13 +127,15 @@ pub enum Expiry {
 
 impl Shared {
     pub fn new(
-        cache: Arc<Cache>,
+        pools: Arc<Pools>,
+        routes: Routes,
         limits: Limits,
         max_connections: usize,
         threads: usize,
     ) -> Shared {
         Shared {
-            cache,
+            pools,
+            routes,
             limits,
             counters: Counters::new(),
             started: Instant::now(),
@@ -125,7 +152,16 @@ impl Shared {
 
     /// Unix seconds on the cache's clock.
     pub fn now(&self) -> u32 {
-        self.cache.now()
+        self.pools.default_pool().now()
+    }
+
+    /// The pool `key` belongs to: the named pool of the longest prefix it starts with,
+    /// else the default pool.
+    pub fn cache(&self, key: &[u8]) -> &Cache {
+        self.routes
+            .pool_of(key)
+            .and_then(|position| self.pools.at(position))
+            .unwrap_or_else(|| self.pools.default_pool())
     }
 
     /// memcached's exptime rules: 0 never expires; up to 30 days is relative; above is a
@@ -152,7 +188,7 @@ impl Shared {
     /// A counted get (cmd_get, get_hits, get_misses).
     pub fn get(&self, key: &[u8]) -> Result<Option<Guard<'_>>, Failure> {
         self.counters.add(Counter::CmdGet, 1);
-        let r = self.cache.get(key).map_err(|e| Failure::of(&e))?;
+        let r = self.cache(key).get(key).map_err(|e| Failure::of(&e))?;
         self.counters.add(
             if r.is_some() {
                 Counter::GetHits
@@ -169,14 +205,17 @@ impl Shared {
     pub fn gat(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
         self.counters.add(Counter::CmdTouch, 1);
         let touched = match self.expiry(exptime) {
-            Expiry::Ttl(ttl) => self.cache.touch(key, ttl).map_err(|e| Failure::of(&e))?,
+            Expiry::Ttl(ttl) => self
+                .cache(key)
+                .touch(key, ttl)
+                .map_err(|e| Failure::of(&e))?,
             Expiry::Past => {
                 // The item is returned once more, then gone (memcached returns it too).
                 let hit = self.get(key)?;
                 if hit.is_some() {
                     self.counters.add(Counter::TouchHits, 1);
                     let guard = hit;
-                    let _ = self.cache.delete(key);
+                    let _ = self.cache(key).delete(key);
                     return Ok(guard);
                 }
                 self.counters.add(Counter::TouchMisses, 1);
@@ -224,7 +263,7 @@ impl Shared {
         if_cas: Option<u64>,
     ) -> Result<Store, Failure> {
         self.counters.add(Counter::CmdSet, 1);
-        let cache = &*self.cache;
+        let cache = self.cache(key);
         let fail = |e: CacheError| Failure::of(&e);
         let ttl = match self.expiry(exptime) {
             Expiry::Ttl(t) => t,
@@ -264,7 +303,7 @@ impl Shared {
         front: bool,
         if_cas: Option<u64>,
     ) -> Result<Store, Failure> {
-        self.cache
+        self.cache(key)
             .concat(key, data, front, if_cas)
             .map_err(|e| Failure::of(&e))
     }
@@ -275,7 +314,7 @@ impl Shared {
         if value.len() > self.limits.max_value {
             return Err(Failure::TooLarge);
         }
-        let cache = &*self.cache;
+        let cache = self.cache(key);
         let present = cache
             .get(key)
             .map_err(|e| Failure::of(&e))?
@@ -302,7 +341,7 @@ impl Shared {
     /// atomically with the removal); a refusal counts as a delete miss.
     pub fn delete_checked(&self, key: &[u8], if_cas: Option<u64>) -> Result<Checked<()>, Failure> {
         let r = self
-            .cache
+            .cache(key)
             .delete_checked(key, if_cas)
             .map_err(|e| Failure::of(&e))?;
         self.counters.add(
@@ -320,8 +359,11 @@ impl Shared {
     pub fn touch(&self, key: &[u8], exptime: i64) -> Result<bool, Failure> {
         self.counters.add(Counter::CmdTouch, 1);
         let hit = match self.expiry(exptime) {
-            Expiry::Ttl(ttl) => self.cache.touch(key, ttl).map_err(|e| Failure::of(&e))?,
-            Expiry::Past => self.cache.delete(key).map_err(|e| Failure::of(&e))?,
+            Expiry::Ttl(ttl) => self
+                .cache(key)
+                .touch(key, ttl)
+                .map_err(|e| Failure::of(&e))?,
+            Expiry::Past => self.cache(key).delete(key).map_err(|e| Failure::of(&e))?,
         };
         self.counters.add(
             if hit {
@@ -353,7 +395,7 @@ impl Shared {
         if_cas: Option<u64>,
     ) -> Result<Checked<(u64, u64)>, Failure> {
         let r = self
-            .cache
+            .cache(key)
             .arith(key, delta, incr, if_cas)
             .map_err(|e| Failure::of(&e))?;
         let counter = match (incr, r != Checked::NotFound) {
@@ -374,7 +416,7 @@ impl Shared {
         match self.expiry(delay) {
             Expiry::Ttl(0) | Expiry::Past => {
                 self.flush_at.store(0, Ordering::Relaxed);
-                self.cache.flush_all();
+                self.pools.flush_all();
             }
             Expiry::Ttl(secs) => {
                 let at = u64::from(self.now()) + u64::from(secs);
@@ -394,7 +436,7 @@ impl Shared {
             .compare_exchange(at, 0, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
         {
-            self.cache.flush_all();
+            self.pools.flush_all();
             return true;
         }
         false
@@ -414,9 +456,10 @@ pub(crate) fn test_shared() -> Shared {
     use terrace_cache::{CacheConfig, TierConfig, TierSize};
     let mut config = CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(32 << 20))]);
     config.stripes = 2;
-    let (cache, _) = Cache::open(config).expect("a 32 MiB DRAM cache opens");
+    let (pools, _) = Pools::open(config, &[]).expect("a 32 MiB DRAM cache opens");
     Shared::new(
-        Arc::new(cache),
+        Arc::new(pools),
+        Routes::default(),
         Limits {
             max_value: 1 << 20,
             max_key: 250,

@@ -1,6 +1,8 @@
 //! Server counters and the `stats` report: memcached's stat names where memcached has
 //! one (so existing dashboards and `memcached-tool` work), then Terrace's own per-tier
-//! stats (`tier_<i>_<name>`); the same report rendered in Prometheus' text format.
+//! stats (`tier_<i>_<name>`) and, when named pools are configured, per-pool stats
+//! (`pool_<name>_<stat>`); the same report rendered in Prometheus' text format (pools
+//! and tiers as labels). Cache-wide figures are the sum over the pools.
 //!
 //! Counters are sharded by thread so two workers never write the same cache line on a
 //! hit; a read sums the shards (each shard monotonic, so a sum never goes backwards by
@@ -208,7 +210,9 @@ fn rusage() -> (f64, f64) {
 /// The general `stats` report, in memcached's order where names overlap.
 pub fn report(shared: &Shared) -> Vec<(String, Value)> {
     let c = &shared.counters;
-    let cache = shared.cache.stats();
+    let per_pool = shared.pools.stats();
+    let cache = terrace_cache::Stats::combined(per_pool.iter().map(|(_, s)| s));
+    let segment_size = shared.pools.default_pool().segment_size() as u64;
     let (user, system) = rusage();
     let mut out: Vec<(String, Value)> = Vec::with_capacity(64);
     let mut put = |k: &str, v: Value| out.push((k.to_string(), v));
@@ -258,7 +262,7 @@ pub fn report(shared: &Shared) -> Vec<(String, Value)> {
     let capacity: u64 = cache
         .tiers
         .iter()
-        .map(|t| u64::from(t.segments) * shared.cache.segment_size() as u64)
+        .map(|t| u64::from(t.segments) * segment_size)
         .sum();
     put("limit_maxbytes", Value::Int(capacity));
     put("threads", Value::Int(shared.threads as u64));
@@ -267,11 +271,13 @@ pub fn report(shared: &Shared) -> Vec<(String, Value)> {
         .iter()
         .map(|t| u64::from(t.segments).saturating_sub(t.free_segments as u64))
         .sum::<u64>()
-        * shared.cache.segment_size() as u64;
+        * segment_size;
     put("bytes", Value::Int(used));
     put("curr_items", Value::Int(cache.items as u64));
     put("total_items", Value::Int(c.get(Counter::TotalItems)));
-    let evicted: u64 = cache.tiers.last().map_or(0, |t| t.items_evicted);
+    // Items dropped by any tier's eviction (a tier above the last drops what it does not
+    // demote), and index entries evicted for want of a slot.
+    let evicted: u64 = cache.tiers.iter().map(|t| t.items_evicted).sum();
     put("evictions", Value::Int(evicted + cache.index_evictions));
     put("expired_unfetched", Value::Int(0));
     put(
@@ -297,12 +303,9 @@ pub fn report(shared: &Shared) -> Vec<(String, Value)> {
         "terrace_index_bytes_per_item",
         Value::Float(cache.index_bytes_per_item),
     );
-    put(
-        "terrace_segment_bytes",
-        Value::Int(shared.cache.segment_size() as u64),
-    );
+    put("terrace_segment_bytes", Value::Int(segment_size));
     for (i, t) in cache.tiers.iter().enumerate() {
-        let seg = shared.cache.segment_size() as u64;
+        let seg = segment_size;
         let mut tier = |name: &str, v: u64| out.push((format!("tier_{i}_{name}"), Value::Int(v)));
         tier("bytes", u64::from(t.segments) * seg);
         tier("segments", u64::from(t.segments));
@@ -318,6 +321,42 @@ pub fn report(shared: &Shared) -> Vec<(String, Value)> {
         tier("promotions_in", t.promotions_in);
         tier("inline_evictions", t.inline_evictions);
         tier("background_evictions", t.background_evictions);
+    }
+    if per_pool.len() > 1 {
+        for (name, stat, v) in pool_report(&per_pool, segment_size) {
+            out.push((format!("pool_{name}_{stat}"), Value::Int(v)));
+        }
+    }
+    out
+}
+
+/// Per-pool stats, as (pool, stat, value): what the pool holds and what happened in it.
+fn pool_report(
+    per_pool: &[(String, terrace_cache::Stats)],
+    segment_size: u64,
+) -> Vec<(String, &'static str, u64)> {
+    let mut out = Vec::with_capacity(per_pool.len() * 14);
+    for (name, s) in per_pool {
+        let sum = |f: fn(&terrace_cache::TierStats) -> u64| s.tiers.iter().map(f).sum::<u64>();
+        let segments = sum(|t| u64::from(t.segments));
+        let free = sum(|t| t.free_segments as u64);
+        for (stat, v) in [
+            ("limit_maxbytes", segments * segment_size),
+            ("bytes", segments.saturating_sub(free) * segment_size),
+            ("curr_items", s.items as u64),
+            ("live_bytes", sum(|t| t.live_bytes)),
+            ("dead_bytes", sum(|t| t.dead_bytes)),
+            ("get_hits", s.hits),
+            ("get_misses", s.misses),
+            ("get_expired", s.expired),
+            ("evictions", sum(|t| t.items_evicted) + s.index_evictions),
+            ("demotions", s.demotions),
+            ("promotions", s.promotions),
+            ("inline_evictions", s.inline_evictions),
+            ("background_evictions", s.background_evictions),
+        ] {
+            out.push((name.clone(), stat, v));
+        }
     }
     out
 }
@@ -355,6 +394,9 @@ pub fn prometheus(shared: &Shared) -> String {
             Value::Float(x) => x,
             Value::Text(_) => continue,
         };
+        if name.starts_with("pool_") {
+            continue; // below, labelled (pool names may contain '_')
+        }
         if let Some(rest) = name.strip_prefix("tier_") {
             if let Some((tier, stat)) = rest.split_once('_') {
                 let _ = writeln!(s, "terrace_tier_{stat}{{tier=\"{tier}\"}} {number}");
@@ -362,6 +404,13 @@ pub fn prometheus(shared: &Shared) -> String {
             }
         }
         let _ = writeln!(s, "memcached_{name} {number}");
+    }
+    let per_pool = shared.pools.stats();
+    if per_pool.len() > 1 {
+        let segment_size = shared.pools.default_pool().segment_size() as u64;
+        for (pool, stat, v) in pool_report(&per_pool, segment_size) {
+            let _ = writeln!(s, "terrace_pool_{stat}{{pool=\"{pool}\"}} {v}");
+        }
     }
     s
 }

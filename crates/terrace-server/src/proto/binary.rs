@@ -343,7 +343,7 @@ pub fn handle(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
         };
         if opcode.command == Command::Set {
             // As memcached: a failed SET must not leave the old value readable.
-            let _ = shared.cache.delete(key);
+            let _ = shared.cache(key).delete(key);
         }
         respond_error(out, &header, Status::TooLarge);
         return skip(input, header.total_len());
@@ -499,7 +499,7 @@ fn touch(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     match shared.touch(request.key, i64::from(request.extra_u32(0))) {
         Ok(true) => {
             // The touch already counted itself; read the item uncounted for its flags.
-            let (flags, cas) = match shared.cache.get(request.key) {
+            let (flags, cas) = match shared.cache(request.key).get(request.key) {
                 Ok(Some(item)) => (item.client_flags(), item.cas()),
                 _ => (0, 0),
             };
@@ -972,7 +972,7 @@ mod tests {
         assert!(call(&s, &request(0x1e, &expiry, b"no", &[], 0)).is_empty());
         assert!(call(&s, &request(0x24, &expiry, b"no", &[], 0)).is_empty());
         // The new expiry holds: gone once the clock passes it.
-        s.cache.advance_clock(101);
+        s.pools.advance_clock(101);
         assert_eq!(get_value(&s, b"t"), None);
     }
 
@@ -1002,7 +1002,7 @@ mod tests {
             0
         );
         assert_eq!(get_value(&s, b"f"), Some(b"v".to_vec()));
-        s.cache.advance_clock(11);
+        s.pools.advance_clock(11);
         assert!(s.run_delayed_flush());
         assert_eq!(get_value(&s, b"f"), None);
         // QUIT replies then closes; QUITQ closes silently.

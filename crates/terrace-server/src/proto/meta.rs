@@ -430,7 +430,7 @@ fn store_code(result: Store) -> &'static [u8] {
 /// The key's CAS, without counting a get (`None`: absent).
 fn current_cas(shared: &Shared, key: &[u8]) -> Result<Option<u64>, Failure> {
     Ok(shared
-        .cache
+        .cache(key)
         .get(key)
         .map_err(|e| Failure::of(&e))?
         .map(|g| g.cas()))
@@ -526,7 +526,7 @@ fn vivify_empty<'s>(
         })),
         // Another client created it first: answer with its item, without the win.
         _ => Ok(shared
-            .cache
+            .cache(key)
             .get(key)
             .map_err(|e| Failure::of(&e))?
             .map(|guard| Hit::found(guard, None))),
@@ -606,7 +606,7 @@ fn meta_set(
     if length > shared.limits.max_value {
         out.extend_from_slice(TOO_LARGE);
         // As memcached: a write that cannot be honoured must not leave the old value.
-        let _ = shared.cache.delete(request.key());
+        let _ = shared.cache(request.key()).delete(request.key());
         return swallow;
     }
     let value = match data_block(input, line.consumed, length) {
@@ -707,7 +707,7 @@ fn stored_size(shared: &Shared, request: &Request<'_>, mode: SetMode, written: u
     {
         return written;
     }
-    match shared.cache.get(request.key()) {
+    match shared.cache(request.key()).get(request.key()) {
         Ok(Some(guard)) => guard.value().len(),
         _ => written,
     }
@@ -879,7 +879,7 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
 /// knows: `la=0 fetch=no` (not tracked), `cls=1` (no slab classes), `size` the value's
 /// length, and the tier the item is in; no `exp=` (the remaining TTL is not readable).
 fn meta_debug(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
-    let guard = match shared.cache.get(request.key()) {
+    let guard = match shared.cache(request.key()).get(request.key()) {
         Ok(Some(guard)) => guard,
         Ok(None) => return out.extend_from_slice(b"EN\r\n"),
         Err(e) => return push_failure(out, Failure::of(&e)),
@@ -924,7 +924,12 @@ mod tests {
     }
 
     fn cas_of(shared: &Shared, key: &[u8]) -> u64 {
-        shared.cache.get(key).unwrap().expect("key present").cas()
+        shared
+            .cache(key)
+            .get(key)
+            .unwrap()
+            .expect("key present")
+            .cas()
     }
 
     #[test]
@@ -994,10 +999,10 @@ mod tests {
         assert_eq!(reply(&s, "mg foo t v\r\n"), "VA 2\r\nhi\r\n");
         // T touches, and then the TTL is the one just set.
         assert_eq!(reply(&s, "mg foo t T0\r\n"), "HD t-1\r\n");
-        s.cache.advance_clock(200);
+        s.pools.advance_clock(200);
         assert_eq!(reply(&s, "mg foo v\r\n"), "VA 2\r\nhi\r\n");
         assert_eq!(reply(&s, "mg foo T10 t s\r\n"), "HD t10 s2\r\n");
-        s.cache.advance_clock(11);
+        s.pools.advance_clock(11);
         assert_eq!(reply(&s, "mg foo v\r\n"), "EN\r\n");
         // A touch on a miss is a miss.
         assert_eq!(reply(&s, "mg foo T10 t\r\n"), "EN\r\n");
@@ -1014,7 +1019,7 @@ mod tests {
         assert_eq!(reply(&s, "mg new N30 s t v\r\n"), "VA 0 s0 t30 W\r\n\r\n");
         // Later clients find the empty item; Terrace cannot flag it with Z.
         assert_eq!(reply(&s, "mg new N30 s v\r\n"), "VA 0 s0\r\n\r\n");
-        s.cache.advance_clock(31);
+        s.pools.advance_clock(31);
         assert_eq!(reply(&s, "mg new v\r\n"), "EN\r\n");
         // N on a hit does nothing.
         reply(&s, "ms foo 1\r\nx\r\n");
@@ -1039,7 +1044,11 @@ mod tests {
         );
         assert_eq!(reply(&s, "mg AAEC/w b v\r\n"), "VA 1\r\nz\r\n");
         assert_eq!(
-            s.cache.get(&[0, 1, 2, 0xff]).unwrap().unwrap().value(),
+            s.cache(&[0, 1, 2, 0xff])
+                .get(&[0, 1, 2, 0xff])
+                .unwrap()
+                .unwrap()
+                .value(),
             b"z"
         );
         assert_eq!(reply(&s, "mg AAEE b k\r\n"), "EN kAAEE b\r\n");
@@ -1153,7 +1162,7 @@ mod tests {
         assert_eq!(out, format!("HD c{}\r\n", cas_of(&s, b"foo")));
         assert_eq!(reply(&s, "mg foo f v\r\n"), "VA 3 f0\r\nabc\r\n");
         reply(&s, "ms ttl 1 T1\r\nx\r\n");
-        s.cache.advance_clock(2);
+        s.pools.advance_clock(2);
         assert_eq!(reply(&s, "mg ttl v\r\n"), "EN\r\n");
         // A negative TTL leaves nothing behind.
         assert_eq!(reply(&s, "ms foo 1 T-1\r\nx\r\n"), "HD\r\n");
@@ -1197,7 +1206,7 @@ mod tests {
         assert_eq!(reply(&s, "ms bar 1 MA N5 F2\r\nx\r\n"), "HD\r\n");
         assert_eq!(reply(&s, "ms bar 1 MA N5\r\ny\r\n"), "HD\r\n");
         assert_eq!(reply(&s, "mg bar f v\r\n"), "VA 2 f2\r\nxy\r\n");
-        s.cache.advance_clock(6);
+        s.pools.advance_clock(6);
         assert_eq!(reply(&s, "mg bar v\r\n"), "EN\r\n");
         // Set, explicitly.
         assert_eq!(reply(&s, "ms foo 1 MS\r\nS\r\n"), "HD\r\n");
@@ -1388,7 +1397,7 @@ mod tests {
         assert_eq!(out, format!("HD t-1 c{}\r\n", cas_of(&s, b"n")));
         // Autovivified items get N's TTL.
         assert_eq!(reply(&s, "ma m N50 t v\r\n"), "VA 1 t50\r\n0\r\n");
-        s.cache.advance_clock(51);
+        s.pools.advance_clock(51);
         assert_eq!(reply(&s, "ma m\r\n"), "NF\r\n");
         // CAS compare.
         let cas = cas_of(&s, b"n");

@@ -584,7 +584,7 @@ mod tests {
         assert_eq!(reply(&s, "set a 0 -1 1\r\ny\r\n"), "STORED\r\n");
         assert_eq!(reply(&s, "get a\r\n"), "END\r\n");
         assert_eq!(reply(&s, "set b 0 2 1\r\nx\r\n"), "STORED\r\n");
-        s.cache.advance_clock(3);
+        s.pools.advance_clock(3);
         assert_eq!(reply(&s, "get b\r\n"), "END\r\n");
         // An absolute time in the future.
         let at = i64::from(s.now()) + 100;
@@ -607,7 +607,7 @@ mod tests {
         assert_eq!(reply(&s, "flush_all 10\r\n"), "OK\r\n");
         assert!(!s.run_delayed_flush());
         assert_eq!(reply(&s, "get a\r\n"), "VALUE a 0 1\r\nx\r\nEND\r\n");
-        s.cache.advance_clock(11);
+        s.pools.advance_clock(11);
         assert!(s.run_delayed_flush());
         assert_eq!(reply(&s, "get a\r\n"), "END\r\n");
         assert_eq!(
