@@ -1,6 +1,7 @@
 //! What every connection shares: the cache (its pools, and which key prefixes go to
-//! which), the server's settings and counters, and the memcached semantics the three protocols have in common (expiry times, counted gets and
-//! stores, delayed flush), so each protocol module only parses and formats.
+//! which), the server's settings and counters, and the memcached semantics the three
+//! protocols have in common (expiry times, counted gets and stores, delayed flush), so
+//! each protocol module only parses and formats.
 //!
 //! Invariants: every operation here counts itself under memcached's stat names exactly
 //! once; an exptime that is already in the past never leaves the key's old value
@@ -467,4 +468,25 @@ pub(crate) fn test_shared() -> Shared {
         1024,
         2,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Routes;
+
+    #[test]
+    fn the_longest_matching_prefix_routes_a_key() {
+        let routes = Routes::new(vec![
+            (b"a".to_vec(), 1),
+            (b"ab".to_vec(), 2),
+            (b"b:".to_vec(), 3),
+        ]);
+        assert_eq!(routes.pool_of(b"abc"), Some(2));
+        assert_eq!(routes.pool_of(b"ab"), Some(2));
+        assert_eq!(routes.pool_of(b"ax"), Some(1));
+        assert_eq!(routes.pool_of(b"b:1"), Some(3));
+        assert_eq!(routes.pool_of(b"b"), None);
+        assert_eq!(routes.pool_of(b""), None);
+        assert_eq!(Routes::default().pool_of(b"abc"), None);
+    }
 }
