@@ -204,6 +204,8 @@ pub struct Guard<'c> {
     client_flags: u32,
     cas: u64,
     tier: usize,
+    /// Its segment's expiry, Unix seconds (0: never).
+    expires_at: u32,
 }
 
 impl std::fmt::Debug for Guard<'_> {
@@ -241,6 +243,13 @@ impl Guard<'_> {
     /// The tier the item was found in.
     pub fn tier(&self) -> usize {
         self.tier
+    }
+
+    /// When the item stops being served, Unix seconds on the cache's clock; `None`: it
+    /// does not expire. This is its segment's expiry (TTLs are kept per segment), which is
+    /// the TTL the item was given or at most an eighth earlier (see `ttl_bucket`).
+    pub fn expires_at(&self) -> Option<u32> {
+        (self.expires_at != 0).then_some(self.expires_at)
     }
 }
 
@@ -635,7 +644,10 @@ impl Cache {
                     // replaced the entry after our load: look again.
                     continue 'retry;
                 }
-                if self.expired(loc.segment, now) {
+                let expires_at = self.meta[loc.segment as usize]
+                    .expires_at
+                    .load(Ordering::Acquire);
+                if expires_at != 0 && now >= expires_at {
                     self.counters.expired.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
@@ -655,6 +667,7 @@ impl Cache {
                     client_flags,
                     cas,
                     tier,
+                    expires_at,
                 });
             }
             return None;

@@ -180,6 +180,36 @@ fn ttls_expire_lazily_and_touch_renews() {
 }
 
 #[test]
+fn a_hit_says_when_its_item_expires() {
+    let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+    c.set(b"forever", b"v", 0, 0).unwrap();
+    assert_eq!(c.get(b"forever").unwrap().unwrap().expires_at(), None);
+    for ttl in [1u32, 10, 100, 3600, 86_400] {
+        let now = c.now();
+        c.set(b"k", b"v", 0, ttl).unwrap();
+        let at = c
+            .get(b"k")
+            .unwrap()
+            .unwrap()
+            .expires_at()
+            .expect("an expiry");
+        // The segment's expiry: the TTL, or up to an eighth earlier (TTL buckets).
+        assert!(
+            at <= now + 1 + ttl && at >= now + ttl - ttl / 8,
+            "ttl {ttl}: expires at now + {}",
+            i64::from(at) - i64::from(now)
+        );
+        // And it is when the item stops being served (unless the wall clock's second
+        // ticked in between, taking it there).
+        c.advance_clock(i64::from(at.saturating_sub(c.now())) - 1);
+        let served = c.get(b"k").unwrap().is_some();
+        assert!(served || c.now() >= at, "ttl {ttl}: gone early");
+        c.advance_clock(1);
+        assert!(c.get(b"k").unwrap().is_none(), "ttl {ttl}: still served");
+    }
+}
+
+#[test]
 fn bad_input_is_a_typed_error() {
     let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
     let long = vec![b'k'; 251];

@@ -19,11 +19,10 @@
 //!   a trailing `b`.
 //!
 //! Where Terrace differs from memcached (the engine does not keep the per-item state):
-//! - no remaining TTL is readable from the cache, so `t` is returned only when this very
-//!   request decided the TTL (`T`, or `N` creating the item): `-1` for no expiry, else
-//!   the TTL asked for — an upper bound, as the engine's TTL buckets may expire the item
-//!   a little earlier, never later. Otherwise `t` is left out of the reply (rather than
-//!   a wrong value), and `me` leaves out `exp=`;
+//! - TTLs are kept per segment, and an item expires with its segment: `t` (and `me`'s
+//!   `exp=`) reports the seconds left until then, which is the TTL the item was given or
+//!   up to an eighth less (never more); when this very request set the TTL (`T`, or `N`
+//!   creating the item) it reports that TTL as asked, as memcached does. `-1`: no expiry;
 //! - `h` (hit before) and `l` (last access) are not tracked: always `h0`/`l0`; `me`
 //!   says `la=0 fetch=no`; `u` (no LRU bump) is accepted and has no effect;
 //! - no stale items or recache tokens: `md I` deletes (its `T` is moot), `ms I` stores
@@ -321,6 +320,14 @@ fn parse_exptime(arg: &[u8]) -> Result<i64, ParseError> {
         .ok_or(ParseError::BadToken)
 }
 
+/// Seconds until a found item stops being served (`-1`: never).
+fn remaining_ttl(shared: &Shared, guard: &Guard<'_>) -> i64 {
+    guard
+        .expires_at()
+        .map_or(-1, |at| i64::from(at) - i64::from(shared.now()))
+        .max(-1)
+}
+
 /// The remaining TTL an exptime gives an item written now (`-1`: none); `None` when it
 /// is already past.
 fn ttl_of(shared: &Shared, exptime: i64) -> Option<i64> {
@@ -449,12 +456,13 @@ struct Hit<'g> {
 }
 
 impl Hit<'_> {
-    fn found(guard: Guard<'_>, ttl: Option<i64>) -> Hit<'_> {
+    /// A found item; `ttl`, when this request set it, else its remaining life.
+    fn found<'g>(shared: &Shared, guard: Guard<'g>, ttl: Option<i64>) -> Hit<'g> {
         Hit {
             cas: guard.cas(),
             client_flags: guard.client_flags(),
+            ttl: ttl.or_else(|| Some(remaining_ttl(shared, &guard))),
             guard: Some(guard),
-            ttl,
             won: false,
         }
     }
@@ -473,7 +481,11 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         None => shared.get(key),
     };
     let hit = match found {
-        Ok(Some(guard)) => Hit::found(guard, request.flags.ttl.and_then(|e| ttl_of(shared, e))),
+        Ok(Some(guard)) => Hit::found(
+            shared,
+            guard,
+            request.flags.ttl.and_then(|e| ttl_of(shared, e)),
+        ),
         Ok(None) => match request.flags.vivify {
             Some(exptime) => match vivify_empty(shared, key, exptime) {
                 Ok(Some(hit)) => hit,
@@ -529,7 +541,7 @@ fn vivify_empty<'s>(
             .cache(key)
             .get(key)
             .map_err(|e| Failure::of(&e))?
-            .map(|guard| Hit::found(guard, None))),
+            .map(|guard| Hit::found(shared, guard, None))),
     }
 }
 
@@ -850,6 +862,11 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
                     shared.touch(key, exptime)?;
                     ttl_of(shared, exptime)
                 }
+                None if flags.order().contains(&b't') => shared
+                    .cache(key)
+                    .get(key)
+                    .map_err(|e| Failure::of(&e))?
+                    .map(|guard| remaining_ttl(shared, &guard)),
                 None => None,
             };
             // The write's own CAS; after a touch (which gives a new one), read back.
@@ -876,8 +893,8 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
 // ---- me ----
 
 /// `me <key> [b]`: a debug line about the item, `EN` on a miss. Terrace reports what it
-/// knows: `la=0 fetch=no` (not tracked), `cls=1` (no slab classes), `size` the value's
-/// length, and the tier the item is in; no `exp=` (the remaining TTL is not readable).
+/// knows: `exp` the seconds left (`-1`: never), `la=0 fetch=no` (not tracked), `cls=1`
+/// (no slab classes), `size` the value's length, and the tier the item is in.
 fn meta_debug(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     let guard = match shared.cache(request.key()).get(request.key()) {
         Ok(Some(guard)) => guard,
@@ -889,6 +906,13 @@ fn meta_debug(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         out.extend_from_slice(KEY_BASE64.encode(request.key()).as_bytes());
     } else {
         out.extend_from_slice(request.key());
+    }
+    out.extend_from_slice(b" exp=");
+    let ttl = remaining_ttl(shared, &guard);
+    if ttl < 0 {
+        out.extend_from_slice(b"-1");
+    } else {
+        push_decimal(out, ttl.unsigned_abs());
     }
     out.extend_from_slice(b" la=0 cas=");
     push_decimal(out, guard.cas());
@@ -991,14 +1015,30 @@ mod tests {
         );
     }
 
+    /// The `t<n>` of a reply: the seconds it says are left.
+    fn t_of(reply: &str) -> i64 {
+        reply
+            .split([' ', '\r'])
+            .find_map(|token| token.strip_prefix('t')?.parse().ok())
+            .unwrap_or_else(|| panic!("no t flag in {reply:?}"))
+    }
+
     #[test]
-    fn get_ttl_is_known_only_when_the_request_sets_it() {
+    fn get_ttl_is_the_items_remaining_life() {
         let s = test_shared();
         reply(&s, "ms foo 2 T100\r\nhi\r\n");
-        // The remaining TTL cannot be read from the cache: `t` is left out.
-        assert_eq!(reply(&s, "mg foo t v\r\n"), "VA 2\r\nhi\r\n");
+        // The item's segment expires at the TTL or up to an eighth before.
+        let left = t_of(&reply(&s, "mg foo t v\r\n"));
+        assert!((87..=100).contains(&left), "t{left}");
+        s.pools.advance_clock(50);
+        let later = t_of(&reply(&s, "mg foo t\r\n"));
+        assert!(
+            (left - 51..=left - 50).contains(&later),
+            "t{later} after t{left}"
+        );
         // T touches, and then the TTL is the one just set.
         assert_eq!(reply(&s, "mg foo t T0\r\n"), "HD t-1\r\n");
+        assert_eq!(reply(&s, "mg foo t\r\n"), "HD t-1\r\n");
         s.pools.advance_clock(200);
         assert_eq!(reply(&s, "mg foo v\r\n"), "VA 2\r\nhi\r\n");
         assert_eq!(reply(&s, "mg foo T10 t s\r\n"), "HD t10 s2\r\n");
@@ -1391,7 +1431,7 @@ mod tests {
         // Returned flags.
         let out = reply(&s, "ma n c k O1\r\n");
         assert_eq!(out, format!("HD c{} kn O1\r\n", cas_of(&s, b"n")));
-        assert_eq!(reply(&s, "ma n t v\r\n"), "VA 1\r\n4\r\n");
+        assert_eq!(reply(&s, "ma n t v\r\n"), "VA 1 t-1\r\n4\r\n");
         assert_eq!(reply(&s, "ma n t T100 v\r\n"), "VA 1 t100\r\n5\r\n");
         let out = reply(&s, "ma n T0 t c\r\n");
         assert_eq!(out, format!("HD t-1 c{}\r\n", cas_of(&s, b"n")));
@@ -1428,12 +1468,19 @@ mod tests {
         assert_eq!(reply(&s, "me foo\r\n"), "EN\r\n");
         reply(&s, "ms foo 2\r\nhi\r\n");
         let cas = cas_of(&s, b"foo");
-        let expected = format!("ME foo la=0 cas={cas} fetch=no cls=1 size=2 tier=0\r\n");
+        let expected = format!("ME foo exp=-1 la=0 cas={cas} fetch=no cls=1 size=2 tier=0\r\n");
         assert_eq!(reply(&s, "me foo\r\n"), expected);
         // Other tokens are ignored, as memcached.
         assert_eq!(reply(&s, "me foo zz\r\n"), expected);
-        let expected = format!("ME Zm9v la=0 cas={cas} fetch=no cls=1 size=2 tier=0\r\n");
+        let expected = format!("ME Zm9v exp=-1 la=0 cas={cas} fetch=no cls=1 size=2 tier=0\r\n");
         assert_eq!(reply(&s, "me Zm9v b\r\n"), expected);
+        reply(&s, "ms bar 1 T3600\r\nb\r\n");
+        let line = reply(&s, "me bar\r\n");
+        let exp: u32 = line
+            .split(' ')
+            .find_map(|t| t.strip_prefix("exp=")?.parse().ok())
+            .unwrap_or_else(|| panic!("no exp= in {line:?}"));
+        assert!((3600 - 450..=3600).contains(&exp), "{line}");
         // `me` reads no counted get.
         assert_eq!(s.counters.get(Counter::CmdGet), 0);
     }
