@@ -48,7 +48,7 @@ pub fn page_size() -> usize {
 }
 
 /// Reserves `len` bytes of address space aligned to `align` (a power of two), with no
-/// access and no backing. The caller maps over it with [`map_fixed`] or unmaps it.
+/// access and no backing. The caller maps over it with [`map_file_fixed`] or unmaps it.
 pub fn reserve_aligned(len: usize, align: usize) -> io::Result<NonNull<u8>> {
     let padded = len
         .checked_add(align)

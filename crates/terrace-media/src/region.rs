@@ -107,6 +107,9 @@ pub struct Region {
     len: usize,
     medium: MediumKind,
     durability: Durability,
+    /// What [`Region::persist`] guarantees: `durability`, or less if the owner chose to
+    /// rely on the page cache ([`Region::persist_through_page_cache`]).
+    persist_level: Durability,
     file: Option<FileBacking>,
     registered: Option<NonZeroU32>,
     /// Bytes currently reserved in the backing file (statistics only).
@@ -195,6 +198,7 @@ impl Region {
             len,
             medium,
             durability: Durability::None,
+            persist_level: Durability::None,
             file: None,
             registered: None,
             reserved: AtomicU64::new(0),
@@ -281,6 +285,7 @@ impl Region {
             len,
             medium: MediumKind::File,
             durability,
+            persist_level: durability,
             file: Some(FileBacking {
                 file,
                 path,
@@ -402,9 +407,13 @@ impl Region {
         }
     }
 
-    /// Makes `[offset, offset+len)` durable to the region's [`Durability`]: cache-line
-    /// flushes and a fence on DAX, `msync` on disk-backed files, and on tmpfs (process
-    /// durability) only a compiler fence. A shared mapping's stores are in the page cache
+    /// Makes `[offset, offset+len)` durable to the region's [`persist_level`]: cache-line
+    /// flushes and a fence on DAX, `msync` on disk-backed files (unless their owner chose
+    /// [`persist_through_page_cache`]), and at process durability (tmpfs) only a compiler
+    /// fence.
+    ///
+    /// [`persist_level`]: Self::persist_level
+    /// [`persist_through_page_cache`]: Self::persist_through_page_cache A shared mapping's stores are in the page cache
     /// once executed; a process crash stops the program at a precise instruction, with every
     /// store before it executed (store buffers drain, they are not discarded) and none after
     /// it. So all a persist point must guarantee there is that the compiler keeps the stores
@@ -414,7 +423,7 @@ impl Region {
         let Some(backing) = &self.file else {
             return Ok(());
         };
-        if self.durability == Durability::Process {
+        if self.persist_level == Durability::Process {
             std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
             return Ok(());
         }
@@ -428,6 +437,44 @@ impl Region {
             // SAFETY: the range is inside the live mapping (checked above).
             unsafe { os::msync(addr, len) }.map_err(|source| io_err("msync", &backing.path, source))
         }
+    }
+
+    /// Makes [`persist`](Self::persist) guarantee only what a process crash needs (the
+    /// page cache holds every executed store of a shared mapping) on a disk-backed file,
+    /// where each persist would otherwise be a synchronous `msync`: for an owner that can
+    /// lose the region's contents after a power loss (a cache) and calls
+    /// [`sync`](Self::sync) before it relies on them surviving one. Nothing changes on
+    /// DAX (cache-line flushes are cheap), tmpfs or anonymous memory. Returns whether the
+    /// level was lowered.
+    pub fn persist_through_page_cache(&mut self) -> bool {
+        let disk = self
+            .file
+            .as_ref()
+            .is_some_and(|b| !b.dax && self.durability == Durability::Power);
+        if disk {
+            self.persist_level = Durability::Process;
+        }
+        disk
+    }
+
+    /// What [`persist`](Self::persist) guarantees now.
+    pub fn persist_level(&self) -> Durability {
+        self.persist_level
+    }
+
+    /// Makes every byte of the region durable to its medium's [`Durability`] (one
+    /// `msync` of the whole mapping on a disk-backed file, nothing elsewhere: DAX persists
+    /// are already flushed, tmpfs and DRAM have nothing further to reach).
+    pub fn sync(&self) -> Result<()> {
+        let Some(backing) = &self.file else {
+            return Ok(());
+        };
+        if backing.dax || self.durability != Durability::Power {
+            return Ok(());
+        }
+        // SAFETY: the whole live mapping.
+        unsafe { os::msync(self.base.as_ptr(), self.len) }
+            .map_err(|source| io_err("msync", &backing.path, source))
     }
 
     /// Records `tag` as this region's owner in the process-wide registry; unregistered
@@ -587,6 +634,38 @@ mod tests {
         assert_eq!(region.len(), 2 << 20);
         // SAFETY: inside the live mapping.
         assert_eq!(unsafe { region.base().as_ptr().read() }, 0xAB);
+    }
+
+    #[test]
+    fn an_owner_may_persist_a_disk_file_through_the_page_cache_and_sync_it_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache");
+        let mut region = Region::file(&FileOptions::at_path(&path, 2 << 20)).unwrap();
+        assert_eq!(region.durability(), Durability::Power);
+        assert!(region.persist_through_page_cache());
+        assert_eq!(region.persist_level(), Durability::Process);
+        assert_eq!(
+            region.durability(),
+            Durability::Power,
+            "the medium is unchanged"
+        );
+        region.reserve(0, 4096).unwrap();
+        // SAFETY: reserved range of the live mapping.
+        unsafe { region.base().as_ptr().write(0xCD) };
+        region.persist(0, 1).unwrap();
+        region.sync().unwrap();
+        drop(region);
+        let region = Region::file(&FileOptions::at_path(&path, 0)).unwrap();
+        // SAFETY: inside the live mapping.
+        assert_eq!(unsafe { region.base().as_ptr().read() }, 0xCD);
+        // Elsewhere there is nothing to lower.
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let mut tmpfs = Region::file(&FileOptions::temp_in(shm.path(), 2 << 20)).unwrap();
+        assert!(!tmpfs.persist_through_page_cache());
+        tmpfs.sync().unwrap();
+        let mut dram = Region::dram(GRANULE, false).unwrap();
+        assert!(!dram.persist_through_page_cache());
+        assert_eq!(dram.persist_level(), Durability::None);
     }
 
     #[test]
