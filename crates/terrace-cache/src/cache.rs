@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::bootmark;
 use crate::error::CacheError;
 use crate::ghost::Ghost;
 use crate::index::{BucketGuard, Index, IndexConfig, Location};
@@ -93,6 +94,10 @@ pub struct CacheConfig {
     pub promote: bool,
     /// Key hash seed.
     pub seed: u64,
+    /// The running system boot's identity; `None` reads Linux's
+    /// `/proc/sys/kernel/random/boot_id`. A file tier on a disk-backed file system is
+    /// trusted after an unclean stop only within the boot that wrote it (`bootmark`).
+    pub boot_id: Option<String>,
 }
 
 impl CacheConfig {
@@ -106,6 +111,7 @@ impl CacheConfig {
             stripes: 0,
             promote: false,
             seed: 0x7e77ace,
+            boot_id: None,
         }
     }
 }
@@ -458,13 +464,28 @@ impl Cache {
             (Some(dir), Some((_, bound))) => saved::take(dir, shift, total_segments, *bound),
             _ => None,
         };
+        // Page-cache tiers written before a system restart, with no clean shutdown since,
+        // hold whatever pages reached the disk: never scanned (`bootmark`).
+        let page_cache = areas
+            .iter()
+            .any(|(a, _, _)| a.region().persist_level() < a.region().durability());
+        let mut untrusted = false;
+        if let (true, Some(dir)) = (page_cache, &first_file_dir) {
+            if let Some(boot) = config.boot_id.clone().or_else(bootmark::current_boot_id) {
+                untrusted = saved.is_none() && bootmark::recorded(dir).as_deref() != Some(&boot);
+                bootmark::record(dir, &boot)?;
+            }
+        }
         let mut report = RecoveryReport::default();
         let mut live: HashMap<Vec<u8>, Vec<Location>> = HashMap::new();
         let mut max_seq = 0;
         let now = system_now() as u32;
         for (t, (mut area, existing, base)) in areas.into_iter().enumerate() {
             let mut kept = Vec::new();
-            if existing {
+            let region = area.region();
+            if existing && untrusted && region.persist_level() < region.durability() {
+                report.untrusted_after_reboot += Self::wipe_tier(&mut area)?;
+            } else if existing {
                 Self::scan_tier(
                     t,
                     &mut area,

@@ -168,6 +168,12 @@ pub enum CacheError {
     /// `incr`/`decr` on a value that is not a decimal number below 2^64.
     #[error("the value is not a decimal 64-bit unsigned integer")]
     NotANumber,
+    /// The boot mark (`terrace.boot`) could not be written.
+    #[error("boot mark {path:?}: {source}")]
+    BootMark {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     /// A pool's configuration cannot work, or the pool failed to open or shut down
     /// (`crate::pools`).
     #[error("pool {pool:?}: {why}")]

@@ -157,6 +157,11 @@ pub(crate) fn map_tier(
             // Blocks for the whole tier now: a full file system is an error here, never a
             // SIGBUS at first touch.
             region.reserve(0, region.len())?;
+            // On a disk, a synchronous msync per persist point would make every write and
+            // demotion wait for the disk; a cache only needs what a process crash keeps
+            // (see `crate::bootmark` for the rest).
+            let mut region = region;
+            region.persist_through_page_cache();
             Ok((region, existing))
         }
     }
@@ -205,6 +210,10 @@ pub struct TierStats {
     pub inline_evictions: u64,
     pub background_evictions: u64,
     pub durability: Option<Durability>,
+    /// Written through the page cache and flushed to the medium at a clean shutdown: it
+    /// survives a process crash, and a power loss or OS crash only after a clean stop
+    /// (after an unclean one, the next boot starts it empty).
+    pub flushed_at_shutdown: bool,
 }
 
 impl TierStats {
@@ -226,6 +235,7 @@ impl TierStats {
         self.inline_evictions += other.inline_evictions;
         self.background_evictions += other.background_evictions;
         self.durability = self.durability.or(other.durability);
+        self.flushed_at_shutdown |= other.flushed_at_shutdown;
     }
 }
 
@@ -249,6 +259,9 @@ pub(crate) struct Tier {
     pub base: u32,
     /// Survives a process crash (a file tier): evictions retire segments first.
     pub durable: bool,
+    /// Written through the page cache of a disk-backed file: flushed at a clean shutdown,
+    /// trusted after an unclean stop only within the same boot (`crate::bootmark`).
+    pub page_cache: bool,
     pub lists: Mutex<Lists>,
     /// The open segments demotions from the tier above append to, per TTL bucket.
     pub mover: Mutex<HashMap<u16, Appender>>,
@@ -262,6 +275,7 @@ pub(crate) struct Tier {
 impl Tier {
     pub fn new(area: SegmentArea, base: u32) -> Tier {
         let durable = area.region().durability() != Durability::None;
+        let page_cache = area.region().persist_level() < area.region().durability();
         Tier {
             lists: Mutex::new(Lists {
                 free: (0..area.count()).rev().collect(),
@@ -270,6 +284,7 @@ impl Tier {
             area,
             base,
             durable,
+            page_cache,
             mover: Mutex::new(HashMap::new()),
             reinsert: Mutex::new(HashMap::new()),
             counters: TierCounters::default(),
@@ -294,6 +309,7 @@ impl Tier {
             inline_evictions: self.counters.inline_evictions.load(Ordering::Relaxed),
             background_evictions: self.counters.background_evictions.load(Ordering::Relaxed),
             durability: Some(self.area.region().durability()),
+            flushed_at_shutdown: self.page_cache,
         }
     }
 }

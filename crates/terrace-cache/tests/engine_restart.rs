@@ -284,6 +284,68 @@ fn a_small_tier_keeps_what_a_clean_restart_brought_back_while_the_movers_run() {
 }
 
 #[test]
+fn a_disk_tier_is_trusted_after_an_unclean_stop_only_within_the_same_boot() {
+    // On the checkout's file system (a disk, unlike /dev/shm): written through the page
+    // cache, flushed at a clean shutdown.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a directory");
+    let open = |boot: &str| {
+        Cache::open(CacheConfig {
+            boot_id: Some(boot.to_string()),
+            ..file_only(dir.path())
+        })
+        .expect("open")
+    };
+    let (cache, _) = open("boot-a");
+    if !cache.stats().tiers[0].flushed_at_shutdown {
+        eprintln!(
+            "skipped: {} is not on a disk-backed file system",
+            dir.path().display()
+        );
+        return;
+    }
+    let present = |cache: &Cache| {
+        (0..200u32)
+            .filter(|k| cache.get(format!("k{k}").as_bytes()).unwrap().is_some())
+            .count()
+    };
+    for k in 0..200 {
+        cache
+            .set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0)
+            .unwrap();
+    }
+    assert!(cache.delete(b"k7").unwrap());
+    drop(cache); // unclean: nothing flushed, no saved index
+                 // The same boot: the page cache holds every write, so the scan finds them.
+    let (cache, report) = open("boot-a");
+    assert_eq!(report.untrusted_after_reboot, 0);
+    assert_eq!(present(&cache), 199);
+    assert!(cache.get(b"k7").unwrap().is_none());
+    drop(cache);
+    // Another boot after an unclean stop: the disk may hold any mix of those pages, so
+    // the tier starts empty — and stays so across a later unclean restart.
+    let (cache, report) = open("boot-b");
+    assert!(report.untrusted_after_reboot > 0, "{report:?}");
+    assert_eq!((report.items, present(&cache)), (0, 0));
+    cache.set(b"k1", &value(1, 1), 0, 0).unwrap();
+    drop(cache);
+    let (cache, report) = open("boot-b");
+    assert_eq!(report.untrusted_after_reboot, 0);
+    assert_eq!(present(&cache), 1);
+    assert_eq!(cache.get(b"k1").unwrap().unwrap().value(), &value(1, 1)[..]);
+    // A clean shutdown flushes the tier: trusted in the next boot too.
+    for k in 0..200 {
+        cache
+            .set(format!("k{k}").as_bytes(), &value(k, 2), 0, 0)
+            .unwrap();
+    }
+    cache.shutdown().expect("clean shutdown");
+    let (cache, report) = open("boot-c");
+    assert_eq!(report.untrusted_after_reboot, 0);
+    assert!(report.from_saved_index > 0, "{report:?}");
+    assert_eq!(present(&cache), 200);
+}
+
+#[test]
 fn a_tier_file_of_another_size_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(Cache::open(file_only(dir.path())).unwrap());

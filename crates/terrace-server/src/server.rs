@@ -167,6 +167,9 @@ fn describe_tiers(config: &ServerConfig, pools: &Pools) {
         let bytes = u64::from(t.segments) * segment;
         tracing::info!(tier = i, medium = %medium, bytes, durability = ?t.durability, "tier");
         let survives = match t.durability {
+            Some(Durability::Power) if t.flushed_at_shutdown => {
+                "survives a process crash, and a power loss after a clean stop"
+            }
             Some(Durability::Power) => "survives a crash and a power loss",
             Some(Durability::Process) => "survives a process crash, not a power loss (tmpfs)",
             _ => "volatile",

@@ -19,7 +19,7 @@ use crate::error::{CacheError, HeaderError};
 use crate::index::Location;
 use crate::item::{self, ItemState};
 use crate::mem::{SegState, SegmentArea};
-use crate::segment::{self, SegmentHeader, SegmentReader};
+use crate::segment::{self, SegmentHeader, SegmentReader, HEADER_LEN};
 
 /// Why a segment found at restart was not trusted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,9 +52,28 @@ pub struct RecoveryReport {
     pub index_full: usize,
     /// Segments restored from the saved index of a clean shutdown (not scanned).
     pub from_saved_index: usize,
+    /// Segments of page-cache tiers left unscanned and wiped because the system restarted
+    /// since they were written without a clean shutdown (`crate::bootmark`).
+    pub untrusted_after_reboot: usize,
 }
 
 impl Cache {
+    /// Zeroes the header of every written segment of a reopened tier (so no later scan
+    /// can find their items) and flushes the tier; returns how many there were.
+    pub(super) fn wipe_tier(area: &mut SegmentArea) -> Result<usize, CacheError> {
+        let mut wiped = 0;
+        for slot in 0..area.count() {
+            if let Some(bytes) = area.exclusive(slot) {
+                if bytes[..HEADER_LEN].iter().any(|&b| b != 0) {
+                    bytes[..HEADER_LEN].fill(0);
+                    wiped += 1;
+                }
+            }
+        }
+        area.region().sync()?;
+        Ok(wiped)
+    }
+
     /// Scans one reopened file tier (single-threaded, `&mut` area): validates headers,
     /// collects the LIVE items of segments that scan clean and have not expired.
     #[allow(clippy::too_many_arguments)]

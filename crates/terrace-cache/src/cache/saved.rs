@@ -119,6 +119,11 @@ impl Cache {
         let Some(dir) = self.first_file_dir.clone() else {
             return Ok(());
         };
+        // Page-cache tiers reach the disk now, before the saved index says they may be
+        // trusted after a restart of the system too (`crate::bootmark`).
+        for t in self.tiers.iter().filter(|t| t.page_cache) {
+            t.area.region().sync()?;
+        }
         let segments = self.meta.len();
         let mut seqs = vec![0u64; segments];
         for t in self.tiers.iter().filter(|t| t.durable) {
