@@ -6,7 +6,7 @@
 //!
 //! Invariants:
 //! - `base` is aligned to [`GRANULE`] and `len` is a multiple of it, so a region can be
-//!   registered whole in the [`registry`](crate::registry);
+//!   registered whole in the [`registry`];
 //! - a file region's file is at least `len` bytes long; blocks are guaranteed only for
 //!   ranges passed to [`Region::reserve`] (a sparse shared mapping turns a full file system
 //!   into `SIGBUS` at first touch, so users of file regions reserve before handing out);
@@ -410,14 +410,14 @@ impl Region {
     /// Makes `[offset, offset+len)` durable to the region's [`persist_level`]: cache-line
     /// flushes and a fence on DAX, `msync` on disk-backed files (unless their owner chose
     /// [`persist_through_page_cache`]), and at process durability (tmpfs) only a compiler
-    /// fence.
-    ///
-    /// [`persist_level`]: Self::persist_level
-    /// [`persist_through_page_cache`]: Self::persist_through_page_cache A shared mapping's stores are in the page cache
+    /// fence. A shared mapping's stores are in the page cache
     /// once executed; a process crash stops the program at a precise instruction, with every
     /// store before it executed (store buffers drain, they are not discarded) and none after
     /// it. So all a persist point must guarantee there is that the compiler keeps the stores
     /// before it in front of the stores after it. Nothing on anonymous memory.
+    ///
+    /// [`persist_level`]: Self::persist_level
+    /// [`persist_through_page_cache`]: Self::persist_through_page_cache
     pub fn persist(&self, offset: usize, len: usize) -> Result<()> {
         self.check_range(offset, len)?;
         let Some(backing) = &self.file else {
