@@ -471,9 +471,12 @@ impl Cache {
             .any(|(a, _, _)| a.region().persist_level() < a.region().durability());
         let mut untrusted = false;
         if let (true, Some(dir)) = (page_cache, &first_file_dir) {
-            if let Some(boot) = config.boot_id.clone().or_else(bootmark::current_boot_id) {
-                untrusted = saved.is_none() && bootmark::recorded(dir).as_deref() != Some(&boot);
-                bootmark::record(dir, &boot)?;
+            // Without a boot id (no /proc) a reboot cannot be told apart: never trusted.
+            let boot = config.boot_id.clone().or_else(bootmark::current_boot_id);
+            untrusted = saved.is_none()
+                && (boot.is_none() || bootmark::recorded(dir).as_deref() != boot.as_deref());
+            if let Some(boot) = &boot {
+                bootmark::record(dir, boot)?;
             }
         }
         let mut report = RecoveryReport::default();
