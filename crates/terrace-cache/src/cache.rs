@@ -101,6 +101,30 @@ pub struct CacheConfig {
 }
 
 impl CacheConfig {
+    /// The largest item the limits allow, encoded.
+    fn max_item_len(&self) -> usize {
+        ItemSpec {
+            client_flags: u32::MAX,
+            origin_cas: Some(0),
+            ..ItemSpec {
+                key_len: self.limits.max_key_len,
+                value_len: self.limits.max_value_len,
+                client_flags: 0,
+                origin_cas: None,
+            }
+        }
+        .encoded_len()
+    }
+
+    /// The segment size [`Cache::open`] uses, as a power of two: `segment_shift` if set,
+    /// else the smallest that holds the largest item the limits allow (validated by open).
+    pub fn chosen_segment_shift(&self) -> u8 {
+        self.segment_shift.unwrap_or_else(|| {
+            let need = (self.max_item_len() + HEADER_LEN).next_power_of_two();
+            need.trailing_zeros().max(u32::from(segment::MIN_SHIFT)) as u8
+        })
+    }
+
     pub fn new(tiers: Vec<TierConfig>) -> CacheConfig {
         CacheConfig {
             tiers,
@@ -253,7 +277,9 @@ impl Guard<'_> {
 
     /// When the item stops being served, Unix seconds on the cache's clock; `None`: it
     /// does not expire. This is its segment's expiry (TTLs are kept per segment), which is
-    /// the TTL the item was given or at most an eighth earlier (see `ttl_bucket`).
+    /// the TTL the item was given or up to about a quarter earlier: the TTL bucket's
+    /// lifetime is up to an eighth below the TTL, and an open segment of the bucket takes
+    /// items while it has at least seven eighths of that lifetime left (`append_new`).
     pub fn expires_at(&self) -> Option<u32> {
         (self.expires_at != 0).then_some(self.expires_at)
     }
@@ -386,24 +412,8 @@ impl Cache {
                 why: "more than 255 tiers",
             });
         }
-        let max_item = ItemSpec {
-            client_flags: u32::MAX,
-            origin_cas: Some(0),
-            ..ItemSpec {
-                key_len: config.limits.max_key_len,
-                value_len: config.limits.max_value_len,
-                client_flags: 0,
-                origin_cas: None,
-            }
-        }
-        .encoded_len();
-        let shift = match config.segment_shift {
-            Some(s) => s,
-            None => {
-                let need = (max_item + HEADER_LEN).next_power_of_two();
-                need.trailing_zeros().max(u32::from(segment::MIN_SHIFT)) as u8
-            }
-        };
+        let max_item = config.max_item_len();
+        let shift = config.chosen_segment_shift();
         if !(segment::MIN_SHIFT..=segment::MAX_SHIFT).contains(&shift) {
             return Err(CacheError::Config {
                 why: "segment size outside 256 B ..= 2 GiB",
@@ -469,16 +479,13 @@ impl Cache {
         let page_cache = areas
             .iter()
             .any(|(a, _, _)| a.region().persist_level() < a.region().durability());
-        let mut untrusted = false;
-        if let (true, Some(dir)) = (page_cache, &first_file_dir) {
-            // Without a boot id (no /proc) a reboot cannot be told apart: never trusted.
-            let boot = config.boot_id.clone().or_else(bootmark::current_boot_id);
-            untrusted = saved.is_none()
-                && (boot.is_none() || bootmark::recorded(dir).as_deref() != boot.as_deref());
-            if let Some(boot) = &boot {
-                bootmark::record(dir, boot)?;
-            }
-        }
+        let boot = config.boot_id.clone().or_else(bootmark::current_boot_id);
+        let boot_dir = first_file_dir.as_deref().filter(|_| page_cache);
+        // Without a boot id (no /proc) a reboot cannot be told apart: never trusted.
+        let untrusted = boot_dir.is_some_and(|dir| {
+            saved.is_none()
+                && (boot.is_none() || bootmark::recorded(dir).as_deref() != boot.as_deref())
+        });
         let mut report = RecoveryReport::default();
         let mut live: HashMap<Vec<u8>, Vec<Location>> = HashMap::new();
         let mut max_seq = 0;
@@ -522,6 +529,12 @@ impl Cache {
                 lists.free.retain(|&s| !is_kept[s as usize]);
             }
             tiers.push(tier);
+        }
+        // Only now, with every untrusted tier wiped and flushed, may the mark name this
+        // boot: a crash before this point leaves the old mark, and the next open wipes
+        // again (before any write to the tiers, which come after this open).
+        if let (Some(dir), Some(boot)) = (boot_dir, &boot) {
+            bootmark::record(dir, boot)?;
         }
         // Sequences continue above everything used before, DRAM segments included.
         let mut next_seq = max_seq + 1;

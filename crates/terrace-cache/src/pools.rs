@@ -9,14 +9,16 @@
 //!   is not lent between pools: there is no rebalancing);
 //! - a pool restarts, warm or after a crash, from its own segments only.
 //!
-//! The default pool gets what the named pools leave, in the tier directories themselves,
-//! so a cache that is given pools later keeps its existing data in the default pool.
+//! The default pool gets what the named pools leave, in the tier directories themselves.
+//! Changing the pools (adding one, changing a quota) changes how the tiers are split, and
+//! a tier file of another size than its pool's share is refused at open, with a message
+//! saying so: the files must be moved or deleted to start with the new split.
 //!
 //! Invariants: pool names are unique, 1..=[`MAX_POOL_NAME`] characters of
-//! `[A-Za-z0-9_-]`, never [`DEFAULT_POOL`]; every pool has at least one granule (2 MiB,
-//! the unit tiers are mapped in) of every tier, named pools a whole number of them, so
-//! the pools together are exactly as large as the configured tiers; index 0 of
-//! [`Pools::iter`] is the default pool.
+//! `[A-Za-z0-9_-]`, never [`DEFAULT_POOL`]; every pool has at least [`MIN_POOL_SEGMENTS`]
+//! segments of every tier, named pools a whole number of granules (2 MiB, the unit tiers
+//! are mapped in) and segments, so the pools together are exactly as large as the
+//! configured tiers; index 0 of [`Pools::iter`] is the default pool.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,6 +33,9 @@ use terrace_media::registry::GRANULE;
 pub const DEFAULT_POOL: &str = "default";
 /// Longest pool name.
 pub const MAX_POOL_NAME: usize = 64;
+/// Fewest segments a pool has in each tier: each writer thread and TTL bucket keeps a
+/// segment open, and the movers keep some free (2 MiB segments: 16 MiB a tier).
+pub const MIN_POOL_SEGMENTS: u64 = 8;
 
 /// A named pool's quota.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -114,12 +119,15 @@ impl Pools {
                     why: "configured twice".to_string(),
                 });
             }
-            let share = match pool.quota {
-                PoolQuota::Bytes(b) if total > 0 => b as f64 / total as f64,
-                PoolQuota::Bytes(_) => 0.0,
-                PoolQuota::Percent(p) => p / 100.0,
+            // A share as an exact fraction, so that rounding never costs a granule.
+            let share: (u128, u128) = match pool.quota {
+                PoolQuota::Bytes(b) => (u128::from(b), u128::from(total.max(1))),
+                PoolQuota::Percent(p) if p.is_finite() && p > 0.0 => {
+                    ((p * 1e4).round() as u128, 1_000_000)
+                }
+                PoolQuota::Percent(_) => (0, 1),
             };
-            if !(share > 0.0 && share < 1.0) {
+            if !(share.0 > 0 && share.0 < share.1) {
                 return Err(CacheError::Pool {
                     pool: pool.name.clone(),
                     why: format!(
@@ -130,7 +138,7 @@ impl Pools {
             }
             shares.push(share);
         }
-        let named_share: f64 = shares.iter().sum();
+        let named_share: f64 = shares.iter().map(|&(n, d)| n as f64 / d as f64).sum();
         if named_share >= 1.0 {
             return Err(CacheError::Pool {
                 pool: DEFAULT_POOL.to_string(),
@@ -141,23 +149,29 @@ impl Pools {
                 ),
             });
         }
-        // Each named pool's bytes of each tier, in whole granules (tiers are mapped in
-        // granules: a pool's share rounded up would make the cache larger than its
-        // configuration); the default pool gets the rest.
-        let granule = GRANULE as u64;
+        // Each named pool's bytes of each tier, in whole units of the larger of a granule
+        // (tiers are mapped in granules: a share rounded up would make the cache larger
+        // than its configuration) and a segment; the default pool gets the rest. Every
+        // pool needs MIN_POOL_SEGMENTS of every tier.
+        let segment = 1u64 << config.chosen_segment_shift().min(63);
+        let unit = (GRANULE as u64).max(segment);
+        let too_small = |pool: &str, t: usize, bytes: u64| CacheError::Pool {
+            pool: pool.to_string(),
+            why: format!(
+                "it would get {} MiB of tier {t}, {} segments of {} KiB: a pool needs at \
+                 least {MIN_POOL_SEGMENTS} in every tier",
+                bytes >> 20,
+                bytes / segment,
+                segment >> 10
+            ),
+        };
         let mut split: Vec<Vec<u64>> = Vec::with_capacity(named.len());
-        for (pool, share) in named.iter().zip(&shares) {
+        for (pool, &(num, den)) in named.iter().zip(&shares) {
             let mut bytes = Vec::with_capacity(tier_bytes.len());
             for (t, &b) in tier_bytes.iter().enumerate() {
-                let cut = (b as f64 * share) as u64 / granule * granule;
-                if cut == 0 {
-                    return Err(CacheError::Pool {
-                        pool: pool.name.clone(),
-                        why: format!(
-                            "its quota gives it less than {} MiB of tier {t} ({b} bytes)",
-                            granule >> 20
-                        ),
-                    });
+                let cut = (u128::from(b) * num / den) as u64 / unit * unit;
+                if cut / segment < MIN_POOL_SEGMENTS {
+                    return Err(too_small(&pool.name, t, cut));
                 }
                 bytes.push(cut);
             }
@@ -166,17 +180,12 @@ impl Pools {
         let mut default_bytes = Vec::with_capacity(tier_bytes.len());
         for (t, &b) in tier_bytes.iter().enumerate() {
             let rest = b.saturating_sub(split.iter().map(|s| s[t]).sum::<u64>());
-            if rest < granule {
-                return Err(CacheError::Pool {
-                    pool: DEFAULT_POOL.to_string(),
-                    why: format!(
-                        "the named pools leave it less than {} MiB of tier {t}",
-                        granule >> 20
-                    ),
-                });
+            if rest / segment < MIN_POOL_SEGMENTS {
+                return Err(too_small(DEFAULT_POOL, t, rest));
             }
             default_bytes.push(rest);
         }
+        let shares: Vec<f64> = shares.iter().map(|&(n, d)| n as f64 / d as f64).collect();
         let mut pools = Vec::with_capacity(named.len() + 1);
         let mut reports = Vec::with_capacity(named.len() + 1);
         let default_share = 1.0 - named_share;
@@ -191,7 +200,14 @@ impl Pools {
             let pool_config = pool_config(&config, name, share, bytes)?;
             let (cache, report) = Cache::open(pool_config).map_err(|e| CacheError::Pool {
                 pool: name.to_string(),
-                why: e.to_string(),
+                why: match e {
+                    CacheError::TierFileSize { .. } => format!(
+                        "{e}: the pools' quotas changed how the tiers are split since this \
+                         file was written; move or delete the pools' tier files to start \
+                         with the new split"
+                    ),
+                    e => e.to_string(),
+                },
             })?;
             pools.push((name.to_string(), Arc::new(cache)));
             reports.push(report);
@@ -343,9 +359,8 @@ impl Stats {
             out.background_evictions += s.background_evictions;
             out.mover_errors += s.mover_errors;
             out.items += s.items;
-            if s.items > 0 {
-                index_bytes += s.index_bytes_per_item * s.items as f64;
-            }
+            // Per item, or the whole index of an empty cache: its memory either way.
+            index_bytes += s.index_bytes_per_item * s.items.max(1) as f64;
             if out.tiers.len() < s.tiers.len() {
                 out.tiers.resize(s.tiers.len(), TierStats::default());
             }
@@ -353,9 +368,7 @@ impl Stats {
                 sum.add(t);
             }
         }
-        if out.items > 0 {
-            out.index_bytes_per_item = index_bytes / out.items as f64;
-        }
+        out.index_bytes_per_item = index_bytes / out.items.max(1) as f64;
         out
     }
 }

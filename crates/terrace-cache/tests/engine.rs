@@ -193,7 +193,8 @@ fn a_hit_says_when_its_item_expires() {
             .unwrap()
             .expires_at()
             .expect("an expiry");
-        // The segment's expiry: the TTL, or up to an eighth earlier (TTL buckets).
+        // The segment's expiry: the TTL, or up to an eighth earlier (the bucket's
+        // lifetime) in a fresh segment.
         assert!(
             at <= now + 1 + ttl && at >= now + ttl - ttl / 8,
             "ttl {ttl}: expires at now + {}",
@@ -207,6 +208,26 @@ fn a_hit_says_when_its_item_expires() {
         c.advance_clock(1);
         assert!(c.get(b"k").unwrap().is_none(), "ttl {ttl}: still served");
     }
+    // A later item of the same bucket may join a segment opened earlier: up to about a
+    // quarter early (an eighth of the bucket, then an eighth of the segment's life).
+    let ttl = 143u32;
+    c.set(b"first", b"v", 0, ttl).unwrap();
+    c.advance_clock(15);
+    let now = c.now();
+    c.set(b"later", b"v", 0, ttl).unwrap();
+    let at = c
+        .get(b"later")
+        .unwrap()
+        .unwrap()
+        .expires_at()
+        .expect("an expiry");
+    let first = c.get(b"first").unwrap().unwrap().expires_at();
+    assert_eq!(Some(at), first, "the same segment");
+    assert!(
+        at < now + ttl - ttl / 8 && at >= now + ttl - ttl / 4,
+        "now + {}",
+        at - now
+    );
 }
 
 #[test]

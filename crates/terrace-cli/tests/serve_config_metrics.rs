@@ -244,10 +244,11 @@ fn pools_route_keys_by_prefix_keep_their_quota_and_restart_warm() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let metrics_port = common::free_port();
     let metrics = format!("127.0.0.1:{metrics_port}");
-    // 8 + 24 MiB; pool sess (keys "sess:…") a quarter of each tier: 2 + 6 MiB.
+    // 64 + 192 MiB; pool sess (keys "sess:…") a quarter of each tier: 16 + 48 MiB (8 and
+    // 24 segments of 2 MiB; a pool needs 8 in every tier).
     let args = [
         "--tiers",
-        "dram:8MiB,file:24MiB",
+        "dram:64MiB,file:192MiB",
         "--pool",
         "sess:sess::25%",
         "--metrics",
@@ -259,9 +260,9 @@ fn pools_route_keys_by_prefix_keep_their_quota_and_restart_warm() {
     for k in 0..100 {
         assert_eq!(c.set(&format!("keep{k}"), &value), "STORED");
     }
-    // Far more session data than the pool's 8 MiB: the pool evicts its own items only.
+    // More session data than the pool's 64 MiB: the pool evicts its own items only.
     let session = vec![b's'; 4000];
-    for k in 0..8000 {
+    for k in 0..20_000 {
         assert_eq!(c.set(&format!("sess:{k}"), &session), "STORED");
     }
     for k in 0..100 {
@@ -270,7 +271,7 @@ fn pools_route_keys_by_prefix_keep_their_quota_and_restart_warm() {
             "default-pool key keep{k} after the sess pool overflowed"
         );
     }
-    assert!(c.get("sess:7999").as_deref() == Some(&session[..]));
+    assert!(c.get("sess:19999").as_deref() == Some(&session[..]));
     let stats = c.stats();
     let n = |name: &str| -> u64 {
         stats
@@ -282,9 +283,9 @@ fn pools_route_keys_by_prefix_keep_their_quota_and_restart_warm() {
     assert_eq!(n("pool_default_curr_items"), 100);
     assert_eq!(n("pool_default_evictions"), 0);
     assert!(n("pool_sess_evictions") > 0);
-    assert_eq!(n("pool_sess_limit_maxbytes"), 8 << 20);
-    assert_eq!(n("pool_default_limit_maxbytes"), 24 << 20);
-    assert_eq!(n("limit_maxbytes"), 32 << 20);
+    assert_eq!(n("pool_sess_limit_maxbytes"), 64 << 20);
+    assert_eq!(n("pool_default_limit_maxbytes"), 192 << 20);
+    assert_eq!(n("limit_maxbytes"), 256 << 20);
     assert_eq!(
         n("curr_items"),
         n("pool_default_curr_items") + n("pool_sess_curr_items")
@@ -298,7 +299,7 @@ fn pools_route_keys_by_prefix_keep_their_quota_and_restart_warm() {
     assert!(metric(&scrape, "terrace_pool_evictions{pool=\"sess\"}") > 0.0);
 
     // A clean stop saves every pool; the next start is warm in each.
-    let in_sess: Vec<u32> = (7900..8000)
+    let in_sess: Vec<u32> = (19_900..20_000)
         .filter(|k| c.get(&format!("sess:{k}")).is_some())
         .collect();
     assert!(in_sess.len() >= 90, "the newest sessions are kept");

@@ -684,6 +684,23 @@ fn bad_startup_input_is_named_not_panicked_on() {
         &["--listen", "127.0.0.1:0", "--tiers", "bogus"],
         &["bogus", "tiers"],
     );
+    // A pool too small for the segments it needs, and one whose quota is not a size.
+    let data = dir.path().join("data").display().to_string();
+    refuses_to_start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--dir",
+            &data,
+            "--pool",
+            "tiny:t::1%",
+        ],
+        &["pool \"tiny\"", "a pool needs at least 8"],
+    );
+    refuses_to_start(
+        &["--listen", "127.0.0.1:0", "--pool", "big:b::lots"],
+        &["lots"],
+    );
     refuses_to_start(
         &["--listen", "127.0.0.1:0", "--tiers", "dram:1XB"],
         &["1XB"],

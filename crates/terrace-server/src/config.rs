@@ -500,7 +500,8 @@ mod tests {
             ("a:b", "NAME:PREFIX:SIZE"),
             ("a:b:0%", "percentage"),
             ("a:b:100%", "percentage"),
-            ("a:b:lots", ""),
+            ("a:b:lots", "expected a number"),
+            ("a:b:64XB", "unknown unit"),
         ] {
             let e = spec.parse::<PoolDef>().unwrap_err();
             assert!(e.contains(why), "{spec}: {e}");

@@ -209,8 +209,12 @@ fn rusage() -> (f64, f64) {
 
 /// The general `stats` report, in memcached's order where names overlap.
 pub fn report(shared: &Shared) -> Vec<(String, Value)> {
+    report_of(shared, &shared.pools.stats())
+}
+
+/// [`report`] from the pools' stats, taken once (each sweeps its pool's index).
+fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Vec<(String, Value)> {
     let c = &shared.counters;
-    let per_pool = shared.pools.stats();
     let cache = terrace_cache::Stats::combined(per_pool.iter().map(|(_, s)| s));
     let segment_size = shared.pools.default_pool().segment_size() as u64;
     let (user, system) = rusage();
@@ -323,7 +327,7 @@ pub fn report(shared: &Shared) -> Vec<(String, Value)> {
         tier("background_evictions", t.background_evictions);
     }
     if per_pool.len() > 1 {
-        for (name, stat, v) in pool_report(&per_pool, segment_size) {
+        for (name, stat, v) in pool_report(per_pool, segment_size) {
             out.push((format!("pool_{name}_{stat}"), Value::Int(v)));
         }
     }
@@ -388,7 +392,8 @@ pub fn settings(shared: &Shared) -> Vec<(String, Value)> {
 /// as-is, prefixed), per-tier stats labelled `{tier="i"}`.
 pub fn prometheus(shared: &Shared) -> String {
     let mut s = String::with_capacity(4096);
-    for (name, value) in report(shared) {
+    let per_pool = shared.pools.stats();
+    for (name, value) in report_of(shared, &per_pool) {
         let number = match value {
             Value::Int(n) => n as f64,
             Value::Float(x) => x,
@@ -405,7 +410,6 @@ pub fn prometheus(shared: &Shared) -> String {
         }
         let _ = writeln!(s, "memcached_{name} {number}");
     }
-    let per_pool = shared.pools.stats();
     if per_pool.len() > 1 {
         let segment_size = shared.pools.default_pool().segment_size() as u64;
         for (pool, stat, v) in pool_report(&per_pool, segment_size) {

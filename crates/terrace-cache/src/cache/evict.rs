@@ -575,7 +575,7 @@ impl Cache {
     }
 
     /// Free segments [`maintain`](Self::maintain) keeps ready in a tier: 1/64 of it, at
-    /// least [`MIN_FREE`]. Writers wake the mover thread as soon as a tier runs below it,
+    /// least [`MIN_FREE`], at most [`MAX_FREE_SHARE`] of it ([`free_target_of`]). Writers wake the mover thread as soon as a tier runs below it,
     /// so the reserve only has to cover the time the thread takes to wake up and evict.
     pub(super) fn free_target(&self, tier: usize) -> usize {
         free_target_of(self.tiers[tier].area.count())
