@@ -15,11 +15,10 @@
 //! Invariant: when the mark names another boot than the current one and the stop before
 //! was not clean, no segment of a page-cache tier written before this open is scanned.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::CacheError;
+use crate::synced::write_synced;
 
 const FILE: &str = "terrace.boot";
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
@@ -46,23 +45,8 @@ pub fn recorded(dir: &Path) -> Option<String> {
 /// Records `boot_id` in `dir`'s mark, durably.
 pub fn record(dir: &Path, boot_id: &str) -> Result<(), CacheError> {
     let path = path(dir);
-    let io = |source: std::io::Error| CacheError::BootMark {
-        path: path.clone(),
-        source,
-    };
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .map_err(io)?;
-    writeln!(
-        file,
-        "{boot_id} {:08x}",
-        crc32fast::hash(boot_id.as_bytes())
-    )
-    .map_err(io)?;
-    file.sync_all().map_err(io)
+    let line = format!("{boot_id} {:08x}\n", crc32fast::hash(boot_id.as_bytes()));
+    write_synced(&path, line.as_bytes()).map_err(|source| CacheError::BootMark { path, source })
 }
 
 #[cfg(test)]

@@ -350,6 +350,7 @@ pub mod seglog;
 pub mod segment;
 pub mod seqmark;
 pub mod spec;
+mod synced;
 pub mod tier;
 
 pub use cache::{

@@ -21,13 +21,12 @@
 //! are all of them. The file is removed at open whether or not it was used.
 
 use std::collections::HashMap;
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::Cache;
 use crate::error::CacheError;
 use crate::index::{Location, Sweep};
+use crate::synced::write_synced;
 
 const MAGIC: [u8; 8] = *b"TRCIDX\0\0";
 const VERSION: u16 = 1;
@@ -166,18 +165,6 @@ impl Cache {
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         let path = saved_path(&dir);
-        let io = |source: std::io::Error| CacheError::SavedIndex {
-            path: path.clone(),
-            source,
-        };
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(io)?;
-        file.write_all(&out).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        Ok(())
+        write_synced(&path, &out).map_err(|source| CacheError::SavedIndex { path, source })
     }
 }
