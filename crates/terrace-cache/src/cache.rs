@@ -343,6 +343,17 @@ fn index_items(expected: usize, areas: &[(SegmentArea, bool, u32)], stripes: usi
 /// TTL bucket of a remaining lifetime: 0 = none; exact below 8 s; else eight buckets per
 /// power of two. Returns the bucket and its lower bound (the lifetime a segment of the
 /// bucket is given, so no item outlives its TTL).
+/// Open segments one set of them (a stripe's, or a tier's movers') may hold in a tier of
+/// `segments`: `share` of the tier shared between `sets`, at least one each.
+fn open_segments_cap(segments: u32, share: (usize, usize), sets: usize) -> usize {
+    (segments as usize * share.0 / share.1 / sets.max(1)).max(1)
+}
+
+/// The share of a tier its writers' open segments may hold, all stripes together.
+const WRITER_OPEN_SHARE: (usize, usize) = (1, 2);
+/// The share of a tier the open segments of its movers (demotions, reinsertions) may hold.
+const MOVER_OPEN_SHARE: (usize, usize) = (1, 4);
+
 fn ttl_bucket(remaining: u32) -> (u16, u32) {
     if remaining == 0 {
         return (0, 0);
@@ -1244,6 +1255,30 @@ impl Cache {
         }
     }
 
+    /// Seals the fullest of `open`'s segments while it holds `cap` or more, so that one
+    /// more may be opened: with many TTL buckets in use, open segments (one per bucket)
+    /// would otherwise take every segment of the tier, and no write could find one.
+    fn seal_fullest(
+        &self,
+        tier: usize,
+        open: &mut HashMap<u16, Appender>,
+        cap: usize,
+        queue: Queue,
+    ) {
+        while open.len() >= cap.max(1) {
+            let Some(fullest) = open
+                .iter()
+                .min_by_key(|(_, app)| app.remaining())
+                .map(|(&bucket, _)| bucket)
+            else {
+                return;
+            };
+            if let Some(app) = open.remove(&fullest) {
+                self.seal(tier, app, queue);
+            }
+        }
+    }
+
     /// Seals an open segment into one of its tier's queues (`cache/evict.rs`).
     fn seal(&self, tier: usize, app: Appender, queue: Queue) {
         let slot = app.seg();
@@ -1280,6 +1315,10 @@ impl Cache {
             if let Some(old) = open.remove(&bucket) {
                 self.seal(0, old, Queue::Fifo);
             }
+            // Many TTL buckets in use: seal one partly filled segment rather than run out
+            // of segments (see `seal_fullest`).
+            let cap = open_segments_cap(tier.area.count(), WRITER_OPEN_SHARE, self.stripes.len());
+            self.seal_fullest(0, &mut open, cap, Queue::Fifo);
             let seg_expiry = if lifetime == 0 {
                 0
             } else {

@@ -150,8 +150,11 @@ pub enum CacheError {
     /// The item is larger than a segment can hold.
     #[error("item of {need} bytes cannot fit in a segment of {capacity} item bytes")]
     TooLarge { need: usize, capacity: u32 },
-    /// No segment of the tier could be freed (all pinned by read guards).
-    #[error("no free segment in tier {tier}: every segment is pinned by readers")]
+    /// No segment of the tier could be freed: all are open for writing or pinned by read
+    /// guards.
+    #[error(
+        "no free segment in tier {tier}: every segment is open for writing or pinned by readers"
+    )]
     NoSpace { tier: usize },
     /// The write-sequence mark file could not be read or written.
     #[error("write-sequence mark {path:?}: {source}")]

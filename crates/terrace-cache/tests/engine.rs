@@ -180,6 +180,37 @@ fn ttls_expire_lazily_and_touch_renews() {
 }
 
 #[test]
+fn writes_with_many_ttls_never_run_out_of_segments() {
+    // 16 segments of 2 MiB, two writer stripes, and far more TTL buckets in use than
+    // segments: each bucket wants an open segment of its own. Before open segments were
+    // capped, the 17th bucket's write stalled for a second and failed (no free segment).
+    let (c, _) = Cache::open(CacheConfig {
+        stripes: 2,
+        ..CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(32 * MIB))])
+    })
+    .unwrap();
+    let v = vec![b'v'; 1000];
+    let start = std::time::Instant::now();
+    for k in 0..3000u32 {
+        let ttl = 10 + k * 37 % 100_000;
+        let now = c.now();
+        c.set(format!("k{k}").as_bytes(), &v, 0, ttl)
+            .unwrap_or_else(|e| panic!("set {k} (ttl {ttl}): {e}"));
+        let at = c
+            .get(format!("k{k}").as_bytes())
+            .unwrap()
+            .and_then(|g| g.expires_at())
+            .unwrap_or_else(|| panic!("k{k} just set"));
+        assert!(at <= now + 1 + ttl, "k{k} would outlive its ttl");
+    }
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(20),
+        "writes stalled: {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
 fn a_hit_says_when_its_item_expires() {
     let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
     c.set(b"forever", b"v", 0, 0).unwrap();

@@ -496,6 +496,8 @@ impl Cache {
             if let Some(old) = movers.remove(&src_bucket) {
                 self.seal(tier, old, queue);
             }
+            let cap = super::open_segments_cap(t.area.count(), super::MOVER_OPEN_SHARE, 1);
+            self.seal_fullest(tier, &mut movers, cap, queue);
             let app = match dest {
                 Dest::Moved => self.open_segment(tier, src_expires, src_bucket, now)?,
                 Dest::Reinsert => {
