@@ -322,10 +322,12 @@
 //!   costs copies and space; a promoted copy could leave a replica behind instead of
 //!   killing its source, so that demoting it again is a repoint, not a copy;
 //! - batching the movers' index updates; movers that adapt their target to the write
-//!   rate; reclaiming expired segments ahead of FIFO order; sealing idle open segments
-//!   under pressure (an open segment is never evicted, so a rarely used TTL bucket keeps
-//!   its partly filled tier-0 segment until it fills, ages a TTL/8, or expires — and the
-//!   same holds for the last tier's reinsertion and demotion segments, per TTL bucket);
+//!   rate; reclaiming expired segments ahead of FIFO order; TTLs that do not need a
+//!   segment per TTL bucket (open segments are capped at half a tier for writers and a
+//!   quarter for movers, the fullest sealed at the cap, so many buckets never stall or
+//!   fail a write; but with more buckets in use than the cap, segments are sealed nearly
+//!   empty: 100,000 sets with TTLs spread over 10 s..28 h keep 36 items in a 64 MiB tier.
+//!   Per-item expiry, or buckets that coarsen as a tier gets smaller, would fix that);
 //!   cleaning dead bytes without a policy pass (compaction that keeps FIFO order — evicting
 //!   dead-heavy segments first cost hit ratio; size-aware reinsertion, requiring more
 //!   hits of larger items, gained 0.2 point with that rule but lost it without; compacting
