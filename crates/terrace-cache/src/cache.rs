@@ -340,9 +340,6 @@ fn index_items(expected: usize, areas: &[(SegmentArea, bool, u32)], stripes: usi
     ((expected as f64 * live).ceil() as usize).max(1)
 }
 
-/// TTL bucket of a remaining lifetime: 0 = none; exact below 8 s; else eight buckets per
-/// power of two. Returns the bucket and its lower bound (the lifetime a segment of the
-/// bucket is given, so no item outlives its TTL).
 /// Open segments one set of them (a stripe's, or a tier's movers') may hold in a tier of
 /// `segments`: `share` of the tier shared between `sets`, at least one each.
 fn open_segments_cap(segments: u32, share: (usize, usize), sets: usize) -> usize {
@@ -354,6 +351,9 @@ const WRITER_OPEN_SHARE: (usize, usize) = (1, 2);
 /// The share of a tier the open segments of its movers (demotions, reinsertions) may hold.
 const MOVER_OPEN_SHARE: (usize, usize) = (1, 4);
 
+/// TTL bucket of a remaining lifetime: 0 = none; exact below 8 s; else eight buckets per
+/// power of two. Returns the bucket and its lower bound (the lifetime a segment of the
+/// bucket is given, so no item outlives its TTL).
 fn ttl_bucket(remaining: u32) -> (u16, u32) {
     if remaining == 0 {
         return (0, 0);
