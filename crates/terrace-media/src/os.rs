@@ -142,6 +142,32 @@ pub unsafe fn map_file_fixed(
     Ok(())
 }
 
+/// Whether `fd` can be mapped with `MAP_SYNC` (a file on DAX), found by mapping its first
+/// page at an address the kernel chooses and unmapping it again. The probe is needed
+/// because a failed `MAP_FIXED` attempt is not harmless: on ext4 or xfs without DAX the
+/// kernel refuses `MAP_SYNC` only after it has unmapped the target range, so a reservation
+/// would be left as a hole another thread's mapping could land in.
+pub fn supports_map_sync(fd: BorrowedFd<'_>) -> bool {
+    let len = page_size();
+    // SAFETY: a new mapping at a kernel-chosen address replaces nothing.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            MAP_SHARED_VALIDATE | MAP_SYNC,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return false;
+    }
+    // SAFETY: the probe mapping just made, used by nobody.
+    unsafe { libc::munmap(raw, len) };
+    true
+}
+
 /// Unmaps `[addr, addr+len)`.
 ///
 /// # Safety

@@ -259,22 +259,17 @@ impl Region {
     fn map_file(file: File, path: PathBuf, len: usize, hole_punching: bool) -> Result<Region> {
         let tmpfs =
             matches!(os::fs_type(file.as_fd()), Ok(t) if t == os::TMPFS_MAGIC || t == 0x8584_58f6);
+        // Decided before mapping over the reservation: a failed MAP_FIXED attempt may
+        // leave a hole there (see `os::supports_map_sync`).
+        let dax = os::supports_map_sync(file.as_fd());
         let base = os::reserve_aligned(len, GRANULE)
             .map_err(|source| MediaError::Map { size: len, source })?;
         // SAFETY: `base..base+len` is the reservation just made; the file is open.
-        let dax = match unsafe { os::map_file_fixed(base, len, file.as_fd(), true) } {
-            Ok(()) => true,
-            Err(_) => {
-                // Not DAX (EOPNOTSUPP/EINVAL): a plain shared mapping.
-                // SAFETY: as above; the failed attempt left the reservation in place.
-                if let Err(source) = unsafe { os::map_file_fixed(base, len, file.as_fd(), false) } {
-                    // SAFETY: the reservation is ours and unused.
-                    unsafe { os::unmap(base, len) };
-                    return Err(MediaError::Map { size: len, source });
-                }
-                false
-            }
-        };
+        if let Err(source) = unsafe { os::map_file_fixed(base, len, file.as_fd(), dax) } {
+            // The failed mapping may have unmapped part of the reservation, which another
+            // thread may already use: leave the rest reserved rather than unmap it.
+            return Err(MediaError::Map { size: len, source });
+        }
         let durability = if tmpfs && !dax {
             Durability::Process
         } else {
@@ -666,6 +661,43 @@ mod tests {
         let mut dram = Region::dram(GRANULE, false).unwrap();
         assert!(!dram.persist_through_page_cache());
         assert_eq!(dram.persist_level(), Durability::None);
+    }
+
+    #[test]
+    fn file_regions_mapped_while_other_threads_map_memory_stay_their_own() {
+        // Mapping a disk file used to try MAP_SYNC over the reservation first: on a file
+        // system that supports MAP_SYNC only on DAX (ext4, xfs) that attempt fails after
+        // the kernel has already unmapped the reservation, and another thread's mapping
+        // could land in the hole before the plain MAP_FIXED mapping replaced it.
+        let dir = tempfile::tempdir().unwrap();
+        let threads: Vec<_> = (0..4u8)
+            .map(|t| {
+                let dir = dir.path().to_path_buf();
+                std::thread::spawn(move || {
+                    for i in 0..40u8 {
+                        let tag = t * 64 + i;
+                        let path = dir.join(format!("f{t}-{i}"));
+                        let file = Region::file(&FileOptions::at_path(&path, GRANULE)).unwrap();
+                        let dram = Region::dram(GRANULE, false).unwrap();
+                        // SAFETY: inside the live mappings.
+                        unsafe {
+                            dram.base().as_ptr().write(0xEE);
+                            file.base().as_ptr().write(tag);
+                        }
+                        // SAFETY: as above.
+                        let (f, d) =
+                            unsafe { (file.base().as_ptr().read(), dram.base().as_ptr().read()) };
+                        assert_eq!((f, d), (tag, 0xEE), "mappings crossed");
+                        drop(file);
+                        let on_disk = std::fs::read(&path).unwrap();
+                        assert_eq!(on_disk[0], tag, "{path:?} holds another region's bytes");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
     }
 
     #[test]
