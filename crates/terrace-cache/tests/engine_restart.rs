@@ -12,23 +12,11 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use terrace_cache::item::Limits;
 use terrace_cache::tier::tier_path;
 use terrace_cache::{Cache, CacheConfig, CacheError, TierConfig, TierSize};
 
-const MIB: u64 = 1 << 20;
-
-fn config(tiers: Vec<TierConfig>) -> CacheConfig {
-    CacheConfig {
-        segment_shift: Some(15),
-        limits: Limits {
-            max_key_len: 250,
-            max_value_len: 8 << 10,
-        },
-        stripes: 2,
-        ..CacheConfig::new(tiers)
-    }
-}
+mod common;
+use common::{config, tier_dir, MIB};
 
 fn file_only(dir: &Path) -> CacheConfig {
     config(vec![TierConfig::file(dir, TierSize::Bytes(4 * MIB))])
@@ -65,17 +53,6 @@ fn crash_config(dir: &Path, layout: &str) -> CacheConfig {
         "dram+file" => dram_and_file(dir),
         "file+file, promoting" => file_and_file_promoting(dir),
         _ => file_only(dir),
-    }
-}
-
-/// A directory for a tier file: on tmpfs when there is one (durable against process
-/// crashes, which is what these tests simulate; `persist` is a compiler fence there),
-/// else anywhere. `corrupt_segments_are_dropped_with_a_reason` uses the default temporary
-/// directory, so the `msync` path runs too.
-fn tier_dir() -> tempfile::TempDir {
-    match Path::new("/dev/shm").is_dir() {
-        true => tempfile::tempdir_in("/dev/shm").unwrap(),
-        false => tempfile::tempdir().unwrap(),
     }
 }
 
@@ -330,7 +307,7 @@ fn a_disk_tier_is_trusted_after_an_unclean_stop_only_within_the_same_boot() {
     drop(cache);
     let (cache, report) = open("boot-b");
     assert_eq!(report.untrusted_after_reboot, 0);
-    assert_eq!(present(&cache), 1);
+    assert_eq!(present(&cache), 1, "{report:?}");
     assert_eq!(cache.get(b"k1").unwrap().unwrap().value(), &value(1, 1)[..]);
     // A clean shutdown flushes the tier: trusted in the next boot too.
     for k in 0..200 {

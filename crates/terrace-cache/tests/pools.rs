@@ -4,25 +4,15 @@
 
 use std::path::Path;
 
-use terrace_cache::item::Limits;
 use terrace_cache::{
     CacheConfig, CacheError, PoolConfig, PoolQuota, Pools, Stats, TierConfig, TierSize,
 };
 
-const MIB: u64 = 1 << 20;
-const SEGMENT: u64 = 1 << 15;
+mod common;
+use common::{config, tier_dir, MIB};
 
-fn config(tiers: Vec<TierConfig>) -> CacheConfig {
-    CacheConfig {
-        segment_shift: Some(15),
-        limits: Limits {
-            max_key_len: 250,
-            max_value_len: 8 << 10,
-        },
-        stripes: 2,
-        ..CacheConfig::new(tiers)
-    }
-}
+/// The segment size of `common::config`.
+const SEGMENT: u64 = 1 << 15;
 
 fn pool(name: &str, quota: PoolQuota) -> PoolConfig {
     PoolConfig {
@@ -41,13 +31,6 @@ fn get(pools: &Pools, name: &str, key: &str) -> Option<Vec<u8>> {
         .get(key.as_bytes())
         .expect("get")
         .map(|g| g.value().to_vec())
-}
-
-fn tier_dir() -> tempfile::TempDir {
-    match Path::new("/dev/shm").is_dir() {
-        true => tempfile::tempdir_in("/dev/shm").expect("a directory on /dev/shm"),
-        false => tempfile::tempdir().expect("a temporary directory"),
-    }
 }
 
 #[test]
