@@ -240,15 +240,6 @@ impl Pools {
         self.pools.iter().map(|(n, c)| (n.as_str(), c))
     }
 
-    pub fn len(&self) -> usize {
-        self.pools.len()
-    }
-
-    /// Always false: the default pool exists.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
     /// Starts one mover thread per pool ([`Cache::start_movers`]).
     pub fn start_movers(&self, interval: Duration) -> Vec<Movers> {
         self.pools
