@@ -105,11 +105,13 @@ impl CacheConfig {
     fn max_item_len(&self) -> usize {
         ItemSpec {
             client_flags: u32::MAX,
+            expires_at: u32::MAX,
             origin_cas: Some(0),
             ..ItemSpec {
                 key_len: self.limits.max_key_len,
                 value_len: self.limits.max_value_len,
                 client_flags: 0,
+                expires_at: 0,
                 origin_cas: None,
             }
         }
@@ -234,7 +236,7 @@ pub struct Guard<'c> {
     client_flags: u32,
     cas: u64,
     tier: usize,
-    /// Its segment's expiry, Unix seconds (0: never).
+    /// The item's expiry, Unix seconds (0: never).
     expires_at: u32,
 }
 
@@ -276,10 +278,9 @@ impl Guard<'_> {
     }
 
     /// When the item stops being served, Unix seconds on the cache's clock; `None`: it
-    /// does not expire. This is its segment's expiry (TTLs are kept per segment), which is
-    /// the TTL the item was given or up to about a quarter earlier: the TTL bucket's
-    /// lifetime is up to an eighth below the TTL, and an open segment of the bucket takes
-    /// items while it has at least seven eighths of that lifetime left (`append_new`).
+    /// does not expire. Exactly the TTL it was given (items carry their own expiry; only
+    /// an item written by a version-1 build expires with its segment, up to about a
+    /// quarter early).
     pub fn expires_at(&self) -> Option<u32> {
         (self.expires_at != 0).then_some(self.expires_at)
     }
@@ -352,8 +353,7 @@ const WRITER_OPEN_SHARE: (usize, usize) = (1, 2);
 const MOVER_OPEN_SHARE: (usize, usize) = (1, 4);
 
 /// TTL bucket of a remaining lifetime: 0 = none; exact below 8 s; else eight buckets per
-/// power of two. Returns the bucket and its lower bound (the lifetime a segment of the
-/// bucket is given, so no item outlives its TTL).
+/// power of two. Returns the bucket and the longest lifetime in it.
 fn ttl_bucket(remaining: u32) -> (u16, u32) {
     if remaining == 0 {
         return (0, 0);
@@ -363,7 +363,75 @@ fn ttl_bucket(remaining: u32) -> (u16, u32) {
         return (remaining as u16, remaining);
     }
     let sub = (remaining >> (k - 4)) & 7;
-    ((k * 8 + sub) as u16, (8 | sub) << (k - 4))
+    let lowest = (8 | sub) << (k - 4);
+    ((k * 8 + sub) as u16, lowest + ((1 << (k - 4)) - 1))
+}
+
+/// Whether a segment expiring at `segment` (0: never) may hold an item expiring at `item`
+/// (0: never): a segment never expires before an item in it.
+fn segment_outlives(segment: u32, item: u32) -> bool {
+    segment == 0 || (item != 0 && item <= segment)
+}
+
+/// Where an item goes among a set of open segments keyed by TTL bucket (a writer
+/// stripe's, or a tier's movers'): its own bucket's segment if that one outlives it and
+/// has room; else, when the set is at its cap of open segments, the open segment that
+/// outlives it by the least (items carry their own expiry, so sharing a longer-lived
+/// segment costs only the space of the item after it expires, until that segment is
+/// reclaimed), and if none does, a new never-expiring segment (bucket 0), which every
+/// later item can share; else a new segment of its bucket ([`Placement::Open`]). So with
+/// more TTL buckets in use than open segments allowed, the set degrades to what memcached
+/// does — items expire lazily, one by one, and their space returns when FIFO eviction
+/// reaches them — instead of sealing segments nearly empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    Append(u16),
+    /// Open a segment for `bucket` expiring at `expires_at` (sealing the bucket's
+    /// current one, and the fullest while the set is at its cap).
+    Open { bucket: u16, expires_at: u32 },
+}
+
+fn place(
+    open: &HashMap<u16, Appender>,
+    need: usize,
+    expires_at: u32,
+    now: u32,
+    cap: usize,
+) -> Placement {
+    let (bucket, longest) = ttl_bucket(expires_at.saturating_sub(now));
+    let takes = |app: &Appender| {
+        app.remaining() >= need && segment_outlives(app.header().expires_at, expires_at)
+    };
+    if open.get(&bucket).is_some_and(|app| {
+        takes(app) && (app.header().expires_at == 0) == (expires_at == 0)
+    }) {
+        return Placement::Append(bucket);
+    }
+    let others = open.len() - usize::from(open.contains_key(&bucket));
+    if others >= cap.max(1) {
+        let shared = open
+            .iter()
+            .filter(|(_, app)| takes(app))
+            .min_by_key(|(_, app)| match app.header().expires_at {
+                0 => u64::MAX,
+                e => u64::from(e),
+            });
+        if let Some((&b, _)) = shared {
+            return Placement::Append(b);
+        }
+        return Placement::Open {
+            bucket: 0,
+            expires_at: 0,
+        };
+    }
+    // A new segment lives the bucket's longest lifetime and an eighth more, so that the
+    // bucket's items keep joining it for a while (each still expires on its own).
+    let expires_at = if expires_at == 0 {
+        0
+    } else {
+        now.saturating_add(longest).saturating_add(longest / 8)
+    };
+    Placement::Open { bucket, expires_at }
 }
 
 /// The tiered cache engine. See the module docs for its invariants.
@@ -602,6 +670,24 @@ impl Cache {
         self.clock_offset.fetch_add(secs, Ordering::Relaxed);
     }
 
+    /// When the item `item` of segment `id` stops being served (0: never): its own
+    /// expiry, or, for an item without one (written by a version-1 build), its segment's.
+    fn item_expiry(&self, id: u32, item: &ItemRef<'_>) -> u32 {
+        if item.expires_at != 0 {
+            item.expires_at
+        } else {
+            self.meta[id as usize].expires_at.load(Ordering::Acquire)
+        }
+    }
+
+    /// Whether the item `item` of segment `id` has expired at `now`.
+    fn item_expired(&self, id: u32, item: &ItemRef<'_>, now: u32) -> bool {
+        let e = self.item_expiry(id, item);
+        e != 0 && now >= e
+    }
+
+    /// Whether every item of segment `id` has expired at `now` (a segment's expiry is
+    /// never earlier than its items').
     fn expired(&self, id: u32, now: u32) -> bool {
         let e = self.meta[id as usize].expires_at.load(Ordering::Acquire);
         e != 0 && now >= e
@@ -692,9 +778,7 @@ impl Cache {
                     // replaced the entry after our load: look again.
                     continue 'retry;
                 }
-                let expires_at = self.meta[loc.segment as usize]
-                    .expires_at
-                    .load(Ordering::Acquire);
+                let expires_at = self.item_expiry(loc.segment, &item);
                 if expires_at != 0 && now >= expires_at {
                     self.counters.expired.fetch_add(1, Ordering::Relaxed);
                     continue;
@@ -736,14 +820,12 @@ impl Cache {
             if item.key != key {
                 continue;
             }
-            if item.state == ItemState::Live && !self.expired(loc.segment, now) {
+            if item.state == ItemState::Live && !self.item_expired(loc.segment, &item, now) {
                 return Found::Live(Current {
                     loc,
                     cas: self.cas_of(loc.segment, &item),
                     client_flags: item.client_flags,
-                    expires_at: self.meta[loc.segment as usize]
-                        .expires_at
-                        .load(Ordering::Acquire),
+                    expires_at: self.item_expiry(loc.segment, &item),
                 });
             }
             return Found::Stale(loc);
@@ -761,9 +843,7 @@ impl Cache {
             },
             cas: g.cas,
             client_flags: g.client_flags,
-            expires_at: self.meta[(self.tiers[g.tier].base + g.pin.seg()) as usize]
-                .expires_at
-                .load(Ordering::Acquire),
+            expires_at: g.expires_at,
         };
         Some((cur, g.value().to_vec()))
     }
@@ -1071,6 +1151,7 @@ impl Cache {
         self.limits.check(key.len(), value_len)?;
         let spec = ItemSpec {
             client_flags,
+            expires_at,
             ..ItemSpec::new(key, value_len)
         };
         let capacity = (1u32 << self.shift) - HEADER_LEN as u32;
@@ -1301,32 +1382,28 @@ impl Cache {
         expires_at: u32,
         now: u32,
     ) -> Result<(Pin<'_>, Location), CacheError> {
-        let (bucket, lifetime) = ttl_bucket(expires_at.saturating_sub(now));
         let stripe = STRIPE.with(|s| *s) % self.stripes.len();
         let mut open = self.stripes[stripe].lock();
-        let need = spec.encoded_len();
         let tier = &self.tiers[0];
-        let usable = |app: &Appender| {
-            app.remaining() >= need
-                && (lifetime == 0
-                    || app.header().expires_at.saturating_sub(now) >= lifetime - lifetime / 8)
-        };
-        if !open.get(&bucket).is_some_and(usable) {
-            if let Some(old) = open.remove(&bucket) {
-                self.seal(0, old, Queue::Fifo);
+        let cap = open_segments_cap(tier.area.count(), WRITER_OPEN_SHARE, self.stripes.len());
+        let bucket = match place(&open, spec.encoded_len(), expires_at, now, cap) {
+            Placement::Append(bucket) => bucket,
+            Placement::Open {
+                bucket,
+                expires_at: seg_expiry,
+            } => {
+                if let Some(old) = open.remove(&bucket) {
+                    self.seal(0, old, Queue::Fifo);
+                }
+                // Many TTL buckets in use and none of the open segments outlives this
+                // item: seal one partly filled segment rather than run out of segments
+                // (see `seal_fullest`).
+                self.seal_fullest(0, &mut open, cap, Queue::Fifo);
+                let app = self.open_segment(0, seg_expiry, bucket, now)?;
+                open.insert(bucket, app);
+                bucket
             }
-            // Many TTL buckets in use: seal one partly filled segment rather than run out
-            // of segments (see `seal_fullest`).
-            let cap = open_segments_cap(tier.area.count(), WRITER_OPEN_SHARE, self.stripes.len());
-            self.seal_fullest(0, &mut open, cap, Queue::Fifo);
-            let seg_expiry = if lifetime == 0 {
-                0
-            } else {
-                now.saturating_add(lifetime)
-            };
-            let app = self.open_segment(0, seg_expiry, bucket, now)?;
-            open.insert(bucket, app);
-        }
+        };
         let app = open
             .get_mut(&bucket)
             .ok_or(CacheError::NoSpace { tier: 0 })?;
@@ -1458,12 +1535,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ttl_buckets_never_outlive_the_ttl() {
+    fn a_ttl_bucket_spans_at_most_an_eighth_of_its_lifetimes() {
         for ttl in [1u32, 2, 7, 8, 9, 15, 16, 100, 3600, 86_400, u32::MAX] {
-            let (b, lo) = ttl_bucket(ttl);
-            assert!(lo <= ttl && lo > 0, "{ttl}: {lo}");
-            assert!(ttl - lo <= ttl / 8, "{ttl}: {lo}");
-            assert_eq!(ttl_bucket(lo).0, b);
+            let (b, longest) = ttl_bucket(ttl);
+            assert!(longest >= ttl, "{ttl}: {longest}");
+            assert!(longest - ttl <= ttl / 8, "{ttl}: {longest}");
+            assert_eq!(ttl_bucket(longest).0, b);
+            if let Some(next) = longest.checked_add(1) {
+                assert_ne!(ttl_bucket(next).0, b, "{ttl}");
+            }
         }
         assert_eq!(ttl_bucket(0), (0, 0));
     }

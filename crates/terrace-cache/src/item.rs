@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - an encoded item is `1 + 1 + varint(key_len) + varint(value_len) [+ varint(flags)]
-//!   [+ 8] + key_len + value_len` bytes, computed by [`ItemSpec::encoded_len`] and
+//!   [+ varint(expiry)] [+ 8] + key_len + value_len` bytes, computed by [`ItemSpec::encoded_len`] and
 //!   nothing else;
 //! - varints are canonical LEB128 of a `u32` (at most 5 bytes, no redundant trailing zero
 //!   groups), so every item has exactly one encoding and decode∘encode is the identity;
@@ -25,8 +25,11 @@ pub const STATE_LIVE: u8 = 0xA5;
 pub const KIND_HAS_FLAGS: u8 = 0x01;
 /// Kind bit: an 8-byte origin CAS follows (the item was moved between segments).
 pub const KIND_HAS_ORIGIN: u8 = 0x02;
+/// Kind bit: the item's own expiry follows the client flags, a non-zero varint of Unix
+/// seconds (format version 2; a version-1 item expires with its segment).
+pub const KIND_HAS_EXPIRY: u8 = 0x04;
 /// Kind bits this format version defines; the others must be zero.
-pub const KIND_KNOWN: u8 = KIND_HAS_FLAGS | KIND_HAS_ORIGIN;
+pub const KIND_KNOWN: u8 = KIND_HAS_FLAGS | KIND_HAS_ORIGIN | KIND_HAS_EXPIRY;
 
 /// Longest key the format can describe (configured limits may be lower; memcached's is
 /// 250).
@@ -124,6 +127,8 @@ pub struct ItemSpec {
     pub value_len: u32,
     /// memcached client flags; 0 costs no bytes.
     pub client_flags: u32,
+    /// When the item stops being served, Unix seconds; 0 (never) costs no bytes.
+    pub expires_at: u32,
     /// The CAS the item had before a mover copied it; `None` for a fresh write, whose CAS
     /// is derived from where it lands.
     pub origin_cas: Option<u64>,
@@ -137,6 +142,7 @@ impl ItemSpec {
             key_len: u32::try_from(key.len()).unwrap_or(u32::MAX),
             value_len: u32::try_from(value_len).unwrap_or(u32::MAX),
             client_flags: 0,
+            expires_at: 0,
             origin_cas: None,
         }
     }
@@ -145,6 +151,9 @@ impl ItemSpec {
         let mut kind = 0;
         if self.client_flags != 0 {
             kind |= KIND_HAS_FLAGS;
+        }
+        if self.expires_at != 0 {
+            kind |= KIND_HAS_EXPIRY;
         }
         if self.origin_cas.is_some() {
             kind |= KIND_HAS_ORIGIN;
@@ -157,6 +166,9 @@ impl ItemSpec {
         let mut len = 2 + varint_len(self.key_len) + varint_len(self.value_len);
         if self.client_flags != 0 {
             len += varint_len(self.client_flags);
+        }
+        if self.expires_at != 0 {
+            len += varint_len(self.expires_at);
         }
         if self.origin_cas.is_some() {
             len += 8;
@@ -260,6 +272,9 @@ pub fn encode_header(spec: &ItemSpec, out: &mut [u8]) -> Result<usize, EncodeErr
     if spec.client_flags != 0 {
         pos += put_varint(&mut out[pos..], spec.client_flags);
     }
+    if spec.expires_at != 0 {
+        pos += put_varint(&mut out[pos..], spec.expires_at);
+    }
     if let Some(cas) = spec.origin_cas {
         out[pos..pos + 8].copy_from_slice(&cas.to_le_bytes());
         pos += 8;
@@ -299,6 +314,9 @@ pub struct ItemRef<'a> {
     pub len: u32,
     pub state: ItemState,
     pub client_flags: u32,
+    /// The item's own expiry, Unix seconds; 0: none of its own (it expires with its
+    /// segment, see `Cache::item_expiry`).
+    pub expires_at: u32,
     pub origin_cas: Option<u64>,
     pub key: &'a [u8],
     pub value: &'a [u8],
@@ -311,6 +329,7 @@ impl ItemRef<'_> {
             key_len: self.key.len() as u32,
             value_len: self.value.len() as u32,
             client_flags: self.client_flags,
+            expires_at: self.expires_at,
             origin_cas: self.origin_cas,
         }
     }
@@ -326,6 +345,8 @@ impl ItemRef<'_> {
 pub struct ItemHeader {
     pub state: ItemState,
     pub client_flags: u32,
+    /// The item's own expiry (0: none).
+    pub expires_at: u32,
     pub origin_cas: Option<u64>,
     /// Bytes from the state byte to the first key byte.
     pub header_len: u32,
@@ -354,8 +375,8 @@ impl ItemHeader {
     }
 }
 
-/// Longest item header: state, kind, three 5-byte varints and an 8-byte origin CAS.
-pub const MAX_HEADER_LEN: usize = 2 + 3 * MAX_VARINT + 8;
+/// Longest item header: state, kind, four 5-byte varints and an 8-byte origin CAS.
+pub const MAX_HEADER_LEN: usize = 2 + 4 * MAX_VARINT + 8;
 
 /// Decodes the header of the item whose state byte is `head[0]`. `head` may end anywhere
 /// after the header (the engine passes a copy of at most [`MAX_HEADER_LEN`] bytes, read
@@ -395,6 +416,16 @@ pub fn decode_header(head: &[u8]) -> Result<ItemHeader, ItemError> {
     } else {
         0
     };
+    let expires_at = if kind & KIND_HAS_EXPIRY != 0 {
+        let at = get_varint(head, &mut pos, "expiry")?;
+        if at == 0 {
+            // Never is encoded by omission, like zero flags.
+            return Err(ItemError::Varint { field: "expiry" });
+        }
+        at
+    } else {
+        0
+    };
     let origin_cas = if kind & KIND_HAS_ORIGIN != 0 {
         let bytes: [u8; 8] = head
             .get(pos..pos + 8)
@@ -408,6 +439,7 @@ pub fn decode_header(head: &[u8]) -> Result<ItemHeader, ItemError> {
     Ok(ItemHeader {
         state,
         client_flags,
+        expires_at,
         origin_cas,
         header_len: pos as u32,
         key_len,
@@ -439,6 +471,7 @@ pub fn decode(segment: &[u8], offset: u32, end: usize) -> Result<ItemRef<'_>, It
         len: total as u32,
         state: h.state,
         client_flags: h.client_flags,
+        expires_at: h.expires_at,
         origin_cas: h.origin_cas,
         key: &buf[key],
         value: &buf[value],
@@ -513,6 +546,7 @@ mod tests {
             key_len: 3,
             value_len: 5,
             client_flags: 0xDEAD,
+            expires_at: 1_900_000_000,
             origin_cas: Some(0x0102_0304_0506_0708),
         };
         let mut buf = vec![0u8; 64];
@@ -523,6 +557,7 @@ mod tests {
         assert_eq!(item.key, b"abc");
         assert_eq!(item.value, b"hello");
         assert_eq!(item.client_flags, 0xDEAD);
+        assert_eq!(item.expires_at, 1_900_000_000);
         assert_eq!(item.origin_cas, Some(0x0102_0304_0506_0708));
         assert_eq!(item.len as usize, n);
         assert!(set_state(&mut buf, 10, ItemState::Live));
@@ -553,6 +588,14 @@ mod tests {
             Err(ItemError::Varint {
                 field: "client flags"
             })
+        );
+        assert_eq!(
+            decode(&[STATE_LIVE, KIND_HAS_EXPIRY, 1, 0, 0, b'k'], 0, 6),
+            Err(ItemError::Varint { field: "expiry" })
+        );
+        assert_eq!(
+            decode(&[STATE_LIVE, 0x08, 1, 0, b'k'], 0, 5),
+            Err(ItemError::ReservedKind { kind: 0x08 })
         );
         assert!(decode(&[], 0, 0).is_err());
         assert!(decode(&[STATE_LIVE], 0, 100).is_err());

@@ -30,8 +30,9 @@
 //! - **CAS**: memcached's 64-bit "compare and swap" unique. Not stored per item: it is the
 //!   item's **log position** `write_seq << size_shift | offset` (unique because write
 //!   sequences are), or, for an item a mover copied, the origin CAS it carries.
-//! - **TTL**: time to live. Kept per segment, not per item: an item is appended to a
-//!   segment of its TTL bucket and expires with the segment's `expires_at`.
+//! - **TTL**: time to live. An item with one carries its own expiry (format version 2),
+//!   and is appended to a segment of its TTL bucket whose `expires_at` is no earlier:
+//!   the segment's expiry says when all of its items have expired.
 //! - **tombstone**: what makes a delete survive a restart. Terrace's tombstone is the
 //!   deleted item itself, its state byte flipped to DEAD in place — no separate record
 //!   (see "Why no tombstone records").
@@ -82,16 +83,18 @@
 //! | size | field |
 //! |---|---|
 //! | 1 | state: `0x00` DEAD, `0x5A` PENDING, `0xA5` LIVE; any other value is corruption |
-//! | 1 | kind: bit 0 HAS_FLAGS, bit 1 HAS_ORIGIN; bits 2..8 reserved, zero |
+//! | 1 | kind: bit 0 HAS_FLAGS, bit 1 HAS_ORIGIN, bit 2 HAS_EXPIRY; bits 3..8 reserved, zero |
 //! | 1..5 | key length, canonical LEB128 `u32`, 1..=65535 (configured limit: 250 by default) |
 //! | 1..5 | value length, canonical LEB128 `u32` (configured limit: 1 MiB by default) |
 //! | 1..5 | client flags, LEB128, non-zero; only if HAS_FLAGS |
+//! | 1..5 | expiry, Unix seconds, LEB128, non-zero; only if HAS_EXPIRY (version 2) |
 //! | 8 | origin CAS; only if HAS_ORIGIN (set by movers, see CAS) |
 //! | key length | key |
 //! | value length | value |
 //!
 //! A 20-byte key with a 100-byte value has a 4-byte header; with a 4 KiB value, 5 bytes.
-//! No per-item TTL (per segment), CAS (derived from the location), checksum (per segment,
+//! An item with a TTL takes 5 more bytes for its expiry; one without, none. No per-item
+//! CAS (derived from the location), checksum (per segment,
 //! through the commit word) or next pointer (items are contiguous). Values up to 64 MiB
 //! take a 4-byte length; a segment must be larger than the largest item, so the engine
 //! sizes segments from the configured value limit (2 MiB segments for 1 MiB values,
@@ -166,8 +169,8 @@
 //!   `data_crc` mismatch is corruption: the segment is dropped ([`segment::ScanEnd`]);
 //! - a buffer shorter than the committed range (a file truncated under the cache) yields
 //!   the items wholly inside it and ends `Truncated`: the engine drops the segment;
-//! - of a segment that scans clean, LIVE items whose segment has not expired are
-//!   indexed; PENDING (crash between steps 2 and 4, or a lost race) and DEAD items are
+//! - of a segment that scans clean and has not expired, LIVE items are indexed (an
+//!   item whose own expiry has passed is indexed too, and a read finds it expired); PENDING (crash between steps 2 and 4, or a lost race) and DEAD items are
 //!   skipped. A crash between steps 3 and 4 leaves the key with no LIVE item: a miss,
 //!   which the no-stale-value rule allows (the write was never acknowledged).
 //! - if two LIVE unexpired items of one key are found (a crash between the engine's
@@ -208,11 +211,17 @@
 //! that died with the process: it persists a high-water mark ahead of use.
 //!
 //! ## TTL
-//! A segment serves one TTL bucket and carries `expires_at`; every item in it is treated
-//! as expired from then on (Segcache's approximation: a segment opened at `t0` for the
-//! bucket whose shortest TTL is `T` expires at `t0 + T`, so an item never outlives its
-//! TTL; it may expire early by at most the bucket width plus the segment's fill time).
-//! `touch` re-appends the item to another bucket.
+//! An item with a TTL carries its expiry and is served until exactly then. A segment
+//! carries `expires_at`, no earlier than any of its items' (0: never, which may hold
+//! items with a TTL too): from then on every item in it has expired, so the movers
+//! reclaim it whole wherever it is in its queue (Segcache's proactive expiration). A
+//! writer appends to the open segment of the item's TTL bucket — a segment opened at
+//! `t0` for a bucket whose longest TTL is `T` expires at `t0 + 9T/8` and takes the
+//! bucket's items while they expire no later — and, when many buckets are in use and
+//! its open segments are at their cap, to the open segment that outlives the item by the
+//! least (the item's bytes are dead from its expiry until that segment is reclaimed).
+//! Version-1 segments had no per-item expiry: their items expire with the segment,
+//! which was opened to expire no later than any of them. `touch` re-appends the item.
 //!
 //! # Index
 //! [`index::Index`] is a fixed array of 128-byte buckets of sixteen `AtomicU64` entries,
@@ -273,11 +282,10 @@
 //!   lock. `add`/`replace`/`cas`/`append`/`prepend`/`incr`/`decr`/`touch` read the
 //!   current item, append the new one, and publish only if the entry still points at the
 //!   item they read (else retry) — compare-and-swap on the index entry, no global lock.
-//! - **TTL** per segment: buckets exact below 8 s, eight per power of two above; a segment
-//!   of a bucket whose shortest TTL is `T` expires at its opening time + `T`, and is
-//!   replaced once it has aged `T/8`, so no item outlives its TTL and none expires more
-//!   than about a quarter early. Expiry is lazy (a read of an expired item is a miss);
-//!   expired segments are reclaimed when FIFO eviction reaches them.
+//! - **TTL** per item, grouped by segment: buckets exact below 8 s, eight per power of
+//!   two above (see "TTL" above). Expiry is lazy (a read of an expired item is a miss);
+//!   a segment whose expiry has passed is reclaimed by the movers within a second,
+//!   wherever it is in its queue.
 //! - **Eviction** (`cache/evict.rs`): movers ([`Cache::maintain`], or a thread from
 //!   [`Cache::start_movers`]) keep 1/64 of every tier's segments (at least 4) free by
 //!   evicting sealed ones ahead of need, and writers wake the mover thread as soon as a

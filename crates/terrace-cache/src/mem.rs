@@ -465,6 +465,7 @@ impl<'a> Pin<'a> {
             len: total as u32,
             state: h.state,
             client_flags: h.client_flags,
+            expires_at: h.expires_at,
             origin_cas: h.origin_cas,
             key,
             value,

@@ -21,8 +21,12 @@ use crate::item::{self, ItemRef, ItemSpec, ItemState, Limits};
 pub const HEADER_LEN: usize = 64;
 /// First eight bytes of every written segment.
 pub const MAGIC: [u8; 8] = *b"TRCSEGM\0";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format version this build writes. Version 2 added the item's own expiry
+/// (`item::KIND_HAS_EXPIRY`); a version-1 segment is read as it was written (its items
+/// expire with the segment), so an upgrade keeps a warm cache.
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest format version this build reads.
+pub const MIN_FORMAT_VERSION: u16 = 1;
 /// Smallest segment: 256 bytes (tests); real tiers use 1 MiB and up.
 pub const MIN_SHIFT: u8 = 8;
 /// Largest segment: 2 GiB, so offsets and the committed length fit in a `u32`.
@@ -214,7 +218,7 @@ impl SegmentHeader {
             return Err(HeaderError::BadMagic { found: magic });
         }
         let version = get_u16(b, 8);
-        if version != FORMAT_VERSION {
+        if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(HeaderError::UnsupportedVersion {
                 found: version,
                 supported: FORMAT_VERSION,
@@ -776,11 +780,17 @@ mod tests {
             Err(HeaderError::BadMagic { .. })
         ));
         let mut b = good;
-        b[8] = 2;
+        b[8] = 3;
         assert!(matches!(
             SegmentHeader::decode(&b),
-            Err(HeaderError::UnsupportedVersion { found: 2, .. })
+            Err(HeaderError::UnsupportedVersion { found: 3, .. })
         ));
+        // Version 1 (no per-item expiry) is still read.
+        let mut b = good;
+        b[8] = 1;
+        let crc = crc32fast::hash(&b[..HEADER_CRC_COVERS]);
+        b[52..56].copy_from_slice(&crc.to_le_bytes());
+        assert!(SegmentHeader::decode(&b).is_ok());
         let mut b = good;
         b[20] ^= 1;
         assert!(matches!(

@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use terrace_media::{Durability, FileLocation, FileOptions, Region};
@@ -174,6 +174,8 @@ pub struct TierCounters {
     pub hits: AtomicU64,
     pub segments_evicted: AtomicU64,
     pub items_evicted: AtomicU64,
+    /// Items dropped by an eviction because they had expired (not counted as evicted).
+    pub items_expired: AtomicU64,
     /// Items copied into this tier from the tier above.
     pub demotions_in: AtomicU64,
     /// Items copied into this tier (tier 0) from a lower tier because they were read
@@ -201,6 +203,8 @@ pub struct TierStats {
     pub hits: u64,
     pub segments_evicted: u64,
     pub items_evicted: u64,
+    /// Items whose space an eviction reclaimed after they had expired.
+    pub items_expired: u64,
     pub demotions_in: u64,
     pub promotions_in: u64,
     pub reinserted: u64,
@@ -228,6 +232,7 @@ impl TierStats {
         self.hits += other.hits;
         self.segments_evicted += other.segments_evicted;
         self.items_evicted += other.items_evicted;
+        self.items_expired += other.items_expired;
         self.demotions_in += other.demotions_in;
         self.promotions_in += other.promotions_in;
         self.reinserted += other.reinserted;
@@ -270,6 +275,8 @@ pub(crate) struct Tier {
     /// run inside a demotion that holds `mover`).
     pub reinsert: Mutex<HashMap<u16, Appender>>,
     pub counters: TierCounters,
+    /// The cache-clock second of the movers' last sweep for expired segments.
+    pub expiry_swept: AtomicU32,
 }
 
 impl Tier {
@@ -288,6 +295,7 @@ impl Tier {
             mover: Mutex::new(HashMap::new()),
             reinsert: Mutex::new(HashMap::new()),
             counters: TierCounters::default(),
+            expiry_swept: AtomicU32::new(0),
         }
     }
 
@@ -302,6 +310,7 @@ impl Tier {
             hits: self.counters.hits.load(Ordering::Relaxed),
             segments_evicted: self.counters.segments_evicted.load(Ordering::Relaxed),
             items_evicted: self.counters.items_evicted.load(Ordering::Relaxed),
+            items_expired: self.counters.items_expired.load(Ordering::Relaxed),
             demotions_in: self.counters.demotions_in.load(Ordering::Relaxed),
             promotions_in: self.counters.promotions_in.load(Ordering::Relaxed),
             reinserted: self.counters.reinserted.load(Ordering::Relaxed),

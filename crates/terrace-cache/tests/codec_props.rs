@@ -17,6 +17,7 @@ struct Written {
     key: Vec<u8>,
     value: Vec<u8>,
     flags: u32,
+    expires: u32,
     origin: Option<u64>,
 }
 
@@ -40,13 +41,14 @@ fn limits() -> Limits {
     }
 }
 
-/// Key, value, client flags, origin CAS.
-type Generated = (Vec<u8>, Vec<u8>, u32, Option<u64>);
+/// Key, value, client flags, expiry, origin CAS.
+type Generated = (Vec<u8>, Vec<u8>, u32, u32, Option<u64>);
 
 fn item_strategy() -> impl Strategy<Value = Generated> {
     (
         prop::collection::vec(any::<u8>(), 1..=300),
         prop::collection::vec(any::<u8>(), 0..400),
+        prop_oneof![3 => Just(0u32), 1 => any::<u32>()],
         prop_oneof![3 => Just(0u32), 1 => any::<u32>()],
         prop_oneof![3 => Just(None), 1 => any::<u64>().prop_map(Some)],
     )
@@ -57,9 +59,10 @@ fn build(items: &[Generated], checksummed: bool) -> (Vec<u8>, Vec<Written>) {
     let mut buf = vec![0u8; 1 << SHIFT];
     let mut written = vec![];
     let mut w = SegmentWriter::create(&mut buf, header(checksummed), limits()).unwrap();
-    for (key, value, flags, origin) in items {
+    for (key, value, flags, expires, origin) in items {
         let spec = ItemSpec {
             client_flags: *flags,
+            expires_at: *expires,
             origin_cas: *origin,
             ..ItemSpec::new(key, value.len())
         };
@@ -69,6 +72,7 @@ fn build(items: &[Generated], checksummed: bool) -> (Vec<u8>, Vec<Written>) {
                 key: key.clone(),
                 value: value.clone(),
                 flags: *flags,
+                expires: *expires,
                 origin: *origin,
             }),
             Err(EncodeError::SegmentFull { .. }) => break,
@@ -88,6 +92,7 @@ fn read_all(buf: &[u8]) -> (Vec<Written>, Option<ScanEnd>) {
             key: i.key.to_vec(),
             value: i.value.to_vec(),
             flags: i.client_flags,
+            expires: i.expires_at,
             origin: i.origin_cas,
         })
         .collect();
@@ -173,6 +178,7 @@ proptest! {
                     let inside = written.iter().filter(|w| {
                         (w.offset as usize) + item::ItemSpec {
                             client_flags: w.flags,
+                            expires_at: w.expires,
                             origin_cas: w.origin,
                             ..ItemSpec::new(&w.key, w.value.len())
                         }.encoded_len() <= cut

@@ -180,10 +180,12 @@ fn ttls_expire_lazily_and_touch_renews() {
 }
 
 #[test]
-fn writes_with_many_ttls_never_run_out_of_segments() {
+fn writes_with_many_ttls_never_run_out_of_segments_and_keep_their_items() {
     // 16 segments of 2 MiB, two writer stripes, and far more TTL buckets in use than
     // segments: each bucket wants an open segment of its own. Before open segments were
-    // capped, the 17th bucket's write stalled for a second and failed (no free segment).
+    // capped, the 17th bucket's write stalled for a second and failed (no free segment);
+    // before items carried their own expiry, a write at the cap sealed a nearly empty
+    // segment, and 3 MB of items in 32 MiB kept about 40 of them.
     let (c, _) = Cache::open(CacheConfig {
         stripes: 2,
         ..CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(32 * MIB))])
@@ -192,7 +194,7 @@ fn writes_with_many_ttls_never_run_out_of_segments() {
     let v = vec![b'v'; 1000];
     for k in 0..3000u32 {
         let ttl = 10 + k * 37 % 100_000;
-        let now = c.now();
+        let before = c.now();
         c.set(format!("k{k}").as_bytes(), &v, 0, ttl)
             .unwrap_or_else(|e| panic!("set {k} (ttl {ttl}): {e}"));
         let at = c
@@ -200,30 +202,37 @@ fn writes_with_many_ttls_never_run_out_of_segments() {
             .unwrap()
             .and_then(|g| g.expires_at())
             .unwrap_or_else(|| panic!("k{k} just set"));
-        assert!(at <= now + 1 + ttl, "k{k} would outlive its ttl");
+        assert!(
+            at >= before + ttl && at <= c.now() + ttl,
+            "k{k} expires at now + {}, not its ttl {ttl}",
+            i64::from(at) - i64::from(before)
+        );
     }
+    let kept = (0..3000u32)
+        .filter(|k| c.get(format!("k{k}").as_bytes()).unwrap().is_some())
+        .count();
+    assert!(kept >= 2900, "kept {kept} of 3000");
 }
 
 #[test]
-fn a_hit_says_when_its_item_expires() {
+fn a_hit_says_when_its_item_expires_which_is_its_ttl() {
     let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
     c.set(b"forever", b"v", 0, 0).unwrap();
     assert_eq!(c.get(b"forever").unwrap().unwrap().expires_at(), None);
-    for ttl in [1u32, 10, 100, 3600, 86_400] {
-        let now = c.now();
+    let expiry = |key: &[u8]| {
+        c.get(key)
+            .unwrap()
+            .and_then(|g| g.expires_at())
+            .expect("an expiry")
+    };
+    for ttl in [1u32, 10, 100, 143, 3600, 86_400] {
+        let before = c.now();
         c.set(b"k", b"v", 0, ttl).unwrap();
-        let at = c
-            .get(b"k")
-            .unwrap()
-            .unwrap()
-            .expires_at()
-            .expect("an expiry");
-        // The segment's expiry: the TTL, or up to an eighth earlier (the bucket's
-        // lifetime) in a fresh segment.
+        let at = expiry(b"k");
         assert!(
-            at <= now + 1 + ttl && at >= now + ttl - ttl / 8,
+            at >= before + ttl && at <= c.now() + ttl,
             "ttl {ttl}: expires at now + {}",
-            i64::from(at) - i64::from(now)
+            i64::from(at) - i64::from(before)
         );
         // And it is when the item stops being served (unless the wall clock's second
         // ticked in between, taking it there).
@@ -233,26 +242,53 @@ fn a_hit_says_when_its_item_expires() {
         c.advance_clock(1);
         assert!(c.get(b"k").unwrap().is_none(), "ttl {ttl}: still served");
     }
-    // A later item of the same bucket may join a segment opened earlier: up to about a
-    // quarter early (an eighth of the bucket, then an eighth of the segment's life).
+    // A later item of the same TTL bucket joins the segment opened for an earlier one,
+    // and still expires exactly at its own TTL (the segment's expiry is only the latest
+    // of its items').
     let ttl = 143u32;
     c.set(b"first", b"v", 0, ttl).unwrap();
     c.advance_clock(15);
-    let now = c.now();
+    let before = c.now();
     c.set(b"later", b"v", 0, ttl).unwrap();
-    let at = c
-        .get(b"later")
-        .unwrap()
-        .unwrap()
-        .expires_at()
-        .expect("an expiry");
-    let first = c.get(b"first").unwrap().unwrap().expires_at();
-    assert_eq!(Some(at), first, "the same segment");
+    let at = expiry(b"later");
+    assert!(at >= before + ttl && at <= c.now() + ttl, "now + {}", at - before);
+    assert!(expiry(b"first") + 15 <= at);
+    c.advance_clock(i64::from(expiry(b"first") - c.now()));
+    assert!(c.get(b"first").unwrap().is_none());
+    assert!(c.get(b"later").unwrap().is_some());
+}
+
+#[test]
+fn the_movers_reclaim_a_segment_once_all_its_items_have_expired() {
+    // 64 segments of 32 KiB. Short-lived items fill some segments, then items without a
+    // TTL fill more; the FIFO would reach the short-lived ones only after the tier had
+    // filled, the movers take them back as soon as they expire.
+    let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+    let v = vec![b's'; 1000];
+    for k in 0..300u32 {
+        c.set(format!("short{k}").as_bytes(), &v, 0, 20).unwrap();
+    }
+    for k in 0..300u32 {
+        c.set(format!("keep{k}").as_bytes(), &v, 0, 0).unwrap();
+    }
+    c.maintain().unwrap();
+    let before = c.stats().tiers[0].clone();
+    assert_eq!(before.items_expired, 0);
+    c.advance_clock(30);
+    c.maintain().unwrap();
+    let after = c.stats().tiers[0].clone();
     assert!(
-        at < now + ttl - ttl / 8 && at >= now + ttl - ttl / 4,
-        "now + {}",
-        at - now
+        after.free_segments >= before.free_segments + 8,
+        "free segments {} -> {}",
+        before.free_segments,
+        after.free_segments
     );
+    assert_eq!(after.items_expired, 300);
+    assert_eq!(after.items_evicted, before.items_evicted);
+    for k in 0..300u32 {
+        assert!(c.get(format!("keep{k}").as_bytes()).unwrap().is_some(), "keep{k}");
+        assert!(c.get(format!("short{k}").as_bytes()).unwrap().is_none());
+    }
 }
 
 #[test]

@@ -109,6 +109,45 @@ fn clean_restart_of_a_file_tier_keeps_every_item() {
 }
 
 #[test]
+fn a_restart_keeps_each_items_own_expiry() {
+    // Items of one TTL bucket written seconds apart share a segment but keep their own
+    // expiries: through an unclean stop (the scan) and a clean one (the saved index).
+    let dir = tier_dir();
+    let ttls = [5u32, 100, 143, 3600, 86_400];
+    let mut expect: Vec<(Vec<u8>, u32)> = Vec::new();
+    {
+        let (c, _) = Cache::open(file_only(dir.path())).unwrap();
+        for round in 0..3 {
+            for ttl in ttls {
+                let key = format!("t{ttl}-{round}").into_bytes();
+                let before = c.now();
+                c.set(&key, b"v", 0, ttl).unwrap();
+                let at = c.get(&key).unwrap().unwrap().expires_at().unwrap();
+                assert!(at >= before + ttl && at <= c.now() + ttl);
+                expect.push((key, at));
+            }
+            c.advance_clock(2);
+        }
+        // Unclean: dropped without a shutdown.
+    }
+    let check = |c: &Cache| {
+        for (key, at) in &expect {
+            let got = c.get(key).unwrap().map(|g| g.expires_at());
+            if *at > c.now() {
+                assert_eq!(got, Some(Some(*at)), "{}", String::from_utf8_lossy(key));
+            }
+        }
+    };
+    let (c, report) = Cache::open(file_only(dir.path())).unwrap();
+    assert_eq!(report.from_saved_index, 0);
+    check(&c);
+    c.shutdown().unwrap();
+    let (c, report) = Cache::open(file_only(dir.path())).unwrap();
+    assert!(report.from_saved_index > 0);
+    check(&c);
+}
+
+#[test]
 fn restart_with_a_dram_tier_keeps_the_file_tier_and_never_a_stale_value() {
     let dir = tier_dir();
     let tiers = || {
@@ -433,7 +472,14 @@ fn crash_child() {
             // One write(2) per line: a kill leaves whole lines (or none).
             log.write_all(format!("{op} D {k}\n").as_bytes()).unwrap();
         } else {
-            c.set(key.as_bytes(), &crash_value(k, op), 0, 0).unwrap();
+            // Most items carry their own expiry, hours away, spread over many TTL
+            // buckets (none expires during the test).
+            let ttl = if rng % 3 == 0 {
+                0
+            } else {
+                3600 * (1 + ((rng >> 40) % 24) as u32)
+            };
+            c.set(key.as_bytes(), &crash_value(k, op), 0, ttl).unwrap();
             log.write_all(format!("{op} S {k}\n").as_bytes()).unwrap();
         }
     }

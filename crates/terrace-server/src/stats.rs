@@ -284,6 +284,10 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
     let evicted: u64 = cache.tiers.iter().map(|t| t.items_evicted).sum();
     put("evictions", Value::Int(evicted + cache.index_evictions));
     put("expired_unfetched", Value::Int(0));
+    // Items whose space was taken back after they expired (a segment reclaimed when its
+    // TTL passed, or evicted with expired items in it).
+    let reclaimed: u64 = cache.tiers.iter().map(|t| t.items_expired).sum();
+    put("reclaimed", Value::Int(reclaimed));
     put(
         "protocol_errors",
         Value::Int(c.get(Counter::ProtocolErrors)),
@@ -321,6 +325,7 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
         tier("hits", t.hits);
         tier("evicted_segments", t.segments_evicted);
         tier("evicted_items", t.items_evicted);
+        tier("expired_items", t.items_expired);
         tier("demotions_in", t.demotions_in);
         tier("promotions_in", t.promotions_in);
         tier("inline_evictions", t.inline_evictions);

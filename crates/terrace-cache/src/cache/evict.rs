@@ -56,11 +56,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Cache;
+use super::{Cache, Placement};
 use crate::error::CacheError;
 use crate::index::{BucketGuard, Location};
 use crate::item::{ItemRef, ItemSpec, ItemState};
-use crate::mem::{Appender, Pin, SegState};
+use crate::mem::{Pin, SegState};
 use crate::segment::HEADER_LEN;
 use crate::tier::Lists;
 
@@ -263,6 +263,85 @@ impl Cache {
         Ok(())
     }
 
+    /// Takes the sealed segments of `tier` whose expiry has passed — every item in them
+    /// has expired (`super::segment_outlives`) — out of its queues, wherever they are, and
+    /// reclaims them: Segcache's proactive expiration, so that space held by expired
+    /// items returns to the free list without waiting for the FIFO to reach it. At most
+    /// once a second of the cache's clock per tier (a scan of the tier's queues under
+    /// its lists lock). Returns the segments reclaimed; they are not counted as
+    /// evictions, their items as expired.
+    pub(super) fn reclaim_expired(&self, tier: usize) -> Result<usize, CacheError> {
+        let t = &self.tiers[tier];
+        let now = self.now();
+        if t.expiry_swept.swap(now, Ordering::Relaxed) == now {
+            return Ok(0);
+        }
+        // Open segments whose expiry has passed take no more items (`super::place`):
+        // seal them, so that the scan below finds them too — new writes into the FIFO,
+        // copies where `copy_item` seals them.
+        let copies = if tier + 1 == self.tiers.len() {
+            Queue::Main
+        } else {
+            Queue::Fifo
+        };
+        let writers = if tier == 0 { &self.stripes[..] } else { &[] };
+        let open_sets = writers
+            .iter()
+            .map(|stripe| (stripe, Queue::Fifo))
+            .chain([(&t.mover, copies), (&t.reinsert, copies)]);
+        for (set, queue) in open_sets {
+            let mut open = set.lock();
+            let done: Vec<u16> = open
+                .iter()
+                .filter(|(_, app)| {
+                    let e = app.header().expires_at;
+                    e != 0 && now >= e
+                })
+                .map(|(&bucket, _)| bucket)
+                .collect();
+            for bucket in done {
+                if let Some(app) = open.remove(&bucket) {
+                    self.seal(tier, app, queue);
+                }
+            }
+        }
+        let mut expired = Vec::new();
+        {
+            let mut lists = t.lists.lock();
+            let mut take = |queue: &mut std::collections::VecDeque<u32>, probation: bool| {
+                queue.retain(|&slot| {
+                    let gone = self.expired(t.base + slot, now);
+                    if gone {
+                        expired.push(Victim { slot, probation });
+                    }
+                    !gone
+                });
+            };
+            take(&mut lists.fifo, tier == 0);
+            take(&mut lists.main, false);
+        }
+        let mut reclaimed = 0;
+        while reclaimed < expired.len() {
+            let victim = expired[reclaimed];
+            if let Err(e) = self.evict(tier, victim, false) {
+                // The failed one stays out of every list (see `evict`); the others go
+                // back to the front of their queues, to be reclaimed or evicted later.
+                let mut lists = t.lists.lock();
+                for v in expired[reclaimed + 1..].iter().rev() {
+                    if v.probation || (tier + 1 < self.tiers.len()) {
+                        lists.fifo.push_front(v.slot);
+                    } else {
+                        lists.main.push_front(v.slot);
+                    }
+                }
+                return Err(e);
+            }
+            t.lists.lock().reclaim.push(victim.slot);
+            reclaimed += 1;
+        }
+        Ok(reclaimed)
+    }
+
     /// A free slot of the last tier for its reinsertion segment, never waiting: from the
     /// free list or the drained reclaim list, else by evicting the next victim *without*
     /// reinsertion (so this never needs a reinsertion segment itself and cannot recurse).
@@ -321,9 +400,6 @@ impl Cache {
             end = pin.retire()?.unwrap_or(end);
         }
         let now = self.now();
-        let expired = self.expired(id, now);
-        let src_expires = self.meta[id as usize].expires_at.load(Ordering::Acquire);
-        let src_bucket = self.meta[id as usize].ttl_bucket.load(Ordering::Acquire) as u16;
         let next = tier + 1;
         let last = next == self.tiers.len();
         let mut budget = if reinsert && last {
@@ -351,23 +427,17 @@ impl Cache {
                     .lookup(hash)
                     .find(|h| h.location() == loc)
                     .is_some_and(|h| h.frequency() > 0);
+            let expires_at = self.item_expiry(id, &item);
+            let expired = expires_at != 0 && now >= expires_at;
             let copy = if !hot || expired {
                 None
             } else if !last {
                 let cas = self.cas_of(id, &item);
-                self.copy_item(next, Dest::Moved, &item, cas, now, src_expires, src_bucket)?
+                self.copy_item(next, Dest::Moved, &item, cas, now, expires_at)?
             } else if budget >= item.len as usize {
                 budget -= item.len as usize;
                 let cas = self.cas_of(id, &item);
-                self.copy_item(
-                    tier,
-                    Dest::Reinsert,
-                    &item,
-                    cas,
-                    now,
-                    src_expires,
-                    src_bucket,
-                )?
+                self.copy_item(tier, Dest::Reinsert, &item, cas, now, expires_at)?
             } else {
                 None
             };
@@ -394,9 +464,13 @@ impl Cache {
                     .demotions_in
                     .fetch_add(1, Ordering::Relaxed);
             } else if g.remove(loc) {
-                t.counters.items_evicted.fetch_add(1, Ordering::Relaxed);
-                if victim.probation && !expired {
-                    self.ghost.remember(hash);
+                if expired {
+                    t.counters.items_expired.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    t.counters.items_evicted.fetch_add(1, Ordering::Relaxed);
+                    if victim.probation {
+                        self.ghost.remember(hash);
+                    }
                 }
             }
         }
@@ -453,13 +527,11 @@ impl Cache {
         Ok(true)
     }
 
-    /// Copies `item` (keeping its CAS) into tier `tier`'s demotion or reinsertion segment
-    /// for the source segment's TTL bucket; returns the copy pinned, PENDING, or `None`
-    /// when no segment could take it. A destination segment never expires later than any
-    /// item in it: it takes the expiry of the first source segment it serves and accepts
-    /// items only from sources that expire no earlier (sources are evicted roughly in
-    /// opening order, so this rarely opens a new one).
-    #[allow(clippy::too_many_arguments)]
+    /// Copies `item` (keeping its CAS and its expiry `expires_at`, which the copy carries
+    /// itself even where the source left it to its segment) into tier `tier`'s demotion
+    /// or reinsertion segments, placed by its remaining lifetime as a write is
+    /// (`super::place`); returns the copy pinned, PENDING, or `None` when no segment could
+    /// take it.
     pub(super) fn copy_item(
         &self,
         tier: usize,
@@ -467,11 +539,11 @@ impl Cache {
         item: &ItemRef<'_>,
         cas: u64,
         now: u32,
-        src_expires: u32,
-        src_bucket: u16,
+        expires_at: u32,
     ) -> Result<Option<(Pin<'_>, Location)>, CacheError> {
         let spec = ItemSpec {
             origin_cas: Some(cas),
+            expires_at,
             ..item.spec()
         };
         let t = &self.tiers[tier];
@@ -479,39 +551,40 @@ impl Cache {
             Dest::Moved => t.mover.lock(),
             Dest::Reinsert => t.reinsert.lock(),
         };
-        let fits = |a: &Appender| {
-            let dest = a.header().expires_at;
-            a.remaining() >= spec.encoded_len()
-                && (dest == 0) == (src_expires == 0)
-                && dest <= src_expires
-        };
-        if !movers.get(&src_bucket).is_some_and(fits) {
-            // Copies the last tier keeps go to its main queue; demotions into a middle
-            // tier to its FIFO.
-            let queue = if tier + 1 == self.tiers.len() {
-                Queue::Main
-            } else {
-                Queue::Fifo
-            };
-            if let Some(old) = movers.remove(&src_bucket) {
-                self.seal(tier, old, queue);
-            }
-            let cap = super::open_segments_cap(t.area.count(), super::MOVER_OPEN_SHARE, 1);
-            self.seal_fullest(tier, &mut movers, cap, queue);
-            let app = match dest {
-                Dest::Moved => self.open_segment(tier, src_expires, src_bucket, now)?,
-                Dest::Reinsert => {
-                    match self.open_segment_with(tier, src_expires, src_bucket, now, || {
-                        self.reinsert_slot(tier)
-                    })? {
-                        Some(app) => app,
-                        None => return Ok(None),
-                    }
+        let cap = super::open_segments_cap(t.area.count(), super::MOVER_OPEN_SHARE, 1);
+        let bucket = match super::place(&movers, spec.encoded_len(), expires_at, now, cap) {
+            Placement::Append(bucket) => bucket,
+            Placement::Open {
+                bucket,
+                expires_at: seg_expiry,
+            } => {
+                // Copies the last tier keeps go to its main queue; demotions into a middle
+                // tier to its FIFO.
+                let queue = if tier + 1 == self.tiers.len() {
+                    Queue::Main
+                } else {
+                    Queue::Fifo
+                };
+                if let Some(old) = movers.remove(&bucket) {
+                    self.seal(tier, old, queue);
                 }
-            };
-            movers.insert(src_bucket, app);
-        }
-        let Some(app) = movers.get_mut(&src_bucket) else {
+                self.seal_fullest(tier, &mut movers, cap, queue);
+                let app = match dest {
+                    Dest::Moved => self.open_segment(tier, seg_expiry, bucket, now)?,
+                    Dest::Reinsert => {
+                        match self.open_segment_with(tier, seg_expiry, bucket, now, || {
+                            self.reinsert_slot(tier)
+                        })? {
+                            Some(app) => app,
+                            None => return Ok(None),
+                        }
+                    }
+                };
+                movers.insert(bucket, app);
+                bucket
+            }
+        };
+        let Some(app) = movers.get_mut(&bucket) else {
             return Ok(None);
         };
         let offset = match app.append(&t.area, &spec, item.key, &[item.value]) {
@@ -602,6 +675,7 @@ impl Cache {
         self.run_promotions()?;
         let mut evicted = 0;
         for (i, t) in self.tiers.iter().enumerate() {
+            self.reclaim_expired(i)?;
             let target = self.free_target(i);
             loop {
                 let victim = {

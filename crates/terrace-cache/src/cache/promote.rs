@@ -79,15 +79,13 @@ impl Cache {
             return Ok(false);
         };
         let now = self.now();
-        if item.state != crate::item::ItemState::Live || self.expired(loc.segment, now) {
+        if item.state != crate::item::ItemState::Live || self.item_expired(loc.segment, &item, now)
+        {
             return Ok(false);
         }
-        let meta = &self.meta[loc.segment as usize];
-        let src_expires = meta.expires_at.load(Ordering::Acquire);
-        let src_bucket = meta.ttl_bucket.load(Ordering::Acquire) as u16;
+        let expires_at = self.item_expiry(loc.segment, &item);
         let cas = self.cas_of(loc.segment, &item);
-        let Some((dpin, dloc)) =
-            self.copy_item(0, Dest::Moved, &item, cas, now, src_expires, src_bucket)?
+        let Some((dpin, dloc)) = self.copy_item(0, Dest::Moved, &item, cas, now, expires_at)?
         else {
             return Ok(false);
         };
