@@ -16,13 +16,12 @@
 //!   success for `ma`); errors and the other codes are always sent;
 //! - `O` (opaque, at most [`MAX_OPAQUE`] bytes with its letter) and `k` are echoed on
 //!   every reply code, `EN`/`NF`/`NS`/`EX` included; a base64 key comes back base64 with
-//!   a trailing `b`.
+//!   a trailing `b`;
+//! - `t` (and `me`'s `exp=`) reports the seconds left until the item expires (items
+//!   carry their own expiry); when this very request set the TTL (`T`, or `N` creating
+//!   the item) it reports that TTL as asked. `-1`: no expiry.
 //!
 //! Where Terrace differs from memcached (the engine does not keep the per-item state):
-//! - TTLs are kept per segment, and an item expires with its segment: `t` (and `me`'s
-//!   `exp=`) reports the seconds left until then, which is the TTL the item was given or
-//!   up to about a quarter less (never more: TTL buckets); when this very request set the TTL (`T`, or `N`
-//!   creating the item) it reports that TTL as asked, as memcached does. `-1`: no expiry;
 //! - `h` (hit before) and `l` (last access) are not tracked: always `h0`/`l0`; `me`
 //!   says `la=0 fetch=no`; `u` (no LRU bump) is accepted and has no effect;
 //! - no stale items or recache tokens: `md I` deletes (its `T` is moot), `ms I` stores
@@ -1026,9 +1025,9 @@ mod tests {
     fn get_ttl_is_the_items_remaining_life() {
         let s = test_shared();
         reply(&s, "ms foo 2 T100\r\nhi\r\n");
-        // The item's segment expires at the TTL or up to a quarter before.
+        // Exactly the TTL (less a second if the clock ticked in between).
         let left = t_of(&reply(&s, "mg foo t v\r\n"));
-        assert!((75..=100).contains(&left), "t{left}");
+        assert!((99..=100).contains(&left), "t{left}");
         s.pools.advance_clock(50);
         let later = t_of(&reply(&s, "mg foo t\r\n"));
         assert!(
