@@ -347,6 +347,13 @@ fn open_segments_cap(segments: u32, share: (usize, usize), sets: usize) -> usize
     (segments as usize * share.0 / share.1 / sets.max(1)).max(1)
 }
 
+/// Fewest segments a tier may have. Open segments take up to three quarters of a tier
+/// (writers half, the movers' copies a quarter: [`WRITER_OPEN_SHARE`],
+/// [`MOVER_OPEN_SHARE`]), the last tier keeps one free for its reinsertions, and an
+/// allocation needs a sealed segment to evict: below eight, writes could stall and fail
+/// for want of a segment.
+pub const MIN_TIER_SEGMENTS: u32 = 8;
+
 /// The share of a tier its writers' open segments may hold, all stripes together.
 const WRITER_OPEN_SHARE: (usize, usize) = (1, 2);
 /// The share of a tier the open segments of its movers (demotions, reinsertions) may hold.
@@ -509,8 +516,17 @@ impl Cache {
         let mut base: u64 = 0;
         for (i, (tc, &bytes)) in config.tiers.iter().zip(&sizes).enumerate() {
             let (region, existing) = tier::map_tier(tc, i, bytes)?;
+            let segments = u32::try_from(region.len() >> shift).unwrap_or(u32::MAX);
+            if segments < MIN_TIER_SEGMENTS {
+                return Err(CacheError::TierTooSmall {
+                    tier: i,
+                    segments,
+                    min: MIN_TIER_SEGMENTS,
+                    segment_bytes: 1 << shift,
+                });
+            }
             let area = SegmentArea::new(region, shift).ok_or(CacheError::Config {
-                why: "a tier is smaller than one segment",
+                why: "more than 2^32 segments in a tier",
             })?;
             let count = u64::from(area.count());
             areas.push((area, existing, base as u32));
@@ -526,11 +542,14 @@ impl Cache {
         let expected_items = config
             .expected_items
             .unwrap_or((capacity / 256).max(1024) as usize);
+        // Each stripe keeps at least one open segment in tier 0: no more stripes than a
+        // quarter of its segments, so that they stay within their share of it.
         let stripes = if config.stripes == 0 {
             std::thread::available_parallelism().map_or(4, |n| n.get())
         } else {
             config.stripes
-        };
+        }
+        .min((areas[0].0.count() / 4).max(1) as usize);
         let index = Index::new(&IndexConfig {
             seed: config.seed,
             ..IndexConfig::new(

@@ -129,6 +129,19 @@ pub enum CacheError {
     /// The configuration cannot work.
     #[error("invalid cache configuration: {why}")]
     Config { why: &'static str },
+    /// A tier holds too few segments for its writers, movers and free reserve.
+    #[error(
+        "tier {tier} holds {segments} segments of {segment_bytes} bytes; a tier needs at \
+         least {min} ({} bytes): give it more space, or allow smaller values (segments \
+         are sized to hold the largest)",
+        u64::from(*min) * segment_bytes
+    )]
+    TierTooSmall {
+        tier: usize,
+        segments: u32,
+        min: u32,
+        segment_bytes: u64,
+    },
     /// A file tier's directory is missing (or not a directory).
     #[error("tier directory {dir:?} does not exist or is not a directory")]
     TierDir { dir: std::path::PathBuf },

@@ -35,7 +35,7 @@ pub const DEFAULT_POOL: &str = "default";
 pub const MAX_POOL_NAME: usize = 64;
 /// Fewest segments a pool has in each tier: each writer thread and TTL bucket keeps a
 /// segment open, and the movers keep some free (2 MiB segments: 16 MiB a tier).
-pub const MIN_POOL_SEGMENTS: u64 = 8;
+pub const MIN_POOL_SEGMENTS: u64 = crate::cache::MIN_TIER_SEGMENTS as u64;
 
 /// A named pool's quota.
 #[derive(Clone, Copy, Debug, PartialEq)]

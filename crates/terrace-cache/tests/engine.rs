@@ -334,11 +334,56 @@ fn bad_input_is_a_typed_error() {
         Err(CacheError::Config { .. })
     ));
     assert!(Cache::open(CacheConfig::new(vec![])).is_err());
+    // Seven segments of 2 MiB: too few for the writers' and movers' open segments and
+    // the free reserve (writes would stall, then fail); the error says how much is.
+    let seven = CacheConfig::new(vec![dram(14)]);
+    let err = Cache::open(seven).err().expect("refused");
+    assert!(
+        matches!(
+            err,
+            CacheError::TierTooSmall {
+                tier: 0,
+                segments: 7,
+                min: 8,
+                segment_bytes: 0x20_0000
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("16777216 bytes"), "{err}");
+    assert!(Cache::open(CacheConfig::new(vec![dram(16)])).is_ok());
+}
+
+#[test]
+fn a_small_tier_on_a_machine_of_many_threads_still_takes_writes() {
+    // 8 segments and 64 writer threads asked for: every stripe keeps an open segment, so
+    // the stripes are cut to what the tier can hold, and every write finds a segment.
+    let (c, _) = Cache::open(CacheConfig {
+        stripes: 64,
+        ..config(vec![TierConfig::dram(TierSize::Bytes(8 << 15))])
+    })
+    .unwrap();
+    let c = std::sync::Arc::new(c);
+    let threads: Vec<_> = (0..16u32)
+        .map(|t| {
+            let c = std::sync::Arc::clone(&c);
+            std::thread::spawn(move || {
+                for k in 0..500u32 {
+                    c.set(format!("t{t}-{k}").as_bytes(), &[b'v'; 300], 0, 0)
+                        .unwrap_or_else(|e| panic!("thread {t}, set {k}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a writer panicked");
+    }
+    assert!(c.stats().items > 100);
 }
 
 #[test]
 fn default_segment_size_holds_a_one_mib_value() {
-    let (c, _) = Cache::open(CacheConfig::new(vec![dram(4)])).unwrap();
+    let (c, _) = Cache::open(CacheConfig::new(vec![dram(16)])).unwrap();
     assert_eq!(c.segment_size(), 2 << 20);
     let v = value(3, 1 << 20);
     c.set(&[b'k'; 250], &v, 1, 0).unwrap();

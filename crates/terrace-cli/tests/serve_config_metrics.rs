@@ -49,7 +49,7 @@ fn config_file_settings_apply_and_flags_win() {
             "listen = \"127.0.0.1:0\"\n\
              dir = \"{}\"\n\
              tiers = \"dram:1,file:3\"\n\
-             capacity = \"32MiB\"\n\
+             capacity = \"128MiB\"\n\
              threads = 1\n\
              max-item-size = \"2MiB\"\n\
              max-connections = 3\n\
@@ -79,9 +79,9 @@ fn config_file_settings_apply_and_flags_win() {
         .expect("segment size");
     let tier0: u64 = stats["tier_0_bytes"].parse().expect("tier 0 bytes");
     let tier1: u64 = stats["tier_1_bytes"].parse().expect("tier 1 bytes");
-    assert!(tier0 <= 8 << 20 && tier0 + seg > 8 << 20, "tier 0: {tier0}");
+    assert!(tier0 <= 32 << 20 && tier0 + seg > 32 << 20, "tier 0: {tier0}");
     assert!(
-        tier1 <= 24 << 20 && tier1 + seg > 24 << 20,
+        tier1 <= 96 << 20 && tier1 + seg > 96 << 20,
         "tier 1: {tier1}"
     );
     // The one item is counted in tier 0, with its bytes.
@@ -192,7 +192,7 @@ fn promote_brings_items_read_in_the_file_tier_back_into_dram() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let server = common::start(
         dir.path(),
-        &["--tiers", "dram:4MiB,file:32MiB", "--promote"],
+        &["--tiers", "dram:16MiB,file:64MiB", "--promote"],
     );
     let mut c = server.connect();
     // Hot keys, read once in DRAM (so they are demoted, not dropped), then a stream of
@@ -203,7 +203,7 @@ fn promote_brings_items_read_in_the_file_tier_back_into_dram() {
         assert!(c.get(&format!("hot{k}")).is_some());
     }
     let cold = vec![b'c'; 8000];
-    for k in 0..2000 {
+    for k in 0..6000 {
         assert_eq!(c.set(&format!("cold{k}"), &cold), "STORED");
     }
     let stats = server.stats();

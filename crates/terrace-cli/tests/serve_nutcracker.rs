@@ -117,7 +117,7 @@ fn three_servers_behind_nutcracker() {
     for d in &dirs {
         std::fs::create_dir_all(d).expect("creating a node directory");
     }
-    let small = ["--tiers", "dram:8MiB,file:16MiB"];
+    let small = ["--tiers", "dram:16MiB,file:32MiB"];
     let mut servers: Vec<Server> = dirs.iter().map(|d| common::start(d, &small)).collect();
     let ports: Vec<u16> = servers.iter().map(|s| s.port()).collect();
 
@@ -246,7 +246,7 @@ fn three_servers_behind_nutcracker() {
     let listen = format!("127.0.0.1:{}", ports[victim]);
     servers[victim] = common::start(
         &dirs[victim],
-        &["--listen", &listen, "--tiers", "dram:8MiB,file:16MiB"],
+        &["--listen", &listen, "--tiers", "dram:16MiB,file:32MiB"],
     );
     assert_eq!(servers[victim].port(), ports[victim]);
     std::thread::sleep(Duration::from_millis(RETRY_MS + 500));

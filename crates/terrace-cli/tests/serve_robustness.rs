@@ -663,7 +663,7 @@ fn bad_startup_input_is_named_not_panicked_on() {
             "--dir",
             &file_arg,
             "--tiers",
-            "dram:4MiB,file:8MiB",
+            "dram:16MiB,file:16MiB",
         ],
         &["not-a-dir"],
     );
@@ -676,7 +676,7 @@ fn bad_startup_input_is_named_not_panicked_on() {
             "--dir",
             &below,
             "--tiers",
-            "dram:4MiB,file:8MiB",
+            "dram:16MiB,file:16MiB",
         ],
         &["not-a-dir"],
     );
@@ -731,7 +731,7 @@ fn bad_startup_input_is_named_not_panicked_on() {
             "--dir",
             &data,
             "--tiers",
-            "dram:4MiB,file:8MiB",
+            "dram:16MiB,file:16MiB",
         ],
         &[&addr],
     );
