@@ -295,6 +295,18 @@ enum Expect {
     At(Location),
 }
 
+impl Expect {
+    fn met_by(self, found: Found) -> bool {
+        match (self, found) {
+            (Expect::Any, _) => true,
+            (Expect::Absent, Found::Live(_)) => false,
+            (Expect::Absent, _) => true,
+            (Expect::At(at), Found::Live(cur)) => cur.loc == at,
+            (Expect::At(_), _) => false,
+        }
+    }
+}
+
 /// A live item found under a lookup: its location, value copy excluded.
 #[derive(Clone, Copy, Debug)]
 struct Current {
@@ -348,8 +360,7 @@ fn open_segments_cap(segments: u32, share: (usize, usize), sets: usize) -> usize
 }
 
 /// Fewest segments a tier may have. Open segments take up to three quarters of a tier
-/// (writers half, the movers' copies a quarter: [`WRITER_OPEN_SHARE`],
-/// [`MOVER_OPEN_SHARE`]), the last tier keeps one free for its reinsertions, and an
+/// (writers half, the movers' copies a quarter), the last tier keeps one free for its reinsertions, and an
 /// allocation needs a sealed segment to evict: below eight, writes could stall and fail
 /// for want of a segment.
 pub const MIN_TIER_SEGMENTS: u32 = 8;
@@ -431,12 +442,14 @@ fn place(
             expires_at: 0,
         };
     }
-    // A new segment lives the bucket's longest lifetime and an eighth more, so that the
-    // bucket's items keep joining it for a while (each still expires on its own).
+    // A new segment lives the bucket's longest lifetime and an eighth more (a second
+    // at least), so that the bucket's items keep joining it for a while (each still
+    // expires on its own).
     let expires_at = if expires_at == 0 {
         0
     } else {
-        now.saturating_add(longest).saturating_add(longest / 8)
+        now.saturating_add(longest)
+            .saturating_add((longest / 8).max(1))
     };
     Placement::Open { bucket, expires_at }
 }
@@ -511,19 +524,30 @@ impl Cache {
             });
         }
         let sizes = tier::resolve_sizes(&config.tiers, config.total_bytes)?;
+        // Every tier's segment count before any is mapped, so that a refused size leaves
+        // no tier file behind (regions are whole granules).
+        let too_small = |tier: usize, mapped_bytes: u64| {
+            let segments = u32::try_from(mapped_bytes >> shift).unwrap_or(u32::MAX);
+            (segments < MIN_TIER_SEGMENTS).then_some(CacheError::TierTooSmall {
+                tier,
+                segments,
+                min: MIN_TIER_SEGMENTS,
+                segment_bytes: 1 << shift,
+            })
+        };
+        let granule = terrace_media::registry::GRANULE as u64;
+        for (i, &bytes) in sizes.iter().enumerate() {
+            if let Some(e) = too_small(i, bytes.saturating_add(granule - 1) / granule * granule) {
+                return Err(e);
+            }
+        }
         let mut tiers = Vec::with_capacity(sizes.len());
         let mut areas = Vec::with_capacity(sizes.len());
         let mut base: u64 = 0;
         for (i, (tc, &bytes)) in config.tiers.iter().zip(&sizes).enumerate() {
             let (region, existing) = tier::map_tier(tc, i, bytes)?;
-            let segments = u32::try_from(region.len() >> shift).unwrap_or(u32::MAX);
-            if segments < MIN_TIER_SEGMENTS {
-                return Err(CacheError::TierTooSmall {
-                    tier: i,
-                    segments,
-                    min: MIN_TIER_SEGMENTS,
-                    segment_bytes: 1 << shift,
-                });
+            if let Some(e) = too_small(i, region.len() as u64) {
+                return Err(e);
             }
             let area = SegmentArea::new(region, shift).ok_or(CacheError::Config {
                 why: "more than 2^32 segments in a tier",
@@ -1181,24 +1205,30 @@ impl Cache {
             });
         }
         let now = self.now();
+        let hash = self.index.hash_key(key);
         if expires_at != 0 && expires_at <= now {
-            // Already expired (memcached: a negative TTL): the store is a delete.
-            self.delete(key)?;
+            // Already expired (memcached: a negative TTL; or an append, incr or touch
+            // that kept an expiry which has just passed): the store deletes what it would
+            // have replaced — only if `expect` still holds, under the key's lock, so that
+            // a newer write that slipped in is never deleted by an older one.
+            let mut g = self.index.lock(hash);
+            let found = self.find_locked(&g, key, now);
+            if !expect.met_by(found) {
+                return Ok(Store::NotStored);
+            }
+            if let Found::Live(Current { loc, .. }) | Found::Stale(loc) = found {
+                g.remove(loc);
+                if let Some((_, pin)) = self.pin(loc.segment) {
+                    self.kill(&pin, loc)?;
+                }
+            }
             return Ok(Store::Stored { cas: 0 });
         }
-        let hash = self.index.hash_key(key);
         loop {
             let (pin, new) = self.append_new(&spec, key, value, expires_at, now)?;
             let mut g = self.index.lock(hash);
             let found = self.find_locked(&g, key, now);
-            let ok = match (expect, found) {
-                (Expect::Any, _) => true,
-                (Expect::Absent, Found::Live(_)) => false,
-                (Expect::Absent, _) => true,
-                (Expect::At(at), Found::Live(cur)) => cur.loc == at,
-                (Expect::At(_), _) => false,
-            };
-            if !ok {
+            if !expect.met_by(found) {
                 self.kill(&pin, new)?;
                 return Ok(Store::NotStored);
             }
@@ -1358,6 +1388,7 @@ impl Cache {
     /// Seals the fullest of `open`'s segments while it holds `cap` or more, so that one
     /// more may be opened: with many TTL buckets in use, open segments (one per bucket)
     /// would otherwise take every segment of the tier, and no write could find one.
+    /// Expired ones go first: they take no more items.
     fn seal_fullest(
         &self,
         tier: usize,
@@ -1365,10 +1396,14 @@ impl Cache {
         cap: usize,
         queue: Queue,
     ) {
+        let now = self.now();
         while open.len() >= cap.max(1) {
             let Some(fullest) = open
                 .iter()
-                .min_by_key(|(_, app)| app.remaining())
+                .min_by_key(|(_, app)| {
+                    let e = app.header().expires_at;
+                    (e == 0 || now < e, app.remaining())
+                })
                 .map(|(&bucket, _)| bucket)
             else {
                 return;
@@ -1552,6 +1587,37 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_that_expired_on_the_way_deletes_only_what_it_read() {
+        // An append, incr or touch reads the item, and its expiry passes before the write:
+        // the write is a delete of the item read — not of a newer value written between.
+        let (c, _) = Cache::open(CacheConfig {
+            segment_shift: Some(15),
+            limits: Limits {
+                max_key_len: 250,
+                max_value_len: 8 << 10,
+            },
+            ..CacheConfig::new(vec![TierConfig::dram(crate::TierSize::Bytes(1 << 20))])
+        })
+        .unwrap();
+        c.set(b"k", b"old", 0, 10).unwrap();
+        let (read, _) = c.current(b"k").unwrap();
+        c.set(b"k", b"newer", 0, 0).unwrap();
+        let past = c.now() - 1;
+        let r = c.write(b"k", &[b"old+"], 0, past, Expect::At(read.loc)).unwrap();
+        assert_eq!(r, Store::NotStored);
+        assert_eq!(c.get(b"k").unwrap().unwrap().value(), b"newer");
+        // An add with a past expiry over a present key stores nothing, deletes nothing.
+        let r = c.write(b"k", &[b"x"], 0, past, Expect::Absent).unwrap();
+        assert_eq!(r, Store::NotStored);
+        assert_eq!(c.get(b"k").unwrap().unwrap().value(), b"newer");
+        // Over the item it read, it deletes it.
+        let (read, _) = c.current(b"k").unwrap();
+        let r = c.write(b"k", &[b"x"], 0, past, Expect::At(read.loc)).unwrap();
+        assert!(matches!(r, Store::Stored { .. }));
+        assert!(c.get(b"k").unwrap().is_none());
+    }
 
     #[test]
     fn a_ttl_bucket_spans_at_most_an_eighth_of_its_lifetimes() {

@@ -62,8 +62,12 @@ pub enum HeaderError {
     #[error("bad magic {found:02x?}")]
     BadMagic { found: [u8; 8] },
     /// Written by another format version.
-    #[error("unsupported format version {found} (this build reads {supported})")]
-    UnsupportedVersion { found: u16, supported: u16 },
+    #[error("unsupported format version {found} (this build reads {oldest} to {supported})")]
+    UnsupportedVersion {
+        found: u16,
+        oldest: u16,
+        supported: u16,
+    },
     /// The header's checksum does not match: torn while being opened, or corrupt.
     #[error("header checksum {stored:#010x} does not match computed {computed:#010x}")]
     Checksum { stored: u32, computed: u32 },

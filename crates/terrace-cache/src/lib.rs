@@ -56,7 +56,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 8 | magic `"TRCSEGM\0"` (all zero: never written) |
-//! | 8 | 2 | format version, 1 |
+//! | 8 | 2 | format version: 2 (1, without per-item expiry, is still read) |
 //! | 10 | 1 | tier index |
 //! | 11 | 1 | `size_shift` |
 //! | 12 | 4 | flags: bit 0 `DATA_CRC` (the commit word carries a checksum); others 0 |
@@ -170,10 +170,10 @@
 //! - a buffer shorter than the committed range (a file truncated under the cache) yields
 //!   the items wholly inside it and ends `Truncated`: the engine drops the segment;
 //! - of a segment that scans clean and has not expired, LIVE items are indexed (an
-//!   item whose own expiry has passed is indexed too, and a read finds it expired); PENDING (crash between steps 2 and 4, or a lost race) and DEAD items are
-//!   skipped. A crash between steps 3 and 4 leaves the key with no LIVE item: a miss,
+//!   item whose own expiry has passed is indexed too, and a read finds it expired);
+//!   PENDING (crash between steps 2 and 4, or a lost race) and DEAD items are skipped. A crash between steps 3 and 4 leaves the key with no LIVE item: a miss,
 //!   which the no-stale-value rule allows (the write was never acknowledged).
-//! - if two LIVE unexpired items of one key are found (a crash between the engine's
+//! - if two LIVE items of one key are found (a crash between the engine's
 //!   steps 4 and 3, media corruption, a bug), the scan keeps neither and flips both DEAD:
 //!   a miss is always a correct answer, either item might be stale.
 //!
@@ -257,8 +257,9 @@
 //! it for the share of `expected_items` it keeps live (about 80%: part of the capacity is
 //! free reserve, open segments and dead bytes; `cache::index_items`). The ghost filter
 //! adds a byte per three expected items (about 0.4 per item). Item header: 4–5 bytes for
-//! memcached-sized keys and values up to 16 KiB. Total about 15–16 bytes, inside the
-//! issue's 16-byte target (Segcache: 5 bytes in the item, plus its hash table). Segment
+//! memcached-sized keys and values up to 16 KiB, and 5 more for an item with a TTL (its
+//! expiry). Total about 15–16 bytes (20–21 with a TTL), inside the
+//! issue's 16-byte target for items without one (Segcache: 5 bytes in the item, plus its hash table). Segment
 //! headers add 64 bytes per segment (0.006% of 1 MiB), and the engine keeps 16 bytes of
 //! DRAM per segment (write sequence, expiry, TTL bucket, dead bytes).
 //!
@@ -292,8 +293,8 @@
 //!   tier runs below that; when a tier still has no free segment, the allocating thread
 //!   evicts inline (counted apart: [`Stats::inline_evictions`],
 //!   [`Stats::background_evictions`]). Items with hits (frequency bits set in their index
-//!   entry) get another life, copied — keeping their CAS, into a segment that expires no
-//!   later than theirs — and their entries repointed by compare-and-swap under the bucket
+//!   entry) get another life, copied — keeping their CAS and expiry, into a segment that
+//!   expires no earlier than they do — and their entries repointed by compare-and-swap under the bucket
 //!   lock; the others lose their entries. Every tier but the last demotes them to the
 //!   next tier (FIFO with reinsertion one tier down). The last tier *reinserts* them into
 //!   its own main queue, their frequency lowered by one (a CLOCK with a two-bit counter:
@@ -330,13 +331,7 @@
 //!   costs copies and space; a promoted copy could leave a replica behind instead of
 //!   killing its source, so that demoting it again is a repoint, not a copy;
 //! - batching the movers' index updates; movers that adapt their target to the write
-//!   rate; reclaiming expired segments ahead of FIFO order; TTLs that do not need a
-//!   segment per TTL bucket (open segments are capped at half a tier for writers and a
-//!   quarter for movers, the fullest sealed at the cap, so many buckets never stall or
-//!   fail a write; but with more buckets in use than the cap, segments are sealed nearly
-//!   empty: 100,000 sets with TTLs spread over 10 s..28 h keep 36 items in a 64 MiB tier.
-//!   Per-item expiry, or buckets that coarsen as a tier gets smaller, would fix that);
-//!   cleaning dead bytes without a policy pass (compaction that keeps FIFO order — evicting
+//!   rate; cleaning dead bytes without a policy pass (compaction that keeps FIFO order — evicting
 //!   dead-heavy segments first cost hit ratio; size-aware reinsertion, requiring more
 //!   hits of larger items, gained 0.2 point with that rule but lost it without; compacting
 //!   dead-heavy main segments into the reinsertion segment kept up to 9% more items in the

@@ -221,6 +221,7 @@ impl SegmentHeader {
         if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(HeaderError::UnsupportedVersion {
                 found: version,
+                oldest: MIN_FORMAT_VERSION,
                 supported: FORMAT_VERSION,
             });
         }

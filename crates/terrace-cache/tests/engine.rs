@@ -225,7 +225,8 @@ fn a_hit_says_when_its_item_expires_which_is_its_ttl() {
             .and_then(|g| g.expires_at())
             .expect("an expiry")
     };
-    for ttl in [1u32, 10, 100, 143, 3600, 86_400] {
+    // (From 2 s: a 1 s TTL could expire between the set and the get below.)
+    for ttl in [2u32, 10, 100, 143, 3600, 86_400] {
         let before = c.now();
         c.set(b"k", b"v", 0, ttl).unwrap();
         let at = expiry(b"k");
@@ -337,7 +338,9 @@ fn bad_input_is_a_typed_error() {
     // Seven segments of 2 MiB: too few for the writers' and movers' open segments and
     // the free reserve (writes would stall, then fail); the error says how much is.
     let seven = CacheConfig::new(vec![dram(14)]);
-    let err = Cache::open(seven).err().expect("refused");
+    let Err(err) = Cache::open(seven) else {
+        panic!("a tier of 7 segments was accepted");
+    };
     assert!(
         matches!(
             err,
@@ -352,6 +355,34 @@ fn bad_input_is_a_typed_error() {
     );
     assert!(err.to_string().contains("16777216 bytes"), "{err}");
     assert!(Cache::open(CacheConfig::new(vec![dram(16)])).is_ok());
+}
+
+#[test]
+fn a_refused_tier_leaves_no_file_behind_so_the_suggested_size_then_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = |file_mib: u64| {
+        CacheConfig::new(vec![
+            dram(16),
+            TierConfig::file(dir.path(), TierSize::Bytes(file_mib * MIB)),
+        ])
+    };
+    let Err(err) = Cache::open(tiers(8)) else {
+        panic!("a file tier of 4 segments was accepted");
+    };
+    assert!(
+        matches!(
+            err,
+            CacheError::TierTooSmall {
+                tier: 1,
+                segments: 4,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    let (c, _) = Cache::open(tiers(16)).expect("the size the error asked for");
+    c.set(b"k", b"v", 0, 0).unwrap();
 }
 
 #[test]
@@ -890,7 +921,8 @@ fn demoted_items_keep_their_ttl() {
     let (c, _) = Cache::open(config(vec![dram(2), dram(2)])).unwrap();
     c.set(b"ttl", b"v", 0, 100).unwrap();
     c.set(b"forever", b"w", 0, 0).unwrap();
-    c.get(b"ttl").unwrap();
+    let expires = c.get(b"ttl").unwrap().unwrap().expires_at();
+    assert!(expires.is_some());
     c.get(b"forever").unwrap();
     // Traffic in both TTL buckets, so that both open segments fill, seal and get evicted
     // (an open segment is never evicted).
@@ -906,6 +938,9 @@ fn demoted_items_keep_their_ttl() {
     }
     assert_eq!(c.get(b"ttl").unwrap().unwrap().tier(), 1);
     assert_eq!(c.get(b"forever").unwrap().unwrap().tier(), 1);
+    // The copy expires exactly when the item did: neither later nor earlier.
+    assert_eq!(c.get(b"ttl").unwrap().unwrap().expires_at(), expires);
+    assert_eq!(c.get(b"forever").unwrap().unwrap().expires_at(), None);
     c.advance_clock(101);
     assert!(
         c.get(b"ttl").unwrap().is_none(),

@@ -85,8 +85,8 @@ pub(super) const MIN_FREE: usize = 4;
 
 /// The largest share of a tier kept free: a small tier (a few segments, as a small pool
 /// or a small DRAM tier has) keeps fewer free segments rather than evicting everything
-/// it holds to reach [`MIN_FREE`]. A tier of under four segments keeps none ready: its
-/// writers evict on demand.
+/// it holds to reach [`MIN_FREE`]: the smallest tier allowed, 8 segments
+/// (`super::MIN_TIER_SEGMENTS`), keeps 2.
 pub(super) const MAX_FREE_SHARE: (usize, usize) = (1, 4);
 
 /// [`Cache::free_target`] of a tier of `segments` segments.
@@ -268,8 +268,9 @@ impl Cache {
     /// reclaims them: Segcache's proactive expiration, so that space held by expired
     /// items returns to the free list without waiting for the FIFO to reach it. At most
     /// once a second of the cache's clock per tier (a scan of the tier's queues under
-    /// its lists lock). Returns the segments reclaimed; they are not counted as
-    /// evictions, their items as expired.
+    /// its lists lock). Returns the segments reclaimed: counted in the tier's
+    /// `segments_evicted`, not as inline or background evictions; their items count as
+    /// expired, not evicted.
     pub(super) fn reclaim_expired(&self, tier: usize) -> Result<usize, CacheError> {
         let t = &self.tiers[tier];
         let now = self.now();
@@ -290,7 +291,11 @@ impl Cache {
             .map(|stripe| (stripe, Queue::Fifo))
             .chain([(&t.mover, copies), (&t.reinsert, copies)]);
         for (set, queue) in open_sets {
-            let mut open = set.lock();
+            // Never wait here: a writer evicting inline holds its stripe for that long,
+            // when the movers are needed most. A busy set is swept a second later.
+            let Some(mut open) = set.try_lock() else {
+                continue;
+            };
             let done: Vec<u16> = open
                 .iter()
                 .filter(|(_, app)| {
@@ -305,33 +310,34 @@ impl Cache {
                 }
             }
         }
-        let mut expired = Vec::new();
+        // Each with the queue it came from, to go back to on an error.
+        let mut expired: Vec<(Victim, Queue)> = Vec::new();
         {
             let mut lists = t.lists.lock();
-            let mut take = |queue: &mut std::collections::VecDeque<u32>, probation: bool| {
+            let mut take = |queue: &mut std::collections::VecDeque<u32>, from: Queue| {
                 queue.retain(|&slot| {
                     let gone = self.expired(t.base + slot, now);
                     if gone {
-                        expired.push(Victim { slot, probation });
+                        let probation = from == Queue::Fifo && tier == 0;
+                        expired.push((Victim { slot, probation }, from));
                     }
                     !gone
                 });
             };
-            take(&mut lists.fifo, tier == 0);
-            take(&mut lists.main, false);
+            take(&mut lists.fifo, Queue::Fifo);
+            take(&mut lists.main, Queue::Main);
         }
         let mut reclaimed = 0;
         while reclaimed < expired.len() {
-            let victim = expired[reclaimed];
+            let (victim, _) = expired[reclaimed];
             if let Err(e) = self.evict(tier, victim, false) {
                 // The failed one stays out of every list (see `evict`); the others go
                 // back to the front of their queues, to be reclaimed or evicted later.
                 let mut lists = t.lists.lock();
-                for v in expired[reclaimed + 1..].iter().rev() {
-                    if v.probation || (tier + 1 < self.tiers.len()) {
-                        lists.fifo.push_front(v.slot);
-                    } else {
-                        lists.main.push_front(v.slot);
+                for &(v, from) in expired[reclaimed + 1..].iter().rev() {
+                    match from {
+                        Queue::Fifo => lists.fifo.push_front(v.slot),
+                        Queue::Main => lists.main.push_front(v.slot),
                     }
                 }
                 return Err(e);
