@@ -57,11 +57,13 @@ use crate::mem::{Appender, OpenError, Pin, SegState, SegmentArea};
 use crate::segment::{self, SegmentHeader, HEADER_LEN};
 use crate::seqmark::{self, SeqMark};
 use crate::tier::{self, Tier, TierConfig, TierStats};
+use terrace_media::Durability;
 
 mod evict;
 mod promote;
 mod recover;
 mod saved;
+mod snapshot;
 
 pub use evict::Movers;
 use evict::Queue;
@@ -470,12 +472,9 @@ pub struct Cache {
     /// Every sequence below this is covered by the mark file (u64::MAX: no file tier).
     seq_bound: AtomicU64,
     seqmark: Option<Mutex<SeqMark>>,
-    /// Where the mark and the saved index live.
+    /// Where the mark, the saved index and the DRAM snapshots live.
     first_file_dir: Option<std::path::PathBuf>,
     clock_offset: AtomicI64,
-    /// Set by a clean shutdown while it demotes every live item of a volatile tier into
-    /// the durable tier below (`evict.rs`, `drain_volatile_tiers`).
-    draining: std::sync::atomic::AtomicBool,
     /// Whether hits in lower tiers ask for promotion ([`CacheConfig::promote`]).
     promote: bool,
     /// Promotions asked for and not yet done (`cache/promote.rs`).
@@ -612,8 +611,17 @@ impl Cache {
         let mut live: HashMap<Vec<u8>, Vec<Location>> = HashMap::new();
         let mut max_seq = 0;
         let now = system_now() as u32;
-        for (t, (mut area, existing, base)) in areas.into_iter().enumerate() {
+        let saved_bound = saved.as_ref().and(mark.as_ref()).map(|(_, bound)| *bound);
+        for (t, (mut area, mut existing, base)) in areas.into_iter().enumerate() {
             let mut kept = Vec::new();
+            if let Some(dir) = &first_file_dir {
+                if area.region().durability() == Durability::None {
+                    // A clean shutdown's snapshot of this tier, if the saved index written
+                    // with it is trusted; removed in any case (`cache/snapshot.rs`).
+                    existing =
+                        !snapshot::restore(dir, t, &mut area, shift, saved_bound).is_empty();
+                }
+            }
             let region = area.region();
             if existing && untrusted && region.persist_level() < region.durability() {
                 report.untrusted_after_reboot += Self::wipe_tier(&mut area)?;
@@ -680,7 +688,6 @@ impl Cache {
             seqmark: mark.map(|(m, _)| Mutex::new(m)),
             first_file_dir,
             clock_offset: AtomicI64::new(0),
-            draining: std::sync::atomic::AtomicBool::new(false),
             promote: config.promote,
             promotions: Mutex::new(Vec::new()),
             counters: Counters::default(),

@@ -275,6 +275,75 @@ impl Index {
         }
     }
 
+    /// The two buckets `hash` may live in (equal when the table has one bucket).
+    pub fn buckets_of(&self, hash: u64) -> (usize, usize) {
+        bucket_pair(hash, self.buckets.len())
+    }
+
+    /// The locations of bucket `bucket`'s occupied entries (a restart's search for room,
+    /// with [`relocate_before_sharing`](Self::relocate_before_sharing)).
+    pub fn bucket_locations(&self, bucket: usize) -> Vec<Location> {
+        let layout = self.layout;
+        self.buckets.get(bucket).map_or_else(Vec::new, |b| {
+            b.slots
+                .iter()
+                .map(|s| s.load(Ordering::Relaxed))
+                .filter(|&e| layout.tag_of_entry(e) != 0)
+                .map(|e| layout.location(e))
+                .collect()
+        })
+    }
+
+    /// Whether bucket `bucket` has a free slot.
+    pub fn bucket_has_room(&self, bucket: usize) -> bool {
+        let layout = self.layout;
+        self.buckets.get(bucket).is_some_and(|b| {
+            b.slots
+                .iter()
+                .any(|s| layout.tag_of_entry(s.load(Ordering::Relaxed)) == 0)
+        })
+    }
+
+    /// Moves the entry for `hash` at `loc` to a free slot of its other bucket, if that one
+    /// has room; returns whether it moved. Moving an entry between slots is what readers
+    /// never expect (see the module docs), so this takes `&mut self`: only a restart,
+    /// rebuilding the index before it is shared, calls it — to make room for an item
+    /// whose two buckets the rebuild's order happened to fill (cuckoo hashing's one step).
+    pub fn relocate_before_sharing(&mut self, hash: u64, loc: Location) -> bool {
+        let layout = self.layout;
+        if !layout.fits(loc) {
+            return false;
+        }
+        let (b1, b2) = bucket_pair(hash, self.buckets.len());
+        if b1 == b2 {
+            return false;
+        }
+        let entry_of = |s: &AtomicU64| s.load(Ordering::Relaxed);
+        let want = layout.pack(layout.tag_of_hash(hash), loc);
+        let holds = |b: usize| {
+            self.buckets[b]
+                .slots
+                .iter()
+                .position(|s| entry_of(s) & !FREQ_MASK == want)
+        };
+        let (from, at, to) = match (holds(b1), holds(b2)) {
+            (Some(at), _) => (b1, at, b2),
+            (None, Some(at)) => (b2, at, b1),
+            (None, None) => return false,
+        };
+        let Some(free) = self.buckets[to]
+            .slots
+            .iter()
+            .position(|s| layout.tag_of_entry(entry_of(s)) == 0)
+        else {
+            return false;
+        };
+        let entry = entry_of(&self.buckets[from].slots[at]);
+        self.buckets[to].slots[free].store(entry, Ordering::Relaxed);
+        self.buckets[from].slots[at].store(0, Ordering::Relaxed);
+        true
+    }
+
     /// Repoints the entry for `hash` at `expected` to `new`, keeping its frequency, only
     /// if it still points at `expected` (the mover's compare-and-swap). Locks briefly.
     pub fn repoint(&self, hash: u64, expected: Location, new: Location) -> bool {
@@ -652,6 +721,43 @@ mod tests {
             Err(IndexError::LayoutTooWide { .. })
         ));
         assert_eq!(Layout::new(1, 8).unwrap().segment_bits, 1);
+    }
+
+    #[test]
+    fn relocation_frees_a_slot_in_a_full_pair_of_buckets() {
+        // Fill a key's two buckets with entries of hashes whose other bucket is elsewhere
+        // (as a rebuild in another order than the writes can); the key cannot be
+        // inserted, then can once one of them moves.
+        let mut i = index(1000);
+        let n = i.bucket_count();
+        let target: u64 = 0x1234_5678_9ABC_DEF0;
+        let (t1, t2) = bucket_pair(target, n);
+        assert_ne!(t1, t2);
+        let mut placed = Vec::new();
+        let mut h: u64 = 1;
+        for &bucket in &[t1, t2] {
+            let mut slot = 0;
+            while slot < SLOTS {
+                h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
+                let (a, b) = bucket_pair(h, n);
+                let other = if a == bucket { b } else if b == bucket { a } else { continue };
+                if other == t1 || other == t2 {
+                    continue;
+                }
+                let l = loc(placed.len() as u32, 64);
+                let entry = i.layout.pack(i.layout.tag_of_hash(h), l);
+                i.buckets[bucket].slots[slot].store(entry, Ordering::Relaxed);
+                placed.push((h, l));
+                slot += 1;
+            }
+        }
+        assert!(i.lock(target).insert(loc(999, 64)).is_err(), "the pair is full");
+        let (h, l) = placed[0];
+        assert!(i.relocate_before_sharing(h, l));
+        assert!(i.lookup(h).any(|hit| hit.location() == l), "still found after the move");
+        assert!(i.lock(target).insert(loc(999, 64)).is_ok());
+        // An entry that is not there, or whose other bucket is full, does not move.
+        assert!(!i.relocate_before_sharing(h, loc(1000, 64)));
     }
 
     #[test]

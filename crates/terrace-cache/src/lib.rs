@@ -314,7 +314,13 @@
 //!   validation are dropped with a reason in the [`cache::RecoveryReport`]. After a clean
 //!   [`Cache::shutdown`], a saved index (`terrace.index`) lets the next open read only the
 //!   saved items' headers instead of scanning and checksumming every segment; it is used
-//!   at most once, and only by the first open after the shutdown that wrote it.
+//!   at most once, and only by the first open after the shutdown that wrote it. Volatile
+//!   (DRAM, NUMA) tiers are saved beside it as snapshots of their sealed segments
+//!   (`dram<i>.snapshot`, same rules) and put back, so every item of a clean shutdown is
+//!   a hit after it, in the tier it was in. The rebuilt index places every item: where
+//!   the rebuild's order fills both of a key's buckets, it moves entries to their other
+//!   buckets along the shortest chain (cuckoo hashing's search), which the running cache,
+//!   whose lock-free readers never see an entry move, does not do.
 //!
 //! # What is here, and what is not yet
 //! [`item`] and [`segment`] are the codec, [`index`] the index, [`seglog`] a single-tier,

@@ -164,44 +164,6 @@ impl Drop for Movers {
 }
 
 impl Cache {
-    /// Clean shutdown, movers stopped and open segments sealed: every live item of a
-    /// volatile tier directly above a durable one is demoted into it, oldest segments
-    /// first (so if the durable tier must evict to make room, the newest items win), so a
-    /// warm restart keeps the DRAM tier's items too, not only the file tiers'. Uses the
-    /// ordinary eviction walk, so every copy is published like a mover's.
-    pub(super) fn drain_volatile_tiers(&self) -> Result<(), CacheError> {
-        for tier in 0..self.tiers.len().saturating_sub(1) {
-            if self.tiers[tier].durable || !self.tiers[tier + 1].durable {
-                continue;
-            }
-            let t = &self.tiers[tier];
-            let mut sealed: Vec<(u64, u32)> = (0..t.area.count())
-                .filter(|&slot| t.area.state(slot) == SegState::Sealed)
-                .map(|slot| {
-                    let seq = self.meta[(t.base + slot) as usize]
-                        .write_seq
-                        .load(Ordering::Acquire);
-                    (seq, slot)
-                })
-                .collect();
-            sealed.sort_unstable();
-            self.draining.store(true, Ordering::Relaxed);
-            let result = sealed.iter().try_for_each(|&(_, slot)| {
-                self.evict(
-                    tier,
-                    Victim {
-                        slot,
-                        probation: tier == 0,
-                    },
-                    false,
-                )
-            });
-            self.draining.store(false, Ordering::Relaxed);
-            result?;
-        }
-        Ok(())
-    }
-
     /// A free slot of `tier`: from the free list (less, in the last tier, the
     /// [`REINSERT_RESERVE`]), from segments whose eviction finished and whose pins
     /// drained, or by evicting a sealed segment inline. Wakes the mover thread when the
@@ -424,15 +386,11 @@ impl Cache {
                 segment: id,
                 offset: item.offset,
             };
-            // A clean shutdown keeps every live item of a volatile tier (see
-            // `drain_volatile_tiers`), not only the hot ones.
-            let keep_all = !last && self.draining.load(Ordering::Relaxed);
-            let hot = keep_all
-                || self
-                    .index
-                    .lookup(hash)
-                    .find(|h| h.location() == loc)
-                    .is_some_and(|h| h.frequency() > 0);
+            let hot = self
+                .index
+                .lookup(hash)
+                .find(|h| h.location() == loc)
+                .is_some_and(|h| h.frequency() > 0);
             let expires_at = self.item_expiry(id, &item);
             let expired = expires_at != 0 && now >= expires_at;
             let copy = if !hot || expired {

@@ -57,6 +57,12 @@ pub struct RecoveryReport {
     pub untrusted_after_reboot: usize,
 }
 
+/// The longest chain of moves a restart tries to free a slot for an item (see
+/// `Cache::make_room_before_sharing`).
+const ROOM_SEARCH_DEPTH: usize = 4;
+/// The most entries that search looks at for one item.
+const ROOM_SEARCH_VISITS: usize = 4096;
+
 impl Cache {
     /// Zeroes the header of every written segment of a reopened tier (so no later scan
     /// can find their items) and flushes the tier; returns how many there were.
@@ -194,6 +200,55 @@ impl Cache {
     }
 
     /// Indexes the items the scan found (single-threaded: no reader exists yet).
+    /// Both of `hash`'s buckets are full: frees a slot in one of them by moving entries
+    /// to their other buckets along the shortest chain (at most [`ROOM_SEARCH_DEPTH`]
+    /// moves, cuckoo hashing's breadth-first search) that ends in a bucket with room. The
+    /// running cache had placed every item, in another order; the rebuild's order can
+    /// fill a pair of buckets that it did not. Returns whether a slot was freed.
+    fn make_room_before_sharing(&mut self, hash: u64) -> bool {
+        let (b1, b2) = self.index.buckets_of(hash);
+        let mut queue: std::collections::VecDeque<(usize, Vec<(u64, Location)>)> =
+            [(b1, Vec::new()), (b2, Vec::new())].into();
+        let mut visits = 0;
+        while let Some((bucket, path)) = queue.pop_front() {
+            for loc in self.index.bucket_locations(bucket) {
+                visits += 1;
+                if visits > ROOM_SEARCH_VISITS {
+                    return false;
+                }
+                let Some(its_hash) = self.key_hash_at(loc) else {
+                    continue;
+                };
+                let (a, b) = self.index.buckets_of(its_hash);
+                let other = if a == bucket { b } else { a };
+                if other == bucket {
+                    continue;
+                }
+                let mut chain = path.clone();
+                chain.push((its_hash, loc));
+                if self.index.bucket_has_room(other) {
+                    // Last move first: each frees the slot the one before it moves into.
+                    return chain
+                        .iter()
+                        .rev()
+                        .all(|&(h, l)| self.index.relocate_before_sharing(h, l));
+                }
+                if chain.len() < ROOM_SEARCH_DEPTH {
+                    queue.push_back((other, chain));
+                }
+            }
+        }
+        false
+    }
+
+    /// The index hash of the key of the item at `loc` (a restart: segments are sealed).
+    fn key_hash_at(&self, loc: Location) -> Option<u64> {
+        let (t, slot) = self.locate(loc.segment)?;
+        let pin = self.tiers[t].area.pin(slot)?;
+        let item = pin.indexed_item(loc.offset).ok()?;
+        Some(self.index.hash_key(item.key))
+    }
+
     pub(super) fn index_recovered(
         &mut self,
         live: HashMap<Vec<u8>, Vec<Location>>,
@@ -203,7 +258,9 @@ impl Cache {
             let keep = match locs.as_slice() {
                 [one] => {
                     let hash = self.index.hash_key(&key);
-                    let inserted = self.index.lock(hash).insert(*one).is_ok();
+                    let inserted = self.index.lock(hash).insert(*one).is_ok()
+                        || (self.make_room_before_sharing(hash)
+                            && self.index.lock(hash).insert(*one).is_ok());
                     if inserted {
                         report.items += 1;
                         continue;

@@ -1,5 +1,6 @@
 //! The saved index of a clean shutdown ([`Cache::shutdown`]): `terrace.index` beside the
-//! first file tier, listing where every item of the file tiers lives, so that the next
+//! first file tier, listing where every item of the file tiers and of the volatile tiers
+//! saved in DRAM snapshots (`cache/snapshot.rs`) lives, so that the next
 //! [`Cache::open`] reads only those items' headers and keys instead of scanning and
 //! checksumming every segment.
 //!
@@ -17,13 +18,14 @@
 //!   (the same incarnation, so every saved offset is an item start in it); other segments
 //!   are scanned in full. A saved item is indexed only if it decodes and is LIVE.
 //!
-//! At shutdown every LIVE item of a durable tier is indexed (E2), so the saved entries
-//! are all of them. The file is removed at open whether or not it was used.
+//! At shutdown every LIVE item of a durable tier is indexed (E2), and every LIVE item of
+//! a snapshot is (nothing runs between the sweep and the save), so the saved entries are
+//! all of them. The file is removed at open whether or not it was used.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::Cache;
+use super::{snapshot, Cache};
 use crate::error::CacheError;
 use crate::index::{Location, Sweep};
 use crate::synced::write_synced;
@@ -101,23 +103,32 @@ pub(super) fn take(dir: &Path, shift: u8, segments: u32, bound: u64) -> Option<S
 }
 
 impl Cache {
-    /// Clean shutdown: seals the open segments, demotes every live item of a DRAM tier
-    /// that sits directly above a file tier into it (so the restart keeps the hottest
-    /// items too), and writes the saved index of the file tiers (synced), so the next
-    /// [`open`](Cache::open) does not scan them. Stop any
-    /// movers first ([`Movers`](super::Movers) holds the cache). Without a file tier this
-    /// is just a drop.
-    pub fn shutdown(self) -> Result<(), CacheError> {
+    /// Clean shutdown: seals the open segments, saves every volatile (DRAM, NUMA) tier's
+    /// sealed segments in a snapshot beside the first file tier (synced), and writes the
+    /// saved index of the file tiers and snapshots (synced), so the next
+    /// [`open`](Cache::open) puts the snapshots back and scans nothing: every item is a
+    /// hit after the restart. Stop any movers first ([`Movers`](super::Movers) holds the
+    /// cache). Without a file tier this is just a drop.
+    pub fn shutdown(mut self) -> Result<(), CacheError> {
         self.seal_all();
-        if self.first_file_dir.is_some() {
-            // The DRAM tier's items (the hottest) move into the file tier below it, then
-            // the segments they went to are sealed like the rest.
-            self.drain_volatile_tiers()?;
-            self.seal_all();
-        }
         let Some(dir) = self.first_file_dir.clone() else {
             return Ok(());
         };
+        let bound = self.seq_bound.load(std::sync::atomic::Ordering::Acquire);
+        let shift = self.shift;
+        let mut snapshotted = vec![false; self.tiers.len()];
+        for (t, tier) in self.tiers.iter_mut().enumerate() {
+            if tier.durable {
+                continue;
+            }
+            snapshot::save(&dir, t, &mut tier.area, shift, bound).map_err(|source| {
+                CacheError::SavedIndex {
+                    path: snapshot::snapshot_path(&dir, t),
+                    source,
+                }
+            })?;
+            snapshotted[t] = true;
+        }
         // Page-cache tiers reach the disk now, before the saved index says they may be
         // trusted after a restart of the system too (`crate::bootmark`).
         for t in self.tiers.iter().filter(|t| t.page_cache) {
@@ -125,7 +136,12 @@ impl Cache {
         }
         let segments = self.meta.len();
         let mut seqs = vec![0u64; segments];
-        for t in self.tiers.iter().filter(|t| t.durable) {
+        for (_, t) in self
+            .tiers
+            .iter()
+            .enumerate()
+            .filter(|&(i, t)| t.durable || snapshotted[i])
+        {
             for slot in 0..t.area.count() {
                 let id = t.base + slot;
                 if t.area.state(slot) == crate::mem::SegState::Sealed {
@@ -148,12 +164,7 @@ impl Cache {
         out.push(self.shift);
         out.push(0);
         out.extend_from_slice(&(segments as u32).to_le_bytes());
-        out.extend_from_slice(
-            &self
-                .seq_bound
-                .load(std::sync::atomic::Ordering::Acquire)
-                .to_le_bytes(),
-        );
+        out.extend_from_slice(&bound.to_le_bytes());
         out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
         for s in &seqs {
             out.extend_from_slice(&s.to_le_bytes());
