@@ -6,7 +6,8 @@
 //!   older value, never a deleted key's — and at least every item the file tier held at
 //!   shutdown is a hit: a clean shutdown keeps every item of the durable tiers, so hits
 //!   ≥ (items demoted into tier 1) − (items evicted from it) − (index evictions) − (one
-//!   per overwrite or delete issued, each of which kills at most one tier-1 item);
+//!   per overwrite or delete issued, each of which kills at most one tier-1 item) — and
+//!   with the DRAM tier's snapshot, every item there before (curr_items) is there after;
 //! - SIGKILL restart, 5 rounds on the same data directory: writers do sets, overwrites,
 //!   deletes and gets on a small key space for a random 0.3–1.5 s, remembering the last
 //!   acknowledged value per key (a write in flight at the kill may or may not land); after
@@ -196,6 +197,11 @@ fn clean_restart_is_warm_and_never_stale() {
     assert_eq!(
         hits, items_after,
         "every indexed item after the restart must be readable"
+    );
+    // The DRAM tier comes back from its snapshot: nothing was lost at all.
+    assert_eq!(
+        items_after, items_before,
+        "a clean restart keeps every item, the DRAM tier's included"
     );
     assert!(deleted.iter().all(|k| !model.contains_key(k)));
     server.assert_alive("after the warm restart");
