@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use terrace_cache::{Cache, CacheConfig, Limits, Movers};
 
-use crate::args::Tiers;
+use crate::args::{SizeRange, Tiers};
 use crate::workload;
 
 /// What a get found.
@@ -35,6 +35,12 @@ pub trait Engine: Send + Sync {
     fn extra(&self) -> Value {
         Value::Null
     }
+    /// A clean restart after the run (`--restart`): stop, reopen, and check that every
+    /// one of keys `0..keys` present before is a hit with its value after. `None`: the
+    /// engine has no restart.
+    fn restart(self: Box<Self>, _keys: u64, _sizes: SizeRange) -> Result<Option<Value>> {
+        Ok(None)
+    }
 }
 
 fn check(value: &[u8], id: u64, len: usize) -> Got {
@@ -50,6 +56,9 @@ pub struct Terrace {
     // before its temporary directory is removed.
     movers: Option<Movers>,
     cache: Arc<Cache>,
+    /// What it was opened with (a restart reopens the same).
+    config: CacheConfig,
+    mover_interval: Duration,
     /// Mean item header bytes for the workload's items (keys and values are fixed-size
     /// distributions, so this is computed once).
     header_bytes: f64,
@@ -112,7 +121,8 @@ impl Terrace {
         }
         config.limits = limits;
         config.promote = o.promote;
-        let (cache, _report) = Cache::open(config).context("cannot open the Terrace cache")?;
+        let (cache, _report) =
+            Cache::open(config.clone()).context("cannot open the Terrace cache")?;
         let cache = Arc::new(cache);
         let movers = Some(Cache::start_movers(&cache, o.mover_interval));
         let header_bytes =
@@ -121,6 +131,8 @@ impl Terrace {
         Ok(Terrace {
             movers,
             cache,
+            config,
+            mover_interval: o.mover_interval,
             header_bytes,
             _tempdir: tempdir,
         })
@@ -170,6 +182,69 @@ impl Engine for Terrace {
             "tier_live_bytes": s.tiers.iter().map(|t| t.live_bytes).collect::<Vec<_>>(),
             "tier_free_segments": s.tiers.iter().map(|t| t.free_segments).collect::<Vec<_>>(),
         })
+    }
+
+    fn restart(self: Box<Self>, keys: u64, sizes: SizeRange) -> Result<Option<Value>> {
+        let Terrace {
+            movers,
+            cache,
+            config,
+            mover_interval,
+            _tempdir,
+            ..
+        } = *self;
+        if !config.tiers.iter().any(|t| matches!(t.medium, terrace_cache::Medium::File { .. })) {
+            anyhow::bail!("--restart needs a file tier (--tiers with file:...)");
+        }
+        drop(movers);
+        let present = |cache: &Cache| -> Result<Vec<u64>> {
+            let mut key = [0u8; workload::KEY_LEN];
+            let mut found = Vec::new();
+            for id in 0..keys {
+                workload::key(id, &mut key);
+                if cache.get(&key).context("terrace get")?.is_some() {
+                    found.push(id);
+                }
+            }
+            Ok(found)
+        };
+        let before = present(&cache)?;
+        let items_before = cache.stats().items;
+        let cache = Arc::try_unwrap(cache)
+            .map_err(|_| anyhow::anyhow!("the cache is still shared after the run"))?;
+        let start = std::time::Instant::now();
+        cache.shutdown().context("clean shutdown")?;
+        let shutdown_seconds = start.elapsed().as_secs_f64();
+        let start = std::time::Instant::now();
+        let (cache, report) = Cache::open(config).context("reopening the Terrace cache")?;
+        let open_seconds = start.elapsed().as_secs_f64();
+        let cache = Arc::new(cache);
+        let _movers = Cache::start_movers(&cache, mover_interval);
+        let (mut missing, mut wrong) = (0u64, 0u64);
+        let mut key = [0u8; workload::KEY_LEN];
+        for &id in &before {
+            workload::key(id, &mut key);
+            match cache.get(&key).context("terrace get")? {
+                None => missing += 1,
+                Some(g) => {
+                    let len = workload::value_len(id, sizes.min, sizes.max);
+                    if !workload::check_value(g.value(), id, len) {
+                        wrong += 1;
+                    }
+                }
+            }
+        }
+        Ok(Some(json!({
+            "items_before": items_before,
+            "keys_present_before": before.len(),
+            "items_after_open": report.items,
+            "missing_after": missing,
+            "wrong_after": wrong,
+            "index_full": report.index_full,
+            "segments_from_saved_index": report.from_saved_index,
+            "shutdown_seconds": shutdown_seconds,
+            "open_seconds": open_seconds,
+        })))
     }
 }
 

@@ -119,6 +119,10 @@ struct CacheArgs {
     /// Terrace: promote items read often in a lower tier into tier 0 (off by default).
     #[arg(long)]
     promote: bool,
+    /// Terrace, with a file tier: after the run, shut down cleanly, reopen, and check that
+    /// every key present before is a hit with its value after ("restart" in the JSON).
+    #[arg(long)]
+    restart: bool,
 }
 
 /// One thread's results.
@@ -262,6 +266,9 @@ fn run(a: &CacheArgs) -> Result<Value> {
     if a.engine != EngineName::Terrace && a.tiers.to_string() != "dram:1" {
         bail!("--tiers applies to --engine terrace only");
     }
+    if a.restart && (a.engine != EngineName::Terrace || !a.tiers.has_file()) {
+        bail!("--restart applies to --engine terrace with a file tier (--tiers ...,file:N)");
+    }
     let zipf = Zipf::new(a.keys as f64, a.zipf)
         .map_err(|e| anyhow::anyhow!("bad Zipf parameters: {e}"))?;
     let engine = open_engine(a)?;
@@ -360,7 +367,16 @@ fn run(a: &CacheArgs) -> Result<Value> {
         "get_ratio": a.get_ratio,
         "engine_stats": engine.extra(),
     });
-    drop(engine);
+    let mut out = out;
+    if a.restart {
+        let restart = engine.restart(a.keys, a.value_size)?;
+        let Some(restart) = restart else {
+            bail!("--restart applies to --engine terrace only");
+        };
+        out["restart"] = restart;
+    } else {
+        drop(engine);
+    }
     if total.wrong > 0 {
         // Still print the numbers, then fail: a cache that returns wrong values has no
         // meaningful throughput.
