@@ -193,7 +193,11 @@ impl Engine for Terrace {
             _tempdir,
             ..
         } = *self;
-        if !config.tiers.iter().any(|t| matches!(t.medium, terrace_cache::Medium::File { .. })) {
+        if !config
+            .tiers
+            .iter()
+            .any(|t| matches!(t.medium, terrace_cache::Medium::File { .. }))
+        {
             anyhow::bail!("--restart needs a file tier (--tiers with file:...)");
         }
         drop(movers);

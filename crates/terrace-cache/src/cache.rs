@@ -408,7 +408,10 @@ enum Placement {
     Append(u16),
     /// Open a segment for `bucket` expiring at `expires_at` (sealing the bucket's
     /// current one, and the fullest while the set is at its cap).
-    Open { bucket: u16, expires_at: u32 },
+    Open {
+        bucket: u16,
+        expires_at: u32,
+    },
 }
 
 fn place(
@@ -422,9 +425,10 @@ fn place(
     let takes = |app: &Appender| {
         app.remaining() >= need && segment_outlives(app.header().expires_at, expires_at)
     };
-    if open.get(&bucket).is_some_and(|app| {
-        takes(app) && (app.header().expires_at == 0) == (expires_at == 0)
-    }) {
+    if open
+        .get(&bucket)
+        .is_some_and(|app| takes(app) && (app.header().expires_at == 0) == (expires_at == 0))
+    {
         return Placement::Append(bucket);
     }
     let others = open.len() - usize::from(open.contains_key(&bucket));
@@ -618,8 +622,7 @@ impl Cache {
                 if area.region().durability() == Durability::None {
                     // A clean shutdown's snapshot of this tier, if the saved index written
                     // with it is trusted; removed in any case (`cache/snapshot.rs`).
-                    existing =
-                        !snapshot::restore(dir, t, &mut area, shift, saved_bound).is_empty();
+                    existing = !snapshot::restore(dir, t, &mut area, shift, saved_bound).is_empty();
                 }
             }
             let region = area.region();
@@ -659,6 +662,9 @@ impl Cache {
                 lists.free.retain(|&s| !is_kept[s as usize]);
             }
             tiers.push(tier);
+        }
+        if let Some(dir) = &first_file_dir {
+            snapshot::remove_leftovers(dir);
         }
         // Only now, with every untrusted tier wiped and flushed, may the mark name this
         // boot: a crash before this point leaves the old mark, and the next open wipes
@@ -1612,7 +1618,9 @@ mod tests {
         let (read, _) = c.current(b"k").unwrap();
         c.set(b"k", b"newer", 0, 0).unwrap();
         let past = c.now() - 1;
-        let r = c.write(b"k", &[b"old+"], 0, past, Expect::At(read.loc)).unwrap();
+        let r = c
+            .write(b"k", &[b"old+"], 0, past, Expect::At(read.loc))
+            .unwrap();
         assert_eq!(r, Store::NotStored);
         assert_eq!(c.get(b"k").unwrap().unwrap().value(), b"newer");
         // An add with a past expiry over a present key stores nothing, deletes nothing.
@@ -1621,7 +1629,9 @@ mod tests {
         assert_eq!(c.get(b"k").unwrap().unwrap().value(), b"newer");
         // Over the item it read, it deletes it.
         let (read, _) = c.current(b"k").unwrap();
-        let r = c.write(b"k", &[b"x"], 0, past, Expect::At(read.loc)).unwrap();
+        let r = c
+            .write(b"k", &[b"x"], 0, past, Expect::At(read.loc))
+            .unwrap();
         assert!(matches!(r, Store::Stored { .. }));
         assert!(c.get(b"k").unwrap().is_none());
     }

@@ -185,6 +185,13 @@ pub enum CacheError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    /// A volatile tier's snapshot could not be written at shutdown: the saved index of
+    /// the other tiers was written, and the next open starts that tier empty.
+    #[error("DRAM snapshot {path:?}: {source} (the next start has that tier empty)")]
+    Snapshot {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     /// `incr`/`decr` on a value that is not a decimal number below 2^64.
     #[error("the value is not a decimal 64-bit unsigned integer")]
     NotANumber,

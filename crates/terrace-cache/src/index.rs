@@ -740,7 +740,13 @@ mod tests {
             while slot < SLOTS {
                 h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
                 let (a, b) = bucket_pair(h, n);
-                let other = if a == bucket { b } else if b == bucket { a } else { continue };
+                let other = if a == bucket {
+                    b
+                } else if b == bucket {
+                    a
+                } else {
+                    continue;
+                };
                 if other == t1 || other == t2 {
                     continue;
                 }
@@ -751,10 +757,16 @@ mod tests {
                 slot += 1;
             }
         }
-        assert!(i.lock(target).insert(loc(999, 64)).is_err(), "the pair is full");
+        assert!(
+            i.lock(target).insert(loc(999, 64)).is_err(),
+            "the pair is full"
+        );
         let (h, l) = placed[0];
         assert!(i.relocate_before_sharing(h, l));
-        assert!(i.lookup(h).any(|hit| hit.location() == l), "still found after the move");
+        assert!(
+            i.lookup(h).any(|hit| hit.location() == l),
+            "still found after the move"
+        );
         assert!(i.lock(target).insert(loc(999, 64)).is_ok());
         // An entry that is not there, or whose other bucket is full, does not move.
         assert!(!i.relocate_before_sharing(h, loc(1000, 64)));

@@ -317,10 +317,13 @@
 //!   at most once, and only by the first open after the shutdown that wrote it. Volatile
 //!   (DRAM, NUMA) tiers are saved beside it as snapshots of their sealed segments
 //!   (`dram<i>.snapshot`, same rules) and put back, so every item of a clean shutdown is
-//!   a hit after it, in the tier it was in. The rebuilt index places every item: where
-//!   the rebuild's order fills both of a key's buckets, it moves entries to their other
-//!   buckets along the shortest chain (cuckoo hashing's search), which the running cache,
-//!   whose lock-free readers never see an entry move, does not do.
+//!   a hit after it, in the tier it was in (a snapshot that cannot be written — a full
+//!   file system — loses its tier's items, and `shutdown` says so after saving the rest).
+//!   Where the rebuild's order fills both of a key's buckets, it moves entries to their
+//!   other buckets along the shortest chain (cuckoo hashing's search; the running cache,
+//!   whose lock-free readers never see an entry move, does not), within a search budget:
+//!   an index configured smaller than the one that placed the items drops what it cannot
+//!   hold rather than search for hours.
 //!
 //! # What is here, and what is not yet
 //! [`item`] and [`segment`] are the codec, [`index`] the index, [`seglog`] a single-tier,

@@ -252,7 +252,11 @@ fn a_hit_says_when_its_item_expires_which_is_its_ttl() {
     let before = c.now();
     c.set(b"later", b"v", 0, ttl).unwrap();
     let at = expiry(b"later");
-    assert!(at >= before + ttl && at <= c.now() + ttl, "now + {}", at - before);
+    assert!(
+        at >= before + ttl && at <= c.now() + ttl,
+        "now + {}",
+        at - before
+    );
     assert!(expiry(b"first") + 15 <= at);
     c.advance_clock(i64::from(expiry(b"first") - c.now()));
     assert!(c.get(b"first").unwrap().is_none());
@@ -287,7 +291,10 @@ fn the_movers_reclaim_a_segment_once_all_its_items_have_expired() {
     assert_eq!(after.items_expired, 300);
     assert_eq!(after.items_evicted, before.items_evicted);
     for k in 0..300u32 {
-        assert!(c.get(format!("keep{k}").as_bytes()).unwrap().is_some(), "keep{k}");
+        assert!(
+            c.get(format!("keep{k}").as_bytes()).unwrap().is_some(),
+            "keep{k}"
+        );
         assert!(c.get(format!("short{k}").as_bytes()).unwrap().is_none());
     }
 }

@@ -765,7 +765,11 @@ fn a_clean_restart_keeps_every_item_of_full_tiers_in_the_tier_it_was_in() {
         let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
         let present = fill_both_tiers(&c);
         let in_dram = present.values().filter(|(_, t)| *t == 0).count();
-        assert!(in_dram > 300 && present.len() - in_dram > 300, "{in_dram} of {}", present.len());
+        assert!(
+            in_dram > 300 && present.len() - in_dram > 300,
+            "{in_dram} of {}",
+            present.len()
+        );
         c.shutdown().unwrap();
         present
     };
@@ -780,7 +784,10 @@ fn a_clean_restart_keeps_every_item_of_full_tiers_in_the_tier_it_was_in() {
             .unwrap_or_else(|| panic!("{} lost at a clean restart", String::from_utf8_lossy(key)));
         assert_eq!((g.value(), g.tier()), (&v[..], *tier));
     }
-    assert!(!dir.path().join("dram0.snapshot").exists(), "a snapshot is used once");
+    assert!(
+        !dir.path().join("dram0.snapshot").exists(),
+        "a snapshot is used once"
+    );
 }
 
 #[test]
@@ -813,13 +820,22 @@ fn a_dram_snapshot_never_comes_back_after_a_crash_of_the_restarted_cache() {
     for key in dram_keys {
         let got = c.get(key).unwrap().map(|g| g.value().to_vec());
         // The newer values lived in DRAM and died with it; the old ones must not return.
-        assert!(got.is_none() || got.as_deref() == Some(&b"newer"[..]), "an old value came back");
+        assert!(
+            got.is_none() || got.as_deref() == Some(&b"newer"[..]),
+            "an old value came back"
+        );
     }
 }
 
 #[test]
 fn a_torn_or_foreign_dram_snapshot_is_ignored() {
-    for damage in ["truncate", "flip", "other-tier"] {
+    for damage in [
+        "truncate",
+        "flip",
+        "other-tier",
+        "other-bound",
+        "other-shift",
+    ] {
         let dir = tier_dir();
         let present = {
             let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
@@ -829,13 +845,30 @@ fn a_torn_or_foreign_dram_snapshot_is_ignored() {
         };
         let snap = dir.path().join("dram0.snapshot");
         let mut bytes = std::fs::read(&snap).unwrap();
+        // Rewrites the trailing CRC, so that only the field changed can refuse the file.
+        let recrc = |bytes: &mut Vec<u8>| {
+            let body = bytes.len() - 4;
+            let crc = crc32fast::hash(&bytes[..body]);
+            bytes[body..].copy_from_slice(&crc.to_le_bytes());
+        };
         match damage {
             "truncate" => bytes.truncate(bytes.len() / 2),
             "flip" => {
                 let at = bytes.len() / 3;
                 bytes[at] ^= 0x40;
             }
-            _ => bytes[10] = 7,
+            "other-tier" => {
+                bytes[10] = 1;
+                recrc(&mut bytes);
+            }
+            "other-bound" => {
+                bytes[16] ^= 1;
+                recrc(&mut bytes);
+            }
+            _ => {
+                bytes[11] += 1; // segment size
+                recrc(&mut bytes);
+            }
         }
         std::fs::write(&snap, &bytes).unwrap();
         let (c, report) = Cache::open(dram_and_file(dir.path())).unwrap();
@@ -862,10 +895,14 @@ fn a_clean_restart_keeps_every_item_of_a_nearly_full_index() {
     let before = {
         let (c, _) = Cache::open(config()).unwrap();
         for k in 0..20_000u32 {
-            c.set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0).unwrap();
+            c.set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0)
+                .unwrap();
         }
         let stats = c.stats();
-        assert!(stats.index_evictions > 0, "the index never filled: {stats:?}");
+        assert!(
+            stats.index_evictions > 0,
+            "the index never filled: {stats:?}"
+        );
         let before = stats.items;
         c.shutdown().unwrap();
         before
@@ -874,4 +911,67 @@ fn a_clean_restart_keeps_every_item_of_a_nearly_full_index() {
     assert_eq!(report.index_full, 0, "{report:?}");
     assert_eq!(report.items, before, "{report:?}");
     assert_eq!(c.stats().items, before);
+}
+
+#[test]
+fn a_dram_snapshot_is_used_once_only_with_the_saved_index_written_with_it() {
+    // An old snapshot put back beside a newer saved index (or none) is refused: the
+    // DRAM items deleted since must not return.
+    for second_stop in ["clean", "crash"] {
+        let dir = tier_dir();
+        let present = {
+            let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
+            let present = fill_both_tiers(&c);
+            c.shutdown().unwrap();
+            present
+        };
+        let snap = dir.path().join("dram0.snapshot");
+        let old_image = std::fs::read(&snap).unwrap();
+        let dram_keys: Vec<&Vec<u8>> = present
+            .iter()
+            .filter(|(_, (_, t))| *t == 0)
+            .map(|(k, _)| k)
+            .collect();
+        {
+            let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
+            for key in &dram_keys {
+                c.delete(key).unwrap();
+            }
+            match second_stop {
+                "clean" => c.shutdown().unwrap(),
+                _ => drop(c),
+            }
+        }
+        std::fs::write(&snap, &old_image).unwrap();
+        let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
+        for key in &dram_keys {
+            assert!(
+                c.get(key).unwrap().is_none(),
+                "{second_stop}: a deleted item came back from an old snapshot"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_snapshot_that_cannot_be_written_still_leaves_the_file_tiers_warm() {
+    let dir = tier_dir();
+    let present = {
+        let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
+        let present = fill_both_tiers(&c);
+        // Where the snapshot's temporary file goes, a directory: the save fails.
+        std::fs::create_dir(dir.path().join("dram0.snapshot.tmp")).unwrap();
+        let err = c.shutdown().expect_err("the snapshot cannot be written");
+        assert!(matches!(err, CacheError::Snapshot { .. }), "{err}");
+        present
+    };
+    let (c, report) = Cache::open(dram_and_file(dir.path())).unwrap();
+    assert!(report.from_saved_index > 0, "{report:?}");
+    for (key, (v, tier)) in &present {
+        let got = c.get(key).unwrap().map(|g| g.value().to_vec());
+        match tier {
+            1 => assert_eq!(got.as_deref(), Some(&v[..])),
+            _ => assert!(got.is_none(), "the DRAM tier starts empty"),
+        }
+    }
 }

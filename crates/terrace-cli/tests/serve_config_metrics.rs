@@ -79,7 +79,10 @@ fn config_file_settings_apply_and_flags_win() {
         .expect("segment size");
     let tier0: u64 = stats["tier_0_bytes"].parse().expect("tier 0 bytes");
     let tier1: u64 = stats["tier_1_bytes"].parse().expect("tier 1 bytes");
-    assert!(tier0 <= 32 << 20 && tier0 + seg > 32 << 20, "tier 0: {tier0}");
+    assert!(
+        tier0 <= 32 << 20 && tier0 + seg > 32 << 20,
+        "tier 0: {tier0}"
+    );
     assert!(
         tier1 <= 96 << 20 && tier1 + seg > 96 << 20,
         "tier 1: {tier1}"

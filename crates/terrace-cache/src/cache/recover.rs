@@ -62,6 +62,11 @@ pub struct RecoveryReport {
 const ROOM_SEARCH_DEPTH: usize = 4;
 /// The most entries that search looks at for one item.
 const ROOM_SEARCH_VISITS: usize = 4096;
+/// The entries all of a restart's searches may look at together, per item recovered: an
+/// index smaller than the one that placed the items (a smaller configuration) cannot
+/// hold them all, and searching for each one that does not fit would make the restart
+/// take hours instead of dropping them.
+const ROOM_SEARCH_VISITS_PER_ITEM: usize = 16;
 
 impl Cache {
     /// Zeroes the header of every written segment of a reopened tier (so no later scan
@@ -205,17 +210,21 @@ impl Cache {
     /// moves, cuckoo hashing's breadth-first search) that ends in a bucket with room. The
     /// running cache had placed every item, in another order; the rebuild's order can
     /// fill a pair of buckets that it did not. Returns whether a slot was freed.
-    fn make_room_before_sharing(&mut self, hash: u64) -> bool {
+    /// `budget` is what all searches may still look at; each look spends one.
+    fn make_room_before_sharing(&mut self, hash: u64, budget: &mut usize) -> bool {
         let (b1, b2) = self.index.buckets_of(hash);
         let mut queue: std::collections::VecDeque<(usize, Vec<(u64, Location)>)> =
             [(b1, Vec::new()), (b2, Vec::new())].into();
+        // A bucket is searched once (the first, shortest, chain to it is the one kept).
+        let mut seen: std::collections::HashSet<usize> = [b1, b2].into();
         let mut visits = 0;
         while let Some((bucket, path)) = queue.pop_front() {
             for loc in self.index.bucket_locations(bucket) {
                 visits += 1;
-                if visits > ROOM_SEARCH_VISITS {
+                if visits > ROOM_SEARCH_VISITS || *budget == 0 {
                     return false;
                 }
+                *budget -= 1;
                 let Some(its_hash) = self.key_hash_at(loc) else {
                     continue;
                 };
@@ -233,7 +242,7 @@ impl Cache {
                         .rev()
                         .all(|&(h, l)| self.index.relocate_before_sharing(h, l));
                 }
-                if chain.len() < ROOM_SEARCH_DEPTH {
+                if chain.len() < ROOM_SEARCH_DEPTH && seen.insert(other) {
                     queue.push_back((other, chain));
                 }
             }
@@ -254,12 +263,16 @@ impl Cache {
         live: HashMap<Vec<u8>, Vec<Location>>,
         report: &mut RecoveryReport,
     ) -> Result<(), CacheError> {
+        let mut budget = live
+            .len()
+            .saturating_mul(ROOM_SEARCH_VISITS_PER_ITEM)
+            .max(ROOM_SEARCH_VISITS);
         for (key, locs) in live {
             let keep = match locs.as_slice() {
                 [one] => {
                     let hash = self.index.hash_key(&key);
                     let inserted = self.index.lock(hash).insert(*one).is_ok()
-                        || (self.make_room_before_sharing(hash)
+                        || (self.make_room_before_sharing(hash, &mut budget)
                             && self.index.lock(hash).insert(*one).is_ok());
                     if inserted {
                         report.items += 1;

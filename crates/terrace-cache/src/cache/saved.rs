@@ -107,7 +107,8 @@ impl Cache {
     /// sealed segments in a snapshot beside the first file tier (synced), and writes the
     /// saved index of the file tiers and snapshots (synced), so the next
     /// [`open`](Cache::open) puts the snapshots back and scans nothing: every item is a
-    /// hit after the restart. Stop any movers first ([`Movers`](super::Movers) holds the
+    /// hit after the restart. A snapshot that cannot be written is
+    /// [`CacheError::Snapshot`], returned after the saved index of the rest is written. Stop any movers first ([`Movers`](super::Movers) holds the
     /// cache). Without a file tier this is just a drop.
     pub fn shutdown(mut self) -> Result<(), CacheError> {
         self.seal_all();
@@ -116,18 +117,25 @@ impl Cache {
         };
         let bound = self.seq_bound.load(std::sync::atomic::Ordering::Acquire);
         let shift = self.shift;
+        // A snapshot that cannot be written (a full file system: its space is not
+        // reserved like a tier file's) loses that tier's items, not the saved index of the
+        // others: its error is returned after the index is saved.
         let mut snapshotted = vec![false; self.tiers.len()];
+        let mut snapshot_error = None;
         for (t, tier) in self.tiers.iter_mut().enumerate() {
             if tier.durable {
                 continue;
             }
-            snapshot::save(&dir, t, &mut tier.area, shift, bound).map_err(|source| {
-                CacheError::SavedIndex {
-                    path: snapshot::snapshot_path(&dir, t),
-                    source,
+            match snapshot::save(&dir, t, &mut tier.area, shift, bound) {
+                Ok(_) => snapshotted[t] = true,
+                Err(source) => {
+                    snapshot::remove_temp(&dir, t);
+                    snapshot_error.get_or_insert(CacheError::Snapshot {
+                        path: snapshot::snapshot_path(&dir, t),
+                        source,
+                    });
                 }
-            })?;
-            snapshotted[t] = true;
+            }
         }
         // Page-cache tiers reach the disk now, before the saved index says they may be
         // trusted after a restart of the system too (`crate::bootmark`).
@@ -176,6 +184,7 @@ impl Cache {
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         let path = saved_path(&dir);
-        write_synced(&path, &out).map_err(|source| CacheError::SavedIndex { path, source })
+        write_synced(&path, &out).map_err(|source| CacheError::SavedIndex { path, source })?;
+        snapshot_error.map_or(Ok(()), Err)
     }
 }

@@ -86,6 +86,28 @@ pub(super) fn save(
     Ok(sealed.len() as u32)
 }
 
+/// Removes every snapshot file in `dir` (what `restore` has not consumed: a tier that is
+/// durable now, or no longer there, or a torn temporary).
+pub(super) fn remove_leftovers(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("dram")
+            && (name.ends_with(".snapshot") || name.ends_with(".snapshot.tmp"))
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Removes a snapshot's temporary file after a failed save.
+pub(super) fn remove_temp(dir: &Path, tier: usize) {
+    let _ = std::fs::remove_file(temp_path(dir, tier));
+}
+
 /// Puts the snapshot of volatile tier `tier` back into `area` (fresh, zeroed memory) if
 /// it is present, intact and written for this configuration and `seq_bound`; removes it
 /// (and any torn temporary) either way. Returns the slots restored; on any mismatch,
@@ -133,7 +155,8 @@ fn read_into(
     };
     let mut fixed = [0u8; FIXED];
     input.read_exact(&mut fixed).ok()?;
-    let u32_at = |at: usize| u32::from_le_bytes([fixed[at], fixed[at + 1], fixed[at + 2], fixed[at + 3]]);
+    let u32_at =
+        |at: usize| u32::from_le_bytes([fixed[at], fixed[at + 1], fixed[at + 2], fixed[at + 3]]);
     let version = u16::from_le_bytes([fixed[8], fixed[9]]);
     let stored_bound = u64::from_le_bytes(fixed[16..24].try_into().ok()?);
     if fixed[0..8] != MAGIC
@@ -149,11 +172,12 @@ fn read_into(
     if segments > area.count() {
         return None;
     }
+    let mut seen = vec![false; area.count() as usize];
     for _ in 0..segments {
         let mut slot = [0u8; 4];
         input.read_exact(&mut slot).ok()?;
         let slot = u32::from_le_bytes(slot);
-        if restored.contains(&slot) {
+        if std::mem::replace(seen.get_mut(slot as usize)?, true) {
             return None;
         }
         let bytes = area.exclusive(slot)?;
