@@ -612,7 +612,7 @@ impl Cache {
                 && (boot.is_none() || bootmark::recorded(dir).as_deref() != boot.as_deref())
         });
         let mut report = RecoveryReport::default();
-        let mut live: HashMap<Vec<u8>, Vec<Location>> = HashMap::new();
+        let mut live: HashMap<Vec<u8>, Vec<(Location, u8)>> = HashMap::new();
         let mut max_seq = 0;
         let now = system_now() as u32;
         let saved_bound = saved.as_ref().and(mark.as_ref()).map(|(_, bound)| *bound);

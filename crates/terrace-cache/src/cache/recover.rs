@@ -95,7 +95,7 @@ impl Cache {
         shift: u8,
         now: u32,
         meta: &[SegMeta],
-        live: &mut HashMap<Vec<u8>, Vec<Location>>,
+        live: &mut HashMap<Vec<u8>, Vec<(Location, u8)>>,
         kept: &mut Vec<(u64, u32)>,
         max_seq: &mut u64,
         report: &mut RecoveryReport,
@@ -139,17 +139,20 @@ impl Cache {
                 // Clean shutdown: the saved items only, no checksum pass (see `saved`).
                 let end = reader.committed_end() as usize;
                 let mut live_bytes = 0u32;
-                for &offset in offsets
+                for &(offset, frequency) in offsets
                     .iter()
-                    .filter(|&&o| o as usize >= segment::HEADER_LEN)
+                    .filter(|&&(o, _)| o as usize >= segment::HEADER_LEN)
                 {
                     match item::decode(bytes, offset, end) {
                         Ok(i) if i.state == ItemState::Live => {
                             live_bytes = live_bytes.saturating_add(i.len);
-                            live.entry(i.key.to_vec()).or_default().push(Location {
+                            let loc = Location {
                                 segment: id,
                                 offset,
-                            });
+                            };
+                            live.entry(i.key.to_vec())
+                                .or_default()
+                                .push((loc, frequency));
                         }
                         _ => {}
                     }
@@ -173,10 +176,11 @@ impl Cache {
                     dead = dead.saturating_add(item.len);
                     continue;
                 }
-                live.entry(item.key.to_vec()).or_default().push(Location {
+                let loc = Location {
                     segment: id,
                     offset: item.offset,
-                });
+                };
+                live.entry(item.key.to_vec()).or_default().push((loc, 0));
             }
             Self::keep_segment(area, slot, &header, &meta[id as usize], dead, kept, report);
         }
@@ -260,7 +264,7 @@ impl Cache {
 
     pub(super) fn index_recovered(
         &mut self,
-        live: HashMap<Vec<u8>, Vec<Location>>,
+        live: HashMap<Vec<u8>, Vec<(Location, u8)>>,
         report: &mut RecoveryReport,
     ) -> Result<(), CacheError> {
         let mut budget = live
@@ -269,21 +273,25 @@ impl Cache {
             .max(ROOM_SEARCH_VISITS);
         for (key, locs) in live {
             let keep = match locs.as_slice() {
-                [one] => {
+                &[(one, frequency)] => {
                     let hash = self.index.hash_key(&key);
-                    let inserted = self.index.lock(hash).insert(*one).is_ok()
+                    let inserted = self.index.lock(hash).insert(one).is_ok()
                         || (self.make_room_before_sharing(hash, &mut budget)
-                            && self.index.lock(hash).insert(*one).is_ok());
+                            && self.index.lock(hash).insert(one).is_ok());
                     if inserted {
+                        // The hits it had before a clean shutdown (saved with the index).
+                        if frequency > 0 {
+                            self.index.lock(hash).set_frequency(one, frequency);
+                        }
                         report.items += 1;
                         continue;
                     }
                     report.index_full += 1;
-                    vec![*one]
+                    vec![one]
                 }
                 many => {
                     report.conflicts += 1;
-                    many.to_vec()
+                    many.iter().map(|&(loc, _)| loc).collect()
                 }
             };
             for loc in keep {

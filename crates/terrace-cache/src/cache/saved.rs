@@ -4,10 +4,12 @@
 //! [`Cache::open`] reads only those items' headers and keys instead of scanning and
 //! checksumming every segment.
 //!
-//! Format, little-endian: magic `"TRCIDX\0\0"`, version `u16` (1), `size_shift: u8`, one
+//! Format, little-endian: magic `"TRCIDX\0\0"`, version `u16` (2), `size_shift: u8`, one
 //! zero byte, `segments: u32`, `seq_bound: u64`, `entries: u64`; then one `u64` write
-//! sequence per segment id (0: not a file-tier segment, or not written); then `entries`
-//! pairs `(segment: u32, offset: u32)`; then the CRC-32 of everything before it.
+//! sequence per segment id (0: not a saved segment, or not written); then `entries`
+//! records `(segment: u32, offset: u32, frequency: u8)` — the frequency the item's index
+//! entry had (0..=3), so that the restart keeps what the policy knew of it; version 1
+//! had no frequency (read as 0); then the CRC-32 of everything before it.
 //!
 //! When it is trusted (invariants the restart relies on):
 //! - its CRC matches (a save torn by a crash is ignored), and its `seq_bound` equals the
@@ -31,7 +33,15 @@ use crate::index::{Location, Sweep};
 use crate::synced::write_synced;
 
 const MAGIC: [u8; 8] = *b"TRCIDX\0\0";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
+/// Bytes of an entry record, by version.
+const fn entry_len(version: u16) -> usize {
+    if version >= 2 {
+        9
+    } else {
+        8
+    }
+}
 const FIXED: usize = 8 + 2 + 1 + 1 + 4 + 8 + 8;
 
 /// The file's name in its directory.
@@ -43,13 +53,14 @@ pub fn saved_path(dir: &Path) -> PathBuf {
 #[derive(Debug, Default)]
 pub(super) struct Saved {
     seqs: Vec<u64>,
-    offsets: HashMap<u32, Vec<u32>>,
+    /// Per segment id: the saved items' offsets and index frequencies.
+    offsets: HashMap<u32, Vec<(u32, u8)>>,
 }
 
 impl Saved {
     /// The saved item offsets of segment `id` if it is still the incarnation with write
     /// sequence `seq`.
-    pub(super) fn offsets_for(&self, id: u32, seq: u64) -> Option<&[u32]> {
+    pub(super) fn offsets_for(&self, id: u32, seq: u64) -> Option<&[(u32, u8)]> {
         let saved_seq = *self.seqs.get(id as usize)?;
         (saved_seq != 0 && saved_seq == seq)
             .then(|| self.offsets.get(&id).map_or(&[][..], |v| v.as_slice()))
@@ -77,7 +88,8 @@ pub(super) fn take(dir: &Path, shift: u8, segments: u32, bound: u64) -> Option<S
         return None;
     }
     let version = u16::from_le_bytes(body.get(8..10)?.try_into().ok()?);
-    if version != VERSION || *body.get(10)? != shift || u32_at(body, 12)? != segments {
+    if !(1..=VERSION).contains(&version) || *body.get(10)? != shift || u32_at(body, 12)? != segments
+    {
         return None;
     }
     if u64_at(body, 16)? != bound {
@@ -85,19 +97,25 @@ pub(super) fn take(dir: &Path, shift: u8, segments: u32, bound: u64) -> Option<S
     }
     let entries = usize::try_from(u64_at(body, 24)?).ok()?;
     let seq_end = FIXED.checked_add((segments as usize).checked_mul(8)?)?;
-    if body.len() != seq_end.checked_add(entries.checked_mul(8)?)? {
+    let record = entry_len(version);
+    if body.len() != seq_end.checked_add(entries.checked_mul(record)?)? {
         return None;
     }
     let seqs = (0..segments as usize)
         .map(|i| u64_at(body, FIXED + 8 * i))
         .collect::<Option<Vec<u64>>>()?;
-    let mut offsets: HashMap<u32, Vec<u32>> = HashMap::new();
+    let mut offsets: HashMap<u32, Vec<(u32, u8)>> = HashMap::new();
     for i in 0..entries {
-        let at = seq_end + 8 * i;
+        let at = seq_end + record * i;
+        let frequency = if record > 8 {
+            (*body.get(at + 8)?).min(crate::index::MAX_FREQ)
+        } else {
+            0
+        };
         offsets
             .entry(u32_at(body, at)?)
             .or_default()
-            .push(u32_at(body, at + 4)?);
+            .push((u32_at(body, at + 4)?, frequency));
     }
     Some(Saved { seqs, offsets })
 }
@@ -159,14 +177,16 @@ impl Cache {
                 }
             }
         }
-        let mut entries: Vec<Location> = Vec::new();
-        self.index.sweep(0..self.index.bucket_count(), |loc, _| {
-            if seqs.get(loc.segment as usize).is_some_and(|&s| s != 0) {
-                entries.push(loc);
-            }
-            Sweep::Keep
-        });
-        let mut out = Vec::with_capacity(FIXED + 8 * segments + 8 * entries.len() + 4);
+        let mut entries: Vec<(Location, u8)> = Vec::new();
+        self.index
+            .sweep(0..self.index.bucket_count(), |loc, frequency| {
+                if seqs.get(loc.segment as usize).is_some_and(|&s| s != 0) {
+                    entries.push((loc, frequency));
+                }
+                Sweep::Keep
+            });
+        let record = entry_len(VERSION);
+        let mut out = Vec::with_capacity(FIXED + 8 * segments + record * entries.len() + 4);
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.push(self.shift);
@@ -177,14 +197,69 @@ impl Cache {
         for s in &seqs {
             out.extend_from_slice(&s.to_le_bytes());
         }
-        for loc in &entries {
+        for (loc, frequency) in &entries {
             out.extend_from_slice(&loc.segment.to_le_bytes());
             out.extend_from_slice(&loc.offset.to_le_bytes());
+            out.push(*frequency);
         }
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         let path = saved_path(&dir);
         write_synced(&path, &out).map_err(|source| CacheError::SavedIndex { path, source })?;
         snapshot_error.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A saved index as version `version` writes it: two segments, one entry.
+    fn file(version: u16, frequency: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&version.to_le_bytes());
+        out.extend_from_slice(&[15, 0]);
+        out.extend_from_slice(&2u32.to_le_bytes());
+        out.extend_from_slice(&7u64.to_le_bytes());
+        out.extend_from_slice(&1u64.to_le_bytes());
+        out.extend_from_slice(&5u64.to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&64u32.to_le_bytes());
+        if version >= 2 {
+            out.push(frequency);
+        }
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn both_versions_are_read_and_only_for_their_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        for (version, frequency, expect) in [(1u16, 9u8, 0u8), (2, 2, 2), (2, 9, 3)] {
+            std::fs::write(saved_path(dir.path()), file(version, frequency)).unwrap();
+            let saved = take(dir.path(), 15, 2, 7).expect("trusted");
+            assert_eq!(saved.offsets_for(0, 5), Some(&[(64, expect)][..]));
+            assert_eq!(saved.offsets_for(0, 6), None, "another incarnation");
+            assert_eq!(saved.offsets_for(1, 0), None, "not saved");
+            assert!(!saved_path(dir.path()).exists(), "used once");
+        }
+        for (shift, segments, bound) in [(16, 2, 7), (15, 3, 7), (15, 2, 8)] {
+            std::fs::write(saved_path(dir.path()), file(2, 1)).unwrap();
+            assert!(take(dir.path(), shift, segments, bound).is_none());
+        }
+        let mut torn = file(2, 1);
+        torn[20] ^= 1;
+        std::fs::write(saved_path(dir.path()), torn).unwrap();
+        assert!(take(dir.path(), 15, 2, 7).is_none());
+        let mut v3 = file(2, 1);
+        v3[8] = 3;
+        let body = v3.len() - 4;
+        let crc = crc32fast::hash(&v3[..body]);
+        v3[body..].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(saved_path(dir.path()), v3).unwrap();
+        assert!(take(dir.path(), 15, 2, 7).is_none(), "a newer version");
     }
 }
