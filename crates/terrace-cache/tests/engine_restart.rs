@@ -758,6 +758,23 @@ fn fill_both_tiers(c: &Cache) -> HashMap<Vec<u8>, (Vec<u8>, usize)> {
         .collect()
 }
 
+/// The keys of `present` that were in tier `tier`.
+fn keys_in_tier(present: &HashMap<Vec<u8>, (Vec<u8>, usize)>, tier: usize) -> Vec<&Vec<u8>> {
+    present
+        .iter()
+        .filter(|(_, (_, t))| *t == tier)
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// [`fill_both_tiers`] in a cache over `dir`, then a clean shutdown.
+fn filled_and_shut_down(dir: &Path) -> HashMap<Vec<u8>, (Vec<u8>, usize)> {
+    let (c, _) = Cache::open(dram_and_file(dir)).unwrap();
+    let present = fill_both_tiers(&c);
+    c.shutdown().unwrap();
+    present
+}
+
 #[test]
 fn a_clean_restart_keeps_every_item_of_full_tiers_in_the_tier_it_was_in() {
     let dir = tier_dir();
@@ -793,17 +810,8 @@ fn a_clean_restart_keeps_every_item_of_full_tiers_in_the_tier_it_was_in() {
 #[test]
 fn a_dram_snapshot_never_comes_back_after_a_crash_of_the_restarted_cache() {
     let dir = tier_dir();
-    let present = {
-        let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
-        let present = fill_both_tiers(&c);
-        c.shutdown().unwrap();
-        present
-    };
-    let dram_keys: Vec<&Vec<u8>> = present
-        .iter()
-        .filter(|(_, (_, t))| *t == 0)
-        .map(|(k, _)| k)
-        .collect();
+    let present = filled_and_shut_down(dir.path());
+    let dram_keys = keys_in_tier(&present, 0);
     {
         let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
         // Overwrite and delete DRAM items of the restored image, then crash.
@@ -837,12 +845,7 @@ fn a_torn_or_foreign_dram_snapshot_is_ignored() {
         "other-shift",
     ] {
         let dir = tier_dir();
-        let present = {
-            let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
-            let present = fill_both_tiers(&c);
-            c.shutdown().unwrap();
-            present
-        };
+        let present = filled_and_shut_down(dir.path());
         let snap = dir.path().join("dram0.snapshot");
         let mut bytes = std::fs::read(&snap).unwrap();
         // Rewrites the trailing CRC, so that only the field changed can refuse the file.
@@ -919,19 +922,10 @@ fn a_dram_snapshot_is_used_once_only_with_the_saved_index_written_with_it() {
     // DRAM items deleted since must not return.
     for second_stop in ["clean", "crash"] {
         let dir = tier_dir();
-        let present = {
-            let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
-            let present = fill_both_tiers(&c);
-            c.shutdown().unwrap();
-            present
-        };
+        let present = filled_and_shut_down(dir.path());
         let snap = dir.path().join("dram0.snapshot");
         let old_image = std::fs::read(&snap).unwrap();
-        let dram_keys: Vec<&Vec<u8>> = present
-            .iter()
-            .filter(|(_, (_, t))| *t == 0)
-            .map(|(k, _)| k)
-            .collect();
+        let dram_keys = keys_in_tier(&present, 0);
         {
             let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
             for key in &dram_keys {

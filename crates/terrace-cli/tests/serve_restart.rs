@@ -28,6 +28,18 @@ const CLEAN_TIERS: &str = "dram:8MiB,file:64MiB";
 /// 1 MiB segments, so that the 8 MiB DRAM tier has the 8 a tier needs.
 const CLEAN_MAX_ITEM: &str = "512KiB";
 
+/// The clean-restart tests' server arguments, data in `data`.
+fn clean_args(data: &str) -> [&str; 6] {
+    [
+        "--tiers",
+        CLEAN_TIERS,
+        "--max-item-size",
+        CLEAN_MAX_ITEM,
+        "--dir",
+        data,
+    ]
+}
+
 /// The RecoveryReport's `from_saved_index` of the server's "cache opened" log line.
 fn from_saved_index(log: &str) -> Option<u64> {
     let line = log.lines().find(|l| l.contains("cache opened"))?;
@@ -73,14 +85,7 @@ fn clean_restart_is_warm_and_never_stale() {
     const LEN: usize = 4000;
     let dir = tempfile::tempdir().expect("temporary directory");
     let data = dir.path().join("data").display().to_string();
-    let args = [
-        "--tiers",
-        CLEAN_TIERS,
-        "--max-item-size",
-        CLEAN_MAX_ITEM,
-        "--dir",
-        data.as_str(),
-    ];
+    let args = clean_args(&data);
     let mut server = common::start(dir.path(), &args);
     let mut c = server.connect();
 
@@ -259,14 +264,7 @@ fn clean_restart_is_warm_and_never_stale() {
 fn sigint_with_open_connections_is_a_clean_shutdown() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let data = dir.path().join("data").display().to_string();
-    let args = [
-        "--tiers",
-        CLEAN_TIERS,
-        "--max-item-size",
-        CLEAN_MAX_ITEM,
-        "--dir",
-        data.as_str(),
-    ];
+    let args = clean_args(&data);
     let mut server = common::start(dir.path(), &args);
     let mut c = server.connect();
     let mut model = HashMap::new();
