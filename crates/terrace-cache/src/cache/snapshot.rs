@@ -129,9 +129,18 @@ pub(super) fn restore(
     };
     let mut restored = Vec::new();
     if read_into(file, tier, area, shift, bound, &mut restored).is_none() {
+        // Undo: the pages go back to the system (reading as zero), or where that cannot
+        // be done (segments smaller than a page) the headers are zeroed, so no segment
+        // of a refused image is ever read.
         for &slot in &restored {
-            if let Some(bytes) = area.exclusive(slot) {
-                bytes[..HEADER_LEN].fill(0);
+            let released = area
+                .region()
+                .release((slot as usize) << shift, 1 << shift)
+                .unwrap_or(false);
+            if !released {
+                if let Some(bytes) = area.exclusive(slot) {
+                    bytes[..HEADER_LEN].fill(0);
+                }
             }
         }
         restored.clear();
