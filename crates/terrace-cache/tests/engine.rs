@@ -8,7 +8,8 @@ use proptest::prelude::*;
 use terrace_cache::item::Limits;
 use terrace_cache::{Cache, CacheConfig, CacheError, Checked, Store, TierConfig, TierSize};
 
-const MIB: u64 = 1 << 20;
+mod common;
+use common::{set_with_ttl, MIB};
 
 fn config(tiers: Vec<TierConfig>) -> CacheConfig {
     CacheConfig {
@@ -194,19 +195,7 @@ fn writes_with_many_ttls_never_run_out_of_segments_and_keep_their_items() {
     let v = vec![b'v'; 1000];
     for k in 0..3000u32 {
         let ttl = 10 + k * 37 % 100_000;
-        let before = c.now();
-        c.set(format!("k{k}").as_bytes(), &v, 0, ttl)
-            .unwrap_or_else(|e| panic!("set {k} (ttl {ttl}): {e}"));
-        let at = c
-            .get(format!("k{k}").as_bytes())
-            .unwrap()
-            .and_then(|g| g.expires_at())
-            .unwrap_or_else(|| panic!("k{k} just set"));
-        assert!(
-            at >= before + ttl && at <= c.now() + ttl,
-            "k{k} expires at now + {}, not its ttl {ttl}",
-            i64::from(at) - i64::from(before)
-        );
+        set_with_ttl(&c, format!("k{k}").as_bytes(), &v, ttl);
     }
     let kept = (0..3000u32)
         .filter(|k| c.get(format!("k{k}").as_bytes()).unwrap().is_some())
@@ -227,14 +216,7 @@ fn a_hit_says_when_its_item_expires_which_is_its_ttl() {
     };
     // (From 2 s: a 1 s TTL could expire between the set and the get below.)
     for ttl in [2u32, 10, 100, 143, 3600, 86_400] {
-        let before = c.now();
-        c.set(b"k", b"v", 0, ttl).unwrap();
-        let at = expiry(b"k");
-        assert!(
-            at >= before + ttl && at <= c.now() + ttl,
-            "ttl {ttl}: expires at now + {}",
-            i64::from(at) - i64::from(before)
-        );
+        let at = set_with_ttl(&c, b"k", b"v", ttl);
         // And it is when the item stops being served (unless the wall clock's second
         // ticked in between, taking it there).
         c.advance_clock(i64::from(at.saturating_sub(c.now())) - 1);
@@ -249,14 +231,7 @@ fn a_hit_says_when_its_item_expires_which_is_its_ttl() {
     let ttl = 143u32;
     c.set(b"first", b"v", 0, ttl).unwrap();
     c.advance_clock(15);
-    let before = c.now();
-    c.set(b"later", b"v", 0, ttl).unwrap();
-    let at = expiry(b"later");
-    assert!(
-        at >= before + ttl && at <= c.now() + ttl,
-        "now + {}",
-        at - before
-    );
+    let at = set_with_ttl(&c, b"later", b"v", ttl);
     assert!(expiry(b"first") + 15 <= at);
     c.advance_clock(i64::from(expiry(b"first") - c.now()));
     assert!(c.get(b"first").unwrap().is_none());

@@ -16,7 +16,7 @@ use terrace_cache::tier::tier_path;
 use terrace_cache::{Cache, CacheConfig, CacheError, TierConfig, TierSize};
 
 mod common;
-use common::{config, tier_dir, MIB};
+use common::{config, set_with_ttl, tier_dir, MIB};
 
 fn file_only(dir: &Path) -> CacheConfig {
     config(vec![TierConfig::file(dir, TierSize::Bytes(4 * MIB))])
@@ -120,10 +120,7 @@ fn a_restart_keeps_each_items_own_expiry() {
         for round in 0..3 {
             for ttl in ttls {
                 let key = format!("t{ttl}-{round}").into_bytes();
-                let before = c.now();
-                c.set(&key, b"v", 0, ttl).unwrap();
-                let at = c.get(&key).unwrap().unwrap().expires_at().unwrap();
-                assert!(at >= before + ttl && at <= c.now() + ttl);
+                let at = set_with_ttl(&c, &key, b"v", ttl);
                 expect.push((key, at));
             }
             c.advance_clock(2);

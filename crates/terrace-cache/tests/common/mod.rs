@@ -1,11 +1,12 @@
-//! Helpers shared by the engine's restart and pool tests: a configuration of small
-//! segments (32 KiB, values up to 8 KiB, two writer stripes) and a directory for file
-//! tiers on tmpfs where there is one.
+//! Helpers shared by the engine's tests: a configuration of small segments (32 KiB,
+//! values up to 8 KiB, two writer stripes), a directory for file tiers on tmpfs where
+//! there is one, and a set whose TTL is checked to be exact. Each test crate uses a part.
+#![allow(dead_code)]
 
 use std::path::Path;
 
 use terrace_cache::item::Limits;
-use terrace_cache::{CacheConfig, TierConfig};
+use terrace_cache::{Cache, CacheConfig, TierConfig};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -29,4 +30,25 @@ pub fn tier_dir() -> tempfile::TempDir {
         true => tempfile::tempdir_in("/dev/shm").expect("a directory on /dev/shm"),
         false => tempfile::tempdir().expect("a temporary directory"),
     }
+}
+
+/// Sets `key` to `value` for `ttl` seconds and returns the expiry a hit then reports,
+/// asserting that it is exactly the TTL from the set (the clock's second may tick
+/// between the two).
+pub fn set_with_ttl(c: &Cache, key: &[u8], value: &[u8], ttl: u32) -> u32 {
+    let before = c.now();
+    c.set(key, value, 0, ttl)
+        .unwrap_or_else(|e| panic!("set (ttl {ttl}): {e}"));
+    let at = c
+        .get(key)
+        .unwrap()
+        .and_then(|g| g.expires_at())
+        .unwrap_or_else(|| panic!("{} just set", String::from_utf8_lossy(key)));
+    assert!(
+        at >= before + ttl && at <= c.now() + ttl,
+        "{} expires at now + {}, not its ttl {ttl}",
+        String::from_utf8_lossy(key),
+        i64::from(at) - i64::from(before)
+    );
+    at
 }
