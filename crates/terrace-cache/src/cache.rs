@@ -224,7 +224,6 @@ struct Counters {
 struct SegMeta {
     write_seq: AtomicU64,
     expires_at: AtomicU32,
-    ttl_bucket: AtomicU32,
     /// Bytes of this incarnation's committed items that are DEAD (reset when opened).
     dead_bytes: AtomicU32,
 }
@@ -425,10 +424,9 @@ fn place(
     let takes = |app: &Appender| {
         app.remaining() >= need && segment_outlives(app.header().expires_at, expires_at)
     };
-    if open
-        .get(&bucket)
-        .is_some_and(|app| takes(app) && (app.header().expires_at == 0) == (expires_at == 0))
-    {
+    // (A bucket's own segment never expires where its items do not: bucket 0 is the
+    // never-expiring one.)
+    if open.get(&bucket).is_some_and(takes) {
         return Placement::Append(bucket);
     }
     let others = open.len() - usize::from(open.contains_key(&bucket));
@@ -527,21 +525,19 @@ impl Cache {
             });
         }
         let sizes = tier::resolve_sizes(&config.tiers, config.total_bytes)?;
-        // Every tier's segment count before any is mapped, so that a refused size leaves
-        // no tier file behind (regions are whole granules).
-        let too_small = |tier: usize, mapped_bytes: u64| {
-            let segments = u32::try_from(mapped_bytes >> shift).unwrap_or(u32::MAX);
-            (segments < MIN_TIER_SEGMENTS).then_some(CacheError::TierTooSmall {
-                tier,
-                segments,
-                min: MIN_TIER_SEGMENTS,
-                segment_bytes: 1 << shift,
-            })
-        };
+        // Every tier's segment count before any is mapped (regions are whole granules),
+        // so that a refused size leaves no tier file behind.
         let granule = terrace_media::registry::GRANULE as u64;
         for (i, &bytes) in sizes.iter().enumerate() {
-            if let Some(e) = too_small(i, bytes.saturating_add(granule - 1) / granule * granule) {
-                return Err(e);
+            let mapped = bytes.checked_next_multiple_of(granule).unwrap_or(u64::MAX);
+            let segments = u32::try_from(mapped >> shift).unwrap_or(u32::MAX);
+            if segments < MIN_TIER_SEGMENTS {
+                return Err(CacheError::TierTooSmall {
+                    tier: i,
+                    segments,
+                    min: MIN_TIER_SEGMENTS,
+                    segment_bytes: 1 << shift,
+                });
             }
         }
         let mut tiers = Vec::with_capacity(sizes.len());
@@ -549,9 +545,6 @@ impl Cache {
         let mut base: u64 = 0;
         for (i, (tc, &bytes)) in config.tiers.iter().zip(&sizes).enumerate() {
             let (region, existing) = tier::map_tier(tc, i, bytes)?;
-            if let Some(e) = too_small(i, region.len() as u64) {
-                return Err(e);
-            }
             let area = SegmentArea::new(region, shift).ok_or(CacheError::Config {
                 why: "more than 2^32 segments in a tier",
             })?;
@@ -747,6 +740,16 @@ impl Cache {
     fn expired(&self, id: u32, now: u32) -> bool {
         let e = self.meta[id as usize].expires_at.load(Ordering::Acquire);
         e != 0 && now >= e
+    }
+
+    /// Removes the key's entry at `loc` under its bucket lock `g`, then flips the item
+    /// DEAD (persisted): a delete.
+    fn unlink(&self, g: &mut BucketGuard<'_>, loc: Location) -> Result<(), CacheError> {
+        g.remove(loc);
+        if let Some((_, pin)) = self.pin(loc.segment) {
+            self.kill(&pin, loc)?;
+        }
+        Ok(())
     }
 
     /// Flips the item at `loc` DEAD (persisted) through `pin`, a pin of `loc.segment`,
@@ -1167,10 +1170,7 @@ impl Cache {
             Found::Stale(loc) => (loc, false),
             Found::None => return Ok(Checked::NotFound),
         };
-        g.remove(loc);
-        if let Some((_, pin)) = self.pin(loc.segment) {
-            self.kill(&pin, loc)?;
-        }
+        self.unlink(&mut g, loc)?;
         drop(g);
         if !was_live {
             return Ok(Checked::NotFound);
@@ -1230,10 +1230,7 @@ impl Cache {
                 return Ok(Store::NotStored);
             }
             if let Found::Live(Current { loc, .. }) | Found::Stale(loc) = found {
-                g.remove(loc);
-                if let Some((_, pin)) = self.pin(loc.segment) {
-                    self.kill(&pin, loc)?;
-                }
+                self.unlink(&mut g, loc)?;
             }
             return Ok(Store::Stored { cas: 0 });
         }
@@ -1381,7 +1378,6 @@ impl Cache {
             let m = &self.meta[(self.tiers[tier].base + slot) as usize];
             m.write_seq.store(header.write_seq, Ordering::Release);
             m.expires_at.store(expires_at, Ordering::Release);
-            m.ttl_bucket.store(u32::from(bucket), Ordering::Release);
             m.dead_bytes.store(0, Ordering::Relaxed);
             match self.tiers[tier].area.open(&header, self.limits) {
                 Ok(Some(app)) => return Ok(Some(app)),
@@ -1427,6 +1423,30 @@ impl Cache {
         }
     }
 
+    /// Opens a new segment for `bucket` in `open` (a stripe's or a tier's movers' set, at
+    /// most `cap` segments, sealed into `queue`): seals the bucket's current one, and the
+    /// fullest while the set is at its cap (`seal_fullest`), then adds what `open_new`
+    /// opens. Returns whether it opened one.
+    fn replace_open(
+        &self,
+        tier: usize,
+        open: &mut HashMap<u16, Appender>,
+        bucket: u16,
+        cap: usize,
+        queue: Queue,
+        open_new: impl FnOnce() -> Result<Option<Appender>, CacheError>,
+    ) -> Result<bool, CacheError> {
+        if let Some(old) = open.remove(&bucket) {
+            self.seal(tier, old, queue);
+        }
+        self.seal_fullest(tier, open, cap, queue);
+        let Some(app) = open_new()? else {
+            return Ok(false);
+        };
+        open.insert(bucket, app);
+        Ok(true)
+    }
+
     /// Seals an open segment into one of its tier's queues (`cache/evict.rs`).
     fn seal(&self, tier: usize, app: Appender, queue: Queue) {
         let slot = app.seg();
@@ -1459,15 +1479,9 @@ impl Cache {
                 bucket,
                 expires_at: seg_expiry,
             } => {
-                if let Some(old) = open.remove(&bucket) {
-                    self.seal(0, old, Queue::Fifo);
-                }
-                // Many TTL buckets in use and none of the open segments outlives this
-                // item: seal one partly filled segment rather than run out of segments
-                // (see `seal_fullest`).
-                self.seal_fullest(0, &mut open, cap, Queue::Fifo);
-                let app = self.open_segment(0, seg_expiry, bucket, now)?;
-                open.insert(bucket, app);
+                self.replace_open(0, &mut open, bucket, cap, Queue::Fifo, || {
+                    self.open_segment(0, seg_expiry, bucket, now).map(Some)
+                })?;
                 bucket
             }
         };

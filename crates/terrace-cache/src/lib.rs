@@ -259,9 +259,9 @@
 //! adds a byte per three expected items (about 0.4 per item). Item header: 4–5 bytes for
 //! memcached-sized keys and values up to 16 KiB, and 5 more for an item with a TTL (its
 //! expiry). Total about 15–16 bytes (20–21 with a TTL), inside the
-//! issue's 16-byte target for items without one (Segcache: 5 bytes in the item, plus its hash table). Segment
-//! headers add 64 bytes per segment (0.006% of 1 MiB), and the engine keeps 16 bytes of
-//! DRAM per segment (write sequence, expiry, TTL bucket, dead bytes).
+//! issue's 16-byte target for items without one (Segcache: 5 bytes in the item, plus its
+//! hash table). Segment headers add 64 bytes per segment (0.006% of 1 MiB), and the
+//! engine keeps 16 bytes of DRAM per segment (write sequence, expiry, dead bytes).
 //!
 //! # The engine
 //! [`Cache`] ([`cache`]) is the concurrent, tiered engine over these pieces:

@@ -225,6 +225,16 @@ impl Cache {
         Ok(())
     }
 
+    /// The queue `tier`'s copies (demotions into it, reinsertions within it) are sealed
+    /// into: the last tier keeps them in its main queue, a middle tier in its FIFO.
+    fn copies_queue(&self, tier: usize) -> Queue {
+        if tier + 1 == self.tiers.len() {
+            Queue::Main
+        } else {
+            Queue::Fifo
+        }
+    }
+
     /// Takes the sealed segments of `tier` whose expiry has passed — every item in them
     /// has expired (`super::segment_outlives`) — out of its queues, wherever they are, and
     /// reclaims them: Segcache's proactive expiration, so that space held by expired
@@ -242,11 +252,7 @@ impl Cache {
         // Open segments whose expiry has passed take no more items (`super::place`):
         // seal them, so that the scan below finds them too — new writes into the FIFO,
         // copies where `copy_item` seals them.
-        let copies = if tier + 1 == self.tiers.len() {
-            Queue::Main
-        } else {
-            Queue::Fifo
-        };
+        let copies = self.copies_queue(tier);
         let writers = if tier == 0 { &self.stripes[..] } else { &[] };
         let open_sets = writers
             .iter()
@@ -522,29 +528,24 @@ impl Cache {
                 bucket,
                 expires_at: seg_expiry,
             } => {
-                // Copies the last tier keeps go to its main queue; demotions into a middle
-                // tier to its FIFO.
-                let queue = if tier + 1 == self.tiers.len() {
-                    Queue::Main
-                } else {
-                    Queue::Fifo
-                };
-                if let Some(old) = movers.remove(&bucket) {
-                    self.seal(tier, old, queue);
-                }
-                self.seal_fullest(tier, &mut movers, cap, queue);
-                let app = match dest {
-                    Dest::Moved => self.open_segment(tier, seg_expiry, bucket, now)?,
-                    Dest::Reinsert => {
-                        match self.open_segment_with(tier, seg_expiry, bucket, now, || {
-                            self.reinsert_slot(tier)
-                        })? {
-                            Some(app) => app,
-                            None => return Ok(None),
+                let opened = self.replace_open(
+                    tier,
+                    &mut movers,
+                    bucket,
+                    cap,
+                    self.copies_queue(tier),
+                    || match dest {
+                        Dest::Moved => self.open_segment(tier, seg_expiry, bucket, now).map(Some),
+                        Dest::Reinsert => {
+                            self.open_segment_with(tier, seg_expiry, bucket, now, || {
+                                self.reinsert_slot(tier)
+                            })
                         }
-                    }
-                };
-                movers.insert(bucket, app);
+                    },
+                )?;
+                if !opened {
+                    return Ok(None);
+                }
                 bucket
             }
         };

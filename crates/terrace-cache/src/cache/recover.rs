@@ -200,8 +200,6 @@ impl Cache {
     ) {
         m.write_seq.store(header.write_seq, Ordering::Relaxed);
         m.expires_at.store(header.expires_at, Ordering::Relaxed);
-        m.ttl_bucket
-            .store(u32::from(header.ttl_bucket), Ordering::Relaxed);
         m.dead_bytes.store(dead, Ordering::Relaxed);
         area.set_state_exclusive(slot, SegState::Sealed);
         kept.push((header.write_seq, slot));
