@@ -296,12 +296,17 @@ impl Index {
 
     /// Whether bucket `bucket` has a free slot.
     pub fn bucket_has_room(&self, bucket: usize) -> bool {
+        self.free_slot(bucket).is_some()
+    }
+
+    /// The first free slot of bucket `bucket`, if any.
+    fn free_slot(&self, bucket: usize) -> Option<usize> {
         let layout = self.layout;
-        self.buckets.get(bucket).is_some_and(|b| {
-            b.slots
-                .iter()
-                .any(|s| layout.tag_of_entry(s.load(Ordering::Relaxed)) == 0)
-        })
+        self.buckets
+            .get(bucket)?
+            .slots
+            .iter()
+            .position(|s| layout.tag_of_entry(s.load(Ordering::Relaxed)) == 0)
     }
 
     /// Moves the entry for `hash` at `loc` to a free slot of its other bucket, if that one
@@ -331,11 +336,7 @@ impl Index {
             (None, Some(at)) => (b2, at, b1),
             (None, None) => return false,
         };
-        let Some(free) = self.buckets[to]
-            .slots
-            .iter()
-            .position(|s| layout.tag_of_entry(entry_of(s)) == 0)
-        else {
+        let Some(free) = self.free_slot(to) else {
             return false;
         };
         let entry = entry_of(&self.buckets[from].slots[at]);

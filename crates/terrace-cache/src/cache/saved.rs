@@ -126,8 +126,9 @@ impl Cache {
     /// saved index of the file tiers and snapshots (synced), so the next
     /// [`open`](Cache::open) puts the snapshots back and scans nothing: every item is a
     /// hit after the restart. A snapshot that cannot be written is
-    /// [`CacheError::Snapshot`], returned after the saved index of the rest is written. Stop any movers first ([`Movers`](super::Movers) holds the
-    /// cache). Without a file tier this is just a drop.
+    /// [`CacheError::Snapshot`], returned after the saved index of the rest is written.
+    /// Stop any movers first ([`Movers`](super::Movers) holds the cache). Without a file
+    /// tier this is just a drop.
     pub fn shutdown(mut self) -> Result<(), CacheError> {
         self.seal_all();
         let Some(dir) = self.first_file_dir.clone() else {
@@ -145,7 +146,7 @@ impl Cache {
                 continue;
             }
             match snapshot::save(&dir, t, &mut tier.area, shift, bound) {
-                Ok(_) => snapshotted[t] = true,
+                Ok(()) => snapshotted[t] = true,
                 Err(source) => {
                     snapshot::remove_temp(&dir, t);
                     snapshot_error.get_or_insert(CacheError::Snapshot {
@@ -162,11 +163,11 @@ impl Cache {
         }
         let segments = self.meta.len();
         let mut seqs = vec![0u64; segments];
-        for (_, t) in self
+        for (t, _) in self
             .tiers
             .iter()
-            .enumerate()
-            .filter(|&(i, t)| t.durable || snapshotted[i])
+            .zip(&snapshotted)
+            .filter(|&(t, &snapshotted)| t.durable || snapshotted)
         {
             for slot in 0..t.area.count() {
                 let id = t.base + slot;

@@ -43,14 +43,14 @@ fn temp_path(dir: &Path, tier: usize) -> PathBuf {
 }
 
 /// Writes the sealed segments of `area` (volatile tier `tier`) to its snapshot, synced;
-/// returns how many. `seq_bound` ties it to the saved index written with it.
+/// `seq_bound` ties it to the saved index written with it.
 pub(super) fn save(
     dir: &Path,
     tier: usize,
     area: &mut SegmentArea,
     shift: u8,
     seq_bound: u64,
-) -> std::io::Result<u32> {
+) -> std::io::Result<()> {
     let sealed: Vec<u32> = (0..area.count())
         .filter(|&slot| area.state(slot) == SegState::Sealed)
         .collect();
@@ -83,7 +83,7 @@ pub(super) fn save(
     file.sync_all()?;
     std::fs::rename(&tmp, snapshot_path(dir, tier))?;
     File::open(dir)?.sync_all()?;
-    Ok(sealed.len() as u32)
+    Ok(())
 }
 
 /// Removes every snapshot file in `dir` (what `restore` has not consumed: a tier that is
@@ -110,8 +110,9 @@ pub(super) fn remove_temp(dir: &Path, tier: usize) {
 
 /// Puts the snapshot of volatile tier `tier` back into `area` (fresh, zeroed memory) if
 /// it is present, intact and written for this configuration and `seq_bound`; removes it
-/// (and any torn temporary) either way. Returns the slots restored; on any mismatch,
-/// none, with every restored header zeroed again.
+/// either way (a torn temporary goes with [`remove_leftovers`]). Returns the slots
+/// restored; on any mismatch, none, with what was copied given back or its headers
+/// zeroed.
 pub(super) fn restore(
     dir: &Path,
     tier: usize,
@@ -120,7 +121,6 @@ pub(super) fn restore(
     seq_bound: Option<u64>,
 ) -> Vec<u32> {
     let path = snapshot_path(dir, tier);
-    let _ = std::fs::remove_file(temp_path(dir, tier));
     let file = File::open(&path);
     // Removed before use (the open file stays readable): never used twice.
     let _ = std::fs::remove_file(&path);
