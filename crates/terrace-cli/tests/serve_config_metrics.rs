@@ -286,6 +286,8 @@ fn pools_route_keys_by_prefix_keep_their_quota_and_restart_warm() {
     assert_eq!(n("pool_default_curr_items"), 100);
     assert_eq!(n("pool_default_evictions"), 0);
     assert!(n("pool_sess_evictions") > 0);
+    // Nothing here has a TTL: no space was reclaimed from expired items.
+    assert_eq!(n("pool_sess_reclaimed"), 0);
     assert_eq!(n("pool_sess_limit_maxbytes"), 64 << 20);
     assert_eq!(n("pool_default_limit_maxbytes"), 192 << 20);
     assert_eq!(n("limit_maxbytes"), 256 << 20);

@@ -344,7 +344,7 @@ fn pool_report(
     per_pool: &[(String, terrace_cache::Stats)],
     segment_size: u64,
 ) -> Vec<(String, &'static str, u64)> {
-    let mut out = Vec::with_capacity(per_pool.len() * 14);
+    let mut out = Vec::with_capacity(per_pool.len() * 15);
     for (name, s) in per_pool {
         let sum = |f: fn(&terrace_cache::TierStats) -> u64| s.tiers.iter().map(f).sum::<u64>();
         let segments = sum(|t| u64::from(t.segments));
@@ -359,6 +359,7 @@ fn pool_report(
             ("get_misses", s.misses),
             ("get_expired", s.expired),
             ("evictions", sum(|t| t.items_evicted) + s.index_evictions),
+            ("reclaimed", sum(|t| t.items_expired)),
             ("demotions", s.demotions),
             ("promotions", s.promotions),
             ("inline_evictions", s.inline_evictions),
