@@ -796,6 +796,14 @@ impl Cache {
         Ok(found)
     }
 
+    /// Looks `key` up without counting a hit or a miss and without raising the entry's
+    /// frequency: for a server's own reads around a client's command (its CAS, size or
+    /// remaining TTL), which are not gets and must not steer eviction.
+    pub fn peek(&self, key: &[u8]) -> Result<Option<Guard<'_>>, CacheError> {
+        self.check_key(key)?;
+        Ok(self.lookup(key, false))
+    }
+
     /// Looks several keys up (memcached's multi-key get); one guard per hit.
     pub fn get_many<'k>(
         &self,

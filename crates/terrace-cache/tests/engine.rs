@@ -943,3 +943,29 @@ fn a_numa_tier_works_where_the_node_exists() {
         Err(e) => panic!("unexpected error {e}"),
     }
 }
+
+#[test]
+fn a_peek_is_not_a_get() {
+    // The server's own reads (a CAS, a size, a remaining TTL) neither count as hits or
+    // misses nor give the item a hit the eviction policy would reward.
+    let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
+    c.set(b"k", b"v", 7, 0).unwrap();
+    let before = c.stats();
+    let g = c.peek(b"k").unwrap().expect("present");
+    assert_eq!((g.value(), g.client_flags()), (&b"v"[..], 7));
+    drop(g);
+    assert!(c.peek(b"absent").unwrap().is_none());
+    let after = c.stats();
+    assert_eq!((after.hits, after.misses), (before.hits, before.misses));
+    // Never read: dropped when its segment is evicted, where a read item would be kept.
+    c.set(b"read", b"v", 0, 0).unwrap();
+    c.get(b"read").unwrap();
+    let v = vec![b'x'; 4000];
+    let mut n = 0u32;
+    while c.peek(b"k").unwrap().is_some() {
+        c.set(format!("f{n}").as_bytes(), &v, 0, 0).unwrap();
+        n += 1;
+        assert!(n < 10_000, "k was never evicted");
+    }
+    assert!(c.get(b"read").unwrap().is_some(), "the read item was kept");
+}

@@ -317,7 +317,7 @@ impl Shared {
         }
         let cache = self.cache(key);
         let present = cache
-            .get(key)
+            .peek(key)
             .map_err(|e| Failure::of(&e))?
             .map(|g| g.cas());
         let r = match (op, present) {

@@ -499,7 +499,7 @@ fn touch(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     match shared.touch(request.key, i64::from(request.extra_u32(0))) {
         Ok(true) => {
             // The touch already counted itself; read the item uncounted for its flags.
-            let (flags, cas) = match shared.cache(request.key).get(request.key) {
+            let (flags, cas) = match shared.cache(request.key).peek(request.key) {
                 Ok(Some(item)) => (item.client_flags(), item.cas()),
                 _ => (0, 0),
             };

@@ -436,7 +436,7 @@ fn store_code(result: Store) -> &'static [u8] {
 fn current_cas(shared: &Shared, key: &[u8]) -> Result<Option<u64>, Failure> {
     Ok(shared
         .cache(key)
-        .get(key)
+        .peek(key)
         .map_err(|e| Failure::of(&e))?
         .map(|g| g.cas()))
 }
@@ -448,18 +448,20 @@ struct Hit<'g> {
     guard: Option<Guard<'g>>,
     cas: u64,
     client_flags: u32,
+    /// The TTL this request set (`T`, or `N` creating the item); else the reply reads the
+    /// item's remaining life, only if it asks for it (`t`).
     ttl: Option<i64>,
     /// This request created the item (`N`): the client "won" the recache.
     won: bool,
 }
 
 impl Hit<'_> {
-    /// A found item; `ttl`, when this request set it, else its remaining life.
-    fn found<'g>(shared: &Shared, guard: Guard<'g>, ttl: Option<i64>) -> Hit<'g> {
+    /// A found item; `ttl` when this request set it.
+    fn found(guard: Guard<'_>, ttl: Option<i64>) -> Hit<'_> {
         Hit {
             cas: guard.cas(),
             client_flags: guard.client_flags(),
-            ttl: ttl.or_else(|| Some(remaining_ttl(shared, &guard))),
+            ttl,
             guard: Some(guard),
             won: false,
         }
@@ -479,11 +481,7 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         None => shared.get(key),
     };
     let hit = match found {
-        Ok(Some(guard)) => Hit::found(
-            shared,
-            guard,
-            request.flags.ttl.and_then(|e| ttl_of(shared, e)),
-        ),
+        Ok(Some(guard)) => Hit::found(guard, request.flags.ttl.and_then(|e| ttl_of(shared, e))),
         Ok(None) => match request.flags.vivify {
             Some(exptime) => match vivify_empty(shared, key, exptime) {
                 Ok(Some(hit)) => hit,
@@ -502,9 +500,17 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     } else {
         out.extend_from_slice(b"HD");
     }
+    let ttl = hit.ttl.or_else(|| {
+        let guard = hit.guard.as_ref()?;
+        request
+            .flags
+            .order()
+            .contains(&b't')
+            .then(|| remaining_ttl(shared, guard))
+    });
     let facts = Facts {
         size: Some(value.len()),
-        ttl: hit.ttl,
+        ttl,
         cas: Some(hit.cas),
         client_flags: Some(hit.client_flags),
         access: true,
@@ -539,7 +545,7 @@ fn vivify_empty<'s>(
             .cache(key)
             .get(key)
             .map_err(|e| Failure::of(&e))?
-            .map(|guard| Hit::found(shared, guard, None))),
+            .map(|guard| Hit::found(guard, None))),
     }
 }
 
@@ -717,7 +723,7 @@ fn stored_size(shared: &Shared, request: &Request<'_>, mode: SetMode, written: u
     {
         return written;
     }
-    match shared.cache(request.key()).get(request.key()) {
+    match shared.cache(request.key()).peek(request.key()) {
         Ok(Some(guard)) => guard.value().len(),
         _ => written,
     }
@@ -862,7 +868,7 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
                 }
                 None if flags.order().contains(&b't') => shared
                     .cache(key)
-                    .get(key)
+                    .peek(key)
                     .map_err(|e| Failure::of(&e))?
                     .map(|guard| remaining_ttl(shared, &guard)),
                 None => None,
@@ -894,7 +900,7 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
 /// knows: `exp` the seconds left (`-1`: never), `la=0 fetch=no` (not tracked), `cls=1`
 /// (no slab classes), `size` the value's length, and the tier the item is in.
 fn meta_debug(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
-    let guard = match shared.cache(request.key()).get(request.key()) {
+    let guard = match shared.cache(request.key()).peek(request.key()) {
         Ok(Some(guard)) => guard,
         Ok(None) => return out.extend_from_slice(b"EN\r\n"),
         Err(e) => return push_failure(out, Failure::of(&e)),
