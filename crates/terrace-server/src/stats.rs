@@ -209,10 +209,16 @@ fn rusage() -> (f64, f64) {
 
 /// The general `stats` report, in memcached's order where names overlap.
 pub fn report(shared: &Shared) -> Vec<(String, Value)> {
-    report_of(shared, &shared.pools.stats())
+    let per_pool = shared.pools.stats();
+    let mut out = report_of(shared, &per_pool);
+    for (name, stat, v) in pool_report(shared, &per_pool) {
+        out.push((format!("pool_{name}_{stat}"), Value::Int(v)));
+    }
+    out
 }
 
-/// [`report`] from the pools' stats, taken once (each sweeps its pool's index).
+/// [`report`] from the pools' stats, taken once (each sweeps its pool's index), without
+/// the per-pool lines ([`pool_report`]).
 fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Vec<(String, Value)> {
     let c = &shared.counters;
     let cache = terrace_cache::Stats::combined(per_pool.iter().map(|(_, s)| s));
@@ -331,19 +337,19 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
         tier("inline_evictions", t.inline_evictions);
         tier("background_evictions", t.background_evictions);
     }
-    if per_pool.len() > 1 {
-        for (name, stat, v) in pool_report(per_pool, segment_size) {
-            out.push((format!("pool_{name}_{stat}"), Value::Int(v)));
-        }
-    }
     out
 }
 
-/// Per-pool stats, as (pool, stat, value): what the pool holds and what happened in it.
+/// Per-pool stats, as (pool, stat, value): what the pool holds and what happened in it;
+/// none without named pools.
 fn pool_report(
+    shared: &Shared,
     per_pool: &[(String, terrace_cache::Stats)],
-    segment_size: u64,
 ) -> Vec<(String, &'static str, u64)> {
+    if per_pool.len() < 2 {
+        return Vec::new();
+    }
+    let segment_size = shared.pools.default_pool().segment_size() as u64;
     let mut out = Vec::with_capacity(per_pool.len() * 15);
     for (name, s) in per_pool {
         let sum = |f: fn(&terrace_cache::TierStats) -> u64| s.tiers.iter().map(f).sum::<u64>();
@@ -405,9 +411,6 @@ pub fn prometheus(shared: &Shared) -> String {
             Value::Float(x) => x,
             Value::Text(_) => continue,
         };
-        if name.starts_with("pool_") {
-            continue; // below, labelled (pool names may contain '_')
-        }
         if let Some(rest) = name.strip_prefix("tier_") {
             if let Some((tier, stat)) = rest.split_once('_') {
                 let _ = writeln!(s, "terrace_tier_{stat}{{tier=\"{tier}\"}} {number}");
@@ -416,11 +419,9 @@ pub fn prometheus(shared: &Shared) -> String {
         }
         let _ = writeln!(s, "memcached_{name} {number}");
     }
-    if per_pool.len() > 1 {
-        let segment_size = shared.pools.default_pool().segment_size() as u64;
-        for (pool, stat, v) in pool_report(&per_pool, segment_size) {
-            let _ = writeln!(s, "terrace_pool_{stat}{{pool=\"{pool}\"}} {v}");
-        }
+    // Labelled, not in the names: pool names may contain '_'.
+    for (pool, stat, v) in pool_report(shared, &per_pool) {
+        let _ = writeln!(s, "terrace_pool_{stat}{{pool=\"{pool}\"}} {v}");
     }
     s
 }
