@@ -340,12 +340,12 @@
 //!   costs copies and space; a promoted copy could leave a replica behind instead of
 //!   killing its source, so that demoting it again is a repoint, not a copy;
 //! - batching the movers' index updates; movers that adapt their target to the write
-//!   rate; cleaning dead bytes without a policy pass (compaction that keeps FIFO order — evicting
-//!   dead-heavy segments first cost hit ratio; size-aware reinsertion, requiring more
-//!   hits of larger items, gained 0.2 point with that rule but lost it without; compacting
-//!   dead-heavy main segments into the reinsertion segment kept up to 9% more items in the
-//!   issue-5 benchmark but no more hits: the items it rescues are the ones the tail was
-//!   about to drop);
+//!   rate; cleaning dead bytes without a policy pass (compaction that keeps FIFO order).
+//!   Experiments not kept, so no command here reproduces their numbers (issue 5's notes
+//!   have them): evicting dead-heavy segments first cost hit ratio; size-aware
+//!   reinsertion gained nothing that held; compacting dead-heavy main segments into the
+//!   reinsertion segment kept more items but no more hits (the items it rescues are the
+//!   ones the tail was about to drop);
 //! - delayed flush (the server does it); lending space between pools (a pool's quota is
 //!   fixed while the cache runs).
 

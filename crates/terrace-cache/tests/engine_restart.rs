@@ -335,7 +335,8 @@ fn a_disk_tier_is_trusted_after_an_unclean_stop_only_within_the_same_boot() {
     }
     assert!(cache.delete(b"k7").unwrap());
     drop(cache); // unclean: nothing flushed, no saved index
-                 // The same boot: the page cache holds every write, so the scan finds them.
+
+    // The same boot: the page cache holds every write, so the scan finds them.
     let (cache, report) = open("boot-a");
     assert_eq!(report.untrusted_after_reboot, 0);
     assert_eq!(present(&cache), 199);
