@@ -303,6 +303,18 @@ impl SegmentArea {
         Some(unsafe { std::slice::from_raw_parts_mut(self.seg_ptr(seg), self.size()) })
     }
 
+    /// Zeroes segment `seg`'s header during restart, so that no scan finds its items;
+    /// returns whether it held anything (false also for a slot out of range).
+    pub fn clear_header(&mut self, seg: u32) -> bool {
+        let Some(bytes) = self.exclusive(seg) else {
+            return false;
+        };
+        let header = &mut bytes[..crate::segment::HEADER_LEN];
+        let written = header.iter().any(|&b| b != 0);
+        header.fill(0);
+        written
+    }
+
     /// Sets a segment's state during restart (no pins can exist under `&mut self`).
     pub fn set_state_exclusive(&mut self, seg: u32, state: SegState) {
         if let Some(ctl) = self.ctl(seg) {

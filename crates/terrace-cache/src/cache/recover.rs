@@ -19,7 +19,7 @@ use crate::error::{CacheError, HeaderError};
 use crate::index::Location;
 use crate::item::{self, ItemState};
 use crate::mem::{SegState, SegmentArea};
-use crate::segment::{self, SegmentHeader, SegmentReader, HEADER_LEN};
+use crate::segment::{self, SegmentHeader, SegmentReader};
 
 /// Why a segment found at restart was not trusted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,11 +74,8 @@ impl Cache {
     pub(super) fn wipe_tier(area: &mut SegmentArea) -> Result<usize, CacheError> {
         let mut wiped = 0;
         for slot in 0..area.count() {
-            if let Some(bytes) = area.exclusive(slot) {
-                if bytes[..HEADER_LEN].iter().any(|&b| b != 0) {
-                    bytes[..HEADER_LEN].fill(0);
-                    wiped += 1;
-                }
+            if area.clear_header(slot) {
+                wiped += 1;
             }
         }
         area.region().sync()?;

@@ -27,7 +27,6 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::mem::{SegState, SegmentArea};
-use crate::segment::HEADER_LEN;
 
 const MAGIC: [u8; 8] = *b"TRCDRAM\0";
 const VERSION: u16 = 1;
@@ -138,9 +137,7 @@ pub(super) fn restore(
                 .release((slot as usize) << shift, 1 << shift)
                 .unwrap_or(false);
             if !released {
-                if let Some(bytes) = area.exclusive(slot) {
-                    bytes[..HEADER_LEN].fill(0);
-                }
+                area.clear_header(slot);
             }
         }
         restored.clear();
