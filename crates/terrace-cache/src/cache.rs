@@ -597,8 +597,9 @@ impl Cache {
         let page_cache = areas
             .iter()
             .any(|(a, _, _)| a.region().persist_level() < a.region().durability());
-        let boot = config.boot_id.clone().or_else(bootmark::current_boot_id);
         let boot_dir = first_file_dir.as_deref().filter(|_| page_cache);
+        // Only page-cache tiers need the boot's identity (read from /proc otherwise).
+        let boot = boot_dir.and_then(|_| config.boot_id.clone().or_else(bootmark::current_boot_id));
         // Without a boot id (no /proc) a reboot cannot be told apart: never trusted.
         let untrusted = boot_dir.is_some_and(|dir| {
             saved.is_none()
