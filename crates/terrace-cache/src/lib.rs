@@ -303,9 +303,10 @@
 //!   oldest first. In a single-tier cache, new writes go to a small
 //!   probation queue (a tenth of the segments, S3-FIFO's small queue) evicted first while
 //!   longer than that, its items with hits promoted to the main queue; with more tiers,
-//!   tier 0 plays that part. What a probation stage drops is remembered in a ghost
-//!   filter, and a key stored again soon after starts with one hit; an overwrite counts as
-//!   a hit of the key. The segment returns to the free list once no guard pins it.
+//!   tier 0 plays that part. A probation stage keeps small items (under 2/7 of its mean
+//!   item) without a hit too: they cost little of the space a drop would free. What a
+//!   probation stage drops is remembered in a ghost filter, and a key stored again soon
+//!   after starts with one hit; an overwrite counts as a hit of the key. The segment returns to the free list once no guard pins it.
 //! - **Write sequences** never repeat across restarts: a mark file beside the first file
 //!   tier ([`seqmark`]) bounds every sequence in use, reserved ahead in steps.
 //! - **Restart**: [`Cache::open`] reopens existing tier files and scans them

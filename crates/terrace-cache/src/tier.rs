@@ -277,6 +277,10 @@ pub(crate) struct Tier {
     pub counters: TierCounters,
     /// The cache-clock second of the movers' last sweep for expired segments.
     pub expiry_swept: AtomicU32,
+    /// Mean length of the live items of the last segment evicted from this tier's
+    /// probation stage (0 until one is): what `SMALL_ITEM_SHARE` in `cache/evict.rs`
+    /// measures items against.
+    pub probation_mean_len: AtomicU32,
 }
 
 impl Tier {
@@ -296,6 +300,7 @@ impl Tier {
             reinsert: Mutex::new(HashMap::new()),
             counters: TierCounters::default(),
             expiry_swept: AtomicU32::new(0),
+            probation_mean_len: AtomicU32::new(0),
         }
     }
 
