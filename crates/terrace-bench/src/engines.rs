@@ -254,17 +254,39 @@ impl Engine for Terrace {
 
 type MokaCache = moka::sync::Cache<Box<[u8]>, Arc<[u8]>>;
 
+/// moka's eviction policies (`--moka-policy`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MokaPolicy {
+    /// TinyLFU admission over an LRU: moka's default and its best on the issue-5 workload.
+    TinyLfu,
+    Lru,
+}
+
+impl MokaPolicy {
+    fn name(self) -> &'static str {
+        match self {
+            MokaPolicy::TinyLfu => "TinyLFU",
+            MokaPolicy::Lru => "LRU",
+        }
+    }
+}
+
 pub struct Moka {
     cache: MokaCache,
+    policy: MokaPolicy,
 }
 
 impl Moka {
-    pub fn new(capacity: u64) -> Moka {
+    pub fn new(capacity: u64, policy: MokaPolicy) -> Moka {
         let cache = MokaCache::builder()
             .max_capacity(capacity)
             .weigher(|k, v| u32::try_from(k.len() + v.len()).unwrap_or(u32::MAX))
+            .eviction_policy(match policy {
+                MokaPolicy::TinyLfu => moka::policy::EvictionPolicy::tiny_lfu(),
+                MokaPolicy::Lru => moka::policy::EvictionPolicy::lru(),
+            })
             .build();
-        Moka { cache }
+        Moka { cache, policy }
     }
 }
 
@@ -291,27 +313,63 @@ impl Engine for Moka {
     }
 
     fn extra(&self) -> Value {
-        json!({ "policy": "TinyLFU", "weighted_size": self.cache.weighted_size() })
+        json!({ "policy": self.policy.name(), "weighted_size": self.cache.weighted_size() })
     }
 }
 
 type FoyerCache = foyer_memory::Cache<Box<[u8]>, Box<[u8]>>;
 
+/// foyer-memory's eviction policies (`--foyer-policy`), each with foyer's default
+/// parameters.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FoyerPolicy {
+    /// foyer's best on the issue-5 workload (README).
+    S3fifo,
+    /// W-TinyLFU.
+    Lfu,
+    Lru,
+    Sieve,
+    Fifo,
+}
+
+impl FoyerPolicy {
+    fn name(self) -> &'static str {
+        match self {
+            FoyerPolicy::S3fifo => "S3-FIFO",
+            FoyerPolicy::Lfu => "W-TinyLFU",
+            FoyerPolicy::Lru => "LRU",
+            FoyerPolicy::Sieve => "SIEVE",
+            FoyerPolicy::Fifo => "FIFO",
+        }
+    }
+
+    fn config(self) -> foyer_memory::EvictionConfig {
+        match self {
+            FoyerPolicy::S3fifo => foyer_memory::S3FifoConfig::default().into(),
+            FoyerPolicy::Lfu => foyer_memory::LfuConfig::default().into(),
+            FoyerPolicy::Lru => foyer_memory::LruConfig::default().into(),
+            FoyerPolicy::Sieve => foyer_memory::SieveConfig.into(),
+            FoyerPolicy::Fifo => foyer_memory::FifoConfig::default().into(),
+        }
+    }
+}
+
 pub struct Foyer {
     cache: FoyerCache,
+    policy: FoyerPolicy,
 }
 
 impl Foyer {
-    pub fn new(capacity: u64, threads: usize) -> Result<Foyer> {
+    pub fn new(capacity: u64, threads: usize, policy: FoyerPolicy) -> Result<Foyer> {
         let capacity = usize::try_from(capacity).context("--capacity too large")?;
         // foyer's default is 8 shards; more shards than threads only costs memory.
         let shards = (threads * 4).clamp(8, 64);
         let cache = foyer_memory::CacheBuilder::<Box<[u8]>, Box<[u8]>, _>::new(capacity)
             .with_shards(shards)
-            .with_eviction_config(foyer_memory::S3FifoConfig::default())
+            .with_eviction_config(policy.config())
             .with_weighter(|k, v| k.len() + v.len())
             .build();
-        Ok(Foyer { cache })
+        Ok(Foyer { cache, policy })
     }
 }
 
@@ -338,6 +396,6 @@ impl Engine for Foyer {
     }
 
     fn extra(&self) -> Value {
-        json!({ "policy": "S3-FIFO", "usage_bytes": self.cache.usage(), "shards": self.cache.shards() })
+        json!({ "policy": self.policy.name(), "usage_bytes": self.cache.usage(), "shards": self.cache.shards() })
     }
 }

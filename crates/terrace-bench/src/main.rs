@@ -119,6 +119,12 @@ struct CacheArgs {
     /// Terrace: promote items read often in a lower tier into tier 0 (off by default).
     #[arg(long)]
     promote: bool,
+    /// foyer's eviction policy (default S3-FIFO, its best on the issue-5 workload).
+    #[arg(long, value_enum, default_value = "s3fifo")]
+    foyer_policy: engines::FoyerPolicy,
+    /// moka's eviction policy (default TinyLFU, its best on the issue-5 workload).
+    #[arg(long, value_enum, default_value = "tiny-lfu")]
+    moka_policy: engines::MokaPolicy,
     /// Terrace, with a file tier: after the run, shut down cleanly, reopen, and check that
     /// every key present before is a hit with its value after ("restart" in the JSON).
     #[arg(long)]
@@ -257,8 +263,12 @@ fn open_engine(a: &CacheArgs) -> Result<Box<dyn Engine>> {
                 mean_value,
             })?)
         }
-        EngineName::Moka => Box::new(engines::Moka::new(a.capacity)),
-        EngineName::Foyer => Box::new(engines::Foyer::new(a.capacity, usize::from(a.threads))?),
+        EngineName::Moka => Box::new(engines::Moka::new(a.capacity, a.moka_policy)),
+        EngineName::Foyer => Box::new(engines::Foyer::new(
+            a.capacity,
+            usize::from(a.threads),
+            a.foyer_policy,
+        )?),
     })
 }
 

@@ -113,12 +113,25 @@ fn terrace_dram_and_file() {
 fn moka() {
     let v = run_json("moka", "16MiB", &[]);
     assert!(v["metadata_bytes_per_item"].is_null());
+    assert_eq!(v["engine_stats"]["policy"], "TinyLFU");
+    let v = run_json("moka", "16MiB", &["--moka-policy", "lru"]);
+    assert_eq!(v["engine_stats"]["policy"], "LRU");
 }
 
 #[test]
 fn foyer() {
     let v = run_json("foyer", "16MiB", &[]);
     assert!(v["metadata_bytes_per_item"].is_null());
+    assert_eq!(v["engine_stats"]["policy"], "S3-FIFO");
+    for (arg, name) in [
+        ("lfu", "W-TinyLFU"),
+        ("lru", "LRU"),
+        ("sieve", "SIEVE"),
+        ("fifo", "FIFO"),
+    ] {
+        let v = run_json("foyer", "16MiB", &["--foyer-policy", arg]);
+        assert_eq!(v["engine_stats"]["policy"], name);
+    }
 }
 
 #[test]
