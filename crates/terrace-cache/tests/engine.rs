@@ -5,22 +5,16 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use terrace_cache::item::Limits;
 use terrace_cache::{Cache, CacheConfig, CacheError, Checked, Store, TierConfig, TierSize};
 
 mod common;
 use common::{set_with_ttl, MIB};
 
+/// The shared test configuration, with values up to 16 KiB (half a segment).
 fn config(tiers: Vec<TierConfig>) -> CacheConfig {
-    CacheConfig {
-        segment_shift: Some(15),
-        limits: Limits {
-            max_key_len: 250,
-            max_value_len: 16 << 10,
-        },
-        stripes: 2,
-        ..CacheConfig::new(tiers)
-    }
+    let mut config = common::config(tiers);
+    config.limits.max_value_len = 16 << 10;
+    config
 }
 
 fn dram(mib: u64) -> TierConfig {

@@ -6,20 +6,16 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 
-use terrace_cache::item::Limits;
 use terrace_cache::{Cache, CacheConfig, Store, TierConfig, TierSize};
 
-const MIB: u64 = 1 << 20;
+mod common;
+use common::MIB;
 
+/// Two DRAM tiers of the shared test configuration, three writer stripes.
 fn config() -> CacheConfig {
     CacheConfig {
-        segment_shift: Some(15),
-        limits: Limits {
-            max_key_len: 250,
-            max_value_len: 8 << 10,
-        },
         stripes: 3,
-        ..CacheConfig::new(vec![
+        ..common::config(vec![
             TierConfig::dram(TierSize::Bytes(2 * MIB)),
             TierConfig::dram(TierSize::Bytes(2 * MIB)),
         ])
