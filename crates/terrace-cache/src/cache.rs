@@ -594,9 +594,7 @@ impl Cache {
         };
         // Page-cache tiers written before a system restart, with no clean shutdown since,
         // hold whatever pages reached the disk: never scanned (`bootmark`).
-        let page_cache = areas
-            .iter()
-            .any(|(a, _, _)| a.region().persist_level() < a.region().durability());
+        let page_cache = areas.iter().any(|(a, _, _)| a.region().is_page_cached());
         let boot_dir = first_file_dir.as_deref().filter(|_| page_cache);
         // Only page-cache tiers need the boot's identity (read from /proc otherwise).
         let boot = boot_dir.and_then(|_| config.boot_id.clone().or_else(bootmark::current_boot_id));
@@ -619,8 +617,7 @@ impl Cache {
                     existing = !snapshot::restore(dir, t, &mut area, shift, saved_bound).is_empty();
                 }
             }
-            let region = area.region();
-            if existing && untrusted && region.persist_level() < region.durability() {
+            if existing && untrusted && area.region().is_page_cached() {
                 report.untrusted_after_reboot += Self::wipe_tier(&mut area)?;
             } else if existing {
                 Self::scan_tier(

@@ -286,7 +286,7 @@ pub(crate) struct Tier {
 impl Tier {
     pub fn new(area: SegmentArea, base: u32) -> Tier {
         let durable = area.region().durability() != Durability::None;
-        let page_cache = area.region().persist_level() < area.region().durability();
+        let page_cache = area.region().is_page_cached();
         Tier {
             lists: Mutex::new(Lists {
                 free: (0..area.count()).rev().collect(),

@@ -457,6 +457,13 @@ impl Region {
         self.persist_level
     }
 
+    /// Whether persisted stores survive only a process crash until [`sync`](Self::sync),
+    /// short of what the medium could give: a disk-backed file written through the page
+    /// cache ([`persist_through_page_cache`](Self::persist_through_page_cache)).
+    pub fn is_page_cached(&self) -> bool {
+        self.persist_level < self.durability
+    }
+
     /// Makes every byte of the region durable to its medium's [`Durability`] (one
     /// `msync` of the whole mapping on a disk-backed file, nothing elsewhere: DAX persists
     /// are already flushed, tmpfs and DRAM have nothing further to reach).
@@ -637,8 +644,10 @@ mod tests {
         let path = dir.path().join("cache");
         let mut region = Region::file(&FileOptions::at_path(&path, 2 << 20)).unwrap();
         assert_eq!(region.durability(), Durability::Power);
+        assert!(!region.is_page_cached());
         assert!(region.persist_through_page_cache());
         assert_eq!(region.persist_level(), Durability::Process);
+        assert!(region.is_page_cached());
         assert_eq!(
             region.durability(),
             Durability::Power,
@@ -657,10 +666,12 @@ mod tests {
         let shm = tempfile::tempdir_in("/dev/shm").unwrap();
         let mut tmpfs = Region::file(&FileOptions::temp_in(shm.path(), 2 << 20)).unwrap();
         assert!(!tmpfs.persist_through_page_cache());
+        assert!(!tmpfs.is_page_cached());
         tmpfs.sync().unwrap();
         let mut dram = Region::dram(GRANULE, false).unwrap();
         assert!(!dram.persist_through_page_cache());
         assert_eq!(dram.persist_level(), Durability::None);
+        assert!(!dram.is_page_cached());
     }
 
     #[test]
