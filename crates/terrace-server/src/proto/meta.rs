@@ -356,6 +356,15 @@ fn push_flag(out: &mut Vec<u8>, letter: u8, n: u64) {
     push_decimal(out, n);
 }
 
+/// Appends a remaining TTL as `t` and `exp=` give it: seconds, or `-1` for none.
+fn push_ttl(out: &mut Vec<u8>, ttl: i64) {
+    if ttl < 0 {
+        out.extend_from_slice(b"-1");
+    } else {
+        push_decimal(out, ttl.unsigned_abs());
+    }
+}
+
 /// Appends ` k<key>`, base64 with a ` b` after it for a binary key.
 fn push_key(out: &mut Vec<u8>, key: &Key<'_>) {
     out.extend_from_slice(b" k");
@@ -383,11 +392,12 @@ fn push_flags(out: &mut Vec<u8>, request: &Request<'_>, facts: Facts) {
                     push_flag(out, b's', size as u64);
                 }
             }
-            b't' => match facts.ttl {
-                Some(ttl) if ttl < 0 => out.extend_from_slice(b" t-1"),
-                Some(ttl) => push_flag(out, b't', ttl.unsigned_abs()),
-                None => {}
-            },
+            b't' => {
+                if let Some(ttl) = facts.ttl {
+                    out.extend_from_slice(b" t");
+                    push_ttl(out, ttl);
+                }
+            }
             b'c' => {
                 if let Some(cas) = facts.cas {
                     push_flag(out, b'c', cas);
@@ -912,12 +922,7 @@ fn meta_debug(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         out.extend_from_slice(request.key());
     }
     out.extend_from_slice(b" exp=");
-    let ttl = remaining_ttl(shared, &guard);
-    if ttl < 0 {
-        out.extend_from_slice(b"-1");
-    } else {
-        push_decimal(out, ttl.unsigned_abs());
-    }
+    push_ttl(out, remaining_ttl(shared, &guard));
     out.extend_from_slice(b" la=0 cas=");
     push_decimal(out, guard.cas());
     out.extend_from_slice(b" fetch=no cls=1 size=");
