@@ -187,8 +187,9 @@ pub struct Stats {
     /// Items copied from a lower tier into tier 0 because they were read often there
     /// (see `cache/promote.rs`).
     pub promotions: u64,
-    /// Items with hits copied within the last tier when their segment was evicted
-    /// (instead of being dropped).
+    /// Items worth keeping (with hits, or small ones out of probation: `cache/evict.rs`)
+    /// copied within the last tier when their segment was evicted (instead of being
+    /// dropped).
     pub reinsertions: u64,
     /// Segment evictions done on a request's critical path (no free segment was ready).
     pub inline_evictions: u64,

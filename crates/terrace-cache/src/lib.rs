@@ -23,8 +23,9 @@
 //! - **main queue / small queue**: the two queues of sealed segments of the last tier
 //!   (see "The engine", Eviction): what it keeps by reinsertion, and — in a single-tier
 //!   cache — a probation queue of new writes.
-//! - **reinsertion**: copying an item with hits into a segment of its own tier when its
-//!   segment is evicted (in the last tier, which has nowhere to demote to).
+//! - **reinsertion**: copying an item worth keeping (one with hits, or a small one out of
+//!   probation) into a segment of its own tier when its segment is evicted (in the last
+//!   tier, which has nowhere to demote to).
 //! - **dead bytes**: bytes of DEAD items (overwritten, deleted, moved) in segments not yet
 //!   evicted; counted per segment.
 //! - **CAS**: memcached's 64-bit "compare and swap" unique. Not stored per item: it is the
@@ -292,21 +293,23 @@
 //!   evicting sealed ones ahead of need, and writers wake the mover thread as soon as a
 //!   tier runs below that; when a tier still has no free segment, the allocating thread
 //!   evicts inline (counted apart: [`Stats::inline_evictions`],
-//!   [`Stats::background_evictions`]). Items with hits (frequency bits set in their index
-//!   entry) get another life, copied — keeping their CAS and expiry, into a segment that
-//!   expires no earlier than they do — and their entries repointed by compare-and-swap under the bucket
-//!   lock; the others lose their entries. Every tier but the last demotes them to the
-//!   next tier (FIFO with reinsertion one tier down). The last tier *reinserts* them into
-//!   its own main queue, their frequency lowered by one (a CLOCK with a two-bit counter:
-//!   an item nobody reads survives at most three more passes, and one eviction copies at
-//!   most 3/4 of a segment, so eviction always frees space). Its main queue is evicted
-//!   oldest first. In a single-tier cache, new writes go to a small
-//!   probation queue (a tenth of the segments, S3-FIFO's small queue) evicted first while
-//!   longer than that, its items with hits promoted to the main queue; with more tiers,
-//!   tier 0 plays that part. A probation stage keeps small items (under 2/7 of its mean
-//!   item) without a hit too: they cost little of the space a drop would free. What a
-//!   probation stage drops is remembered in a ghost filter, and a key stored again soon
-//!   after starts with one hit; an overwrite counts as a hit of the key. The segment returns to the free list once no guard pins it.
+//!   [`Stats::background_evictions`]). Items worth keeping get another life: those with
+//!   hits (frequency bits set in their index entry) and, out of a probation stage (below),
+//!   small ones (under 2/7 of the mean live item of the stage's last evicted segment: they
+//!   cost little of the space a drop would free). They are copied — keeping their CAS and
+//!   expiry, into a segment that expires no earlier than they do — and their entries
+//!   repointed by compare-and-swap under the bucket lock; the others lose their entries.
+//!   Every tier but the last demotes them to the next tier (FIFO with reinsertion one
+//!   tier down). The last tier *reinserts* them into its own main queue, their frequency
+//!   lowered by one (a CLOCK with a two-bit counter: an item nobody reads survives at most
+//!   three more passes, and one eviction copies at most 3/4 of a segment, so eviction
+//!   always frees space). Its main queue is evicted oldest first. In a single-tier cache,
+//!   new writes go to a small probation queue (a tenth of the segments, S3-FIFO's small
+//!   queue) evicted first while longer than that, the items it keeps promoted to the main
+//!   queue; with more tiers, tier 0 plays that part. What a probation stage drops is
+//!   remembered in a ghost filter, and a key stored again soon after starts with one hit;
+//!   an overwrite counts as a hit of the key. The segment returns to the free list once
+//!   no guard pins it.
 //! - **Write sequences** never repeat across restarts: a mark file beside the first file
 //!   tier ([`seqmark`]) bounds every sequence in use, reserved ahead in steps.
 //! - **Restart**: [`Cache::open`] reopens existing tier files and scans them
@@ -344,7 +347,8 @@
 //!   rate; cleaning dead bytes without a policy pass (compaction that keeps FIFO order).
 //!   Experiments not kept, so no command here reproduces their numbers (issue 5's notes
 //!   have them): evicting dead-heavy segments first cost hit ratio; size-aware
-//!   reinsertion gained nothing that held; compacting dead-heavy main segments into the
+//!   reinsertion out of the main queue (demanding more hits of bigger items) gained
+//!   nothing that held, unlike keeping small items out of probation, which was kept; compacting dead-heavy main segments into the
 //!   reinsertion segment kept more items but no more hits (the items it rescues are the
 //!   ones the tail was about to drop);
 //! - delayed flush (the server does it); lending space between pools (a pool's quota is
