@@ -15,6 +15,7 @@
 
 mod args;
 mod engines;
+mod windows;
 mod workload;
 
 use std::io::IsTerminal;
@@ -125,6 +126,11 @@ struct CacheArgs {
     /// moka's eviction policy (default TinyLFU, its best on the issue-5 workload).
     #[arg(long, value_enum, default_value = "tiny-lfu")]
     moka_policy: engines::MokaPolicy,
+    /// Also report the hit ratio of every window of this many operations (all threads
+    /// together; suffixes k, m), as `windows` in the JSON: whether a run loses its hits
+    /// in the warm-up or in steady state.
+    #[arg(long, value_parser = args::parse_count)]
+    window: Option<u64>,
     /// Terrace, with a file tier: after the run, shut down cleanly, reopen, and check that
     /// every key present before is a hit with its value after ("restart" in the JSON).
     #[arg(long)]
@@ -169,6 +175,7 @@ struct Shared<'a> {
     zipf: Zipf<f64>,
     done: &'a AtomicU64,
     failed: &'a AtomicBool,
+    windows: Option<&'a windows::Windows>,
 }
 
 fn run_thread(s: &Shared<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
@@ -179,6 +186,20 @@ fn run_thread(s: &Shared<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
     let mut key = [0u8; workload::KEY_LEN];
     let mut r = ThreadResult::empty()?;
     let mut pending = 0u64;
+    // Gets and hits already added to the windows.
+    let mut counted = (0u64, 0u64);
+    let mut flush = |r: &ThreadResult, pending: u64| {
+        let before = s.done.fetch_add(pending, Ordering::Relaxed);
+        if let Some(w) = s.windows {
+            w.batch(
+                r.gets - counted.0,
+                r.hits - counted.1,
+                before,
+                before + pending,
+            );
+            counted = (r.gets, r.hits);
+        }
+    };
     for _ in 0..ops {
         // Zipf yields ranks 1..=N as floats; rank 1 is the most popular key.
         let rank = s.zipf.sample(&mut rng) as u64;
@@ -214,14 +235,14 @@ fn run_thread(s: &Shared<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
         }
         pending += 1;
         if pending == 4096 {
-            s.done.fetch_add(pending, Ordering::Relaxed);
+            flush(&r, pending);
             pending = 0;
             if s.failed.load(Ordering::Relaxed) {
                 break;
             }
         }
     }
-    s.done.fetch_add(pending, Ordering::Relaxed);
+    flush(&r, pending);
     Ok(r)
 }
 
@@ -285,12 +306,14 @@ fn run(a: &CacheArgs) -> Result<Value> {
     let threads = u64::from(a.threads);
     let done = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
+    let windows = a.window.map(windows::Windows::new);
     let shared = Shared {
         engine: engine.as_ref(),
         args: a,
         zipf,
         done: &done,
         failed: &failed,
+        windows: windows.as_ref(),
     };
     let bar = (!a.json && std::io::stdout().is_terminal()).then(|| {
         let pb = indicatif::ProgressBar::new(a.ops);
@@ -378,6 +401,9 @@ fn run(a: &CacheArgs) -> Result<Value> {
         "engine_stats": engine.extra(),
     });
     let mut out = out;
+    if let Some(w) = &windows {
+        out["windows"] = w.report(ops);
+    }
     if a.restart {
         let restart = engine.restart(a.keys, a.value_size)?;
         let Some(restart) = restart else {

@@ -110,6 +110,22 @@ fn terrace_dram_and_file() {
 }
 
 #[test]
+fn windows_split_the_gets_and_end_at_the_run() {
+    let v = run_json("terrace", "16MiB", &["--window", "5k"]);
+    let windows = v["windows"].as_array().expect("windows is an array");
+    assert!(windows.len() >= 2, "{v}");
+    assert_eq!(windows.last().unwrap()["ops"], 20000);
+    let gets: u64 = windows.iter().map(|w| w["gets"].as_u64().unwrap()).sum();
+    assert_eq!(gets, v["gets"].as_u64().unwrap());
+    for w in windows {
+        let r = w["hit_ratio"].as_f64().expect("every window has gets");
+        assert!((0.0..=1.0).contains(&r), "{w}");
+    }
+    // Without --window, no windows.
+    assert!(run_json("foyer", "16MiB", &[]).get("windows").is_none());
+}
+
+#[test]
 fn moka() {
     let v = run_json("moka", "16MiB", &[]);
     assert!(v["metadata_bytes_per_item"].is_null());
