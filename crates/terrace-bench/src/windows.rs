@@ -67,14 +67,24 @@ impl Windows {
             gets: self.gets.load(Ordering::Relaxed),
             hits: self.hits.load(Ordering::Relaxed),
         };
-        if edges.last().is_none_or(|last| last.ops < end.ops) {
-            edges.push(end);
+        // The run's final counts close the last window, even where a thread crossed the
+        // last edge before another had added its last batch.
+        match edges.last_mut() {
+            Some(last) if last.ops >= end.ops => *last = end,
+            _ => edges.push(end),
         }
         let mut previous = Edge::default();
         let mut out = Vec::with_capacity(edges.len());
         for edge in edges {
-            let gets = edge.gets.saturating_sub(previous.gets);
-            let hits = edge.hits.saturating_sub(previous.hits);
+            // Two threads crossing edges at once may read the counts out of order: never
+            // go back, so that the windows' gets add up to the run's.
+            let edge = Edge {
+                ops: edge.ops,
+                gets: edge.gets.max(previous.gets),
+                hits: edge.hits.max(previous.hits),
+            };
+            let gets = edge.gets - previous.gets;
+            let hits = edge.hits - previous.hits;
             let ratio = (gets > 0).then(|| hits as f64 / gets as f64);
             out.push(json!({ "ops": edge.ops, "gets": gets, "hit_ratio": ratio }));
             previous = edge;
@@ -108,6 +118,29 @@ mod tests {
         assert_eq!(windows[1]["hit_ratio"], 0.0);
         assert_eq!(windows[2]["ops"], 210);
         assert_eq!(windows[2]["hit_ratio"], 0.5);
+    }
+
+    #[test]
+    fn counts_read_out_of_order_or_short_of_the_end_still_add_up() {
+        let w = Windows::new(100);
+        w.batch(110, 55, 0, 300);
+        // The thread that crossed 100 read the counts late (105 gets), the one that
+        // crossed 200 early (100), and the one that reached 300, the end, before the last
+        // batch was added (108).
+        let edge = |ops, gets| Edge {
+            ops,
+            gets,
+            hits: gets / 2,
+        };
+        *w.edges.lock().unwrap() = vec![edge(200, 100), edge(100, 105), edge(300, 108)];
+        let r = w.report(300);
+        let windows = r.as_array().unwrap();
+        let gets: Vec<u64> = windows
+            .iter()
+            .map(|w| w["gets"].as_u64().unwrap())
+            .collect();
+        assert_eq!(gets, [105, 0, 5], "{r}");
+        assert_eq!(windows.last().unwrap()["ops"], 300);
     }
 
     #[test]
