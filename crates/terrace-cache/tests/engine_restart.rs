@@ -734,9 +734,14 @@ fn a_clean_shutdown_keeps_the_dram_tiers_items_too() {
     }
 }
 
-/// Fills DRAM (2 MiB) and the file tier (4 MiB) with more than both hold, reading half of
-/// the keys so that some are demoted; returns what is present, as read.
-fn fill_both_tiers(c: &Cache) -> HashMap<Vec<u8>, (Vec<u8>, usize)> {
+/// What a filled cache held: each key's value and the tier it was in.
+type Present = HashMap<Vec<u8>, (Vec<u8>, usize)>;
+
+/// Opens a DRAM (2 MiB) and file (4 MiB) cache over `dir` and fills both with more than
+/// they hold, reading half of the keys so that some are demoted; returns the cache and
+/// what is present, as read.
+fn filled_cache(dir: &Path) -> (Cache, Present) {
+    let (c, _) = Cache::open(dram_and_file(dir)).unwrap();
     for k in 0..6000u32 {
         let key = format!("k{k}").into_bytes();
         let v = format!("{k}:").repeat(1000 / 6).into_bytes();
@@ -745,7 +750,7 @@ fn fill_both_tiers(c: &Cache) -> HashMap<Vec<u8>, (Vec<u8>, usize)> {
             c.get(&key).unwrap();
         }
     }
-    (0..6000u32)
+    let present = (0..6000u32)
         .filter_map(|k| {
             let key = format!("k{k}").into_bytes();
             let g = c.get(&key).unwrap()?;
@@ -753,11 +758,12 @@ fn fill_both_tiers(c: &Cache) -> HashMap<Vec<u8>, (Vec<u8>, usize)> {
             drop(g);
             Some((key, found))
         })
-        .collect()
+        .collect();
+    (c, present)
 }
 
 /// The keys of `present` that were in tier `tier`.
-fn keys_in_tier(present: &HashMap<Vec<u8>, (Vec<u8>, usize)>, tier: usize) -> Vec<&Vec<u8>> {
+fn keys_in_tier(present: &Present, tier: usize) -> Vec<&Vec<u8>> {
     present
         .iter()
         .filter(|(_, (_, t))| *t == tier)
@@ -765,10 +771,9 @@ fn keys_in_tier(present: &HashMap<Vec<u8>, (Vec<u8>, usize)>, tier: usize) -> Ve
         .collect()
 }
 
-/// [`fill_both_tiers`] in a cache over `dir`, then a clean shutdown.
-fn filled_and_shut_down(dir: &Path) -> HashMap<Vec<u8>, (Vec<u8>, usize)> {
-    let (c, _) = Cache::open(dram_and_file(dir)).unwrap();
-    let present = fill_both_tiers(&c);
+/// [`filled_cache`] over `dir`, then a clean shutdown.
+fn filled_and_shut_down(dir: &Path) -> Present {
+    let (c, present) = filled_cache(dir);
     c.shutdown().unwrap();
     present
 }
@@ -777,8 +782,7 @@ fn filled_and_shut_down(dir: &Path) -> HashMap<Vec<u8>, (Vec<u8>, usize)> {
 fn a_clean_restart_keeps_every_item_of_full_tiers_in_the_tier_it_was_in() {
     let dir = tier_dir();
     let present = {
-        let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
-        let present = fill_both_tiers(&c);
+        let (c, present) = filled_cache(dir.path());
         let in_dram = present.values().filter(|(_, t)| *t == 0).count();
         assert!(
             in_dram > 300 && present.len() - in_dram > 300,
@@ -949,8 +953,7 @@ fn a_dram_snapshot_is_used_once_only_with_the_saved_index_written_with_it() {
 fn a_snapshot_that_cannot_be_written_still_leaves_the_file_tiers_warm() {
     let dir = tier_dir();
     let present = {
-        let (c, _) = Cache::open(dram_and_file(dir.path())).unwrap();
-        let present = fill_both_tiers(&c);
+        let (c, present) = filled_cache(dir.path());
         // Where the snapshot's temporary file goes, a directory: the save fails.
         std::fs::create_dir(dir.path().join("dram0.snapshot.tmp")).unwrap();
         let err = c.shutdown().expect_err("the snapshot cannot be written");
