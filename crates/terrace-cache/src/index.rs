@@ -603,11 +603,9 @@ impl<'a> BucketGuard<'a> {
         };
         let entry = layout.pack(self.tag, loc);
         for b in order {
-            for s in &self.index.buckets[b].slots {
-                if layout.tag_of_entry(s.load(Ordering::Relaxed)) == 0 {
-                    s.store(entry, Ordering::Release);
-                    return Ok(());
-                }
+            if let Some(slot) = self.index.free_slot(b) {
+                self.index.buckets[b].slots[slot].store(entry, Ordering::Release);
+                return Ok(());
             }
         }
         Err(Full)
