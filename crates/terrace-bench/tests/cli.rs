@@ -126,6 +126,19 @@ fn windows_split_the_gets_and_end_at_the_run() {
 }
 
 #[test]
+fn a_clean_restart_brings_back_every_key_with_its_value() {
+    let v = run_json(
+        "terrace",
+        "64MiB",
+        &["--tiers", "dram:1,file:3", "--restart"],
+    );
+    let r = &v["restart"];
+    assert!(r["keys_present_before"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["missing_after"], 0, "{r}");
+    assert_eq!(r["wrong_after"], 0, "{r}");
+}
+
+#[test]
 fn moka() {
     let v = run_json("moka", "16MiB", &[]);
     assert!(v["metadata_bytes_per_item"].is_null());
@@ -250,6 +263,31 @@ fn bad_input_is_an_error_not_a_panic() {
             "dram:1,file:1",
             "--dir",
             "/nonexistent/terrace-bench",
+        ],
+        // --restart needs Terrace with a file tier.
+        &[
+            "cache",
+            "--engine",
+            "foyer",
+            "--capacity",
+            "16MiB",
+            "--keys",
+            "10",
+            "--ops",
+            "10",
+            "--restart",
+        ],
+        &[
+            "cache",
+            "--engine",
+            "terrace",
+            "--capacity",
+            "16MiB",
+            "--keys",
+            "10",
+            "--ops",
+            "10",
+            "--restart",
         ],
     ] {
         let out = bench(args);
