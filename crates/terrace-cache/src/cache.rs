@@ -387,6 +387,11 @@ fn ttl_bucket(remaining: u32) -> (u16, u32) {
     ((k * 8 + sub) as u16, lowest + ((1 << (k - 4)) - 1))
 }
 
+/// Whether an expiry (Unix seconds, 0: never) has passed at `now`.
+pub(crate) fn past(expires_at: u32, now: u32) -> bool {
+    expires_at != 0 && now >= expires_at
+}
+
 /// Whether a segment expiring at `segment` (0: never) may hold an item expiring at `item`
 /// (0: never): a segment never expires before an item in it.
 fn segment_outlives(segment: u32, item: u32) -> bool {
@@ -615,7 +620,7 @@ impl Cache {
                 if area.region().durability() == Durability::None {
                     // A clean shutdown's snapshot of this tier, if the saved index written
                     // with it is trusted; removed in any case (`cache/snapshot.rs`).
-                    existing = !snapshot::restore(dir, t, &mut area, shift, saved_bound).is_empty();
+                    existing = snapshot::restore(dir, t, &mut area, shift, saved_bound);
                 }
             }
             if existing && untrusted && area.region().is_page_cached() {
@@ -730,15 +735,16 @@ impl Cache {
 
     /// Whether the item `item` of segment `id` has expired at `now`.
     fn item_expired(&self, id: u32, item: &ItemRef<'_>, now: u32) -> bool {
-        let e = self.item_expiry(id, item);
-        e != 0 && now >= e
+        past(self.item_expiry(id, item), now)
     }
 
     /// Whether every item of segment `id` has expired at `now` (a segment's expiry is
     /// never earlier than its items').
     fn expired(&self, id: u32, now: u32) -> bool {
-        let e = self.meta[id as usize].expires_at.load(Ordering::Acquire);
-        e != 0 && now >= e
+        past(
+            self.meta[id as usize].expires_at.load(Ordering::Acquire),
+            now,
+        )
     }
 
     /// Removes the key's entry at `loc` under its bucket lock `g`, then flips the item
@@ -845,7 +851,7 @@ impl Cache {
                     continue 'retry;
                 }
                 let expires_at = self.item_expiry(loc.segment, &item);
-                if expires_at != 0 && now >= expires_at {
+                if past(expires_at, now) {
                     self.counters.expired.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
@@ -886,12 +892,13 @@ impl Cache {
             if item.key != key {
                 continue;
             }
-            if item.state == ItemState::Live && !self.item_expired(loc.segment, &item, now) {
+            let expires_at = self.item_expiry(loc.segment, &item);
+            if item.state == ItemState::Live && !past(expires_at, now) {
                 return Found::Live(Current {
                     loc,
                     cas: self.cas_of(loc.segment, &item),
                     client_flags: item.client_flags,
-                    expires_at: self.item_expiry(loc.segment, &item),
+                    expires_at,
                 });
             }
             return Found::Stale(loc);
@@ -1226,7 +1233,7 @@ impl Cache {
         }
         let now = self.now();
         let hash = self.index.hash_key(key);
-        if expires_at != 0 && expires_at <= now {
+        if past(expires_at, now) {
             // Already expired (memcached: a negative TTL; or an append, incr or touch
             // that kept an expiry which has just passed): the store deletes what it would
             // have replaced — only if `expect` still holds, under the key's lock, so that
@@ -1418,7 +1425,7 @@ impl Cache {
                 .iter()
                 .min_by_key(|(_, app)| {
                     let e = app.header().expires_at;
-                    (e == 0 || now < e, app.remaining())
+                    (!past(e, now), app.remaining())
                 })
                 .map(|(&bucket, _)| bucket)
             else {

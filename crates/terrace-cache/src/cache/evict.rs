@@ -259,14 +259,13 @@ impl Cache {
     /// reclaims them: Segcache's proactive expiration, so that space held by expired
     /// items returns to the free list without waiting for the FIFO to reach it. At most
     /// once a second of the cache's clock per tier (a scan of the tier's queues under
-    /// its lists lock). Returns the segments reclaimed: counted in the tier's
-    /// `segments_evicted`, not as inline or background evictions; their items count as
-    /// expired, not evicted.
-    pub(super) fn reclaim_expired(&self, tier: usize) -> Result<usize, CacheError> {
+    /// its lists lock). The segments reclaimed count in the tier's `segments_evicted`,
+    /// not as inline or background evictions; their items count as expired, not evicted.
+    pub(super) fn reclaim_expired(&self, tier: usize) -> Result<(), CacheError> {
         let t = &self.tiers[tier];
         let now = self.now();
         if t.expiry_swept.swap(now, Ordering::Relaxed) == now {
-            return Ok(0);
+            return Ok(());
         }
         // Open segments whose expiry has passed take no more items (`super::place`):
         // seal them, so that the scan below finds them too — new writes into the FIFO,
@@ -285,10 +284,7 @@ impl Cache {
             };
             let done: Vec<u16> = open
                 .iter()
-                .filter(|(_, app)| {
-                    let e = app.header().expires_at;
-                    e != 0 && now >= e
-                })
+                .filter(|(_, app)| super::past(app.header().expires_at, now))
                 .map(|(&bucket, _)| bucket)
                 .collect();
             for bucket in done {
@@ -305,8 +301,13 @@ impl Cache {
                 queue.retain(|&slot| {
                     let gone = self.expired(t.base + slot, now);
                     if gone {
-                        let probation = from == Queue::Fifo && tier == 0;
-                        expired.push((Victim { slot, probation }, from));
+                        // Nothing in it is kept or remembered: not a probation stage's
+                        // eviction, whichever queue it was in.
+                        let victim = Victim {
+                            slot,
+                            probation: false,
+                        };
+                        expired.push((victim, from));
                     }
                     !gone
                 });
@@ -332,7 +333,7 @@ impl Cache {
             t.lists.lock().reclaim.push(victim.slot);
             reclaimed += 1;
         }
-        Ok(reclaimed)
+        Ok(())
     }
 
     /// A free slot of the last tier for its reinsertion segment, never waiting: from the
@@ -413,18 +414,21 @@ impl Cache {
                 segment: id,
                 offset: item.offset,
             };
+            let expires_at = self.item_expiry(id, &item);
+            let expired = super::past(expires_at, now);
+            if !expired {
+                live_items += 1;
+                live_bytes += u64::from(item.len);
+            }
             let small = victim.probation
                 && item.len as usize * SMALL_ITEM_SHARE.1 < mean_len * SMALL_ITEM_SHARE.0;
-            live_items += 1;
-            live_bytes += u64::from(item.len);
-            let kept = self
-                .index
-                .lookup(hash)
-                .find(|h| h.location() == loc)
-                .is_some_and(|h| small || h.frequency() > 0);
-            let expires_at = self.item_expiry(id, &item);
-            let expired = expires_at != 0 && now >= expires_at;
-            let copy = if !kept || expired {
+            let kept = !expired
+                && self
+                    .index
+                    .lookup(hash)
+                    .find(|h| h.location() == loc)
+                    .is_some_and(|h| small || h.frequency() > 0);
+            let copy = if !kept {
                 None
             } else if !last {
                 let cas = self.cas_of(id, &item);

@@ -127,7 +127,7 @@ impl Cache {
             if reader.is_retired() || reader.commit().committed == 0 {
                 continue;
             }
-            if header.expires_at != 0 && now >= header.expires_at {
+            if super::past(header.expires_at, now) {
                 report.expired_segments += 1;
                 continue;
             }

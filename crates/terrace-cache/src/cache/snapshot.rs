@@ -109,22 +109,22 @@ pub(super) fn remove_temp(dir: &Path, tier: usize) {
 
 /// Puts the snapshot of volatile tier `tier` back into `area` (fresh, zeroed memory) if
 /// it is present, intact and written for this configuration and `seq_bound`; removes it
-/// either way (a torn temporary goes with [`remove_leftovers`]). Returns the slots
-/// restored; on any mismatch, none, with what was copied given back or its headers
-/// zeroed.
+/// either way (a torn temporary goes with [`remove_leftovers`]). Returns whether it
+/// restored any segment; on any mismatch, none, with what was copied given back or its
+/// headers zeroed.
 pub(super) fn restore(
     dir: &Path,
     tier: usize,
     area: &mut SegmentArea,
     shift: u8,
     seq_bound: Option<u64>,
-) -> Vec<u32> {
+) -> bool {
     let path = snapshot_path(dir, tier);
     let file = File::open(&path);
     // Removed before use (the open file stays readable): never used twice.
     let _ = std::fs::remove_file(&path);
     let (Ok(file), Some(bound)) = (file, seq_bound) else {
-        return Vec::new();
+        return false;
     };
     let mut restored = Vec::new();
     if read_into(file, tier, area, shift, bound, &mut restored).is_none() {
@@ -140,9 +140,9 @@ pub(super) fn restore(
                 area.clear_header(slot);
             }
         }
-        restored.clear();
+        return false;
     }
-    restored
+    !restored.is_empty()
 }
 
 /// Reads a snapshot into `area`, pushing each slot written to `restored`; `None` at the
