@@ -550,10 +550,11 @@ fn vivify_empty<'s>(
             ttl: ttl_of(shared, exptime),
             won: true,
         })),
-        // Another client created it first: answer with its item, without the win.
+        // Another client created it first: answer with its item, without the win (a
+        // peek: this request's get was already counted, as a miss).
         _ => Ok(shared
             .cache(key)
-            .get(key)
+            .peek(key)
             .map_err(|e| Failure::of(&e))?
             .map(|guard| Hit::found(guard, None))),
     }
