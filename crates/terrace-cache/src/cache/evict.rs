@@ -85,7 +85,8 @@ pub(super) const SMALL_QUEUE_SHARE: (usize, usize) = (1, 10);
 /// walked after them. In the issue-5 benchmark (`bench/cache-vs-foyer-moka.sh`: values
 /// of 64 to 4,096 bytes, uniform over keys; README) the cache keeps 10–14% more items,
 /// and its hit ratio rose from 0.7610 to 0.7627 in a single tier and from 0.7536 to
-/// 0.7574 in `dram:1,file:3` (the shares tried are in issue 5's notes). The index, sized
+/// 0.7574 in `dram:1,file:3` (the same script before the rule, at e428220; the shares
+/// tried are in issue 5's notes). The index, sized
 /// for items of the mean size written, then runs at its limit and drops its coldest
 /// occupant for about 5% of the sets (`index_evictions` in the benchmark's JSON).
 pub(super) const SMALL_ITEM_SHARE: (usize, usize) = (2, 7);
