@@ -533,10 +533,8 @@ impl Cache {
         let sizes = tier::resolve_sizes(&config.tiers, config.total_bytes)?;
         // Every tier's segment count before any is mapped (regions are whole granules),
         // so that a refused size leaves no tier file behind.
-        let granule = terrace_media::registry::GRANULE as u64;
         for (i, &bytes) in sizes.iter().enumerate() {
-            let mapped = bytes.checked_next_multiple_of(granule).unwrap_or(u64::MAX);
-            let segments = u32::try_from(mapped >> shift).unwrap_or(u32::MAX);
+            let segments = u32::try_from(tier::mapped_len(bytes) >> shift).unwrap_or(u32::MAX);
             if segments < MIN_TIER_SEGMENTS {
                 return Err(CacheError::TierTooSmall {
                     tier: i,

@@ -113,6 +113,13 @@ pub fn resolve_sizes(tiers: &[TierConfig], total: Option<u64>) -> Result<Vec<u64
         .collect()
 }
 
+/// The bytes a tier of `bytes` maps: regions are whole granules.
+pub(crate) fn mapped_len(bytes: u64) -> u64 {
+    bytes
+        .checked_next_multiple_of(terrace_media::registry::GRANULE as u64)
+        .unwrap_or(u64::MAX)
+}
+
 /// The file a file tier lives in.
 pub fn tier_path(dir: &Path, tier: usize) -> PathBuf {
     dir.join(format!("tier{tier}.terrace"))
@@ -142,12 +149,12 @@ pub(crate) fn map_tier(
                     size: 0,
                     hole_punching: false,
                 })?;
-                let expected = size.next_multiple_of(terrace_media::registry::GRANULE);
-                if region.len() != expected {
+                let expected = mapped_len(bytes);
+                if region.len() as u64 != expected {
                     return Err(CacheError::TierFileSize {
                         path,
                         found: region.len() as u64,
-                        expected: expected as u64,
+                        expected,
                     });
                 }
                 region
