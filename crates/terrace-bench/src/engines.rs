@@ -181,6 +181,8 @@ impl Engine for Terrace {
             "tier_items": s.tiers.iter().map(|t| t.items).collect::<Vec<_>>(),
             "tier_live_bytes": s.tiers.iter().map(|t| t.live_bytes).collect::<Vec<_>>(),
             "tier_free_segments": s.tiers.iter().map(|t| t.free_segments).collect::<Vec<_>>(),
+            "tier_cleaned_segments": s.tiers.iter().map(|t| t.segments_cleaned).collect::<Vec<_>>(),
+            "tier_cleaned_items": s.tiers.iter().map(|t| t.items_cleaned).collect::<Vec<_>>(),
         })
     }
 

@@ -195,6 +195,11 @@ pub struct TierCounters {
     pub inline_evictions: AtomicU64,
     /// Evictions done by the movers ([`Cache::maintain`](crate::Cache::maintain)).
     pub background_evictions: AtomicU64,
+    /// Main-queue segments the movers cleaned: their live items copied, their dead bytes
+    /// freed (`cache/evict.rs`, `CLEAN_DEAD_SHARE`). Not counted as evicted.
+    pub segments_cleaned: AtomicU64,
+    /// Items those cleanings copied.
+    pub items_cleaned: AtomicU64,
 }
 
 /// A snapshot of one tier's state and counters.
@@ -221,6 +226,11 @@ pub struct TierStats {
     pub dead_bytes: u64,
     pub inline_evictions: u64,
     pub background_evictions: u64,
+    /// Segments cleaned (their live items copied, their dead bytes freed), apart from
+    /// `segments_evicted`.
+    pub segments_cleaned: u64,
+    /// Items copied by those cleanings.
+    pub items_cleaned: u64,
     pub durability: Option<Durability>,
     /// Written through the page cache and flushed to the medium at a clean shutdown: it
     /// survives a process crash, and a power loss or OS crash only after a clean stop
@@ -247,6 +257,8 @@ impl TierStats {
         self.dead_bytes += other.dead_bytes;
         self.inline_evictions += other.inline_evictions;
         self.background_evictions += other.background_evictions;
+        self.segments_cleaned += other.segments_cleaned;
+        self.items_cleaned += other.items_cleaned;
         self.durability = self.durability.or(other.durability);
         self.flushed_at_shutdown |= other.flushed_at_shutdown;
     }
@@ -330,6 +342,8 @@ impl Tier {
             dead_bytes: 0,
             inline_evictions: self.counters.inline_evictions.load(Ordering::Relaxed),
             background_evictions: self.counters.background_evictions.load(Ordering::Relaxed),
+            segments_cleaned: self.counters.segments_cleaned.load(Ordering::Relaxed),
+            items_cleaned: self.counters.items_cleaned.load(Ordering::Relaxed),
             durability: Some(self.area.region().durability()),
             flushed_at_shutdown: self.page_cache,
         }

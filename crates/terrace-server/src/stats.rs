@@ -336,6 +336,8 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
         tier("promotions_in", t.promotions_in);
         tier("inline_evictions", t.inline_evictions);
         tier("background_evictions", t.background_evictions);
+        tier("cleaned_segments", t.segments_cleaned);
+        tier("cleaned_items", t.items_cleaned);
     }
     out
 }
