@@ -1265,15 +1265,15 @@ impl Cache {
             // never points at a DEAD item and readers never see a hole. A crash between
             // the two flips leaves two LIVE items of the key, which the restart scan
             // drops both of (a miss; the write was not acknowledged). The policy counts
-            // an overwrite as an access of the key, and a key the ghost filter recalls
-            // as having been hit once (see `cache/evict.rs`).
+            // an overwrite as an access of the key, and marks a new key the ghost filter
+            // recalls so that its probation stage passes it on (see `cache/evict.rs`).
             pin.set_state(new.offset, ItemState::Live)?;
             let published = match old {
                 Some(old) => g.replace_hit(old, new),
                 None => {
                     let inserted = self.insert_evicting(&mut g, new)?;
                     if inserted && self.ghost.recalls(hash) {
-                        g.set_frequency(new, 1);
+                        g.mark_recalled(new);
                     }
                     inserted
                 }

@@ -36,7 +36,18 @@ use crate::error::IndexError;
 pub const SLOTS: usize = 16;
 /// Low bits of an entry holding the access frequency as a thermometer code
 /// (`0b000, 0b001, 0b011, 0b111` = 0..=3 hits), so a hit can raise it with `fetch_or`.
+/// One more code, [`RECALLED`], marks a new item whose key the ghost filter recalled.
 pub const FREQ_BITS: u32 = 3;
+/// The frequency code of a new item admitted on the ghost filter's word and not read
+/// since (`crate::ghost`): where it stands it counts as one hit (the frequency is the
+/// number of bits set), so its probation stage keeps it; once moved (passed on by that
+/// stage) or replaced it counts as none, so it is passed on with no hit recorded — as
+/// S3-FIFO inserts a key its ghost queue recalls straight into the main queue with a
+/// frequency of 0, instead of granting it a hit it never had (which bought it a whole
+/// extra pass of the main queue). A hit raises it like any other code: `0b101`, which
+/// counts as two hits wherever the item goes, then `0b111`. A saved index keeps it as
+/// one hit.
+pub const RECALLED: u64 = 0b100;
 /// Highest frequency the entry can record.
 pub const MAX_FREQ: u8 = 3;
 /// Fewest tag bits a layout may leave (more is better: false candidates per lookup are
@@ -473,9 +484,15 @@ impl Hit<'_> {
         self.slot.load(Ordering::SeqCst) & !FREQ_MASK == self.entry & !FREQ_MASK
     }
 
-    /// Hits recorded when the entry was loaded (0..=3).
+    /// Hits recorded when the entry was loaded (0..=3; [`RECALLED`] counts as one).
     pub fn frequency(&self) -> u8 {
         freq_count(self.entry)
+    }
+
+    /// Whether the entry, when loaded, was a recalled new item nobody had read yet
+    /// ([`RECALLED`]).
+    pub fn recalled_without_hit(&self) -> bool {
+        self.entry & FREQ_MASK == RECALLED
     }
 
     /// Records a hit: one `fetch_or` raising the frequency by one, none when it is already
@@ -613,8 +630,11 @@ impl<'a> BucketGuard<'a> {
 
     /// Points the key's entry at `expected` to `new`, its frequency mapped by `freq` (one
     /// compare-and-swap loop: hits readers record concurrently are counted before the
-    /// mapping). False when `new` does not fit the layout or no entry of this key points at
-    /// `expected`. Every repointing below is this with another mapping.
+    /// mapping). A [`RECALLED`] entry nobody has read is mapped from 0: the recall keeps
+    /// an item through its probation stage, and wherever the item goes from there (or
+    /// whatever replaces it) starts with no hit. False when `new` does not fit the
+    /// layout or no entry of this key points at `expected`. Every repointing below is
+    /// this with another mapping.
     fn move_entry(&mut self, expected: Location, new: Location, freq: impl Fn(u8) -> u8) -> bool {
         let layout = self.index.layout;
         if !layout.fits(new) {
@@ -625,7 +645,12 @@ impl<'a> BucketGuard<'a> {
         };
         let target = layout.pack(self.tag, new);
         let _ = s.fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
-            Some(target | freq_code(freq(freq_count(e))))
+            let hits = if e & FREQ_MASK == RECALLED {
+                0
+            } else {
+                freq_count(e)
+            };
+            Some(target | freq_code(freq(hits)))
         });
         true
     }
@@ -677,10 +702,20 @@ impl<'a> BucketGuard<'a> {
 
     /// Sets the frequency of the key's entry at `loc` (policy decay). False when absent.
     pub fn set_frequency(&mut self, loc: Location, count: u8) -> bool {
+        self.set_code(loc, freq_code(count))
+    }
+
+    /// Marks the key's entry at `loc` as a new item the ghost filter recalled
+    /// ([`RECALLED`]). False when absent.
+    pub fn mark_recalled(&mut self, loc: Location) -> bool {
+        self.set_code(loc, RECALLED)
+    }
+
+    fn set_code(&mut self, loc: Location, code: u64) -> bool {
         match self.find(loc) {
             Some(s) => {
                 let _ = s.fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
-                    Some((e & !FREQ_MASK) | freq_code(count))
+                    Some((e & !FREQ_MASK) | code)
                 });
                 true
             }
@@ -822,6 +857,34 @@ mod tests {
         assert_eq!(i.lookup(h).next().unwrap().frequency(), 1);
         assert!(i.lock(h).replace(loc(6, 100), loc(7, 100)));
         assert_eq!(i.lookup(h).next().unwrap().frequency(), 0);
+    }
+
+    #[test]
+    fn a_recalled_entry_counts_as_one_hit_until_it_is_read() {
+        let i = index(1000);
+        let h = i.hash_key(b"back");
+        i.lock(h).insert(loc(5, 100)).unwrap();
+        assert!(i.lock(h).mark_recalled(loc(5, 100)));
+        let hit = i.lookup(h).next().unwrap();
+        assert!(hit.recalled_without_hit());
+        assert_eq!(hit.frequency(), 1);
+        // A read raises it like any other code: then it counts as read.
+        for expected in [2, 3, 3] {
+            i.lookup(h).next().unwrap().touch();
+            let now = i.lookup(h).next().unwrap();
+            assert!(!now.recalled_without_hit());
+            assert_eq!(now.frequency(), expected);
+        }
+        // Wherever it moves unread, or whatever replaces it, starts from no hit.
+        assert!(i.lock(h).mark_recalled(loc(5, 100)));
+        assert!(i.repoint(h, loc(5, 100), loc(6, 100)));
+        let moved = i.lookup(h).next().unwrap();
+        assert!(!moved.recalled_without_hit());
+        assert_eq!(moved.frequency(), 0);
+        assert!(!i.lock(h).mark_recalled(loc(5, 100)), "moved on");
+        assert!(i.lock(h).mark_recalled(loc(6, 100)));
+        assert!(i.lock(h).replace_hit(loc(6, 100), loc(7, 100)));
+        assert_eq!(i.lookup(h).next().unwrap().frequency(), 1);
     }
 
     #[test]

@@ -30,9 +30,13 @@
 //!   are promoted into `main` with their frequency kept, the others dropped.
 //!
 //! What a probation stage (the small queue, or tier 0 of several) drops is remembered in
-//! the cache's ghost filter (`crate::ghost`), so that a key that comes back soon after
-//! starts with a frequency of 1 and is kept at its first eviction. An overwrite counts
-//! as an access: the new item inherits the old one's frequency plus one (`cache.rs`).
+//! the cache's ghost filter (`crate::ghost`). A key that comes back soon after is marked
+//! ([`crate::index::RECALLED`]): its probation stage keeps it as if it had been read once,
+//! and passes it on with no hit (S3-FIFO inserts such a key straight into its main queue
+//! with a frequency of 0), so that it must be read to survive the main queue's tail. (It
+//! used to be given a hit, which bought it a second pass of the main queue unread.) An
+//! overwrite counts as an access: the new item inherits the old one's frequency plus one
+//! (`cache.rs`).
 //!
 //! # Cleaning
 //! Overwrites and deletes leave dead copies behind, and a FIFO log frees them only when
@@ -1398,5 +1402,36 @@ pub(super) mod tests {
     #[test]
     fn a_cleaning_racing_an_overwrite_never_brings_the_old_value_back() {
         cleaning_racing_a_writer(true);
+    }
+
+    #[test]
+    fn a_key_the_ghost_recalls_is_passed_on_by_its_probation_stage_with_no_hit() {
+        let (c, _) = Cache::open(config(vec![TierConfig::dram(TierSize::Bytes(TIER))])).unwrap();
+        let mut k = 0;
+        let mut write_until = |done: &dyn Fn() -> bool| {
+            while !done() {
+                c.set(format!("f{k}").as_bytes(), &value(k, 0), 0, 0)
+                    .unwrap();
+                if k % 16 == 0 {
+                    c.maintain().unwrap();
+                }
+                k += 1;
+                assert!(k < 50_000, "never happened");
+            }
+        };
+        // Unread, it is dropped by the small queue, and remembered.
+        c.set(b"back", &value(1, 0), 0, 0).unwrap();
+        write_until(&|| c.peek(b"back").unwrap().is_none());
+        // Stored again, it is marked: it counts as one hit in the small queue...
+        c.set(b"back", &value(1, 0), 0, 0).unwrap();
+        let hash = c.index.hash_key(b"back");
+        let entry = || c.index.lookup(hash).map(|h| (h.recalled_without_hit(), h.frequency()));
+        assert_eq!(entry().collect::<Vec<_>>(), vec![(true, 1)]);
+        // ...which passes it on to the main queue, where it has none: S3-FIFO's ghost
+        // hit, inserted into the main queue with a frequency of 0.
+        let slot = c.peek(b"back").unwrap().unwrap().pin.seg();
+        write_until(&|| c.peek(b"back").unwrap().is_none_or(|g| g.pin.seg() != slot));
+        assert!(c.peek(b"back").unwrap().is_some(), "promoted, not dropped");
+        assert_eq!(entry().collect::<Vec<_>>(), vec![(false, 0)]);
     }
 }
