@@ -302,16 +302,18 @@
 //!   expiry, into a segment that expires no earlier than they do — and their entries
 //!   repointed by compare-and-swap under the bucket lock; the others lose their entries.
 //!   Every tier but the last demotes them to the next tier (FIFO with reinsertion one
-//!   tier down). The last tier *reinserts* them into its own main queue, their frequency
-//!   lowered by one (a CLOCK with a two-bit counter: an item nobody reads survives at most
-//!   three more passes, and one eviction copies at most 3/4 of a segment, so eviction
-//!   always frees space). Its main queue is evicted oldest first. In a single-tier cache,
-//!   new writes go to a small probation queue (a tenth of the segments, S3-FIFO's small
-//!   queue) evicted first while longer than that, the items it keeps promoted to the main
-//!   queue; with more tiers, tier 0 plays that part. What a probation stage drops is
-//!   remembered in a ghost filter, and a key stored again soon after is passed on by its
-//!   probation stage unread, with no hit (S3-FIFO's ghost hit); an overwrite counts as a
-//!   hit of the key. The segment returns to the free list once no guard pins it.
+//!   tier down), except that tier 0 keeps the items read twice or more, one hit spent
+//!   (the hottest stay in the fastest tier). The last tier *reinserts* them into its own
+//!   main queue, their frequency lowered by one (a CLOCK with a two-bit counter: an item
+//!   nobody reads survives at most three more passes, and one eviction copies at most 3/4
+//!   of a segment, so eviction always frees space). Its main queue is evicted oldest
+//!   first. In a single-tier cache, new writes go to a small probation queue (a tenth of
+//!   the segments, S3-FIFO's small queue) evicted first while longer than that, the items
+//!   it keeps promoted to the main queue; with more tiers, tier 0 plays that part. What a
+//!   probation stage drops is remembered in a ghost filter, and a key stored again soon
+//!   after is passed on by its probation stage unread, with no hit (S3-FIFO's ghost
+//!   hit); an overwrite counts as a hit of the key. The segment returns to the free list
+//!   once no guard pins it.
 //! - **Cleaning** (`cache/evict.rs`): each round of the movers also copies the live items
 //!   of one main-queue segment that is at least 15% dead (overwritten or deleted copies)
 //!   into the reinsertion segment, frequencies kept, and frees it — long before FIFO

@@ -11,10 +11,12 @@
 //! costs less space than its chance of a hit is worth. The other items are dropped.
 //!
 //! Every tier but the last is a FIFO whose kept items are demoted to the next tier,
-//! frequency kept, when their segment is evicted. The last tier keeps what it is given by
-//! *reinsertion*: evicting one of its segments copies its kept items into the tier's
-//! reinsertion segment, their frequency lowered by one (a CLOCK with a two-bit counter, at
-//! segment granularity). Its sealed segments are in two queues (`tier::Lists`):
+//! frequency kept, when their segment is evicted — except that tier 0 keeps those read at
+//! least [`STAY_HITS`] times, one hit spent (the hottest items stay in the fastest tier).
+//! The last tier keeps what it is given by *reinsertion*: evicting one of its segments
+//! copies its kept items into the tier's reinsertion segment, their frequency lowered by
+//! one (a CLOCK with a two-bit counter, at segment granularity). Its sealed segments are in
+//! two queues (`tier::Lists`):
 //!
 //! - `main`: the segments it keeps items in — reinsertions, and demotions from the tier
 //!   above; evicted strictly oldest first. (Evicting the deadest segment first while
@@ -64,15 +66,16 @@
 //! with a reinsertion, and with a cleaning, at exactly that point, and restart). An
 //! eviction counts as inline unless the thread is running [`Cache::maintain`].
 //!
-//! Reinsertion cannot livelock: each one out of the main queue spends one recorded hit
-//! (an item nobody reads survives at most three more passes), and an item leaves
-//! probation once per write; one eviction copies at most [`REINSERT_BUDGET`] of a
-//! segment, so it frees at least the rest whatever the readers do; a cleaning frees at
-//! least [`CLEAN_DEAD_SHARE`] of its segment and runs once per round of the movers; and
-//! the reinsertion segment is opened only from a free segment or by evicting another one
-//! *without* reinsertion, never by waiting. Lock order: a tier's `mover` lock (held while
-//! a demotion into it opens a segment, which may evict in it) → its `reinsert` lock → its
-//! `lists` lock.
+//! Reinsertion cannot livelock: each one out of the main queue, and each stay in tier 0,
+//! spends one recorded hit (an item nobody reads survives at most three more passes), and
+//! an item leaves probation once per write; one eviction copies at most
+//! [`REINSERT_BUDGET`] of a segment, so it frees at least the rest whatever the readers
+//! do; a cleaning frees at least [`CLEAN_DEAD_SHARE`] of its segment and runs once per
+//! round of the movers; and the reinsertion segment is opened only from a free segment or
+//! by evicting another one *without* reinsertion (nor stays), never by waiting. Lock
+//! order: a tier's `mover` lock (held while a demotion into it opens a segment, which may
+//! evict in it) → its `reinsert` lock → its `lists` lock; tier 0's locks before any lower
+//! tier's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -131,6 +134,15 @@ pub(super) const CLEAN_SKIP_OLDEST: (usize, usize) = (1, 4);
 /// that may be cleaned, and the pass stays short under the tier's lists lock however
 /// large the tier is.
 pub(super) const CLEAN_WINDOW: usize = 32;
+
+/// In a cache of several tiers, an item leaving tier 0 with at least this many hits
+/// stays in tier 0 — copied into its reinsertion segment, one hit spent, within
+/// [`REINSERT_BUDGET`] of the segment — instead of being demoted: the items read most are
+/// kept in the fastest tier (CacheLib's tiers keep the hottest items in DRAM), and tier 0,
+/// which is every tiered cache's probation stage, then also holds a small main queue of
+/// its own. In the issue-5 benchmark's `dram:1,file:3` it raised the hit ratio from 0.7608
+/// to 0.7626 and DRAM's share of the hits from 64% to 76% (at 3 hits: 0.7622 and 75%).
+pub(super) const STAY_HITS: u8 = 2;
 
 /// Free segments that writers (and demotions) leave to the last tier's reinsertion
 /// segment: when that segment fills and no free one is left, the reinsertion segment is
@@ -472,7 +484,9 @@ impl Cache {
         let now = self.now();
         let next = tier + 1;
         let last = next == self.tiers.len();
-        let mut budget = if reinsert && last {
+        // Tier 0 of several keeps the items read most within itself (STAY_HITS).
+        let stays = reinsert && !last && tier == 0 && victim.walk == Walk::Probation;
+        let mut budget = if reinsert && (last || stays) {
             ((1usize << self.shift) - HEADER_LEN) / REINSERT_BUDGET.1 * REINSERT_BUDGET.0
         } else {
             0
@@ -512,12 +526,13 @@ impl Cache {
                 }
                 Walk::Clean => true,
             });
+            let stay = stays && hits.is_some_and(|h| h >= STAY_HITS) && budget >= item.len as usize;
             let copy = if !kept {
                 None
             } else if victim.walk == Walk::Clean {
                 let cas = self.cas_of(id, &item);
                 self.copy_item(tier, Dest::Reinsert, &item, cas, now, expires_at)?
-            } else if !last {
+            } else if !last && !stay {
                 let cas = self.cas_of(id, &item);
                 self.copy_item(next, Dest::Moved, &item, cas, now, expires_at)?
             } else if budget >= item.len as usize {
@@ -532,7 +547,7 @@ impl Cache {
                 tests::before_publish(item.key);
             }
             let mut g = self.index.lock(hash);
-            let frequency = if last && victim.walk == Walk::Evict {
+            let frequency = if stay || (last && victim.walk == Walk::Evict) {
                 Frequency::Decay
             } else {
                 Frequency::Keep
@@ -543,7 +558,7 @@ impl Cache {
             };
             if moved && victim.walk == Walk::Clean {
                 t.counters.items_cleaned.fetch_add(1, Ordering::Relaxed);
-            } else if moved && last {
+            } else if moved && (last || stay) {
                 t.counters.reinserted.fetch_add(1, Ordering::Relaxed);
             } else if moved {
                 self.counters.demotions.fetch_add(1, Ordering::Relaxed);
@@ -1229,9 +1244,10 @@ pub(super) mod tests {
         let c = std::sync::Arc::new(c);
         c.set(b"victim", &value(0, 1), 0, 0).unwrap();
         assert!(c.get(b"victim").unwrap().is_some());
-        // Cold writes push it down to tier 1 (one hit: demoted, not asked to promote).
+        // Cold writes push it down to tier 1 (one hit: demoted, not kept in tier 0 nor
+        // asked to promote; peeks, which record no hit, watch for it).
         let mut k = 0;
-        while c.get(b"victim").unwrap().unwrap().tier() == 0 {
+        while c.peek(b"victim").unwrap().unwrap().tier() == 0 {
             c.set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0)
                 .unwrap();
             if k % 8 == 0 {
@@ -1240,7 +1256,9 @@ pub(super) mod tests {
             k += 1;
             assert!(k < 100_000, "the victim was never demoted");
         }
-        // That read was its second hit; this one asks for the promotion.
+        // Its second hit, in tier 1, records the second hit; the third asks for the
+        // promotion.
+        assert_eq!(c.get(b"victim").unwrap().unwrap().tier(), 1);
         assert_eq!(c.get(b"victim").unwrap().unwrap().tier(), 1);
         let fired = race_a_writer_before_publishing(&c, overwrite);
         c.maintain().unwrap();
@@ -1402,6 +1420,45 @@ pub(super) mod tests {
     #[test]
     fn a_cleaning_racing_an_overwrite_never_brings_the_old_value_back() {
         cleaning_racing_a_writer(true);
+    }
+
+    #[test]
+    fn tier_0_of_two_keeps_the_items_read_most_and_demotes_the_others() {
+        let dram = || TierConfig::dram(TierSize::Bytes(TIER));
+        let (c, _) = Cache::open(config(vec![dram(), dram()])).unwrap();
+        for key in [&b"hot"[..], b"warm"] {
+            c.set(key, &value(1, 0), 0, 0).unwrap();
+        }
+        for _ in 0..STAY_HITS {
+            assert!(c.get(b"hot").unwrap().is_some());
+        }
+        assert!(c.get(b"warm").unwrap().is_some());
+        // Unread writes until the warm key is demoted (peeks record no hits).
+        let mut k = 0;
+        let mut write_until = |done: &dyn Fn() -> bool| {
+            while !done() {
+                c.set(format!("f{k}").as_bytes(), &value(k, 0), 0, 0)
+                    .unwrap();
+                if k % 16 == 0 {
+                    c.maintain().unwrap();
+                }
+                k += 1;
+                assert!(k < 50_000, "never happened");
+            }
+        };
+        let seg = |key: &[u8]| c.peek(key).unwrap().map(|g| (g.tier(), g.pin.seg()));
+        let (hot_tier, hot_slot) = seg(b"hot").unwrap();
+        assert_eq!(seg(b"warm"), Some((hot_tier, hot_slot)), "one segment");
+        write_until(&|| seg(b"warm").is_some_and(|(tier, _)| tier == 1));
+        // The hot key stayed in tier 0, copied out of its evicted segment, one hit spent.
+        let (tier, slot) = seg(b"hot").unwrap();
+        assert_eq!(tier, 0);
+        assert_ne!(slot, hot_slot);
+        let hash = c.index.hash_key(b"hot");
+        let hits: Vec<u8> = c.index.lookup(hash).map(|h| h.frequency()).collect();
+        assert_eq!(hits, vec![STAY_HITS - 1]);
+        assert_eq!(c.stats().tiers[0].reinserted, 1);
+        assert_eq!(c.peek(b"hot").unwrap().unwrap().value(), &value(1, 0)[..]);
     }
 
     #[test]
