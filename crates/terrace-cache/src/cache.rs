@@ -188,8 +188,10 @@ pub struct Stats {
     /// (see `cache/promote.rs`).
     pub promotions: u64,
     /// Items worth keeping (with hits, or small ones out of probation: `cache/evict.rs`)
-    /// copied within the last tier when their segment was evicted (instead of being
-    /// dropped).
+    /// copied within their tier when their segment was evicted: the last tier's
+    /// reinsertions (instead of being dropped), and the items read most that tier 0 of
+    /// several keeps (instead of demoting them). Cleanings are counted apart
+    /// ([`TierStats::items_cleaned`](crate::TierStats::items_cleaned)).
     pub reinsertions: u64,
     /// Segment evictions done on a request's critical path (no free segment was ready).
     pub inline_evictions: u64,

@@ -188,8 +188,8 @@ pub struct TierCounters {
     /// Items copied into this tier (tier 0) from a lower tier because they were read
     /// often there.
     pub promotions_in: AtomicU64,
-    /// Items kept (see `cache/evict.rs`) copied within this (last) tier when their
-    /// segment was evicted.
+    /// Items kept (see `cache/evict.rs`) copied within this tier when their segment was
+    /// evicted: reinsertions in the last tier, stays in tier 0 of several.
     pub reinserted: AtomicU64,
     /// Evictions done on a request's critical path.
     pub inline_evictions: AtomicU64,
