@@ -33,11 +33,14 @@
 //!   being overwritten. (`flush_all` kills, then removes, under the bucket lock: readers
 //!   racing with it may miss, which a flush allows.)
 //!
-//! Lock order: a stripe's appender lock → a tier's `mover` lock → the next tier's `mover`
-//! lock → … (a mover thread starts at the first `mover` lock) → the last tier's
-//! `reinsert` lock (an eviction in the last tier takes it to copy, possibly under that
-//! tier's `mover` lock; while holding it, it may evict only without reinsertion); each
-//! tier's `lists` lock is held only briefly and never across another lock; bucket locks
+//! Lock order: a stripe's appender lock → a tier's `mover` lock → its `reinsert` lock →
+//! the next tier's `mover` lock → … (a mover thread starts at the first `mover` lock) →
+//! the last tier's `reinsert` lock. An eviction takes its tier's `reinsert` lock to copy
+//! within the tier (the last tier's reinsertions and cleanings, tier 0's stays), possibly
+//! under that tier's `mover` lock; while holding it, it may evict in that tier only
+//! without reinsertion or stays, and demote (tier 0 of several, into the next tier's
+//! `mover` lock); each tier's `lists` lock is held only briefly and never across another
+//! lock; bucket locks
 //! and the mover-thread handle's lock are leaves (nothing is allocated, appended or
 //! evicted while one is held). No thread waits for a pin to drain:
 //! an evicted segment waits in its tier's reclaim list, and a thread holding a [`Guard`]
@@ -83,7 +86,7 @@ pub struct CacheConfig {
     pub limits: Limits,
     /// Items the whole capacity holds at the expected item size (capacity divided by the
     /// mean item size); `None`: one per 256 bytes of capacity. The index is sized for the
-    /// share of them that the engine keeps live (about 85%; see `index_items`).
+    /// share of them that the engine keeps live (about 95%; see `index_items`).
     pub expected_items: Option<usize>,
     /// Open-segment stripes (threads map to stripes round-robin); 0 = available
     /// parallelism.
@@ -332,8 +335,8 @@ thread_local! {
 /// The items the index is sized for, of `expected` (what the whole capacity would hold at
 /// the mean item size written): only live items have entries, and the engine never fills
 /// all of its capacity with them. It keeps each tier's free reserve ready and one segment
-/// per stripe and one per tier (for copies) open and partly filled; the rest — about 90%
-/// of a single tier of 128 segments — is taken as live, and the index is sized for that at
+/// per stripe and one per tier (for copies) open and partly filled; the rest — about 95%
+/// of a single tier of 128 segments with two stripes — is taken as live, and the index is sized for that at
 /// its design load, so that it runs near that load when the cache is full. Dead bytes are
 /// not subtracted: the movers clean them down to about a tenth of a tier
 /// (`cache/evict.rs`, `CLEAN_DEAD_SHARE`), and the probation stages' preference for small

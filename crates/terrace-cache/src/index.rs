@@ -44,9 +44,9 @@ pub const FREQ_BITS: u32 = 3;
 /// stage) or replaced it counts as none, so it is passed on with no hit recorded — as
 /// S3-FIFO inserts a key its ghost queue recalls straight into the main queue with a
 /// frequency of 0, instead of granting it a hit it never had (which bought it a whole
-/// extra pass of the main queue). A hit raises it like any other code: `0b101`, which
-/// counts as two hits wherever the item goes, then `0b111`. A saved index keeps it as
-/// one hit.
+/// extra pass of the main queue). A hit raises it like any other code: `0b101` counts
+/// two where it stands and one once moved ([`Hit::reads`]); a second hit makes it `0b111`,
+/// three, like any item read three times. A saved index keeps the mark as one hit.
 pub const RECALLED: u64 = 0b100;
 /// Highest frequency the entry can record.
 pub const MAX_FREQ: u8 = 3;
@@ -139,6 +139,16 @@ impl Layout {
 
 fn freq_count(entry: u64) -> u8 {
     (entry & FREQ_MASK).count_ones() as u8
+}
+
+/// The hits an entry carries when it moves: its frequency without the one a
+/// [`RECALLED`] mark counts (`0b100` is no hit, `0b101` one; `0b111` stays three).
+fn reads_count(entry: u64) -> u8 {
+    match entry & FREQ_MASK {
+        RECALLED => 0,
+        code if code == RECALLED | 1 => 1,
+        code => code.count_ones() as u8,
+    }
 }
 
 fn freq_code(count: u8) -> u64 {
@@ -495,6 +505,12 @@ impl Hit<'_> {
         self.entry & FREQ_MASK == RECALLED
     }
 
+    /// Hits recorded by reads (and overwrites) when the entry was loaded: the frequency
+    /// without the one a [`RECALLED`] mark counts. What the item carries if it moves.
+    pub fn reads(&self) -> u8 {
+        reads_count(self.entry)
+    }
+
     /// Records a hit: one `fetch_or` raising the frequency by one, none when it is already
     /// at [`MAX_FREQ`]. Lock-free. If a writer changed the slot since the lookup, the bit
     /// lands on whatever is there now (an occupant's frequency, or an empty slot's ignored
@@ -628,13 +644,13 @@ impl<'a> BucketGuard<'a> {
         Err(Full)
     }
 
-    /// Points the key's entry at `expected` to `new`, its frequency mapped by `freq` (one
+    /// Points the key's entry at `expected` to `new`, its hits mapped by `freq` (one
     /// compare-and-swap loop: hits readers record concurrently are counted before the
-    /// mapping). A [`RECALLED`] entry nobody has read is mapped from 0: the recall keeps
-    /// an item through its probation stage, and wherever the item goes from there (or
-    /// whatever replaces it) starts with no hit. False when `new` does not fit the
-    /// layout or no entry of this key points at `expected`. Every repointing below is
-    /// this with another mapping.
+    /// mapping). The hits are [`Hit::reads`]: a [`RECALLED`] mark keeps an item through
+    /// its probation stage, and wherever the item goes from there (or whatever replaces
+    /// it) starts without that one. False when `new` does not fit the layout or no entry
+    /// of this key points at `expected`. Every repointing below is this with another
+    /// mapping.
     fn move_entry(&mut self, expected: Location, new: Location, freq: impl Fn(u8) -> u8) -> bool {
         let layout = self.index.layout;
         if !layout.fits(new) {
@@ -645,12 +661,7 @@ impl<'a> BucketGuard<'a> {
         };
         let target = layout.pack(self.tag, new);
         let _ = s.fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
-            let hits = if e & FREQ_MASK == RECALLED {
-                0
-            } else {
-                freq_count(e)
-            };
-            Some(target | freq_code(freq(hits)))
+            Some(target | freq_code(freq(reads_count(e))))
         });
         true
     }
@@ -884,6 +895,13 @@ mod tests {
         assert!(!i.lock(h).mark_recalled(loc(5, 100)), "moved on");
         assert!(i.lock(h).mark_recalled(loc(6, 100)));
         assert!(i.lock(h).replace_hit(loc(6, 100), loc(7, 100)));
+        assert_eq!(i.lookup(h).next().unwrap().frequency(), 1);
+        // Read once, it carries that one read and no more.
+        assert!(i.lock(h).mark_recalled(loc(7, 100)));
+        i.lookup(h).next().unwrap().touch();
+        let read = i.lookup(h).next().unwrap();
+        assert_eq!((read.frequency(), read.reads()), (2, 1));
+        assert!(i.repoint(h, loc(7, 100), loc(8, 100)));
         assert_eq!(i.lookup(h).next().unwrap().frequency(), 1);
     }
 

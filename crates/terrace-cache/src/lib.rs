@@ -255,7 +255,7 @@
 //! # Metadata per item
 //! Index: 8-byte slots at 80% load plus a lock byte per 16 slots: about 10.1 bytes per
 //! item, if the index is sized for the items the cache really holds — the engine sizes
-//! it for the share of `expected_items` it keeps live (about 90%: part of the capacity is
+//! it for the share of `expected_items` it keeps live (about 95%: part of the capacity is
 //! free reserve and open segments; dead bytes, which cleaning keeps near a tenth, are
 //! made up for by the smaller items the probation stages keep; `cache::index_items`).
 //! The ghost filter
@@ -359,8 +359,8 @@
 //!   nothing that held, unlike keeping small items out of probation, which was kept.
 //!   Cleaning (above) alone gained little (0.7643 to 0.7652–0.7656 in the issue-5
 //!   benchmark): the index, sized then for 15% of dead bytes, evicted 260,000 items for
-//!   want of slots instead of 150,000. With the index sized for the live share, 0.768;
-//!   with recalled keys passed on unread, 0.770;
+//!   want of slots instead of 150,000. The index sized for the live share alone gave
+//!   0.766; both, 0.769; with recalled keys passed on unread, 0.770;
 //! - delayed flush (the server does it); lending space between pools (a pool's quota is
 //!   fixed while the cache runs).
 

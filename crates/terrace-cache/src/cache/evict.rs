@@ -45,10 +45,14 @@
 //! their segment reaches the tail. Each round of the movers therefore also cleans one
 //! segment of the last tier's main queue whose dead bytes are at least
 //! [`CLEAN_DEAD_SHARE`] of it ([`Cache::clean_one`]): every live item is copied into the
-//! reinsertion segment with its frequency — read or not, none is dropped, and no hit is
-//! spent — and the segment is freed. The oldest [`CLEAN_SKIP_OLDEST`] of the queue is left
-//! to the tail, which frees its dead bytes soon anyway. A cleaning is neither an eviction
-//! nor a reinsertion in the stats (`segments_cleaned`, `items_cleaned`).
+//! reinsertion segment with its frequency — read or not, and no hit is spent — and the
+//! segment is freed. The oldest [`CLEAN_SKIP_OLDEST`] of the queue is left to the tail,
+//! which frees its dead bytes soon anyway. A round cleans nothing while the free list is
+//! down to [`REINSERT_RESERVE`]: the copies could then need a segment freed by an
+//! eviction without reinsertion, which drops the items with hits of the oldest segment.
+//! (Should no segment take a copy all the same, that item is dropped, as at an eviction.)
+//! A cleaning is neither an eviction nor a reinsertion in the stats (`segments_cleaned`,
+//! `items_cleaned`).
 //!
 //! # Invariants
 //! A segment is taken out of its tier's queues by exactly one evictor or cleaner, which
@@ -67,15 +71,16 @@
 //! eviction counts as inline unless the thread is running [`Cache::maintain`].
 //!
 //! Reinsertion cannot livelock: each one out of the main queue, and each stay in tier 0,
-//! spends one recorded hit (an item nobody reads survives at most three more passes), and
-//! an item leaves probation once per write; one eviction copies at most
-//! [`REINSERT_BUDGET`] of a segment, so it frees at least the rest whatever the readers
-//! do; a cleaning frees at least [`CLEAN_DEAD_SHARE`] of its segment and runs once per
-//! round of the movers; and the reinsertion segment is opened only from a free segment or
-//! by evicting another one *without* reinsertion (nor stays), never by waiting. Lock
-//! order: a tier's `mover` lock (held while a demotion into it opens a segment, which may
-//! evict in it) → its `reinsert` lock → its `lists` lock; tier 0's locks before any lower
-//! tier's.
+//! spends one recorded hit (an item nobody reads survives at most three more evictions of
+//! its segments; a cleaning moves it without spending one, but frees the dead bytes it
+//! chose the segment for), and an item leaves probation once per write; one eviction
+//! copies at most [`REINSERT_BUDGET`] of a segment, so it frees at least the rest
+//! whatever the readers do; a cleaning runs at most once per round of the movers and only
+//! while the free list is above [`REINSERT_RESERVE`]; and the reinsertion segment is
+//! opened only from a free segment or by evicting another one *without* reinsertion (nor
+//! stays), never by waiting. Lock order: a tier's `mover` lock (held while a demotion
+//! into it opens a segment, which may evict in it) → its `reinsert` lock → its `lists`
+//! lock; tier 0's locks before any lower tier's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -119,10 +124,10 @@ pub(super) const SMALL_ITEM_SHARE: (usize, usize) = (2, 7);
 /// issue-5 benchmark (10% of operations are sets of mostly present keys) they filled about
 /// 40 MiB of 256, and every megabyte of segments is worth about 0.025 point of hit ratio
 /// there. Cleaning at 15% dead keeps them to about 25 MiB, for about 45% more copies by
-/// the movers (2.2 million against 1.5 million per run), which cost no throughput that
-/// runs alternating with and without it could tell apart; at 20% it kept 30 MiB dead, at
-/// 25% 37 MiB, at 10% 19 MiB without more hits (the rescued space then holds items that
-/// are rarely read).
+/// the movers (2.2 million against 1.5 million per run); three runs alternating builds
+/// with and without it gave 1.91–1.94 against 1.90–1.93 million operations a second. At
+/// 20% it kept 30 MiB dead, at 25% 37 MiB, at 10% 19 MiB without more hits (the rescued
+/// space then holds items that are rarely read).
 pub(super) const CLEAN_DEAD_SHARE: (usize, usize) = (15, 100);
 
 /// The oldest share of the main queue never cleaned: its segments reach the tail soon,
@@ -330,8 +335,9 @@ impl Cache {
         Ok(())
     }
 
-    /// The queue `tier`'s copies (demotions into it, reinsertions within it) are sealed
-    /// into: the last tier keeps them in its main queue, a middle tier in its FIFO.
+    /// The queue `tier`'s copies (demotions or promotions into it, reinsertions, stays
+    /// and cleanings within it) are sealed into: the last tier keeps them in its main
+    /// queue, a tier above the last in its FIFO.
     fn copies_queue(&self, tier: usize) -> Queue {
         if tier + 1 == self.tiers.len() {
             Queue::Main
@@ -422,10 +428,11 @@ impl Cache {
         Ok(())
     }
 
-    /// A free slot of the last tier for its reinsertion segment, never waiting: from the
-    /// free list or the drained reclaim list, else by evicting the next victim *without*
-    /// reinsertion (so this never needs a reinsertion segment itself and cannot recurse).
-    /// `None` when nothing could be freed now: the caller drops the item instead.
+    /// A free slot of `tier` for its reinsertion segment (the last tier's reinsertions and
+    /// cleanings, tier 0's stays), never waiting: from the free list or the drained
+    /// reclaim list, else by evicting the next victim *without* reinsertion (nor stays;
+    /// so this never needs a reinsertion segment itself and cannot recurse). `None` when
+    /// nothing could be freed now: the caller drops the item instead (a stay is demoted).
     fn reinsert_slot(&self, tier: usize) -> Result<Option<u32>, CacheError> {
         let t = &self.tiers[tier];
         for round in 0..3 {
@@ -452,13 +459,15 @@ impl Cache {
 
     /// Evicts (or cleans) one sealed segment: on a durable tier retire it first (E2),
     /// then walk its items. Kept items (see the module docs) that have not expired get
-    /// another life: in a tier with a next tier they are demoted there, frequency kept; in
-    /// the last tier, if `reinsert`, they are copied into the tier's reinsertion segment —
-    /// promoted from probation with their frequency kept, else with it lowered by one — at
-    /// most [`REINSERT_BUDGET`] of a segment per eviction. A [`Walk::Clean`] keeps every
-    /// live item, frequency kept, with no budget (the segment is at least
-    /// [`CLEAN_DEAD_SHARE`] dead). Copies are published as the module docs say; everything
-    /// else loses its entry (and, from probation, becomes a ghost).
+    /// another life: in a tier with a next tier they are demoted there, frequency kept —
+    /// except that tier 0, if `reinsert`, keeps those read [`STAY_HITS`] times in its
+    /// reinsertion segment, one hit spent; in the last tier, if `reinsert`, they are
+    /// copied into the tier's reinsertion segment — promoted from probation with their
+    /// frequency kept, else with it lowered by one. Copies within a tier take at most
+    /// [`REINSERT_BUDGET`] of a segment per eviction. A [`Walk::Clean`] keeps every live
+    /// item, frequency kept, with no budget (the segment is at least [`CLEAN_DEAD_SHARE`]
+    /// dead). Copies are published as the module docs say; everything else loses its
+    /// entry (and, from probation, becomes a ghost).
     ///
     /// On an error (a failed persist) the segment stays `Evicting` and out of every list:
     /// lost to the cache until restart, but never freed while entries may point into it.
@@ -510,34 +519,46 @@ impl Cache {
                 live_items += 1;
                 live_bytes += u64::from(item.len);
             }
+            // (frequency, reads): what the policy counts where the item stands, and the
+            // hits it carries when it moves (a recall counts in the first only).
             let hits = if expired {
                 None
             } else {
                 self.index
                     .lookup(hash)
                     .find(|h| h.location() == loc)
-                    .map(|h| h.frequency())
+                    .map(|h| (h.frequency(), h.reads()))
             };
-            let kept = hits.is_some_and(|hits| match victim.walk {
-                Walk::Evict => hits > 0,
+            let kept = hits.is_some_and(|(frequency, _)| match victim.walk {
+                Walk::Evict => frequency > 0,
                 Walk::Probation => {
-                    hits > 0
+                    frequency > 0
                         || item.len as usize * SMALL_ITEM_SHARE.1 < mean_len * SMALL_ITEM_SHARE.0
                 }
                 Walk::Clean => true,
             });
-            let stay = stays && hits.is_some_and(|h| h >= STAY_HITS) && budget >= item.len as usize;
+            let mut stay = stays
+                && hits.is_some_and(|(_, reads)| reads >= STAY_HITS)
+                && budget >= item.len as usize;
+            let cas = self.cas_of(id, &item);
             let copy = if !kept {
                 None
             } else if victim.walk == Walk::Clean {
-                let cas = self.cas_of(id, &item);
                 self.copy_item(tier, Dest::Reinsert, &item, cas, now, expires_at)?
-            } else if !last && !stay {
-                let cas = self.cas_of(id, &item);
+            } else if stay {
+                budget -= item.len as usize;
+                match self.copy_item(tier, Dest::Reinsert, &item, cas, now, expires_at)? {
+                    Some(copy) => Some(copy),
+                    // No segment could take it now: demoted, as it would have been.
+                    None => {
+                        stay = false;
+                        self.copy_item(next, Dest::Moved, &item, cas, now, expires_at)?
+                    }
+                }
+            } else if !last {
                 self.copy_item(next, Dest::Moved, &item, cas, now, expires_at)?
             } else if budget >= item.len as usize {
                 budget -= item.len as usize;
-                let cas = self.cas_of(id, &item);
                 self.copy_item(tier, Dest::Reinsert, &item, cas, now, expires_at)?
             } else {
                 None
@@ -614,6 +635,12 @@ impl Cache {
             * CLEAN_DEAD_SHARE.0) as u64;
         let victim = {
             let mut lists = t.lists.lock();
+            if lists.free.len() <= REINSERT_RESERVE {
+                // The copies might need a segment that only an eviction without
+                // reinsertion could free (`reinsert_slot`): not worth the hot items it
+                // would drop. Cleaned at a later round.
+                return Ok(false);
+            }
             let dead = |slot: u32| {
                 u64::from(self.meta[(t.base + slot) as usize].dead_bytes.load(Ordering::Relaxed))
             };
@@ -690,7 +717,11 @@ impl Cache {
             Dest::Moved => t.mover.lock(),
             Dest::Reinsert => t.reinsert.lock(),
         };
-        let cap = super::open_segments_cap(t.area.count(), super::MOVER_OPEN_SHARE, 1);
+        // Tier 0 of several has writers too, and two sets of copies (promotions in, its
+        // stays): those share the movers' quarter, so that open segments never take more
+        // than three quarters of it (`super::MIN_TIER_SEGMENTS`).
+        let copy_sets = if tier == 0 && self.tiers.len() > 1 { 2 } else { 1 };
+        let cap = super::open_segments_cap(t.area.count(), super::MOVER_OPEN_SHARE, copy_sets);
         let bucket = match super::place(&movers, spec.encoded_len(), expires_at, now, cap) {
             Placement::Append(bucket) => bucket,
             Placement::Open {
@@ -1061,8 +1092,9 @@ pub(super) mod tests {
         let (c, _) = Cache::open(config(vec![TierConfig::dram(TierSize::Bytes(TIER))])).unwrap();
         let small = c.small_queue(0).unwrap();
         // Most of the main queue is dead, one younger segment almost entirely, the oldest
-        // not at all: the oldest still goes first (cleaning dead-heavy segments first
-        // cost hit ratio: see the module docs).
+        // not at all: the oldest still goes first (evicting dead-heavy segments first,
+        // which drops their unread items, cost hit ratio: see the module docs; cleaning
+        // them, which drops nothing, is another pass).
         for slot in 20..50 {
             c.meta[slot].dead_bytes.store(20_000, Ordering::Relaxed);
         }
@@ -1459,6 +1491,53 @@ pub(super) mod tests {
         assert_eq!(hits, vec![STAY_HITS - 1]);
         assert_eq!(c.stats().tiers[0].reinserted, 1);
         assert_eq!(c.peek(b"hot").unwrap().unwrap().value(), &value(1, 0)[..]);
+    }
+
+    /// A stay in a durable tier 0 races with a delete or an overwrite of the key, between
+    /// copying the item and publishing the copy: the copy must die, in the running cache
+    /// and after a restart.
+    fn stay_racing_a_writer(overwrite: bool) {
+        let dir = tier_dir();
+        let files = |dir: &Path| CacheConfig {
+            promote: false,
+            ..promoting_files(dir)
+        };
+        let (c, _) = Cache::open(files(dir.path())).unwrap();
+        let c = std::sync::Arc::new(c);
+        c.set(b"victim", &value(0, 1), 0, 0).unwrap();
+        for _ in 0..STAY_HITS {
+            assert!(c.get(b"victim").unwrap().is_some());
+        }
+        let fired = race_a_writer_before_publishing(&c, overwrite);
+        let mut k = 0;
+        while fired.load(Ordering::Relaxed) == 0 {
+            c.set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0)
+                .unwrap();
+            if k % 8 == 0 {
+                c.maintain().unwrap();
+            }
+            k += 1;
+            assert!(k < 100_000, "the victim's segment was never evicted");
+        }
+        BEFORE_PUBLISH.with(|h| h.borrow_mut().take());
+        // The copy raced was a stay: the only item read twice is the victim, and tier 0's
+        // reinsertion segment was opened for it (a demotion would have gone to tier 1).
+        assert!(!c.tiers[0].reinsert.lock().is_empty(), "no stay was copied");
+        assert_eq!(c.stats().tiers[0].reinserted, 0, "the stay was published");
+        let expect = overwrite.then(|| value(0, 2));
+        let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
+        assert_eq!(now, expect, "running cache");
+        crash_and_check(c, files(dir.path()), expect);
+    }
+
+    #[test]
+    fn a_stay_racing_a_delete_never_brings_the_value_back() {
+        stay_racing_a_writer(false);
+    }
+
+    #[test]
+    fn a_stay_racing_an_overwrite_never_brings_the_old_value_back() {
+        stay_racing_a_writer(true);
     }
 
     #[test]

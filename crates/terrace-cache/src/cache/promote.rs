@@ -6,9 +6,10 @@
 //! ([`Cache::maintain`]) copies the queued items into tier 0's copy segment.
 //!
 //! A promoted item enters tier 0 with a frequency of 1: it is demoted again when its
-//! tier-0 segment is evicted (tier 0 is every tiered cache's probation stage), and it
-//! must record [`PROMOTE_AFTER_HITS`] hits again down there before a hit brings it back
-//! up, so an item cannot bounce between the tiers on every read. Off unless
+//! tier-0 segment is evicted (tier 0 is every tiered cache's probation stage) unless it
+//! is read again up there (then tier 0 keeps it: `evict.rs`, `STAY_HITS`), and it must
+//! record [`PROMOTE_AFTER_HITS`] hits again down there before a hit brings it back up,
+//! so an item cannot bounce between the tiers on every read. Off unless
 //! [`CacheConfig::promote`](super::CacheConfig::promote) is set.
 //!
 //! # Invariants
