@@ -642,7 +642,11 @@ impl Cache {
                 return Ok(false);
             }
             let dead = |slot: u32| {
-                u64::from(self.meta[(t.base + slot) as usize].dead_bytes.load(Ordering::Relaxed))
+                u64::from(
+                    self.meta[(t.base + slot) as usize]
+                        .dead_bytes
+                        .load(Ordering::Relaxed),
+                )
             };
             clean_candidate(&lists.main, dead, enough)
                 .and_then(|at| lists.main.remove(at))
@@ -720,7 +724,11 @@ impl Cache {
         // Tier 0 of several has writers too, and two sets of copies (promotions in, its
         // stays): those share the movers' quarter, so that open segments never take more
         // than three quarters of it (`super::MIN_TIER_SEGMENTS`).
-        let copy_sets = if tier == 0 && self.tiers.len() > 1 { 2 } else { 1 };
+        let copy_sets = if tier == 0 && self.tiers.len() > 1 {
+            2
+        } else {
+            1
+        };
         let cap = super::open_segments_cap(t.area.count(), super::MOVER_OPEN_SHARE, copy_sets);
         let bucket = match super::place(&movers, spec.encoded_len(), expires_at, now, cap) {
             Placement::Append(bucket) => bucket,
@@ -785,7 +793,11 @@ impl Cache {
         let from_fifo = |lists: &mut Lists| {
             lists.fifo.pop_front().map(|slot| Victim {
                 slot,
-                walk: if tier == 0 { Walk::Probation } else { Walk::Evict },
+                walk: if tier == 0 {
+                    Walk::Probation
+                } else {
+                    Walk::Evict
+                },
             })
         };
         let from_main = |lists: &mut Lists| {
@@ -1166,6 +1178,24 @@ pub(super) mod tests {
         assert!(s.items as u64 <= TIER / 400, "{s:?}");
     }
 
+    /// Writes unread items `{prefix}0`, `{prefix}1`, … (about 430 bytes each) until
+    /// `done()`, running [`Cache::maintain`] every eighth write as the mover thread
+    /// does: with no lock held, so that a [`before_publish`] hook's write can get in (an
+    /// inline eviction holds its writer's stripe lock, and the hook would wait for
+    /// itself). Panics, naming `what`, after 100,000 writes.
+    fn write_until(c: &Cache, prefix: &str, what: &str, mut done: impl FnMut() -> bool) {
+        let mut k = 0;
+        while !done() {
+            c.set(format!("{prefix}{k}").as_bytes(), &value(k, 0), 0, 0)
+                .unwrap();
+            if k % 8 == 0 {
+                c.maintain().unwrap();
+            }
+            k += 1;
+            assert!(k < 100_000, "{what} never happened");
+        }
+    }
+
     /// Installs the [`before_publish`] hook: the first time a copy of `victim` is about
     /// to be published, the key is overwritten (with `value(0, 2)`) or deleted. Returns
     /// how many times it fired.
@@ -1190,6 +1220,17 @@ pub(super) mod tests {
             }))
         });
         fired
+    }
+
+    /// Removes the [`before_publish`] hook, then checks that `victim` holds what the
+    /// racing writer left — `value(0, 2)` after an overwrite, nothing after a delete — in
+    /// the running cache and after a restart with `config` ([`crash_and_check`]).
+    fn check_the_writer_won(c: std::sync::Arc<Cache>, config: CacheConfig, overwrite: bool) {
+        BEFORE_PUBLISH.with(|h| h.borrow_mut().take());
+        let expect = overwrite.then(|| value(0, 2));
+        let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
+        assert_eq!(now, expect, "running cache");
+        crash_and_check(c, config, expect);
     }
 
     /// Drops the cache without a clean shutdown, reopens its files with `config` (a
@@ -1221,25 +1262,11 @@ pub(super) mod tests {
             "a hit: it will be reinserted"
         );
         let fired = race_a_writer_before_publishing(&c, overwrite);
-        // Evictions run in `maintain`, as the mover thread runs them: with no lock held,
-        // so that the hook's write can get in (an inline eviction holds its writer's
-        // stripe lock, and the hook would wait for itself).
-        let mut k = 0;
-        while fired.load(Ordering::Relaxed) == 0 {
-            c.set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0)
-                .unwrap();
-            if k % 8 == 0 {
-                c.maintain().unwrap();
-            }
-            k += 1;
-            assert!(k < 100_000, "the victim's segment was never evicted");
-        }
+        write_until(&c, "k", "the victim's eviction", || {
+            fired.load(Ordering::Relaxed) > 0
+        });
         assert_eq!(c.stats().inline_evictions, 0);
-        BEFORE_PUBLISH.with(|h| h.borrow_mut().take());
-        let expect = overwrite.then(|| value(0, 2));
-        let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
-        assert_eq!(now, expect, "running cache");
-        crash_and_check(c, file_only(dir.path()), expect);
+        check_the_writer_won(c, file_only(dir.path()), overwrite);
     }
 
     #[test]
@@ -1278,29 +1305,18 @@ pub(super) mod tests {
         assert!(c.get(b"victim").unwrap().is_some());
         // Cold writes push it down to tier 1 (one hit: demoted, not kept in tier 0 nor
         // asked to promote; peeks, which record no hit, watch for it).
-        let mut k = 0;
-        while c.peek(b"victim").unwrap().unwrap().tier() == 0 {
-            c.set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0)
-                .unwrap();
-            if k % 8 == 0 {
-                c.maintain().unwrap();
-            }
-            k += 1;
-            assert!(k < 100_000, "the victim was never demoted");
-        }
+        write_until(&c, "k", "the victim's demotion", || {
+            c.peek(b"victim").unwrap().unwrap().tier() != 0
+        });
         // Its second hit, in tier 1, records the second hit; the third asks for the
         // promotion.
         assert_eq!(c.get(b"victim").unwrap().unwrap().tier(), 1);
         assert_eq!(c.get(b"victim").unwrap().unwrap().tier(), 1);
         let fired = race_a_writer_before_publishing(&c, overwrite);
         c.maintain().unwrap();
-        BEFORE_PUBLISH.with(|h| h.borrow_mut().take());
         assert_eq!(fired.load(Ordering::Relaxed), 1, "the promotion never ran");
         assert_eq!(c.stats().promotions, 0);
-        let expect = overwrite.then(|| value(0, 2));
-        let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
-        assert_eq!(now, expect, "running cache");
-        crash_and_check(c, promoting_files(dir.path()), expect);
+        check_the_writer_won(c, promoting_files(dir.path()), overwrite);
     }
 
     #[test]
@@ -1320,19 +1336,34 @@ pub(super) mod tests {
         // Dead bytes growing with the slot number: the deadest in the window is its
         // youngest.
         let growing = |slot: u32| u64::from(slot) * 10;
-        assert_eq!(clean_candidate(&main, growing, enough), Some(25 + CLEAN_WINDOW - 1));
+        assert_eq!(
+            clean_candidate(&main, growing, enough),
+            Some(25 + CLEAN_WINDOW - 1)
+        );
         // The oldest quarter is never cleaned, however dead.
-        let dead = |slot: u32| if slot < 25 { 10_000 } else { 150 - u64::from(slot) };
+        let dead = |slot: u32| {
+            if slot < 25 {
+                10_000
+            } else {
+                150 - u64::from(slot)
+            }
+        };
         assert_eq!(clean_candidate(&main, dead, enough), Some(25));
         // Nothing in the window dead enough: nothing to clean (slot 90, past it, is).
         let dead = |slot: u32| if slot == 90 { 10_000 } else { 99 };
         assert_eq!(clean_candidate(&main, dead, enough), None);
-        assert_eq!(clean_candidate(&main, |_| enough, enough), Some(25 + CLEAN_WINDOW - 1));
+        assert_eq!(
+            clean_candidate(&main, |_| enough, enough),
+            Some(25 + CLEAN_WINDOW - 1)
+        );
         // A short queue: a quarter of three segments is none of them.
         let short: std::collections::VecDeque<u32> = [7, 8, 9].into_iter().collect();
         let dead = |slot: u32| if slot == 7 { 500 } else { 0 };
         assert_eq!(clean_candidate(&short, dead, enough), Some(0));
-        assert_eq!(clean_candidate(&std::collections::VecDeque::new(), u64::from, 0), None);
+        assert_eq!(
+            clean_candidate(&std::collections::VecDeque::new(), u64::from, 0),
+            None
+        );
     }
 
     /// The slot of `key`'s segment if it is in tier 0's main queue (sealed).
@@ -1360,16 +1391,9 @@ pub(super) mod tests {
         for k in 0..keys {
             assert!(c.get(format!("m{k}").as_bytes()).unwrap().is_some());
         }
-        let mut k = 0;
-        while main_slot(c, b"victim").is_none() {
-            c.set(format!("cold{k}").as_bytes(), &value(k, 0), 0, 0)
-                .unwrap();
-            if k % 16 == 0 {
-                c.maintain().unwrap();
-            }
-            k += 1;
-            assert!(k < 20_000, "the victim never reached the main queue");
-        }
+        write_until(c, "cold", "the victim's promotion", || {
+            main_slot(c, b"victim").is_some()
+        });
         let slot = main_slot(c, b"victim").unwrap();
         let same = (0..keys)
             .filter(|k| main_slot(c, format!("m{k}").as_bytes()) == Some(slot))
@@ -1390,7 +1414,11 @@ pub(super) mod tests {
     fn cleaning_frees_a_dead_main_segment_and_keeps_its_live_items_and_their_hits() {
         let (c, _) = Cache::open(config(vec![TierConfig::dram(TierSize::Bytes(TIER))])).unwrap();
         let (slot, same) = victim_in_main(&c, 150);
-        assert!(same.len() >= 20, "{} keys share the victim's segment", same.len());
+        assert!(
+            same.len() >= 20,
+            "{} keys share the victim's segment",
+            same.len()
+        );
         let tiny: Vec<u32> = (0..150)
             .filter(|k| main_slot(&c, format!("t{k}").as_bytes()) == Some(slot))
             .collect();
@@ -1411,13 +1439,19 @@ pub(super) mod tests {
         );
         assert!(c.tiers[0].lists.lock().reclaim.contains(&slot));
         assert!(!c.tiers[0].lists.lock().main.contains(&slot));
-        assert_eq!(c.peek(b"victim").unwrap().unwrap().value(), &value(0, 1)[..]);
+        assert_eq!(
+            c.peek(b"victim").unwrap().unwrap().value(),
+            &value(0, 1)[..]
+        );
         for &k in &same {
             let g = c.peek(format!("m{k}").as_bytes()).unwrap().unwrap();
             assert_eq!(g.value(), &value(k, k % 2)[..], "m{k}");
         }
         for &k in &tiny {
-            assert!(c.peek(format!("t{k}").as_bytes()).unwrap().is_some(), "t{k}");
+            assert!(
+                c.peek(format!("t{k}").as_bytes()).unwrap().is_some(),
+                "t{k}"
+            );
         }
         // A cleaned item keeps the hit it had: one more pass of the main queue.
         let hash = c.index.hash_key(b"victim");
@@ -1436,12 +1470,12 @@ pub(super) mod tests {
         let c = std::sync::Arc::new(c);
         let fired = race_a_writer_before_publishing(&c, overwrite);
         assert!(c.clean_one(0).unwrap());
-        BEFORE_PUBLISH.with(|h| h.borrow_mut().take());
-        assert_eq!(fired.load(Ordering::Relaxed), 1, "the cleaning never copied the victim");
-        let expect = overwrite.then(|| value(0, 2));
-        let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
-        assert_eq!(now, expect, "running cache");
-        crash_and_check(c, file_only(dir.path()), expect);
+        assert_eq!(
+            fired.load(Ordering::Relaxed),
+            1,
+            "the cleaning never copied the victim"
+        );
+        check_the_writer_won(c, file_only(dir.path()), overwrite);
     }
 
     #[test]
@@ -1466,22 +1500,12 @@ pub(super) mod tests {
         }
         assert!(c.get(b"warm").unwrap().is_some());
         // Unread writes until the warm key is demoted (peeks record no hits).
-        let mut k = 0;
-        let mut write_until = |done: &dyn Fn() -> bool| {
-            while !done() {
-                c.set(format!("f{k}").as_bytes(), &value(k, 0), 0, 0)
-                    .unwrap();
-                if k % 16 == 0 {
-                    c.maintain().unwrap();
-                }
-                k += 1;
-                assert!(k < 50_000, "never happened");
-            }
-        };
         let seg = |key: &[u8]| c.peek(key).unwrap().map(|g| (g.tier(), g.pin.seg()));
         let (hot_tier, hot_slot) = seg(b"hot").unwrap();
         assert_eq!(seg(b"warm"), Some((hot_tier, hot_slot)), "one segment");
-        write_until(&|| seg(b"warm").is_some_and(|(tier, _)| tier == 1));
+        write_until(&c, "f", "the warm key's demotion", || {
+            seg(b"warm").is_some_and(|(tier, _)| tier == 1)
+        });
         // The hot key stayed in tier 0, copied out of its evicted segment, one hit spent.
         let (tier, slot) = seg(b"hot").unwrap();
         assert_eq!(tier, 0);
@@ -1509,25 +1533,14 @@ pub(super) mod tests {
             assert!(c.get(b"victim").unwrap().is_some());
         }
         let fired = race_a_writer_before_publishing(&c, overwrite);
-        let mut k = 0;
-        while fired.load(Ordering::Relaxed) == 0 {
-            c.set(format!("k{k}").as_bytes(), &value(k, 0), 0, 0)
-                .unwrap();
-            if k % 8 == 0 {
-                c.maintain().unwrap();
-            }
-            k += 1;
-            assert!(k < 100_000, "the victim's segment was never evicted");
-        }
-        BEFORE_PUBLISH.with(|h| h.borrow_mut().take());
+        write_until(&c, "k", "the victim's eviction", || {
+            fired.load(Ordering::Relaxed) > 0
+        });
         // The copy raced was a stay: the only item read twice is the victim, and tier 0's
         // reinsertion segment was opened for it (a demotion would have gone to tier 1).
         assert!(!c.tiers[0].reinsert.lock().is_empty(), "no stay was copied");
         assert_eq!(c.stats().tiers[0].reinserted, 0, "the stay was published");
-        let expect = overwrite.then(|| value(0, 2));
-        let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
-        assert_eq!(now, expect, "running cache");
-        crash_and_check(c, files(dir.path()), expect);
+        check_the_writer_won(c, files(dir.path()), overwrite);
     }
 
     #[test]
@@ -1543,30 +1556,24 @@ pub(super) mod tests {
     #[test]
     fn a_key_the_ghost_recalls_is_passed_on_by_its_probation_stage_with_no_hit() {
         let (c, _) = Cache::open(config(vec![TierConfig::dram(TierSize::Bytes(TIER))])).unwrap();
-        let mut k = 0;
-        let mut write_until = |done: &dyn Fn() -> bool| {
-            while !done() {
-                c.set(format!("f{k}").as_bytes(), &value(k, 0), 0, 0)
-                    .unwrap();
-                if k % 16 == 0 {
-                    c.maintain().unwrap();
-                }
-                k += 1;
-                assert!(k < 50_000, "never happened");
-            }
-        };
         // Unread, it is dropped by the small queue, and remembered.
         c.set(b"back", &value(1, 0), 0, 0).unwrap();
-        write_until(&|| c.peek(b"back").unwrap().is_none());
+        write_until(&c, "f", "the drop", || c.peek(b"back").unwrap().is_none());
         // Stored again, it is marked: it counts as one hit in the small queue...
         c.set(b"back", &value(1, 0), 0, 0).unwrap();
         let hash = c.index.hash_key(b"back");
-        let entry = || c.index.lookup(hash).map(|h| (h.recalled_without_hit(), h.frequency()));
+        let entry = || {
+            c.index
+                .lookup(hash)
+                .map(|h| (h.recalled_without_hit(), h.frequency()))
+        };
         assert_eq!(entry().collect::<Vec<_>>(), vec![(true, 1)]);
         // ...which passes it on to the main queue, where it has none: S3-FIFO's ghost
         // hit, inserted into the main queue with a frequency of 0.
         let slot = c.peek(b"back").unwrap().unwrap().pin.seg();
-        write_until(&|| c.peek(b"back").unwrap().is_none_or(|g| g.pin.seg() != slot));
+        write_until(&c, "g", "the promotion", || {
+            c.peek(b"back").unwrap().is_none_or(|g| g.pin.seg() != slot)
+        });
         assert!(c.peek(b"back").unwrap().is_some(), "promoted, not dropped");
         assert_eq!(entry().collect::<Vec<_>>(), vec![(false, 0)]);
     }
