@@ -219,7 +219,8 @@ pub(super) enum Walk {
     /// dropped is remembered as a ghost.
     Probation,
     /// Cleaning a main-queue segment that is dead enough ([`CLEAN_DEAD_SHARE`]): every
-    /// live item is copied, frequency kept, nothing is dropped; only the dead bytes go.
+    /// live item is copied, frequency kept; only the dead bytes go (and an item no segment
+    /// could take a copy of, as at an eviction).
     Clean,
 }
 
@@ -540,26 +541,26 @@ impl Cache {
             let mut stay = stays
                 && hits.is_some_and(|(_, reads)| reads >= STAY_HITS)
                 && budget >= item.len as usize;
-            let cas = self.cas_of(id, &item);
+            let cas = || self.cas_of(id, &item);
             let copy = if !kept {
                 None
             } else if victim.walk == Walk::Clean {
-                self.copy_item(tier, Dest::Reinsert, &item, cas, now, expires_at)?
+                self.copy_item(tier, Dest::Reinsert, &item, cas(), now, expires_at)?
             } else if stay {
                 budget -= item.len as usize;
-                match self.copy_item(tier, Dest::Reinsert, &item, cas, now, expires_at)? {
+                match self.copy_item(tier, Dest::Reinsert, &item, cas(), now, expires_at)? {
                     Some(copy) => Some(copy),
                     // No segment could take it now: demoted, as it would have been.
                     None => {
                         stay = false;
-                        self.copy_item(next, Dest::Moved, &item, cas, now, expires_at)?
+                        self.copy_item(next, Dest::Moved, &item, cas(), now, expires_at)?
                     }
                 }
             } else if !last {
-                self.copy_item(next, Dest::Moved, &item, cas, now, expires_at)?
+                self.copy_item(next, Dest::Moved, &item, cas(), now, expires_at)?
             } else if budget >= item.len as usize {
                 budget -= item.len as usize;
-                self.copy_item(tier, Dest::Reinsert, &item, cas, now, expires_at)?
+                self.copy_item(tier, Dest::Reinsert, &item, cas(), now, expires_at)?
             } else {
                 None
             };
