@@ -40,9 +40,8 @@
 //! under that tier's `mover` lock; while holding it, it may evict in that tier only
 //! without reinsertion or stays, and demote (tier 0 of several, into the next tier's
 //! `mover` lock); each tier's `lists` lock is held only briefly and never across another
-//! lock; bucket locks
-//! and the mover-thread handle's lock are leaves (nothing is allocated, appended or
-//! evicted while one is held). No thread waits for a pin to drain:
+//! lock; bucket locks and the mover-thread handle's lock are leaves (nothing is
+//! allocated, appended or evicted while one is held). No thread waits for a pin to drain:
 //! an evicted segment waits in its tier's reclaim list, and a thread holding a [`Guard`]
 //! can still write.
 
@@ -336,16 +335,17 @@ thread_local! {
 /// the mean item size written): only live items have entries, and the engine never fills
 /// all of its capacity with them. It keeps each tier's free reserve ready and one segment
 /// per stripe and one per tier (for copies) open and partly filled; the rest — about 95%
-/// of a single tier of 128 segments with two stripes — is taken as live, and the index is sized for that at
-/// its design load, so that it runs near that load when the cache is full. Dead bytes are
+/// of a single tier of 128 segments with two stripes — is taken as live, and the index
+/// is sized for that at its design load, so that it runs near that load when the cache
+/// is full. Dead bytes are
 /// not subtracted: the movers clean them down to about a tenth of a tier
 /// (`cache/evict.rs`, `CLEAN_DEAD_SHARE`), and the probation stages' preference for small
 /// items makes the mean item the cache holds smaller than the mean written (a fifth
 /// smaller in the issue-5 benchmark), which makes up for that tenth. (When the index is
 /// fuller than its load, a few percent of inserts find both buckets full and evict an
 /// occupant: see the crate docs, "When full", and `index::SLOTS`. In the issue-5
-/// benchmark subtracting 15% of dead bytes, as before cleaning, made that 5% of the sets
-/// and cost 0.2 point of hit ratio.)
+/// benchmark subtracting 15% of dead bytes, as before cleaning, made that 5% of the sets:
+/// `index_evictions` in its JSON at 2ccd092.)
 fn index_items(expected: usize, areas: &[(SegmentArea, bool, u32)], stripes: usize) -> usize {
     let total: u64 = areas.iter().map(|(a, _, _)| u64::from(a.count())).sum();
     let reserved: u64 = areas

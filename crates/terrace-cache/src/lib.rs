@@ -357,10 +357,9 @@
 //!   notes have them): evicting dead-heavy segments first cost hit ratio; size-aware
 //!   reinsertion out of the main queue (demanding more hits of bigger items) gained
 //!   nothing that held, unlike keeping small items out of probation, which was kept.
-//!   Cleaning (above) alone gained little (0.7643 to 0.7652–0.7656 in the issue-5
-//!   benchmark): the index, sized then for 15% of dead bytes, evicted 260,000 items for
-//!   want of slots instead of 150,000. The index sized for the live share alone gave
-//!   0.766; both, 0.769; with recalled keys passed on unread, 0.770;
+//!   Cleaning (above) alone gained little as long as the index was sized for 15% of dead
+//!   bytes: it then evicted for want of slots the items cleaning made room for; the two
+//!   changes together gained half a point (the commit that made them has the numbers);
 //! - delayed flush (the server does it); lending space between pools (a pool's quota is
 //!   fixed while the cache runs).
 
