@@ -316,6 +316,25 @@ pub fn current_node() -> u32 {
     }
 }
 
+/// The CPU time this process has used so far, in user and in system mode
+/// (`getrusage(RUSAGE_SELF)`); zero for both where the call fails.
+pub fn cpu_times() -> (std::time::Duration, std::time::Duration) {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage into the pointed-to buffer, which is large
+    // enough and lives for the call; all-zero bytes are a valid rusage if it fails.
+    let ru = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
+        ru.assume_init()
+    };
+    let time = |t: libc::timeval| {
+        std::time::Duration::new(
+            t.tv_sec.max(0) as u64,
+            (t.tv_usec.clamp(0, 999_999) * 1000) as u32,
+        )
+    };
+    (time(ru.ru_utime), time(ru.ru_stime))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

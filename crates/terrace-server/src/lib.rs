@@ -11,6 +11,8 @@
 //! file into a [`config::ServerConfig`]; `stats` renders memcached's stat names and the
 //! Prometheus text format.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod conn;
 pub mod proto;

@@ -64,6 +64,24 @@ pub enum StoreOp {
     Cas(u64),
 }
 
+/// Which end of a value `append` and `prepend` add to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Before the value (`prepend`).
+    Front,
+    /// After the value (`append`).
+    Back,
+}
+
+/// Which way `incr` and `decr` move a number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delta {
+    /// Add, wrapping at 2^64 (`incr`).
+    Incr,
+    /// Subtract, stopping at 0 (`decr`).
+    Decr,
+}
+
 /// A cache failure as the protocols report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failure {
@@ -276,8 +294,8 @@ impl Shared {
             },
             StoreOp::Add => cache.add(key, value, flags, ttl).map_err(fail)?,
             StoreOp::Replace => cache.replace(key, value, flags, ttl).map_err(fail)?,
-            StoreOp::Append => self.concat(key, value, false, if_cas)?,
-            StoreOp::Prepend => self.concat(key, value, true, if_cas)?,
+            StoreOp::Append => self.concat(key, value, Side::Back, if_cas)?,
+            StoreOp::Prepend => self.concat(key, value, Side::Front, if_cas)?,
             StoreOp::Cas(cas) => {
                 let r = cache.cas(key, value, flags, ttl, cas).map_err(fail)?;
                 self.counters.add(
@@ -301,11 +319,11 @@ impl Shared {
         &self,
         key: &[u8],
         data: &[u8],
-        front: bool,
+        side: Side,
         if_cas: Option<u64>,
     ) -> Result<Store, Failure> {
         self.cache(key)
-            .concat(key, data, front, if_cas)
+            .concat(key, data, side == Side::Front, if_cas)
             .map_err(|e| Failure::of(&e))
     }
 
@@ -377,9 +395,9 @@ impl Shared {
         Ok(hit)
     }
 
-    /// Counted incr (`incr = true`) or decr: the new value, `None` on a miss.
-    pub fn arith(&self, key: &[u8], delta: u64, incr: bool) -> Result<Option<u64>, Failure> {
-        Ok(match self.arith_checked(key, delta, incr, None)? {
+    /// Counted incr or decr: the new value, `None` on a miss.
+    pub fn arith(&self, key: &[u8], amount: u64, way: Delta) -> Result<Option<u64>, Failure> {
+        Ok(match self.arith_checked(key, amount, way, None)? {
             Checked::Done((value, _)) => Some(value),
             _ => None,
         })
@@ -391,19 +409,19 @@ impl Shared {
     pub fn arith_checked(
         &self,
         key: &[u8],
-        delta: u64,
-        incr: bool,
+        amount: u64,
+        way: Delta,
         if_cas: Option<u64>,
     ) -> Result<Checked<(u64, u64)>, Failure> {
         let r = self
             .cache(key)
-            .arith(key, delta, incr, if_cas)
+            .arith(key, amount, way == Delta::Incr, if_cas)
             .map_err(|e| Failure::of(&e))?;
-        let counter = match (incr, r != Checked::NotFound) {
-            (true, true) => Counter::IncrHits,
-            (true, false) => Counter::IncrMisses,
-            (false, true) => Counter::DecrHits,
-            (false, false) => Counter::DecrMisses,
+        let counter = match (way, r != Checked::NotFound) {
+            (Delta::Incr, true) => Counter::IncrHits,
+            (Delta::Incr, false) => Counter::IncrMisses,
+            (Delta::Decr, true) => Counter::DecrHits,
+            (Delta::Decr, false) => Counter::DecrMisses,
         };
         self.counters.add(counter, 1);
         Ok(r)

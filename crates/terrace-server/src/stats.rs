@@ -195,16 +195,10 @@ impl std::fmt::Display for Value {
     }
 }
 
+/// User and system CPU seconds of this process.
 fn rusage() -> (f64, f64) {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a rusage into the pointed-to buffer, which is large enough
-    // and lives for the call; zeroed is a valid rusage if the call fails.
-    let ru = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
-        ru.assume_init()
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (secs(ru.ru_utime), secs(ru.ru_stime))
+    let (user, system) = terrace_media::os::cpu_times();
+    (user.as_secs_f64(), system.as_secs_f64())
 }
 
 /// The general `stats` report, in memcached's order where names overlap.

@@ -34,7 +34,7 @@ use std::fmt::Write as _;
 use terrace_cache::{Checked, Store};
 
 use super::{push_decimal, Step};
-use crate::shared::{Failure, Shared, StoreOp};
+use crate::shared::{Delta, Failure, Shared, StoreOp};
 use crate::stats::{self, Counter};
 
 /// First byte of every binary request.
@@ -573,8 +573,12 @@ fn arith(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     let delta = request.extra_u64(0);
     let initial = request.extra_u64(8);
     let expiration = request.extra_u32(16);
-    let increment = request.opcode.command == Command::Increment;
-    match shared.arith_checked(request.key, delta, increment, request.if_cas()) {
+    let way = if request.opcode.command == Command::Increment {
+        Delta::Incr
+    } else {
+        Delta::Decr
+    };
+    match shared.arith_checked(request.key, delta, way, request.if_cas()) {
         Ok(Checked::Done((value, cas))) => request.ok(out, cas, &value.to_be_bytes()),
         Ok(Checked::Exists) => request.fail(out, Status::Exists),
         Ok(Checked::NotFound) if expiration == NO_CREATE => request.fail(out, Status::NotFound),

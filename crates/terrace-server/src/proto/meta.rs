@@ -42,7 +42,7 @@ use base64::Engine;
 use terrace_cache::{Checked, Guard, Store};
 
 use super::{data_block, parse_i64, parse_u64, push_decimal, BadChunk, Line, Step};
-use crate::shared::{Expiry, Failure, Shared, StoreOp};
+use crate::shared::{Delta, Expiry, Failure, Shared, StoreOp};
 
 /// Most tokens a meta line may have, command and key included (memcached's
 /// `MFLAG_MAX_OPT_LENGTH`).
@@ -784,15 +784,15 @@ fn delete_item(shared: &Shared, request: &Request<'_>) -> Result<&'static [u8], 
 /// `ma <key> <flags>*`: `HD` (or `VA` with the number under `v`), `NF` on a miss, `NS`
 /// when `N` could not create the item, `EX` when `C` does not match.
 fn meta_arithmetic(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
-    let incr = match request.flags.mode {
-        None | Some(b'I' | b'+') => true,
-        Some(b'D' | b'-') => false,
+    let way = match request.flags.mode {
+        None | Some(b'I' | b'+') => Delta::Incr,
+        Some(b'D' | b'-') => Delta::Decr,
         Some(_) => {
             out.extend_from_slice(b"CLIENT_ERROR invalid mode for ma M token\r\n");
             return;
         }
     };
-    let outcome = match apply_arithmetic(shared, request, incr) {
+    let outcome = match apply_arithmetic(shared, request, way) {
         Ok(outcome) => outcome,
         Err(failure) => return push_failure(out, failure),
     };
@@ -830,7 +830,7 @@ enum Arith {
     Refused(&'static [u8]),
 }
 
-fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Result<Arith, Failure> {
+fn apply_arithmetic(shared: &Shared, request: &Request<'_>, way: Delta) -> Result<Arith, Failure> {
     let key = request.key();
     let flags = &request.flags;
     let delta = flags.delta.unwrap_or(1);
@@ -839,7 +839,7 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
     let if_cas = flags.compare_cas.filter(|&c| c != 0);
     let mut created = None;
     let mut written_cas = None;
-    let number = match shared.arith_checked(key, delta, incr, if_cas)? {
+    let number = match shared.arith_checked(key, delta, way, if_cas)? {
         Checked::Done((number, cas)) => {
             written_cas = Some(cas);
             number
@@ -858,7 +858,7 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, incr: bool) -> Resul
                     initial
                 }
                 // Created by another client in between: apply the delta to it.
-                _ => match shared.arith_checked(key, delta, incr, if_cas)? {
+                _ => match shared.arith_checked(key, delta, way, if_cas)? {
                     Checked::Done((number, cas)) => {
                         written_cas = Some(cas);
                         number

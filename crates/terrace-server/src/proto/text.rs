@@ -15,7 +15,7 @@ use super::{
     data_block, meta, parse_i64, parse_u64, push_decimal, split_line, BadChunk, Line, LineError,
     Step, REPLY_BUDGET,
 };
-use crate::shared::{Failure, Shared, StoreOp};
+use crate::shared::{Delta, Failure, Shared, StoreOp};
 use crate::stats::{self, Counter};
 
 const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
@@ -58,8 +58,8 @@ pub fn handle(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
         b"prepend" => storage(shared, line, tokens, input, StoreOp::Prepend, out),
         b"cas" => storage(shared, line, tokens, input, StoreOp::Cas(0), out),
         b"delete" => delete(shared, line, tokens, out),
-        b"incr" => arith(shared, line, tokens, true, out),
-        b"decr" => arith(shared, line, tokens, false, out),
+        b"incr" => arith(shared, line, tokens, Delta::Incr, out),
+        b"decr" => arith(shared, line, tokens, Delta::Decr, out),
         b"touch" => touch(shared, line, tokens, out),
         b"flush_all" => flush_all(shared, line, tokens, out),
         b"version" => {
@@ -363,7 +363,7 @@ fn arith(
     shared: &Shared,
     line: Line<'_>,
     mut tokens: Tokens<'_>,
-    incr: bool,
+    way: Delta,
     out: &mut Vec<u8>,
 ) -> Step {
     let key = tokens.next().unwrap_or_default();
@@ -377,7 +377,7 @@ fn arith(
         out.extend_from_slice(b"CLIENT_ERROR invalid numeric delta argument\r\n");
         return done(line);
     };
-    match shared.arith(key, delta, incr) {
+    match shared.arith(key, delta, way) {
         Ok(Some(n)) if !trailer.noreply => {
             push_decimal(out, n);
             out.extend_from_slice(b"\r\n");
