@@ -659,7 +659,7 @@ mod tests {
 
     #[test]
     fn lifecycle_pins_and_scan_compatibility() {
-        let region = Region::dram(2 << 20, false).unwrap();
+        let region = Region::dram(2 << 20, terrace_media::PageSize::Base).unwrap();
         let mut area = SegmentArea::new(region, 16).unwrap();
         assert_eq!(area.count(), 32);
         assert!(area.pin(3).is_none(), "free segments cannot be pinned");
@@ -705,7 +705,7 @@ mod tests {
     #[test]
     fn a_pinned_item_stays_readable_while_its_segment_is_retired() {
         use std::sync::atomic::AtomicBool;
-        let region = Region::dram(2 << 20, false).unwrap();
+        let region = Region::dram(2 << 20, terrace_media::PageSize::Base).unwrap();
         let area = SegmentArea::new(region, 16).unwrap();
         let stop = AtomicBool::new(false);
         let lost = std::sync::atomic::AtomicU64::new(0);
@@ -762,7 +762,7 @@ mod tests {
 
     #[test]
     fn retire_hides_items() {
-        let region = Region::dram(2 << 20, false).unwrap();
+        let region = Region::dram(2 << 20, terrace_media::PageSize::Base).unwrap();
         let area = SegmentArea::new(region, 16).unwrap();
         let mut app = area
             .open(&header(0, 1), Limits::default())

@@ -135,7 +135,14 @@ pub(crate) fn map_tier(
         why: "tier larger than the address space",
     })?;
     match &config.medium {
-        Medium::Dram { huge_pages } => Ok((Region::dram(size, *huge_pages)?, false)),
+        Medium::Dram { huge_pages } => {
+            let pages = if *huge_pages {
+                terrace_media::PageSize::Huge
+            } else {
+                terrace_media::PageSize::Base
+            };
+            Ok((Region::dram(size, pages)?, false))
+        }
         Medium::Numa { node } => Ok((Region::numa(*node, size)?, false)),
         Medium::File { dir } => {
             if !dir.is_dir() {

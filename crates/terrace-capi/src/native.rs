@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::PathBuf;
 use std::ptr::NonNull;
 
-use terrace_kinds::{FileKindOptions, FileLocation, Kind, KindError, Strategy};
+use terrace_kinds::{FileKindOptions, FileLocation, Kind, KindError, PageSize, Strategy};
 
 use crate::error;
 use crate::handle::Handle;
@@ -107,7 +107,12 @@ pub unsafe extern "C" fn terrace_kind_create_file(
 /// `out` must be a writable handle.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_kind_create_dram(huge_pages: c_int, out: *mut Handle) -> c_int {
-    publish(Kind::create_dram(huge_pages != 0), out)
+    let pages = if huge_pages != 0 {
+        PageSize::Huge
+    } else {
+        PageSize::Base
+    };
+    publish(Kind::create_dram(pages), out)
 }
 
 /// Creates a kind on NUMA node `node`.

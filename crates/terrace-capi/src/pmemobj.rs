@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use terrace_pool::{
-    Backend, ClassDesc, ClassId, Dest, HeaderType, Oid, Pool, PoolError, RegionBackend, RunSize, Tx,
+    Backend, ClassDesc, ClassId, Contents, HandleAt, HeaderType, Oid, Pool, PoolError,
+    RegionBackend, RunSize, Tx,
 };
 
 use crate::error;
@@ -386,12 +387,12 @@ pub extern "C" fn pmemobj_pool_by_ptr(addr: *const c_void) -> *mut PoolHandle {
 }
 
 /// Where a `PMEMoid *` destination lives: inside `h` (published by the pool) or not.
-fn dest_of(h: &PoolHandle, oidp: *mut PMEMoid) -> Dest {
+fn dest_of(h: &PoolHandle, oidp: *mut PMEMoid) -> HandleAt {
     let at = oidp as usize;
     if !oidp.is_null() && at >= h.base && at - h.base + 16 <= h.len {
-        Dest::Oid((at - h.base) as u64)
+        HandleAt::Oid((at - h.base) as u64)
     } else {
-        Dest::None
+        HandleAt::None
     }
 }
 
@@ -446,7 +447,7 @@ unsafe fn alloc_impl(
     };
     match result {
         Ok(oid) => {
-            if matches!(dest, Dest::None) && !oidp.is_null() {
+            if matches!(dest, HandleAt::None) && !oidp.is_null() {
                 // SAFETY: oidp is writable (contract) and outside the pool.
                 unsafe { oidp.write(oid_of(h, oid)) };
             }
@@ -822,7 +823,7 @@ pub unsafe extern "C" fn pmemobj_realloc(
         return 0;
     }
     let result = match dest_of(h, oidp) {
-        dest @ Dest::Oid(_) => h.pool.realloc(dest, size as u64, type_num),
+        dest @ HandleAt::Oid(_) => h.pool.realloc(dest, size as u64, type_num),
         _ => {
             // A volatile destination: move by hand (libpmemobj is not atomic here either).
             let Some(old) = Oid::from_offset(current.off) else {
@@ -833,7 +834,7 @@ pub unsafe extern "C" fn pmemobj_realloc(
     };
     match result {
         Ok(oid) => {
-            if matches!(dest_of(h, oidp), Dest::None) {
+            if matches!(dest_of(h, oidp), HandleAt::None) {
                 // SAFETY: writable (contract), outside the pool.
                 unsafe { oidp.write(oid_of(h, oid)) };
             }
@@ -857,7 +858,7 @@ pub(crate) fn move_object(
 ) -> Result<Oid, PoolError> {
     pool.usable_size(old).and_then(|old_len| {
         let keep = old_len.min(size);
-        let new = pool.alloc_with(size, type_num, Dest::None, |w| {
+        let new = pool.alloc_with(size, type_num, HandleAt::None, |w| {
             let mut buf = vec![0u8; keep as usize];
             pool.read(old, 0, &mut buf)?;
             w.write(0, &buf)
@@ -886,7 +887,7 @@ pub unsafe extern "C" fn pmemobj_free(oidp: *mut PMEMoid) {
     // SAFETY: the pool is open (it is in the table) and stays open during the call.
     let h = unsafe { handle(&entry) };
     let result = match dest_of(h, oidp) {
-        dest @ Dest::Oid(_) => h.pool.free(dest),
+        dest @ HandleAt::Oid(_) => h.pool.free(dest),
         _ => match Oid::from_offset(oid.off) {
             Some(o) => h.pool.free_oid(o).map(|()| {
                 // SAFETY: writable (contract), outside the pool.
@@ -1282,7 +1283,12 @@ pub extern "C" fn pmemobj_tx_xalloc(size: usize, type_num: u64, flags: u64) -> P
         let class = class_of_flags(flags)?;
         let zero = flags & FLAG_ZERO != 0;
         let oid = if no_abort {
-            tx.alloc_no_abort(class, size as u64, type_num, zero)?
+            let contents = if zero {
+                Contents::Zeroed
+            } else {
+                Contents::Uninit
+            };
+            tx.alloc_no_abort(class, size as u64, type_num, contents)?
         } else {
             match (class, zero) {
                 (Some(c), true) => tx.zalloc_in(c, size as u64, type_num)?,

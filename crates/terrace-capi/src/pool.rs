@@ -4,7 +4,7 @@
 //!   ([`crate::pmemobj`]): opening, closing, the table of open pools and the per-thread
 //!   transactions are shared with it, not duplicated.
 //! - Objects are 64-bit pool offsets (0 is null). A `uint64_t *` destination inside the
-//!   pool is published crash-atomically by the pool (`Dest::Word`); one in volatile
+//!   pool is published crash-atomically by the pool (`HandleAt::Word`); one in volatile
 //!   memory is written after the call; NULL means the caller keeps the returned offset.
 //! - Return convention (as `terrace.h`): functions returning `int` give 0 or a positive
 //!   errno value (also stored in `errno`); functions returning an offset give 0, and
@@ -17,7 +17,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::Ordering;
 
-use terrace_pool::{Backend, ClassDesc, ClassId, Dest, HeaderType, Oid, Pool, PoolError, RunSize};
+use terrace_pool::{
+    Backend, ClassDesc, ClassId, HandleAt, HeaderType, Oid, Pool, PoolError, RunSize,
+};
 
 use crate::error;
 use crate::pmemobj::{self, fail, fail_with, in_tx, str_arg, PoolHandle};
@@ -80,13 +82,13 @@ fn oid_arg(what: &str, off: u64) -> Result<Oid, c_int> {
 }
 
 /// Where a `uint64_t *` destination lives: inside `h`'s mapping (published by the pool,
-/// `Dest::Word`) or not (`Dest::None`: written by us after the call).
-fn dest_of(h: &PoolHandle, dest: *mut u64) -> Dest {
+/// `HandleAt::Word`) or not (`HandleAt::None`: written by us after the call).
+fn dest_of(h: &PoolHandle, dest: *mut u64) -> HandleAt {
     let at = dest as usize;
     if !dest.is_null() && at >= h.base && at - h.base + 8 <= h.len {
-        Dest::Word((at - h.base) as u64)
+        HandleAt::Word((at - h.base) as u64)
     } else {
-        Dest::None
+        HandleAt::None
     }
 }
 
@@ -95,7 +97,7 @@ fn dest_of(h: &PoolHandle, dest: *mut u64) -> Dest {
 /// # Safety
 /// `dest` NULL or writable.
 unsafe fn store_volatile(h: &PoolHandle, dest: *mut u64, off: u64) {
-    if !dest.is_null() && matches!(dest_of(h, dest), Dest::None) {
+    if !dest.is_null() && matches!(dest_of(h, dest), HandleAt::None) {
         // SAFETY: writable (contract), outside the pool.
         unsafe { dest.write(off) };
     }
@@ -421,10 +423,10 @@ pub unsafe extern "C" fn terrace_pool_realloc(
             return fail_with(libc::EINVAL, &format!("{WHAT}: destination NULL or size 0"));
         }
         let result = match dest_of(h, dest) {
-            d @ Dest::Word(_) => h.pool.realloc(d, size as u64, type_num),
+            d @ HandleAt::Word(_) => h.pool.realloc(d, size as u64, type_num),
             // SAFETY: readable (contract).
             _ => match Oid::from_offset(unsafe { dest.read() }) {
-                None => h.pool.alloc(size as u64, type_num, Dest::None),
+                None => h.pool.alloc(size as u64, type_num, HandleAt::None),
                 Some(old) => pmemobj::move_object(&h.pool, old, size as u64, type_num),
             },
         };
@@ -451,7 +453,7 @@ pub unsafe extern "C" fn terrace_pool_free(pool: *mut PoolHandle, dest: *mut u64
             return 0;
         }
         let result = match dest_of(h, dest) {
-            d @ Dest::Word(_) => h.pool.free(d),
+            d @ HandleAt::Word(_) => h.pool.free(d),
             // SAFETY: readable (contract).
             _ => match Oid::from_offset(unsafe { dest.read() }) {
                 None => Ok(()),

@@ -17,10 +17,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use terrace_media::numa::Topology;
-use terrace_media::{registry, FileLocation, FileOptions, MediaError};
+use terrace_media::{registry, FileLocation, FileOptions, MediaError, PageSize};
 use tikv_jemalloc_sys as je;
 
-use crate::engine;
+use crate::engine::{self, FreedMemory};
 use crate::error::{KindError, Result};
 use crate::slots::{self, Slot, SlotKind};
 use crate::space::{self, Space, SpaceMedium};
@@ -146,15 +146,14 @@ impl Kind {
         generation: 1,
     };
 
-    /// A DRAM kind of its own, optionally on transparent huge pages.
-    pub fn create_dram(huge_pages: bool) -> Result<Kind> {
+    /// A DRAM kind of its own, on base pages or transparent huge pages.
+    pub fn create_dram(pages: PageSize) -> Result<Kind> {
         create_arena_kind(
-            if huge_pages {
-                "dram (huge pages)".into()
-            } else {
-                "dram".into()
+            match pages {
+                PageSize::Huge => "dram (huge pages)".into(),
+                PageSize::Base => "dram".into(),
             },
-            SpaceMedium::Dram { huge_pages },
+            SpaceMedium::Dram { pages },
             DRAM_CAPACITY,
             None,
         )
@@ -633,16 +632,16 @@ fn create_arena_kind(
     capacity: usize,
     fixed: Option<u32>,
 ) -> Result<Kind> {
-    let purges = match &medium {
-        SpaceMedium::File { options, .. } => options.hole_punching,
-        _ => true,
+    let freed = match &medium {
+        SpaceMedium::File { options, .. } if !options.hole_punching => FreedMemory::Kept,
+        _ => FreedMemory::Purged,
     };
     let (index, generation) = slots::create_with(
         fixed,
         |index, slot| {
             let space = Space::new(medium, capacity, slots::tag_of(index))?;
             *slot.lock_space() = Some(space);
-            match engine::create_arena(slot, purges) {
+            match engine::create_arena(slot, freed) {
                 Ok(arena) => {
                     slot.arena.store(arena, Ordering::Release);
                     slot.arena_flags
@@ -668,7 +667,9 @@ fn create_arena_kind(
 fn init_default() -> Result<()> {
     create_arena_kind(
         "dram".into(),
-        SpaceMedium::Dram { huge_pages: false },
+        SpaceMedium::Dram {
+            pages: PageSize::Base,
+        },
         DRAM_CAPACITY,
         Some(0),
     )

@@ -41,7 +41,7 @@ pub use kind::{
     Selection, MIN_FILE_KIND_SIZE,
 };
 pub use slots::MAX_KINDS;
-pub use terrace_media::FileLocation;
+pub use terrace_media::{FileLocation, PageSize};
 pub use unified::Strategy;
 
 /// Returns every object the calling thread holds in its per-kind caches to its kind.

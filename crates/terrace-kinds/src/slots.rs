@@ -110,13 +110,14 @@ impl Slot {
 
 static SLOTS: [Slot; MAX_KINDS] = [const { Slot::new() }; MAX_KINDS];
 
-struct Allocation {
+/// Which slot indices are free: those never used (from `next_unused`) and those released.
+struct SlotIds {
     next_unused: usize,
     free: Vec<u32>,
 }
 
 /// Serialises kind creation and destruction (the first lock in the lock order).
-static CREATE: Mutex<Allocation> = Mutex::new(Allocation {
+static CREATE: Mutex<SlotIds> = Mutex::new(SlotIds {
     next_unused: 0,
     free: Vec::new(),
 });

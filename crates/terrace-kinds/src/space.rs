@@ -16,7 +16,7 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use terrace_media::{FileOptions, MediaError, Region};
+use terrace_media::{FileOptions, MediaError, PageSize, Region};
 
 use crate::error::Result;
 use crate::reserve::Reservation;
@@ -52,7 +52,7 @@ fn initial_lead(len: usize, headroom: usize) -> usize {
 #[derive(Clone, Debug)]
 pub enum SpaceMedium {
     Dram {
-        huge_pages: bool,
+        pages: PageSize,
     },
     Numa {
         node: u32,
@@ -105,7 +105,7 @@ impl Space {
 
     fn map_piece(&mut self, size: usize) -> Result<()> {
         let (mut region, headroom) = match &self.medium {
-            SpaceMedium::Dram { huge_pages } => (Region::dram(size, *huge_pages)?, None),
+            SpaceMedium::Dram { pages } => (Region::dram(size, *pages)?, None),
             SpaceMedium::Numa { node } => (Region::numa(*node, size)?, None),
             SpaceMedium::File { options, headroom } => (Region::file(options)?, Some(*headroom)),
         };
@@ -361,8 +361,14 @@ mod tests {
 
     #[test]
     fn dram_space_grows_by_new_regions_up_to_capacity() {
-        let mut space =
-            Space::new(SpaceMedium::Dram { huge_pages: false }, 3 << 30, tag()).unwrap();
+        let mut space = Space::new(
+            SpaceMedium::Dram {
+                pages: PageSize::Base,
+            },
+            3 << 30,
+            tag(),
+        )
+        .unwrap();
         assert!(space.alloc(DRAM_CHUNK - 4096, 4096).is_some());
         let p = space.alloc(1 << 30, 4096).unwrap();
         assert_eq!(space.regions().count(), 2);

@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 
 use terrace_kinds::{
     detect_kind, free, usable_size, FileKindOptions, FileLocation, Kind, KindError, KindMedium,
-    Strategy, MIN_FILE_KIND_SIZE,
+    PageSize, Strategy, MIN_FILE_KIND_SIZE,
 };
 use terrace_media::{Durability, MediaError};
 
@@ -36,7 +36,7 @@ fn every_medium_allocates_detects_and_frees() {
     let kinds = [
         Kind::DEFAULT,
         file_kind(dir.path(), 64 << 20),
-        Kind::create_dram(true).unwrap(),
+        Kind::create_dram(PageSize::Huge).unwrap(),
         Kind::create_numa(0).unwrap(),
     ];
     for (n, &kind) in kinds.iter().enumerate() {

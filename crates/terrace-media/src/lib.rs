@@ -30,4 +30,4 @@ pub mod region;
 pub mod registry;
 
 pub use error::MediaError;
-pub use region::{Durability, FileLocation, FileOptions, MediumKind, Region};
+pub use region::{Durability, FileLocation, FileOptions, MediumKind, PageSize, Region};

@@ -36,6 +36,17 @@ pub enum Durability {
     Power,
 }
 
+/// The page size anonymous memory is mapped with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PageSize {
+    /// The base page size.
+    #[default]
+    Base,
+    /// Transparent huge pages, advised with `MADV_HUGEPAGE`; where the kernel does not
+    /// offer them, the memory is mapped with base pages.
+    Huge,
+}
+
 /// The medium a region lives on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MediumKind {
@@ -140,12 +151,12 @@ fn round_to_granule(size: usize) -> Result<usize> {
 }
 
 impl Region {
-    /// Anonymous memory of `size` bytes (rounded up to 2 MiB), optionally advised to use
-    /// transparent huge pages. Pages are committed on first touch.
-    pub fn dram(size: usize, huge_pages: bool) -> Result<Region> {
+    /// Anonymous memory of `size` bytes (rounded up to 2 MiB) with pages of size `pages`.
+    /// Pages are committed on first touch.
+    pub fn dram(size: usize, pages: PageSize) -> Result<Region> {
         let len = round_to_granule(size)?;
         let base = Self::map_anonymous(len)?;
-        if huge_pages {
+        if pages == PageSize::Huge {
             // SAFETY: the mapping was just created and is owned here. Failure only means
             // the kernel does not offer THP; the memory still works.
             let _ = unsafe { os::madvise(base.as_ptr(), len, libc::MADV_HUGEPAGE) };
@@ -214,7 +225,7 @@ impl Region {
             }
             FileLocation::TempIn(dir) => (open_temp_in(dir)?, dir.clone(), 0),
             FileLocation::Path(path) => {
-                let (file, len) = open_with_len(path, true)?;
+                let (file, len) = open_with_len(path, IfMissing::Create)?;
                 (file, path.clone(), len)
             }
         };
@@ -244,7 +255,7 @@ impl Region {
 
     /// Maps an existing file whole, without creating or resizing it.
     fn map_existing(path: &Path, hole_punching: bool) -> Result<Region> {
-        let (file, len) = open_with_len(path, false)?;
+        let (file, len) = open_with_len(path, IfMissing::Fail)?;
         if len == 0 || len % GRANULE as u64 != 0 || len > isize::MAX as u64 {
             return Err(MediaError::InvalidSize {
                 size: usize::try_from(len).unwrap_or(usize::MAX),
@@ -509,12 +520,21 @@ impl Drop for Region {
     }
 }
 
-/// Opens `path` read-write (creating it, mode 0600, when `create`) and returns its length.
-fn open_with_len(path: &Path, create: bool) -> Result<(File, u64)> {
+/// What [`open_with_len`] does when the file does not exist.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IfMissing {
+    /// Create it, mode 0600.
+    Create,
+    /// Fail with [`MediaError::Open`].
+    Fail,
+}
+
+/// Opens `path` read-write and returns its length.
+fn open_with_len(path: &Path, missing: IfMissing) -> Result<(File, u64)> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
-        .create(create)
+        .create(missing == IfMissing::Create)
         .truncate(false)
         .mode(0o600)
         .open(path)
@@ -591,7 +611,7 @@ mod tests {
 
     #[test]
     fn dram_region_is_aligned_zeroed_and_writable() {
-        let region = Region::dram(3 << 20, false).unwrap();
+        let region = Region::dram(3 << 20, PageSize::Base).unwrap();
         assert_eq!(region.base().as_ptr() as usize % GRANULE, 0);
         assert_eq!(region.len(), 4 << 20);
         assert_eq!(region.durability(), Durability::None);
@@ -668,7 +688,7 @@ mod tests {
         assert!(!tmpfs.persist_through_page_cache());
         assert!(!tmpfs.is_page_cached());
         tmpfs.sync().unwrap();
-        let mut dram = Region::dram(GRANULE, false).unwrap();
+        let mut dram = Region::dram(GRANULE, PageSize::Base).unwrap();
         assert!(!dram.persist_through_page_cache());
         assert_eq!(dram.persist_level(), Durability::None);
         assert!(!dram.is_page_cached());
@@ -689,7 +709,7 @@ mod tests {
                         let tag = t * 64 + i;
                         let path = dir.join(format!("f{t}-{i}"));
                         let file = Region::file(&FileOptions::at_path(&path, GRANULE)).unwrap();
-                        let dram = Region::dram(GRANULE, false).unwrap();
+                        let dram = Region::dram(GRANULE, PageSize::Base).unwrap();
                         // SAFETY: inside the live mappings.
                         unsafe {
                             dram.base().as_ptr().write(0xEE);
@@ -754,14 +774,14 @@ mod tests {
             Err(MediaError::InvalidSize { .. })
         ));
         assert!(matches!(
-            Region::dram(usize::MAX, false),
+            Region::dram(usize::MAX, PageSize::Base),
             Err(MediaError::InvalidSize { .. })
         ));
     }
 
     #[test]
     fn out_of_bounds_ranges_are_errors() {
-        let region = Region::dram(GRANULE, false).unwrap();
+        let region = Region::dram(GRANULE, PageSize::Base).unwrap();
         assert!(matches!(
             region.reserve(GRANULE, 1),
             Err(MediaError::OutOfBounds { .. })
@@ -774,7 +794,7 @@ mod tests {
 
     #[test]
     fn registered_region_is_found_and_forgotten_on_drop() {
-        let mut region = Region::dram(GRANULE * 2, false).unwrap();
+        let mut region = Region::dram(GRANULE * 2, PageSize::Base).unwrap();
         let tag = NonZeroU32::new(77).unwrap();
         region.register(tag).unwrap();
         let inside = region.base().as_ptr() as usize + GRANULE + 5;

@@ -66,7 +66,7 @@ pub const KIND_EXTENT: u8 = 2;
 
 /// The pool header at offset 0 (documentation struct; see module docs).
 #[repr(C)]
-pub struct RawHeader {
+pub struct RawPoolHeader {
     pub magic: [u8; 8],
     pub version: u32,
     pub header_len: u32,
@@ -205,20 +205,20 @@ pub fn run_word1(unit: u32, class: u8) -> u64 {
     unit as u64 | (class as u64) << 32
 }
 
-const _: () = assert!(size_of::<RawHeader>() as u64 == HEADER_LEN);
-const _: () = assert!(offset_of!(RawHeader, version) == 8);
-const _: () = assert!(offset_of!(RawHeader, uuid) == 16);
-const _: () = assert!(offset_of!(RawHeader, pool_size) == 32);
-const _: () = assert!(offset_of!(RawHeader, layout) == 40);
-const _: () = assert!(offset_of!(RawHeader, page_size) == 104);
-const _: () = assert!(offset_of!(RawHeader, lane_count) == 108);
-const _: () = assert!(offset_of!(RawHeader, lane_size) == 112);
-const _: () = assert!(offset_of!(RawHeader, lanes_off) == 120);
-const _: () = assert!(offset_of!(RawHeader, meta_off) == 128);
-const _: () = assert!(offset_of!(RawHeader, heap_off) == 136);
-const _: () = assert!(offset_of!(RawHeader, page_count) == 144);
-const _: () = assert!(offset_of!(RawHeader, created_ns) == 152);
-const _: () = assert!(offset_of!(RawHeader, checksum) == 252);
+const _: () = assert!(size_of::<RawPoolHeader>() as u64 == HEADER_LEN);
+const _: () = assert!(offset_of!(RawPoolHeader, version) == 8);
+const _: () = assert!(offset_of!(RawPoolHeader, uuid) == 16);
+const _: () = assert!(offset_of!(RawPoolHeader, pool_size) == 32);
+const _: () = assert!(offset_of!(RawPoolHeader, layout) == 40);
+const _: () = assert!(offset_of!(RawPoolHeader, page_size) == 104);
+const _: () = assert!(offset_of!(RawPoolHeader, lane_count) == 108);
+const _: () = assert!(offset_of!(RawPoolHeader, lane_size) == 112);
+const _: () = assert!(offset_of!(RawPoolHeader, lanes_off) == 120);
+const _: () = assert!(offset_of!(RawPoolHeader, meta_off) == 128);
+const _: () = assert!(offset_of!(RawPoolHeader, heap_off) == 136);
+const _: () = assert!(offset_of!(RawPoolHeader, page_count) == 144);
+const _: () = assert!(offset_of!(RawPoolHeader, created_ns) == 152);
+const _: () = assert!(offset_of!(RawPoolHeader, checksum) == 252);
 const _: () = assert!(size_of::<RawState>() as u64 == PAGE);
 const _: () = assert!(CLASS_TABLE_OFF == STATE_OFF + 2048 && CLASS_TABLE_OFF % 64 == 0);
 const _: () = assert!(size_of::<RawPageMeta>() as u64 == PAGE_META_SIZE);
@@ -317,7 +317,7 @@ impl Geometry {
 
 /// The decoded header.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Header {
+pub struct PoolHeader {
     /// Format version ([`MIN_FORMAT_VERSION`]..=[`FORMAT_VERSION`]); `create` writes
     /// [`FORMAT_VERSION`].
     pub version: u32,
@@ -361,74 +361,74 @@ pub fn check_layout(layout: &str) -> Result<()> {
     Ok(())
 }
 
-impl Header {
+impl PoolHeader {
     /// The 256 header bytes, checksum included.
     pub fn encode(&self) -> [u8; HEADER_LEN as usize] {
         let g = &self.geometry;
         let mut b = [0u8; HEADER_LEN as usize];
-        put(&mut b, offset_of!(RawHeader, magic), &MAGIC);
+        put(&mut b, offset_of!(RawPoolHeader, magic), &MAGIC);
         put(
             &mut b,
-            offset_of!(RawHeader, version),
+            offset_of!(RawPoolHeader, version),
             &self.version.to_le_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, header_len),
+            offset_of!(RawPoolHeader, header_len),
             &(HEADER_LEN as u32).to_le_bytes(),
         );
-        put(&mut b, offset_of!(RawHeader, uuid), &self.uuid);
+        put(&mut b, offset_of!(RawPoolHeader, uuid), &self.uuid);
         put(
             &mut b,
-            offset_of!(RawHeader, pool_size),
+            offset_of!(RawPoolHeader, pool_size),
             &g.pool_size.to_le_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, layout),
+            offset_of!(RawPoolHeader, layout),
             self.layout.as_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, page_size),
+            offset_of!(RawPoolHeader, page_size),
             &(PAGE as u32).to_le_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, lane_count),
+            offset_of!(RawPoolHeader, lane_count),
             &g.lane_count.to_le_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, lane_size),
+            offset_of!(RawPoolHeader, lane_size),
             &LANE_SIZE.to_le_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, lanes_off),
+            offset_of!(RawPoolHeader, lanes_off),
             &g.lanes_off.to_le_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, meta_off),
+            offset_of!(RawPoolHeader, meta_off),
             &g.meta_off.to_le_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, heap_off),
+            offset_of!(RawPoolHeader, heap_off),
             &g.heap_off.to_le_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, page_count),
+            offset_of!(RawPoolHeader, page_count),
             &g.page_count.to_le_bytes(),
         );
         put(
             &mut b,
-            offset_of!(RawHeader, created_ns),
+            offset_of!(RawPoolHeader, created_ns),
             &self.created_ns.to_le_bytes(),
         );
-        let crc_at = offset_of!(RawHeader, checksum);
+        let crc_at = offset_of!(RawPoolHeader, checksum);
         let crc = checksum(&b[..crc_at]);
         put(&mut b, crc_at, &crc.to_le_bytes());
         b
@@ -436,13 +436,13 @@ impl Header {
 
     /// Decodes and validates header bytes: magic, version, checksum, geometry. The
     /// layout name is checked by the caller (it knows what it expects).
-    pub fn decode(b: &[u8]) -> Result<Header> {
+    pub fn decode(b: &[u8]) -> Result<PoolHeader> {
         if b.len() < HEADER_LEN as usize {
             return Err(PoolError::NotAPool {
                 why: "shorter than a pool header",
             });
         }
-        let magic: [u8; 8] = get(b, offset_of!(RawHeader, magic));
+        let magic: [u8; 8] = get(b, offset_of!(RawPoolHeader, magic));
         if magic != MAGIC {
             return Err(PoolError::NotAPool {
                 why: if magic == [0; 8] {
@@ -452,8 +452,8 @@ impl Header {
                 },
             });
         }
-        let version = get_u32(b, offset_of!(RawHeader, version));
-        let header_len = get_u32(b, offset_of!(RawHeader, header_len));
+        let version = get_u32(b, offset_of!(RawPoolHeader, version));
+        let header_len = get_u32(b, offset_of!(RawPoolHeader, header_len));
         if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version)
             || header_len as u64 != HEADER_LEN
         {
@@ -462,43 +462,43 @@ impl Header {
                 supported: FORMAT_VERSION,
             });
         }
-        let crc_at = offset_of!(RawHeader, checksum);
+        let crc_at = offset_of!(RawPoolHeader, checksum);
         let stored = get_u32(b, crc_at);
         let computed = checksum(&b[..crc_at]);
         if stored != computed {
             return Err(PoolError::BadChecksum { stored, computed });
         }
-        let layout_bytes: [u8; 64] = get(b, offset_of!(RawHeader, layout));
+        let layout_bytes: [u8; 64] = get(b, offset_of!(RawPoolHeader, layout));
         let end = layout_bytes.iter().position(|&c| c == 0).unwrap_or(64);
         let layout = String::from_utf8(layout_bytes[..end].to_vec())
             .map_err(|_| corrupt("layout name is not UTF-8", 40))?;
-        let pool_size = get_u64(b, offset_of!(RawHeader, pool_size));
-        let lane_count = get_u32(b, offset_of!(RawHeader, lane_count));
+        let pool_size = get_u64(b, offset_of!(RawPoolHeader, pool_size));
+        let lane_count = get_u32(b, offset_of!(RawPoolHeader, lane_count));
         let geometry = Geometry::compute(pool_size, lane_count)
             .map_err(|e| corrupt(format!("header geometry is impossible: {e}"), 32))?;
         let stored_geometry = Geometry {
             pool_size,
             lane_count,
-            lanes_off: get_u64(b, offset_of!(RawHeader, lanes_off)),
-            meta_off: get_u64(b, offset_of!(RawHeader, meta_off)),
-            heap_off: get_u64(b, offset_of!(RawHeader, heap_off)),
-            page_count: get_u64(b, offset_of!(RawHeader, page_count)),
+            lanes_off: get_u64(b, offset_of!(RawPoolHeader, lanes_off)),
+            meta_off: get_u64(b, offset_of!(RawPoolHeader, meta_off)),
+            heap_off: get_u64(b, offset_of!(RawPoolHeader, heap_off)),
+            page_count: get_u64(b, offset_of!(RawPoolHeader, page_count)),
         };
         if stored_geometry != geometry
-            || get_u32(b, offset_of!(RawHeader, page_size)) as u64 != PAGE
-            || get_u64(b, offset_of!(RawHeader, lane_size)) != LANE_SIZE
+            || get_u32(b, offset_of!(RawPoolHeader, page_size)) as u64 != PAGE
+            || get_u64(b, offset_of!(RawPoolHeader, lane_size)) != LANE_SIZE
         {
             return Err(corrupt(
                 "header geometry disagrees with pool size and lane count",
-                offset_of!(RawHeader, lanes_off) as u64,
+                offset_of!(RawPoolHeader, lanes_off) as u64,
             ));
         }
-        Ok(Header {
+        Ok(PoolHeader {
             version,
-            uuid: get(b, offset_of!(RawHeader, uuid)),
+            uuid: get(b, offset_of!(RawPoolHeader, uuid)),
             layout,
             geometry,
-            created_ns: get_u64(b, offset_of!(RawHeader, created_ns)),
+            created_ns: get_u64(b, offset_of!(RawPoolHeader, created_ns)),
         })
     }
 
@@ -550,7 +550,7 @@ mod tests {
 
     #[test]
     fn header_round_trips_and_detects_damage() {
-        let h = Header {
+        let h = PoolHeader {
             version: FORMAT_VERSION,
             uuid: [7; 16],
             layout: "anchor".into(),
@@ -558,27 +558,27 @@ mod tests {
             created_ns: 99,
         };
         let mut b = h.encode();
-        assert_eq!(Header::decode(&b).unwrap(), h);
+        assert_eq!(PoolHeader::decode(&b).unwrap(), h);
         b[45] ^= 1;
         assert!(matches!(
-            Header::decode(&b),
+            PoolHeader::decode(&b),
             Err(PoolError::BadChecksum { .. })
         ));
         b[45] ^= 1;
         b[8] = 3;
         assert!(matches!(
-            Header::decode(&b),
+            PoolHeader::decode(&b),
             Err(PoolError::UnsupportedVersion { found: 3, .. })
         ));
         // A version 1 header (written by older builds) still decodes.
-        let old = Header { version: 1, ..h };
-        assert_eq!(Header::decode(&old.encode()).unwrap(), old);
+        let old = PoolHeader { version: 1, ..h };
+        assert_eq!(PoolHeader::decode(&old.encode()).unwrap(), old);
         assert!(matches!(
-            Header::decode(&[0u8; 256]),
+            PoolHeader::decode(&[0u8; 256]),
             Err(PoolError::NotAPool { .. })
         ));
         assert!(matches!(
-            Header::decode(&[1u8; 100]),
+            PoolHeader::decode(&[1u8; 100]),
             Err(PoolError::NotAPool { .. })
         ));
     }

@@ -390,7 +390,7 @@ fn prefault<T>(a: &[T], touch: impl Fn(&T)) {
     }
 }
 
-/// A run's geometry, read from its volatile span (its class is [`Shared::run_class`]'s:
+/// A run's geometry, read from its volatile span (its class is [`HeapState::run_class`]'s:
 /// only list changes need it, and this is on every free).
 #[derive(Clone, Copy, Debug)]
 struct RunInfo {
@@ -426,6 +426,16 @@ enum Block {
     Extent { head: u32, pages: u32 },
 }
 
+/// Which objects [`Heap::begin_free`] accepts: the root object is freed only when the
+/// root moves (it is never freed by a user's free).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Freeable {
+    /// Any live object but the root.
+    NotRoot,
+    /// Any live object, the root included.
+    RootToo,
+}
+
 /// A block being freed: pending until its release is durable.
 #[derive(Debug)]
 pub(crate) struct Freeing {
@@ -449,7 +459,7 @@ pub(crate) struct ObjectInfo {
 
 /// Allocation statistics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
+pub struct HeapStats {
     /// Bytes of heap pages.
     pub heap_bytes: u64,
     /// Bytes in free pages.
@@ -466,8 +476,9 @@ pub struct Stats {
     pub custom_classes: BTreeMap<u8, (u64, u64, u64)>,
 }
 
-/// What every thread cache and the pool share.
-struct Shared {
+/// The volatile heap's state: held by the pool's [`Heap`] and (weakly) by every thread's
+/// cache of it.
+struct HeapState {
     /// Distinguishes heaps in thread caches (never reused in a process).
     id: u64,
     geo: Geometry,
@@ -483,13 +494,13 @@ struct Shared {
     /// The custom classes: entry words of the class table (0: none), stored only after
     /// the entry is durable.
     custom: Box<[AtomicU64]>,
-    /// Listed runs that may be empty (a hint for [`Shared::reclaim`]).
+    /// Listed runs that may be empty (a hint for [`HeapState::reclaim`]).
     empty_listed: AtomicUsize,
 }
 
 /// The volatile allocator. See the module docs.
 pub(crate) struct Heap {
-    s: Arc<Shared>,
+    s: Arc<HeapState>,
 }
 
 impl std::fmt::Debug for Heap {
@@ -525,14 +536,14 @@ const EMPTY: Cur = Cur {
 /// from the start, custom slots added when first used).
 struct PoolCache {
     id: u64,
-    shared: Weak<Shared>,
+    heap: Weak<HeapState>,
     ways: Vec<[Cur; 2]>,
 }
 
 impl Drop for PoolCache {
     fn drop(&mut self) {
         // The thread exits (or the heap is gone): its runs go back to the class lists.
-        if let Some(s) = self.shared.upgrade() {
+        if let Some(s) = self.heap.upgrade() {
             for c in self.ways.iter().flatten() {
                 if c.head != NONE {
                     s.unown(c.head, c.type_num);
@@ -555,14 +566,14 @@ pub(crate) fn thread_slot() -> usize {
 
 /// The calling thread's cache for `s`, created on first use (caches of heaps that are
 /// gone are dropped then), moved to the front (where the fast path looks).
-fn cache_of<'c>(caches: &'c mut Vec<PoolCache>, s: &Arc<Shared>) -> &'c mut PoolCache {
+fn cache_of<'c>(caches: &'c mut Vec<PoolCache>, s: &Arc<HeapState>) -> &'c mut PoolCache {
     match caches.iter().position(|c| c.id == s.id) {
         Some(i) => caches.swap(0, i),
         None => {
-            caches.retain(|c| c.shared.strong_count() > 0);
+            caches.retain(|c| c.heap.strong_count() > 0);
             caches.push(PoolCache {
                 id: s.id,
-                shared: Arc::downgrade(s),
+                heap: Arc::downgrade(s),
                 ways: vec![[EMPTY; 2]; class::CLASSES],
             });
             let last = caches.len() - 1;
@@ -572,7 +583,7 @@ fn cache_of<'c>(caches: &'c mut Vec<PoolCache>, s: &Arc<Shared>) -> &'c mut Pool
     &mut caches[0]
 }
 
-impl Shared {
+impl HeapState {
     #[inline(always)]
     fn span(&self, head: u32) -> &Span {
         &self.spans[head as usize]
@@ -1063,7 +1074,7 @@ impl Heap {
     /// validated against it.
     pub fn load(geo: Geometry, classes: &ClassTable, spans: &[SpanInfo]) -> Heap {
         let n = geo.page_count as usize;
-        let s = Shared {
+        let s = HeapState {
             id: HEAP_IDS.fetch_add(1, Relaxed),
             geo,
             pages: Mutex::new(Pages::default()),
@@ -1389,23 +1400,25 @@ impl Heap {
 
     /// Marks the live object at `off` as being freed (a second free of it fails until the
     /// first is cancelled) and returns the ticket. The root object is refused unless
-    /// `root_too`.
+    /// `which` is [`Freeable::RootToo`].
     #[inline]
-    pub fn begin_free(&self, off: u64, root_too: bool) -> Result<Freeing> {
-        match self.try_begin_free(off, root_too) {
+    pub fn begin_free(&self, off: u64, which: Freeable) -> Result<Freeing> {
+        match self.try_begin_free(off, which) {
             Some(f) => Ok(f),
-            None => Err(self.free_error(off, root_too)),
+            None => Err(self.free_error(off, which)),
         }
     }
 
     /// [`Heap::begin_free`] without saying why it refuses (kept small for the hot path).
     #[inline(always)]
-    pub fn try_begin_free(&self, off: u64, root_too: bool) -> Option<Freeing> {
+    pub fn try_begin_free(&self, off: u64, which: Freeable) -> Option<Freeing> {
         let s = &self.s;
         let head = s.head_of(off).ok()?;
         let span = s.span(head);
         let st = span.state.load(Acquire);
-        if st & LIVE == 0 || (!root_too && span.type_num.load(Relaxed) == ROOT_TYPE) {
+        if st & LIVE == 0
+            || (which == Freeable::NotRoot && span.type_num.load(Relaxed) == ROOT_TYPE)
+        {
             return None;
         }
         let info = s.run_info(head);
@@ -1442,11 +1455,11 @@ impl Heap {
 
     /// Why [`Heap::try_begin_free`] refused `off`.
     #[cold]
-    pub fn free_error(&self, off: u64, root_too: bool) -> PoolError {
+    pub fn free_error(&self, off: u64, which: Freeable) -> PoolError {
         let s = &self.s;
         if let Ok(head) = s.head_of(off) {
             let span = s.span(head);
-            if !root_too
+            if which == Freeable::NotRoot
                 && span.state.load(Acquire) & LIVE != 0
                 && span.type_num.load(Relaxed) == ROOT_TYPE
                 && self.object(off).is_ok()
@@ -1530,11 +1543,11 @@ impl Heap {
             .sum()
     }
 
-    pub fn stats(&self) -> Stats {
-        let mut st = Stats {
+    pub fn stats(&self) -> HeapStats {
+        let mut st = HeapStats {
             heap_bytes: self.s.geo.page_count * PAGE,
             free_bytes: lock(&self.s.pages).free_pages * PAGE,
-            ..Stats::default()
+            ..HeapStats::default()
         };
         self.for_each_span(|head, info| {
             if info.unit == 0 {

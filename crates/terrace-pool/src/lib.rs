@@ -4,17 +4,17 @@
 //! A pool is a file mapped shared. Objects inside it are named by their offset from the
 //! start of the pool ([`Oid`]), so the pool can be mapped anywhere next time. Allocation
 //! is crash-atomic and *publishes* the new handle into a location inside the pool in the
-//! same atomic step ([`Dest`]); transactions snapshot what they overwrite (undo log) and
+//! same atomic step ([`HandleAt`]); transactions snapshot what they overwrite (undo log) and
 //! allocate and free at commit (redo log). Opening a pool recovers from any crash.
 //!
 //! ```
-//! use terrace_pool::{Dest, Pool, RecordingBackend};
+//! use terrace_pool::{HandleAt, Pool, RecordingBackend};
 //! # fn main() -> terrace_pool::Result<()> {
 //! // Pool::create(path, size, layout) on a real file; a simulated medium here.
 //! let pool = Pool::create_on(RecordingBackend::new(4 << 20), "example", 2)?;
 //! let root = pool.root(64)?;
 //! // Allocate 100 bytes of type 1 and publish the handle in the root's first word.
-//! let obj = pool.alloc_with(100, 1, Dest::Word(root.offset()), |w| w.write(0, b"hi"))?;
+//! let obj = pool.alloc_with(100, 1, HandleAt::Word(root.offset()), |w| w.write(0, b"hi"))?;
 //! pool.tx(|tx| {
 //!     tx.write(obj, 2, b" there")?; // snapshotted, then written
 //!     tx.write_u64(root, 8, 1)
@@ -249,13 +249,13 @@
 //! store its head descriptor's unit word (0) and type word and persist them; write the
 //! initial contents (constructor, zeroing) into the reserved object and persist them;
 //! then one commit with: `or` of the slot's bit (for an extent, word 0 := kind extent,
-//! page count), and the publish words (`Dest::Word`: the offset; `Dest::Oid`:
-//! `pool_uuid_lo`, then the offset). With `Dest::None` that is one word: a single-word
+//! page count), and the publish words (`HandleAt::Word`: the offset; `HandleAt::Oid`:
+//! `pool_uuid_lo`, then the offset). With `HandleAt::None` that is one word: a single-word
 //! commit.
 //!
 //! **Free** (`free`): mark the slot pending-free in the volatile heap; one commit with
 //! `and-not` of its bit (or extent word 0 := 0) and the cleared destination (with
-//! `Dest::None`, a single-word commit). The volatile heap makes the space reusable only
+//! `HandleAt::None`, a single-word commit). The volatile heap makes the space reusable only
 //! after the commit completes.
 //!
 //! **Releasing a run**: when a completed free (or a cancelled reservation) leaves a run
@@ -376,7 +376,7 @@
 //! page spans (best fit, coalescing). An allocation of a run size claims a clear bit of
 //! the calling thread's run with one atomic `fetch_or` — no lock, and other allocating
 //! threads work in other runs (only neighbouring runs' boundary lines can be shared) —
-//! and, keeping its handle (`Dest::None`), commits with one atomic `or` on the
+//! and, keeping its handle (`HandleAt::None`), commits with one atomic `or` on the
 //! descriptor's bitmap word: two atomic operations and one persist. A free from any
 //! thread takes a pending-free ticket (atomic), commits, and clears the volatile bit
 //! (atomic). Class and page locks are taken only to change run ownership or lists (a
@@ -420,8 +420,8 @@ pub mod tx;
 pub use backend::{Backend, RegionBackend};
 pub use class::{AllocClass, ClassDesc, ClassId, HeaderType, RunSize};
 pub use error::{PoolError, Result};
-pub use heap::Stats;
-pub use pool::{CheckReport, Dest, Object, ObjectWriter, Oid, Pool, ROOT_TYPE};
+pub use heap::HeapStats;
+pub use pool::{CheckReport, HandleAt, Object, ObjectWriter, Oid, Pool, ROOT_TYPE};
 pub use recording::{PersistEvent, Recording, RecordingBackend};
 pub use terrace_media::Durability;
-pub use tx::Tx;
+pub use tx::{Contents, Tx};

@@ -27,10 +27,10 @@ use crate::backend::{Backend, RegionBackend};
 use crate::class::{self, AllocClass, ClassDesc, ClassId};
 use crate::error::{corrupt, PoolError, Result};
 use crate::format::{
-    self, ClassEntry, Geometry, Header, CLASS_SLOTS, CLASS_TABLE_VERSION, FORMAT_VERSION,
+    self, ClassEntry, Geometry, PoolHeader, CLASS_SLOTS, CLASS_TABLE_VERSION, FORMAT_VERSION,
     HEADER_LEN, KIND_RUN, LANES_OFF, POOL_ALIGN, ROOT_OFF_WORD, ROOT_SIZE_WORD, STATE_OFF,
 };
-use crate::heap::{self, ClassTable, Freeing, Heap, Reserved, Stats};
+use crate::heap::{self, ClassTable, Freeable, Freeing, Heap, HeapStats, Reserved};
 use crate::log::{self, Entries, Entry};
 
 /// The type number of the root object (never handed to user allocations).
@@ -56,7 +56,7 @@ impl Oid {
 /// Where an allocation's handle is published (atomically with the allocation), and from
 /// where a free takes the handle it clears.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dest {
+pub enum HandleAt {
     /// Nowhere: the caller keeps the returned handle (it leaks if the process crashes
     /// before the caller stores it somewhere persistent).
     None,
@@ -102,7 +102,7 @@ pub(crate) struct Lane {
 #[derive(Debug)]
 pub struct Pool<B: Backend = RegionBackend> {
     pub(crate) backend: B,
-    header: Header,
+    header: PoolHeader,
     pub(crate) geo: Geometry,
     pub(crate) heap: Heap,
     lanes: Vec<Mutex<Lane>>,
@@ -205,7 +205,7 @@ impl Pool<RegionBackend> {
                 Err(e) => return Err(io_err("read", path, e)),
             }
         }
-        let header = Header::decode(&head[..got])?;
+        let header = PoolHeader::decode(&head[..got])?;
         check_layout_matches(&header, layout)?;
         if header.geometry.pool_size != file_len {
             return Err(PoolError::SizeMismatch {
@@ -267,7 +267,7 @@ fn read_class_table<B: Backend>(b: &B, version: u32) -> Result<ClassTable> {
     Ok(table)
 }
 
-fn check_layout_matches(header: &Header, layout: Option<&str>) -> Result<()> {
+fn check_layout_matches(header: &PoolHeader, layout: Option<&str>) -> Result<()> {
     let Some(layout) = layout else {
         return Ok(());
     };
@@ -291,7 +291,7 @@ impl<B: Backend> Pool<B> {
         let geo = Geometry::compute(backend.len(), lanes)?;
         backend.fill(STATE_OFF, geo.heap_off - STATE_OFF, 0)?;
         backend.persist(STATE_OFF, geo.heap_off - STATE_OFF)?;
-        let header = Header {
+        let header = PoolHeader {
             version: FORMAT_VERSION,
             uuid: new_uuid(),
             layout: layout.to_string(),
@@ -318,7 +318,7 @@ impl<B: Backend> Pool<B> {
         let len = backend.len();
         let mut head = vec![0u8; (HEADER_LEN).min(len) as usize];
         backend.read(0, &mut head)?;
-        let header = Header::decode(&head)?;
+        let header = PoolHeader::decode(&head)?;
         check_layout_matches(&header, layout)?;
         let geo = header.geometry;
         if geo.pool_size != len {
@@ -374,7 +374,7 @@ impl<B: Backend> Pool<B> {
     }
 
     /// The decoded header (for `terrace pool info`).
-    pub fn header(&self) -> &Header {
+    pub fn header(&self) -> &PoolHeader {
         &self.header
     }
 
@@ -404,7 +404,7 @@ impl<B: Backend> Pool<B> {
         self.backend.durability()
     }
 
-    pub fn stats(&self) -> Stats {
+    pub fn stats(&self) -> HeapStats {
         self.heap.stats()
     }
 
@@ -495,11 +495,11 @@ impl<B: Backend> Pool<B> {
     /// registered completely or not at all.
     ///
     /// ```
-    /// use terrace_pool::{ClassDesc, Dest, Pool, RecordingBackend};
+    /// use terrace_pool::{ClassDesc, HandleAt, Pool, RecordingBackend};
     /// # fn main() -> terrace_pool::Result<()> {
     /// let pool = Pool::create_on(RecordingBackend::new(4 << 20), "example", 2)?;
     /// let class = pool.register_class(&ClassDesc::new(48).units_per_run(500))?;
-    /// let obj = pool.alloc_in(class, 40, 1, Dest::None, |w| w.write(0, b"node"))?;
+    /// let obj = pool.alloc_in(class, 40, 1, HandleAt::None, |w| w.write(0, b"node"))?;
     /// assert_eq!(pool.usable_size(obj)?, 48);
     /// // Reopened, the pool still has the class, and the object in it.
     /// let image = pool.into_backend().volatile_image();
@@ -581,11 +581,11 @@ impl<B: Backend> Pool<B> {
     }
 
     #[inline(always)]
-    fn check_dest(&self, dest: Dest) -> Result<()> {
+    fn check_dest(&self, dest: HandleAt) -> Result<()> {
         let (at, len) = match dest {
-            Dest::None => return Ok(()),
-            Dest::Word(at) => (at, 8),
-            Dest::Oid(at) => (at, 16),
+            HandleAt::None => return Ok(()),
+            HandleAt::Word(at) => (at, 8),
+            HandleAt::Oid(at) => (at, 16),
         };
         if at % 8 != 0 || at < self.geo.heap_off || at.saturating_add(len) > self.geo.heap_end() {
             return Err(PoolError::InvalidArgument {
@@ -597,11 +597,11 @@ impl<B: Backend> Pool<B> {
     }
 
     #[inline(always)]
-    pub(crate) fn publish_entries(&self, dest: Dest, off: Option<u64>, out: &mut Entries) {
+    pub(crate) fn publish_entries(&self, dest: HandleAt, off: Option<u64>, out: &mut Entries) {
         match dest {
-            Dest::None => {}
-            Dest::Word(at) => out.push(Entry::set(at, off.unwrap_or(0))),
-            Dest::Oid(at) => {
+            HandleAt::None => {}
+            HandleAt::Word(at) => out.push(Entry::set(at, off.unwrap_or(0))),
+            HandleAt::Oid(at) => {
                 out.push(Entry::set(at, off.map_or(0, |_| self.uuid_lo())));
                 out.push(Entry::set(at + 8, off.unwrap_or(0)));
             }
@@ -609,12 +609,12 @@ impl<B: Backend> Pool<B> {
     }
 
     /// The handle stored at `dest` (0 → `None`).
-    pub fn load_dest(&self, dest: Dest) -> Result<Option<Oid>> {
+    pub fn load_dest(&self, dest: HandleAt) -> Result<Option<Oid>> {
         self.check_dest(dest)?;
         Ok(match dest {
-            Dest::None => None,
-            Dest::Word(at) => Oid::from_offset(self.backend.load_u64(at)?),
-            Dest::Oid(at) => Oid::from_offset(self.backend.load_u64(at + 8)?),
+            HandleAt::None => None,
+            HandleAt::Word(at) => Oid::from_offset(self.backend.load_u64(at)?),
+            HandleAt::Oid(at) => Oid::from_offset(self.backend.load_u64(at + 8)?),
         })
     }
 
@@ -625,7 +625,7 @@ impl<B: Backend> Pool<B> {
         &self,
         size: u64,
         type_num: u64,
-        dest: Dest,
+        dest: HandleAt,
         init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
     ) -> Result<Oid> {
         self.alloc_impl(None, size, type_num, dest, init)
@@ -639,7 +639,7 @@ impl<B: Backend> Pool<B> {
         class: ClassId,
         size: u64,
         type_num: u64,
-        dest: Dest,
+        dest: HandleAt,
         init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
     ) -> Result<Oid> {
         self.alloc_impl(Some(class), size, type_num, dest, init)
@@ -651,7 +651,7 @@ impl<B: Backend> Pool<B> {
         class: Option<ClassId>,
         size: u64,
         type_num: u64,
-        dest: Dest,
+        dest: HandleAt,
         init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
     ) -> Result<Oid> {
         self.ensure_healthy()?;
@@ -678,7 +678,7 @@ impl<B: Backend> Pool<B> {
     fn finish_alloc(
         &self,
         r: &Reserved,
-        dest: Dest,
+        dest: HandleAt,
         init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
         freeing: Option<&Freeing>,
         extra: &[Entry],
@@ -712,7 +712,7 @@ impl<B: Backend> Pool<B> {
     fn finish_move(
         &self,
         r: &Reserved,
-        dest: Dest,
+        dest: HandleAt,
         init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
         f: Freeing,
         extra: &[Entry],
@@ -731,18 +731,18 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Allocates without initialising (contents are whatever the medium held).
-    pub fn alloc(&self, size: u64, type_num: u64, dest: Dest) -> Result<Oid> {
+    pub fn alloc(&self, size: u64, type_num: u64, dest: HandleAt) -> Result<Oid> {
         self.alloc_with(size, type_num, dest, |_| Ok(()))
     }
 
     /// Allocates zero-filled memory.
-    pub fn zalloc(&self, size: u64, type_num: u64, dest: Dest) -> Result<Oid> {
+    pub fn zalloc(&self, size: u64, type_num: u64, dest: HandleAt) -> Result<Oid> {
         self.alloc_with(size, type_num, dest, |w| w.zero())
     }
 
     /// Frees the object whose handle is at `dest` and clears `dest`, atomically. A null
     /// handle is a no-op.
-    pub fn free(&self, dest: Dest) -> Result<()> {
+    pub fn free(&self, dest: HandleAt) -> Result<()> {
         self.ensure_healthy()?;
         let Some(oid) = self.load_dest(dest)? else {
             return Ok(());
@@ -753,12 +753,12 @@ impl<B: Backend> Pool<B> {
     /// Frees `oid`, whose handle the caller holds outside the pool.
     pub fn free_oid(&self, oid: Oid) -> Result<()> {
         self.ensure_healthy()?;
-        self.free_published(oid, Dest::None)
+        self.free_published(oid, HandleAt::None)
     }
 
-    fn free_published(&self, oid: Oid, dest: Dest) -> Result<()> {
-        let Some(f) = self.heap.try_begin_free(oid.offset(), false) else {
-            return Err(self.heap.free_error(oid.offset(), false));
+    fn free_published(&self, oid: Oid, dest: HandleAt) -> Result<()> {
+        let Some(f) = self.heap.try_begin_free(oid.offset(), Freeable::NotRoot) else {
+            return Err(self.heap.free_error(oid.offset(), Freeable::NotRoot));
         };
         let mut entries = Entries::new();
         self.heap.free_entries(&f, &mut entries);
@@ -778,7 +778,7 @@ impl<B: Backend> Pool<B> {
     /// and type) is returned unchanged. The new object is in a built-in size class: an
     /// object of a custom class that does not fit moves out of it (as the size class of
     /// `size` decides, libpmemobj's `pmemobj_realloc` has no class either).
-    pub fn realloc(&self, dest: Dest, size: u64, type_num: u64) -> Result<Oid> {
+    pub fn realloc(&self, dest: HandleAt, size: u64, type_num: u64) -> Result<Oid> {
         self.ensure_healthy()?;
         let Some(old) = self.load_dest(dest)? else {
             return self.alloc(size, type_num, dest);
@@ -806,11 +806,11 @@ impl<B: Backend> Pool<B> {
         old_usable: u64,
         size: u64,
         type_num: u64,
-        dest: Dest,
+        dest: HandleAt,
         extra: &[Entry],
     ) -> Result<Oid> {
         let r = self.reserve(size, type_num)?;
-        let f = match self.heap.begin_free(old.offset(), false) {
+        let f = match self.heap.begin_free(old.offset(), Freeable::NotRoot) {
             Ok(f) => f,
             Err(e) => {
                 self.cancel(&r);
@@ -860,13 +860,13 @@ impl<B: Backend> Pool<B> {
                 let r = self.reserve(size, ROOT_TYPE)?;
                 let mut extra = extra.to_vec();
                 extra.push(Entry::set(ROOT_OFF_WORD, r.off));
-                self.finish_alloc(&r, Dest::None, |w| w.zero(), None, &extra)
+                self.finish_alloc(&r, HandleAt::None, |w| w.zero(), None, &extra)
                     .inspect_err(|_| self.cancel(&r))
             }
             Some(old) => {
                 let usable = self.heap.object(old.offset())?.usable;
                 let r = self.reserve(size, ROOT_TYPE)?;
-                let f = match self.heap.begin_free(old.offset(), true) {
+                let f = match self.heap.begin_free(old.offset(), Freeable::RootToo) {
                     Ok(f) => f,
                     Err(e) => {
                         self.cancel(&r);
@@ -881,7 +881,7 @@ impl<B: Backend> Pool<B> {
                     w.write(0, &buf)?;
                     w.fill(buf.len() as u64, w.usable - buf.len() as u64, 0)
                 };
-                self.finish_move(&r, Dest::None, copy, f, &extra)
+                self.finish_move(&r, HandleAt::None, copy, f, &extra)
             }
         }
     }
@@ -1003,7 +1003,7 @@ impl<B: Backend> Pool<B> {
     pub fn check(&self) -> Result<CheckReport> {
         let mut head = vec![0u8; HEADER_LEN as usize];
         self.backend.read(0, &mut head)?;
-        let header = Header::decode(&head)?;
+        let header = PoolHeader::decode(&head)?;
         if header != self.header {
             return Err(corrupt("header changed since open", 0));
         }

@@ -17,9 +17,18 @@ use std::sync::MutexGuard;
 use crate::backend::Backend;
 use crate::class::ClassId;
 use crate::error::{PoolError, Result};
-use crate::heap::{Freeing, Reserved};
+use crate::heap::{Freeable, Freeing, Reserved};
 use crate::log::{self, Entries, Entry};
 use crate::pool::{Lane, Oid, Pool, ROOT_TYPE};
+
+/// What a new object holds before its first write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contents {
+    /// Whatever the medium held there (`alloc`).
+    Uninit,
+    /// Zeros (`zalloc`).
+    Zeroed,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -191,7 +200,7 @@ impl<'p, B: Backend> Tx<'p, B> {
         self.zero_new(oid)
     }
 
-    /// [`Tx::alloc`] (in `class`, if given; zero-filled if `zero`) whose refusal — an
+    /// [`Tx::alloc`] (in `class`, if given; zero-filled for [`Contents::Zeroed`]) whose refusal — an
     /// unknown class, a size the class does not serve, no space — leaves the transaction
     /// active (libpmemobj's `POBJ_XALLOC_NO_ABORT`): a refused reservation changed
     /// nothing. A failure after the reservation (the medium failing while zeroing) still
@@ -201,7 +210,7 @@ impl<'p, B: Backend> Tx<'p, B> {
         class: Option<ClassId>,
         size: u64,
         type_num: u64,
-        zero: bool,
+        contents: Contents,
     ) -> Result<Oid> {
         self.check_active()?;
         if type_num == ROOT_TYPE {
@@ -219,10 +228,9 @@ impl<'p, B: Backend> Tx<'p, B> {
             return Err(PoolError::InvalidObject { offset: 0 });
         };
         self.allocs.push(r);
-        if zero {
-            self.zero_new(oid)
-        } else {
-            Ok(oid)
+        match contents {
+            Contents::Zeroed => self.zero_new(oid),
+            Contents::Uninit => Ok(oid),
         }
     }
 
@@ -270,7 +278,7 @@ impl<'p, B: Backend> Tx<'p, B> {
                 self.pool.cancel(&r);
                 return Ok(());
             }
-            let f = self.pool.heap.begin_free(oid.offset(), false)?;
+            let f = self.pool.heap.begin_free(oid.offset(), Freeable::NotRoot)?;
             self.frees.push(f);
             Ok(())
         })();

@@ -7,9 +7,9 @@
 use std::collections::BTreeSet;
 
 use terrace_pool::class::{self, builtin_classes, MAX_CUSTOM_CLASSES};
-use terrace_pool::format::{self, Header};
+use terrace_pool::format::{self, PoolHeader};
 use terrace_pool::{
-    AllocClass, ClassDesc, ClassId, Dest, HeaderType, Oid, Pool, PoolError, RecordingBackend,
+    AllocClass, ClassDesc, ClassId, HandleAt, HeaderType, Oid, Pool, PoolError, RecordingBackend,
 };
 
 fn mem_pool(size: u64) -> Pool<RecordingBackend> {
@@ -64,7 +64,7 @@ fn classes_and_their_objects_survive_close_and_reopen() {
         for i in 0..20u64 {
             let (cls, size) = if i % 2 == 0 { (a, 40) } else { (b, 4096) };
             let oid = pool
-                .alloc_in(cls, size, 5, Dest::Word(root.offset() + i * 8), |w| {
+                .alloc_in(cls, size, 5, HandleAt::Word(root.offset() + i * 8), |w| {
                     w.write(0, &i.to_le_bytes())
                 })
                 .unwrap();
@@ -79,7 +79,9 @@ fn classes_and_their_objects_survive_close_and_reopen() {
             objs.push((oid, cls));
         }
         // A built-in allocation of the same size never lands in a custom run.
-        let plain = pool.alloc(40, 5, Dest::Word(root.offset() + 200)).unwrap();
+        let plain = pool
+            .alloc(40, 5, HandleAt::Word(root.offset() + 200))
+            .unwrap();
         assert_eq!(pool.class_of(plain).unwrap(), None);
         assert_eq!(pool.usable_size(plain).unwrap(), 64);
         let report = pool.check().unwrap();
@@ -122,9 +124,9 @@ fn classes_and_their_objects_survive_close_and_reopen() {
         assert!(by_class.contains(&(oid, Some(cls))));
     }
     // The classes serve allocations at once, without registering again; frees work.
-    let more = pool.alloc_in(a, 48, 6, Dest::None, |_| Ok(())).unwrap();
+    let more = pool.alloc_in(a, 48, 6, HandleAt::None, |_| Ok(())).unwrap();
     assert_eq!(pool.class_of(more).unwrap(), Some(a));
-    pool.free(Dest::Word(root.offset())).unwrap();
+    pool.free(HandleAt::Word(root.offset())).unwrap();
     pool.free_oid(more).unwrap();
     assert_eq!(
         pool.register_class_as(b, &page).unwrap_err().to_string(),
@@ -177,17 +179,17 @@ fn bad_descriptions_ids_and_sizes_are_typed_errors() {
     assert_eq!(pool.class(c).unwrap().unit, 24, "a class is never replaced");
     // Allocation: unknown class, a size above the unit or 0, the root's type.
     assert!(matches!(
-        pool.alloc_in(id(10), 8, 1, Dest::None, |_| Ok(())),
+        pool.alloc_in(id(10), 8, 1, HandleAt::None, |_| Ok(())),
         Err(PoolError::NoSuchClass { id: 10 })
     ));
     for size in [0, 25, 1 << 20] {
         assert!(matches!(
-            pool.alloc_in(c, size, 1, Dest::None, |_| Ok(())),
+            pool.alloc_in(c, size, 1, HandleAt::None, |_| Ok(())),
             Err(PoolError::InvalidArgument { .. })
         ));
     }
     assert!(pool
-        .alloc_in(c, 1, u64::MAX, Dest::None, |_| Ok(()))
+        .alloc_in(c, 1, u64::MAX, HandleAt::None, |_| Ok(()))
         .is_err());
     // Transactions: a class allocation commits with the transaction or not at all.
     let root = pool.root(64).unwrap();
@@ -226,7 +228,7 @@ fn a_pool_holds_the_maximum_number_of_classes() {
     for &c in &ids {
         let unit = pool.class(c).unwrap().unit;
         objs.push(
-            pool.alloc_in(c, unit as u64, 1, Dest::None, |w| {
+            pool.alloc_in(c, unit as u64, 1, HandleAt::None, |w| {
                 w.write(0, &[c.get(); 16])
             })
             .unwrap(),
@@ -242,7 +244,7 @@ fn a_pool_holds_the_maximum_number_of_classes() {
         pool.read(o, 0, &mut buf).unwrap();
         assert_eq!(buf, [c.get(); 16]);
         assert_eq!(pool.class_of(o).unwrap(), Some(c));
-        pool.alloc_in(c, 16, 2, Dest::None, |_| Ok(())).unwrap();
+        pool.alloc_in(c, 16, 2, HandleAt::None, |_| Ok(())).unwrap();
     }
     assert!(matches!(
         pool.register_class(&ClassDesc::new(64)),
@@ -261,7 +263,7 @@ fn small_unit_runs_iterate_check_and_release() {
     assert_eq!(pool.class(c).unwrap().slots_per_run, 64);
     let objs: Vec<Oid> = (0..130)
         .map(|i| {
-            pool.alloc_in(c, 16, 4, Dest::None, |w| w.write(0, &[i as u8; 16]))
+            pool.alloc_in(c, 16, 4, HandleAt::None, |w| w.write(0, &[i as u8; 16]))
                 .unwrap()
         })
         .collect();
@@ -307,7 +309,7 @@ fn threads_register_and_allocate_concurrently() {
                     let mut mine = Vec::new();
                     for i in 0..2000u64 {
                         let o = pool
-                            .alloc_in(c, 32, t as u64, Dest::None, |w| {
+                            .alloc_in(c, 32, t as u64, HandleAt::None, |w| {
                                 w.write(0, &i.to_le_bytes())
                             })
                             .unwrap();
@@ -335,8 +337,8 @@ fn damaged_class_tables_are_named() {
     let pool = mem_pool(4 << 20);
     let c = pool.register_class_as(id(7), &ClassDesc::new(96)).unwrap();
     let d = pool.register_class_as(id(8), &ClassDesc::new(128)).unwrap();
-    let o = pool.alloc_in(c, 96, 1, Dest::None, |_| Ok(())).unwrap();
-    pool.alloc_in(d, 96, 1, Dest::None, |_| Ok(())).unwrap();
+    let o = pool.alloc_in(c, 96, 1, HandleAt::None, |_| Ok(())).unwrap();
+    pool.alloc_in(d, 96, 1, HandleAt::None, |_| Ok(())).unwrap();
     let g = pool.geometry();
     let head = (o.offset() - g.heap_off) / 4096;
     let entry = |n: u8| format::class_entry_off(n);
@@ -404,13 +406,15 @@ fn version_1_pools_open_but_cannot_record_classes() {
     let pool = mem_pool(4 << 20);
     let root = pool.root(64).unwrap();
     let obj = pool
-        .alloc_with(300, 2, Dest::Word(root.offset()), |w| w.write(0, b"old"))
+        .alloc_with(300, 2, HandleAt::Word(root.offset()), |w| {
+            w.write(0, b"old")
+        })
         .unwrap();
     let header = pool.header().clone();
     assert_eq!(header.version, format::FORMAT_VERSION);
     let mut image = pool.into_backend().volatile_image();
     let as_version = |image: &mut Vec<u8>, version: u32| {
-        let h = Header {
+        let h = PoolHeader {
             version,
             ..header.clone()
         };
@@ -420,7 +424,7 @@ fn version_1_pools_open_but_cannot_record_classes() {
     let pool = Pool::open_on(RecordingBackend::from_image(image.clone()), "c").unwrap();
     assert_eq!(pool.header().version, 1);
     assert_eq!(pool.read_u64(root, 0).unwrap(), obj.offset());
-    pool.alloc(100, 2, Dest::None).unwrap();
+    pool.alloc(100, 2, HandleAt::None).unwrap();
     match pool.register_class(&ClassDesc::new(64)) {
         Err(
             e @ PoolError::FormatTooOld {

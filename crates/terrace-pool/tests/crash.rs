@@ -11,8 +11,8 @@
 //! registered classes are exactly those before or after the operation: a class is either
 //! fully registered, with the description it was registered with, or absent.
 //!
-//! Allocations and frees publish through the pool (`Dest::Word`: redo-logged commits) or
-//! through the caller (`Dest::None`, then a durable 8-byte store of the handle: the
+//! Allocations and frees publish through the pool (`HandleAt::Word`: redo-logged commits) or
+//! through the caller (`HandleAt::None`, then a durable 8-byte store of the handle: the
 //! single-word commits that need no log). The latter have a window where the object is
 //! live but not published; then exactly that object may also be live, and if it was just
 //! allocated it must already hold its contents.
@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use terrace_pool::{
-    AllocClass, Backend, ClassDesc, ClassId, Dest, HeaderType, Oid, Pool, PoolError,
+    AllocClass, Backend, ClassDesc, ClassId, HandleAt, HeaderType, Oid, Pool, PoolError,
     RecordingBackend,
 };
 
@@ -173,8 +173,8 @@ impl Run {
         self.pool.root(ROOT_SIZE).expect("root")
     }
 
-    fn slot(&self, i: u64) -> Dest {
-        Dest::Word(self.root().offset() + i * 8)
+    fn slot(&self, i: u64) -> HandleAt {
+        HandleAt::Word(self.root().offset() + i * 8)
     }
 
     fn pick(&mut self, full: bool) -> Option<u64> {
@@ -269,7 +269,7 @@ impl Run {
                 let data = pattern(seed, CHECKED.min(size));
                 let r = self
                     .pool
-                    .alloc_with(size, 1 + size % 3, Dest::None, |w| w.write(0, &data));
+                    .alloc_with(size, 1 + size % 3, HandleAt::None, |w| w.write(0, &data));
                 match r {
                     Ok(oid) => {
                         self.leak = Some(Leak {
@@ -344,7 +344,7 @@ impl Run {
                 self.set_seed_durable(i, seed);
                 let r = self
                     .pool
-                    .alloc_in(class, size, 1 + size % 3, Dest::None, |w| {
+                    .alloc_in(class, size, 1 + size % 3, HandleAt::None, |w| {
                         w.write(0, &pattern(seed, CHECKED.min(w.usable())))
                     });
                 match r {
@@ -498,12 +498,12 @@ fn verify(image: Vec<u8>, allowed: &[&State], leak: Option<Leak>, what: &str) {
     // The recovered heap works: allocate and free once, in a size class and in every
     // registered class.
     let oid = pool
-        .alloc(100, 9, Dest::None)
+        .alloc(100, 9, HandleAt::None)
         .expect("alloc after recovery");
     pool.free_oid(oid).expect("free after recovery");
     for c in &expected.classes {
         let id = c.id.expect("custom");
-        match pool.alloc_in(id, c.unit as u64, 9, Dest::None, |_| Ok(())) {
+        match pool.alloc_in(id, c.unit as u64, 9, HandleAt::None, |_| Ok(())) {
             Ok(oid) => {
                 assert_eq!(pool.class_of(oid).expect("live"), Some(id), "{what}");
                 pool.free_oid(oid).expect("free in class after recovery");

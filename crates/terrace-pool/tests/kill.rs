@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use terrace_pool::{Dest, Oid, Pool, PoolError};
+use terrace_pool::{HandleAt, Oid, Pool, PoolError};
 
 const LAYOUT: &str = "kill";
 const SLOTS: u64 = 64;
@@ -36,7 +36,7 @@ fn kill_child_worker() {
     let mut rng = std::process::id() as u64;
     loop {
         let i = next(&mut rng) % SLOTS;
-        let slot = Dest::Word(root.offset() + i * 8);
+        let slot = HandleAt::Word(root.offset() + i * 8);
         let size = [64u64, 700, 5000, 70_000, 200_000][(next(&mut rng) % 5) as usize];
         let full = pool.read_u64(root, i * 8).expect("slot") != 0;
         let r = match (next(&mut rng) % 4, full) {

@@ -4,7 +4,7 @@
 use std::io::{Seek, SeekFrom, Write};
 use std::path::PathBuf;
 
-use terrace_pool::{Backend, Dest, Oid, Pool, PoolError, RecordingBackend};
+use terrace_pool::{Backend, HandleAt, Oid, Pool, PoolError, RecordingBackend};
 
 fn shm_dir() -> tempfile::TempDir {
     tempfile::tempdir_in("/dev/shm").expect("tmpfs dir")
@@ -29,7 +29,9 @@ fn create_open_close_keeps_root_objects_and_layout() {
             "a smaller request keeps the root"
         );
         let obj = pool
-            .alloc_with(1000, 7, Dest::Word(root.offset()), |w| w.write(0, b"hello"))
+            .alloc_with(1000, 7, HandleAt::Word(root.offset()), |w| {
+                w.write(0, b"hello")
+            })
             .unwrap();
         assert_eq!(pool.read_u64(root, 0).unwrap(), obj.offset());
         pool.check().unwrap();
@@ -172,7 +174,7 @@ fn mem_pool(size: u64) -> Pool<RecordingBackend> {
 fn alloc_free_realloc_publish_and_reject_misuse() {
     let pool = mem_pool(4 << 20);
     let root = pool.root(64).unwrap();
-    let slot = Dest::Word(root.offset());
+    let slot = HandleAt::Word(root.offset());
     let a = pool.zalloc(100, 1, slot).unwrap();
     assert_eq!(pool.load_dest(slot).unwrap(), Some(a));
     assert_eq!(pool.usable_size(a).unwrap(), 112);
@@ -191,7 +193,7 @@ fn alloc_free_realloc_publish_and_reject_misuse() {
         Err(PoolError::InvalidObject { .. })
     ));
     // PMEMoid destinations carry the uuid.
-    let oid_slot = Dest::Oid(root.offset() + 16);
+    let oid_slot = HandleAt::Oid(root.offset() + 16);
     let c = pool.alloc(64, 2, oid_slot).unwrap();
     assert_eq!(pool.read_u64(root, 16).unwrap(), pool.uuid_lo());
     assert_eq!(pool.read_u64(root, 24).unwrap(), c.offset());
@@ -208,15 +210,15 @@ fn alloc_free_realloc_publish_and_reject_misuse() {
         Err(PoolError::InvalidArgument { .. })
     ));
     assert!(matches!(
-        pool.alloc(0, 1, Dest::None),
+        pool.alloc(0, 1, HandleAt::None),
         Err(PoolError::InvalidArgument { .. })
     ));
     assert!(matches!(
-        pool.alloc(64, 1, Dest::Word(3)),
+        pool.alloc(64, 1, HandleAt::Word(3)),
         Err(PoolError::InvalidArgument { .. })
     ));
     assert!(matches!(
-        pool.alloc(64 << 20, 1, Dest::None),
+        pool.alloc(64 << 20, 1, HandleAt::None),
         Err(PoolError::OutOfSpace { .. })
     ));
     pool.free(slot).unwrap();
@@ -234,7 +236,7 @@ fn objects_are_iterated_by_type_and_survive_reopen() {
         if i % 10 == 9 {
             continue;
         }
-        let oid = pool.alloc(size, t, Dest::None).unwrap();
+        let oid = pool.alloc(size, t, HandleAt::None).unwrap();
         by_type[t as usize].push(oid);
     }
     let backend = pool.into_backend();
@@ -312,7 +314,7 @@ fn transactions_commit_abort_nest_and_roll_back_on_panic() {
     .unwrap();
     assert!(pool.usable_size(obj).is_err());
     // A snapshot larger than the undo log is refused (and aborts).
-    let big = pool.alloc(100_000, 1, Dest::None).unwrap();
+    let big = pool.alloc(100_000, 1, HandleAt::None).unwrap();
     let err = pool.tx(|tx| tx.add_range(big, 0, 100_000)).unwrap_err();
     assert!(matches!(err, PoolError::TxLogFull { .. }), "{err}");
     pool.check().unwrap();
@@ -340,7 +342,7 @@ fn crash_mid_transaction_rolls_back_at_open() {
 fn fill(size: u64, pool_size: u64) -> f64 {
     let pool = mem_pool(pool_size);
     let mut n = 0u64;
-    while pool.alloc(size, 1, Dest::None).is_ok() {
+    while pool.alloc(size, 1, HandleAt::None).is_ok() {
         n += 1;
     }
     pool.check().unwrap();
@@ -383,7 +385,7 @@ fn threads_allocate_concurrently_and_lend_before_failing() {
                     loop {
                         let size = 4096u64 << (k % 5);
                         k = k.wrapping_mul(2862933555777941757).wrapping_add(3037000493);
-                        match pool.alloc(size, 1, Dest::None) {
+                        match pool.alloc(size, 1, HandleAt::None) {
                             Ok(_) => bytes += size,
                             Err(PoolError::OutOfSpace { .. }) => return bytes,
                             Err(e) => panic!("{e}"),
@@ -398,7 +400,7 @@ fn threads_allocate_concurrently_and_lend_before_failing() {
     assert!(u >= 0.97, "{:.1}%", u * 100.0);
     // Whatever the threads left (a failed 64 KiB request may leave 4 KiB holes) is
     // still usable by one thread: no thread keeps space to itself.
-    while pool.alloc(4096, 1, Dest::None).is_ok() {}
+    while pool.alloc(4096, 1, HandleAt::None).is_ok() {}
     assert!(pool.stats().free_bytes < 4096, "{:?}", pool.stats());
     pool.check().unwrap();
     // Concurrent transactions on separate objects.
@@ -429,8 +431,8 @@ fn threads_allocate_concurrently_and_lend_before_failing() {
 fn check_names_injected_corruption() {
     let pool = mem_pool(4 << 20);
     let root = pool.root(64).unwrap();
-    let a = pool.alloc(3000, 1, Dest::Word(root.offset())).unwrap();
-    let _b = pool.alloc(300_000, 2, Dest::None).unwrap();
+    let a = pool.alloc(3000, 1, HandleAt::Word(root.offset())).unwrap();
+    let _b = pool.alloc(300_000, 2, HandleAt::None).unwrap();
     pool.check().unwrap();
     let g = pool.geometry();
     let head = (a.offset() - g.heap_off) / 4096;
@@ -485,7 +487,7 @@ fn disk_backed_pool_persists_with_msync() {
     let obj = {
         let pool = Pool::create(&path, 2 << 20, "disk").unwrap();
         let root = pool.root(16).unwrap();
-        let obj = pool.zalloc(5000, 3, Dest::Word(root.offset())).unwrap();
+        let obj = pool.zalloc(5000, 3, HandleAt::Word(root.offset())).unwrap();
         pool.tx(|tx| tx.write(obj, 10, b"durable")).unwrap();
         if pool.durability() == terrace_pool::Durability::Process {
             eprintln!("note: the temp dir is tmpfs; msync path not exercised");
@@ -521,7 +523,7 @@ fn objects_freed_by_other_threads_and_runs_of_exited_threads_are_reused() {
                 let mut mine = Vec::new();
                 for k in 0..1200u64 {
                     let size = sizes[((k + t as u64) % sizes.len() as u64) as usize];
-                    let oid = pool.alloc(size, 1 + k % 2, Dest::None).unwrap();
+                    let oid = pool.alloc(size, 1 + k % 2, HandleAt::None).unwrap();
                     if k % 2 == 0 {
                         next.send(oid).unwrap();
                     } else {
@@ -552,7 +554,7 @@ fn objects_freed_by_other_threads_and_runs_of_exited_threads_are_reused() {
     // Every page is usable again: runs emptied by frees were released at once, the empty
     // runs of exited threads are reclaimed when the free pages run out.
     let mut n = 0u64;
-    while pool.alloc(4096, 7, Dest::None).is_ok() {
+    while pool.alloc(4096, 7, HandleAt::None).is_ok() {
         n += 1;
     }
     assert!(pool.stats().free_bytes < 4096, "{:?}", pool.stats());
@@ -573,8 +575,8 @@ fn one_thread_uses_several_pools_and_type_numbers() {
     let b = mem_pool(8 << 20);
     let mut live_a = Vec::new();
     for k in 0..600u64 {
-        live_a.push((a.alloc(100, k % 5, Dest::None).unwrap(), k % 5));
-        let o = b.alloc(100 + k % 3, 9, Dest::None).unwrap();
+        live_a.push((a.alloc(100, k % 5, HandleAt::None).unwrap(), k % 5));
+        let o = b.alloc(100 + k % 3, 9, HandleAt::None).unwrap();
         if k % 3 == 0 {
             b.free_oid(o).unwrap();
         }
@@ -593,8 +595,8 @@ fn one_thread_uses_several_pools_and_type_numbers() {
         a.free_oid(*o).unwrap();
     }
     for k in 0..300u64 {
-        a.alloc(100, k % 5, Dest::None).unwrap();
-        b.alloc(100, 9, Dest::None).unwrap();
+        a.alloc(100, k % 5, HandleAt::None).unwrap();
+        b.alloc(100, 9, HandleAt::None).unwrap();
     }
     a.check().unwrap();
     b.check().unwrap();
@@ -628,7 +630,7 @@ fn threads_churn_a_nearly_full_pool() {
                         0..=3 => {
                             let size =
                                 [64, 96, 700, 4096, 9000, 70_000, 200_000][(r >> 8) as usize % 7];
-                            match pool.alloc(size, 1 + (r >> 16) % 3, Dest::None) {
+                            match pool.alloc(size, 1 + (r >> 16) % 3, HandleAt::None) {
                                 Ok(o) => mine.push(o),
                                 Err(PoolError::OutOfSpace { .. }) => {}
                                 Err(e) => panic!("{e}"),
@@ -661,7 +663,7 @@ fn threads_churn_a_nearly_full_pool() {
     }
     pool.check().unwrap();
     assert_eq!(pool.stats().allocated_bytes, 0, "{:?}", pool.stats());
-    while pool.alloc(4096, 1, Dest::None).is_ok() {}
+    while pool.alloc(4096, 1, HandleAt::None).is_ok() {}
     assert!(pool.stats().free_bytes < 4096, "{:?}", pool.stats());
     pool.check().unwrap();
 }
