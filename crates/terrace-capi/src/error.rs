@@ -1,4 +1,5 @@
-//! The last error of each thread, as text for `terrace_last_error`, plus `errno`.
+//! The last error of each thread, as text for `terrace_last_error`, plus `errno`; and
+//! [`boundary`], which every `extern "C"` entry point of this crate runs under.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CString};
@@ -46,4 +47,68 @@ pub fn set_errno(code: i32) {
 pub fn last_message() -> *const c_char {
     LAST.try_with(|last| last.borrow().as_ptr())
         .unwrap_or(c"".as_ptr())
+}
+
+/// The `errno` of a panic caught at the boundary: an internal error, not the caller's.
+pub const PANIC_ERRNO: i32 = libc::EIO;
+
+/// Runs the body of entry point `what` under [`terrace_media::ffi::boundary_with`]: a panic
+/// records `"{what}: internal error (panic: …)"` as the thread's last error, sets `errno`
+/// to [`PANIC_ERRNO`] and returns `on_panic`, the error value `what`'s header documents.
+pub fn boundary<T>(what: &str, on_panic: T, body: impl FnOnce() -> T) -> T {
+    boundary_then(what, on_panic, || {}, body)
+}
+
+/// [`boundary`], running `then` after a panic is recorded (a transaction's entry points
+/// abort the thread's transaction there, as any failure of theirs does).
+pub fn boundary_then<T>(
+    what: &str,
+    on_panic: T,
+    then: impl FnOnce(),
+    body: impl FnOnce() -> T,
+) -> T {
+    terrace_media::ffi::boundary_with(
+        |message| {
+            record_message(&format!("{what}: internal error (panic: {message})"));
+            then();
+            set_errno(PANIC_ERRNO);
+            on_panic
+        },
+        || {
+            #[cfg(test)]
+            inject::panic_if_armed(what);
+            body()
+        },
+    )
+}
+
+/// Test-only panic injection: the next entry point the armed thread enters panics at the
+/// top of its boundary, so a test can see the boundary turn that into the error value.
+#[cfg(test)]
+pub(crate) mod inject {
+    use std::cell::Cell;
+
+    thread_local! {
+        static ARMED: Cell<bool> = const { Cell::new(false) };
+        static FIRED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Arms the calling thread's next boundary to panic.
+    pub fn arm() {
+        ARMED.with(|a| a.set(true));
+        FIRED.with(|f| f.set(false));
+    }
+
+    /// Whether a boundary fired the armed panic since [`arm`] (and disarms).
+    pub fn fired() -> bool {
+        ARMED.with(|a| a.set(false));
+        FIRED.with(Cell::get)
+    }
+
+    pub(super) fn panic_if_armed(what: &str) {
+        if ARMED.with(|a| a.replace(false)) {
+            FIRED.with(|f| f.set(true));
+            panic!("injected panic in {what}");
+        }
+    }
 }

@@ -9,7 +9,9 @@
 //!   pointer-sized value encoding the kind's slot and generation ([`handle`]); a handle of
 //!   a destroyed kind is detected and refused, not followed;
 //! - functions never panic across the boundary: bad input is an error code plus `errno`,
-//!   and the message of the last error on this thread is kept ([`error`]);
+//!   and the message of the last error on this thread is kept ([`error`]); every entry
+//!   point runs under [`error::boundary`], so a panic (a bug) is the error value its
+//!   header documents, with `errno` `EIO`, never an unwind into C;
 //! - freeing a pointer no kind owns (foreign, or from a destroyed kind) does nothing.
 
 pub mod error;
@@ -18,3 +20,6 @@ pub mod memkind;
 pub mod native;
 pub mod pmemobj;
 pub mod pool;
+
+#[cfg(test)]
+mod boundary_tests;

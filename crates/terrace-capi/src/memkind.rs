@@ -11,6 +11,7 @@
 //! kind means "what the file system has free now".
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr;
 
 use terrace_kinds::{FileKindOptions, FileLocation, Kind, KindError};
 use terrace_media::{FileOptions, MediaError, Region};
@@ -125,57 +126,68 @@ pub unsafe extern "C" fn memkind_create_pmem(
     max_size: usize,
     kind: *mut Handle,
 ) -> c_int {
-    if kind.is_null() {
-        return MEMKIND_ERROR_INVALID;
-    }
-    // SAFETY: forwarded contract.
-    match unsafe { native::path_arg(dir) }.and_then(|dir| create_pmem(dir, max_size, false)) {
-        Ok(k) => {
-            // SAFETY: kind is writable (contract).
-            unsafe { kind.write(Handle::of(k)) };
-            MEMKIND_SUCCESS
+    error::boundary("memkind_create_pmem", MEMKIND_ERROR_RUNTIME, || {
+        if kind.is_null() {
+            return MEMKIND_ERROR_INVALID;
         }
-        Err(e) => code_of(&e),
-    }
+        // SAFETY: forwarded contract.
+        match unsafe { native::path_arg(dir) }.and_then(|dir| create_pmem(dir, max_size, false)) {
+            Ok(k) => {
+                // SAFETY: kind is writable (contract).
+                unsafe { kind.write(Handle::of(k)) };
+                MEMKIND_SUCCESS
+            }
+            Err(e) => code_of(&e),
+        }
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn memkind_config_new() -> *mut MemkindConfig {
-    Box::into_raw(Box::new(MemkindConfig {
-        path: None,
-        size: 0,
-        policy: MEMKIND_MEM_USAGE_POLICY_DEFAULT,
-    }))
+    error::boundary("memkind_config_new", ptr::null_mut(), || {
+        Box::into_raw(Box::new(MemkindConfig {
+            path: None,
+            size: 0,
+            policy: MEMKIND_MEM_USAGE_POLICY_DEFAULT,
+        }))
+    })
 }
 
 /// # Safety
 /// `cfg` must come from `memkind_config_new` and not be used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn memkind_config_delete(cfg: *mut MemkindConfig) {
-    if !cfg.is_null() {
-        // SAFETY: created by Box::into_raw in memkind_config_new (contract).
-        drop(unsafe { Box::from_raw(cfg) });
-    }
+    error::boundary("memkind_config_delete", (), || {
+        if !cfg.is_null() {
+            // SAFETY: created by Box::into_raw in memkind_config_new (contract).
+            drop(unsafe { Box::from_raw(cfg) });
+        }
+    })
 }
 
 /// # Safety
 /// `cfg` from `memkind_config_new`; `path` NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn memkind_config_set_path(cfg: *mut MemkindConfig, path: *const c_char) {
-    // SAFETY: cfg is live or null (contract); path is NUL-terminated or null.
-    if let (Some(cfg), Ok(path)) = (unsafe { cfg.as_mut() }, unsafe { native::path_arg(path) }) {
-        cfg.path = Some(path);
-    }
+    error::boundary("memkind_config_set_path", (), || {
+        // SAFETY: cfg is live or null (contract); path is NUL-terminated or null.
+        if let (Some(cfg), Ok(path)) = (unsafe { cfg.as_mut() }, unsafe { native::path_arg(path) })
+        {
+            cfg.path = Some(path);
+        }
+    })
 }
 
 /// # Safety
 /// `cfg` from `memkind_config_new`.
 #[no_mangle]
 pub unsafe extern "C" fn memkind_config_set_size(cfg: *mut MemkindConfig, size: usize) {
-    // SAFETY: cfg is live or null (contract).
-    if let Some(cfg) = unsafe { cfg.as_mut() } {
-        cfg.size = size;
-    }
+    error::boundary("memkind_config_set_size", (), || {
+        // SAFETY: cfg is live or null (contract).
+        if let Some(cfg) = unsafe { cfg.as_mut() } {
+            cfg.size = size;
+        }
+    })
 }
 
 /// # Safety
@@ -185,10 +197,12 @@ pub unsafe extern "C" fn memkind_config_set_memory_usage_policy(
     cfg: *mut MemkindConfig,
     policy: c_int,
 ) {
-    // SAFETY: cfg is live or null (contract).
-    if let Some(cfg) = unsafe { cfg.as_mut() } {
-        cfg.policy = policy;
-    }
+    error::boundary("memkind_config_set_memory_usage_policy", (), || {
+        // SAFETY: cfg is live or null (contract).
+        if let Some(cfg) = unsafe { cfg.as_mut() } {
+            cfg.policy = policy;
+        }
+    })
 }
 
 /// # Safety
@@ -198,28 +212,34 @@ pub unsafe extern "C" fn memkind_create_pmem_with_config(
     cfg: *mut MemkindConfig,
     kind: *mut Handle,
 ) -> c_int {
-    // SAFETY: cfg is live or null (contract).
-    let Some(cfg) = (unsafe { cfg.as_ref() }) else {
-        return MEMKIND_ERROR_INVALID;
-    };
-    let Some(path) = cfg.path.clone() else {
-        return MEMKIND_ERROR_INVALID;
-    };
-    if kind.is_null() || !(0..=1).contains(&cfg.policy) {
-        return MEMKIND_ERROR_INVALID;
-    }
-    match create_pmem(
-        path,
-        cfg.size,
-        cfg.policy == MEMKIND_MEM_USAGE_POLICY_CONSERVATIVE,
-    ) {
-        Ok(k) => {
-            // SAFETY: kind is writable (contract).
-            unsafe { kind.write(Handle::of(k)) };
-            MEMKIND_SUCCESS
-        }
-        Err(e) => code_of(&e),
-    }
+    error::boundary(
+        "memkind_create_pmem_with_config",
+        MEMKIND_ERROR_RUNTIME,
+        || {
+            // SAFETY: cfg is live or null (contract).
+            let Some(cfg) = (unsafe { cfg.as_ref() }) else {
+                return MEMKIND_ERROR_INVALID;
+            };
+            let Some(path) = cfg.path.clone() else {
+                return MEMKIND_ERROR_INVALID;
+            };
+            if kind.is_null() || !(0..=1).contains(&cfg.policy) {
+                return MEMKIND_ERROR_INVALID;
+            }
+            match create_pmem(
+                path,
+                cfg.size,
+                cfg.policy == MEMKIND_MEM_USAGE_POLICY_CONSERVATIVE,
+            ) {
+                Ok(k) => {
+                    // SAFETY: kind is writable (contract).
+                    unsafe { kind.write(Handle::of(k)) };
+                    MEMKIND_SUCCESS
+                }
+                Err(e) => code_of(&e),
+            }
+        },
+    )
 }
 
 /// 0 when `dir` is on a DAX file system (a `MAP_SYNC` mapping works there), else
@@ -229,48 +249,61 @@ pub unsafe extern "C" fn memkind_create_pmem_with_config(
 /// `dir` must be a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn memkind_check_dax_path(dir: *const c_char) -> c_int {
-    // SAFETY: forwarded contract.
-    let probe = unsafe { native::path_arg(dir) }.and_then(|dir| {
-        Ok(Region::file(&FileOptions::temp_in(
-            dir,
-            terrace_media::registry::GRANULE,
-        ))?)
-    });
-    match probe {
-        Ok(region) if region.is_dax() => MEMKIND_SUCCESS,
-        Ok(_) => MEMKIND_ERROR_INVALID,
-        Err(e) => {
-            code_of(&e);
-            MEMKIND_ERROR_INVALID
+    error::boundary("memkind_check_dax_path", MEMKIND_ERROR_RUNTIME, || {
+        // SAFETY: forwarded contract.
+        let probe = unsafe { native::path_arg(dir) }.and_then(|dir| {
+            Ok(Region::file(&FileOptions::temp_in(
+                dir,
+                terrace_media::registry::GRANULE,
+            ))?)
+        });
+        match probe {
+            Ok(region) if region.is_dax() => MEMKIND_SUCCESS,
+            Ok(_) => MEMKIND_ERROR_INVALID,
+            Err(e) => {
+                code_of(&e);
+                MEMKIND_ERROR_INVALID
+            }
         }
-    }
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn memkind_destroy_kind(kind: Handle) -> c_int {
-    match kind.kind().and_then(|k| k.destroy()) {
+    error::boundary("memkind_destroy_kind", MEMKIND_ERROR_RUNTIME, || match kind
+        .kind()
+        .and_then(|k| k.destroy())
+    {
         Ok(()) => MEMKIND_SUCCESS,
         Err(e) => code_of(&e),
-    }
+    })
 }
 
 /// 0 when the kind can serve allocations on this machine.
 #[no_mangle]
 pub extern "C" fn memkind_check_available(kind: Handle) -> c_int {
-    match kind.kind() {
-        Ok(k) if k.is_live() => MEMKIND_SUCCESS,
-        _ => MEMKIND_ERROR_UNAVAILABLE,
-    }
+    error::boundary(
+        "memkind_check_available",
+        MEMKIND_ERROR_UNAVAILABLE,
+        || match kind.kind() {
+            Ok(k) if k.is_live() => MEMKIND_SUCCESS,
+            _ => MEMKIND_ERROR_UNAVAILABLE,
+        },
+    )
 }
 
 #[no_mangle]
 pub extern "C" fn memkind_malloc(kind: Handle, size: usize) -> *mut c_void {
-    native::terrace_malloc(kind, size)
+    error::boundary("memkind_malloc", ptr::null_mut(), || {
+        native::terrace_malloc(kind, size)
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn memkind_calloc(kind: Handle, num: usize, size: usize) -> *mut c_void {
-    native::terrace_calloc(kind, num, size)
+    error::boundary("memkind_calloc", ptr::null_mut(), || {
+        native::terrace_calloc(kind, num, size)
+    })
 }
 
 /// # Safety
@@ -282,8 +315,10 @@ pub unsafe extern "C" fn memkind_posix_memalign(
     alignment: usize,
     size: usize,
 ) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe { native::terrace_posix_memalign(kind, memptr, alignment, size) }
+    error::boundary("memkind_posix_memalign", error::PANIC_ERRNO, || {
+        // SAFETY: forwarded contract.
+        unsafe { native::terrace_posix_memalign(kind, memptr, alignment, size) }
+    })
 }
 
 /// # Safety
@@ -294,41 +329,53 @@ pub unsafe extern "C" fn memkind_realloc(
     ptr: *mut c_void,
     size: usize,
 ) -> *mut c_void {
-    // SAFETY: forwarded contract.
-    unsafe { native::terrace_realloc(kind, ptr, size) }
+    error::boundary("memkind_realloc", ptr::null_mut(), || {
+        // SAFETY: forwarded contract.
+        unsafe { native::terrace_realloc(kind, ptr, size) }
+    })
 }
 
 /// # Safety
 /// `ptr` NULL, foreign, or a live allocation from a kind.
 #[no_mangle]
 pub unsafe extern "C" fn memkind_free(_kind: Handle, ptr: *mut c_void) {
-    // SAFETY: forwarded contract.
-    unsafe { native::terrace_free(ptr) }
+    error::boundary("memkind_free", (), || {
+        // SAFETY: forwarded contract.
+        unsafe { native::terrace_free(ptr) }
+    })
 }
 
 /// # Safety
 /// As for `memkind_free`.
 #[no_mangle]
 pub unsafe extern "C" fn memkind_malloc_usable_size(_kind: Handle, ptr: *mut c_void) -> usize {
-    // SAFETY: forwarded contract.
-    unsafe { native::terrace_usable_size(ptr) }
+    error::boundary("memkind_malloc_usable_size", 0, || {
+        // SAFETY: forwarded contract.
+        unsafe { native::terrace_usable_size(ptr) }
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn memkind_detect_kind(ptr: *mut c_void) -> Handle {
-    native::terrace_detect_kind(ptr)
+    error::boundary("memkind_detect_kind", Handle::NULL, || {
+        native::terrace_detect_kind(ptr)
+    })
 }
 
 /// Objects never need moving to reduce fragmentation here: always NULL.
 #[no_mangle]
 pub extern "C" fn memkind_defrag_reallocate(_kind: Handle, _ptr: *mut c_void) -> *mut c_void {
-    std::ptr::null_mut()
+    error::boundary("memkind_defrag_reallocate", ptr::null_mut(), || {
+        std::ptr::null_mut()
+    })
 }
 
 /// Statistics are read fresh on every call; nothing to refresh.
 #[no_mangle]
 pub extern "C" fn memkind_update_cached_stats() -> c_int {
-    MEMKIND_SUCCESS
+    error::boundary("memkind_update_cached_stats", MEMKIND_ERROR_RUNTIME, || {
+        MEMKIND_SUCCESS
+    })
 }
 
 pub const MEMKIND_STAT_TYPE_RESIDENT: c_int = 0;
@@ -339,28 +386,30 @@ pub const MEMKIND_STAT_TYPE_ALLOCATED: c_int = 2;
 /// `value` writable.
 #[no_mangle]
 pub unsafe extern "C" fn memkind_get_stat(kind: Handle, stat: c_int, value: *mut usize) -> c_int {
-    if value.is_null() {
-        return MEMKIND_ERROR_INVALID;
-    }
-    let stats = match kind.kind().and_then(|k| k.stats()) {
-        Ok(s) => s,
-        Err(e) => return code_of(&e),
-    };
-    let v = match stat {
-        MEMKIND_STAT_TYPE_RESIDENT => stats.resident,
-        MEMKIND_STAT_TYPE_ACTIVE => stats.active,
-        MEMKIND_STAT_TYPE_ALLOCATED => stats.allocated,
-        _ => return MEMKIND_ERROR_INVALID,
-    };
-    // SAFETY: value is writable (contract).
-    unsafe { value.write(v as usize) };
-    MEMKIND_SUCCESS
+    error::boundary("memkind_get_stat", MEMKIND_ERROR_RUNTIME, || {
+        if value.is_null() {
+            return MEMKIND_ERROR_INVALID;
+        }
+        let stats = match kind.kind().and_then(|k| k.stats()) {
+            Ok(s) => s,
+            Err(e) => return code_of(&e),
+        };
+        let v = match stat {
+            MEMKIND_STAT_TYPE_RESIDENT => stats.resident,
+            MEMKIND_STAT_TYPE_ACTIVE => stats.active,
+            MEMKIND_STAT_TYPE_ALLOCATED => stats.allocated,
+            _ => return MEMKIND_ERROR_INVALID,
+        };
+        // SAFETY: value is writable (contract).
+        unsafe { value.write(v as usize) };
+        MEMKIND_SUCCESS
+    })
 }
 
 /// memkind API level implemented (1.14.0), as `major * 1000000 + minor * 1000 + patch`.
 #[no_mangle]
 pub extern "C" fn memkind_get_version() -> c_int {
-    1_014_000
+    error::boundary("memkind_get_version", 1_014_000, || 1_014_000)
 }
 
 /// Writes the text of a memkind error code into `msg`, NUL-terminated and truncated to
@@ -371,37 +420,42 @@ pub extern "C" fn memkind_get_version() -> c_int {
 /// `msg` must hold `size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn memkind_error_message(err: c_int, msg: *mut c_char, size: usize) {
-    if msg.is_null() || size == 0 {
-        return;
-    }
-    let base = match err {
-        MEMKIND_SUCCESS => "<memkind> success",
-        MEMKIND_ERROR_UNAVAILABLE => "<memkind> Requested memory kind is not available",
-        MEMKIND_ERROR_MBIND => "<memkind> Call to mbind() failed",
-        MEMKIND_ERROR_MMAP => "<memkind> Call to mmap() or fallocate() failed",
-        MEMKIND_ERROR_MALLOC => "<memkind> Call to malloc() failed",
-        MEMKIND_ERROR_INVALID => "<memkind> Invalid argument",
-        MEMKIND_ERROR_TOOMANY => {
-            "<memkind> Attempted to initialize more than maximum number of kinds"
+    error::boundary("memkind_error_message", (), || {
+        if msg.is_null() || size == 0 {
+            return;
         }
-        MEMKIND_ERROR_MEMTYPE_NOT_AVAILABLE => "<memkind> Requested memory type is not available",
-        MEMKIND_ERROR_OPERATION_FAILED => "<memkind> Operation failed",
-        MEMKIND_ERROR_ARENAS_CREATE => "<memkind> Call to jemalloc's arenas.create() failed",
-        _ => "<memkind> Undefined error number",
-    };
-    // SAFETY: last_message returns a NUL-terminated string owned by this thread.
-    let detail = unsafe { CStr::from_ptr(error::last_message()) }.to_string_lossy();
-    // Detail only when this thread's last error was recorded for this very code.
-    let text = if detail.is_empty() || err == MEMKIND_SUCCESS || error::last_memkind_code() != err {
-        base.to_string()
-    } else {
-        format!("{base}: {detail}")
-    };
-    let bytes = text.as_bytes();
-    let n = bytes.len().min(size - 1);
-    // SAFETY: msg holds size bytes (contract) and n < size.
-    unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), msg.cast::<u8>(), n);
-        *msg.add(n) = 0;
-    }
+        let base = match err {
+            MEMKIND_SUCCESS => "<memkind> success",
+            MEMKIND_ERROR_UNAVAILABLE => "<memkind> Requested memory kind is not available",
+            MEMKIND_ERROR_MBIND => "<memkind> Call to mbind() failed",
+            MEMKIND_ERROR_MMAP => "<memkind> Call to mmap() or fallocate() failed",
+            MEMKIND_ERROR_MALLOC => "<memkind> Call to malloc() failed",
+            MEMKIND_ERROR_INVALID => "<memkind> Invalid argument",
+            MEMKIND_ERROR_TOOMANY => {
+                "<memkind> Attempted to initialize more than maximum number of kinds"
+            }
+            MEMKIND_ERROR_MEMTYPE_NOT_AVAILABLE => {
+                "<memkind> Requested memory type is not available"
+            }
+            MEMKIND_ERROR_OPERATION_FAILED => "<memkind> Operation failed",
+            MEMKIND_ERROR_ARENAS_CREATE => "<memkind> Call to jemalloc's arenas.create() failed",
+            _ => "<memkind> Undefined error number",
+        };
+        // SAFETY: last_message returns a NUL-terminated string owned by this thread.
+        let detail = unsafe { CStr::from_ptr(error::last_message()) }.to_string_lossy();
+        // Detail only when this thread's last error was recorded for this very code.
+        let text =
+            if detail.is_empty() || err == MEMKIND_SUCCESS || error::last_memkind_code() != err {
+                base.to_string()
+            } else {
+                format!("{base}: {detail}")
+            };
+        let bytes = text.as_bytes();
+        let n = bytes.len().min(size - 1);
+        // SAFETY: msg holds size bytes (contract) and n < size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), msg.cast::<u8>(), n);
+            *msg.add(n) = 0;
+        }
+    })
 }

@@ -6,7 +6,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::PathBuf;
-use std::ptr::NonNull;
+use std::ptr::{self, NonNull};
 
 use terrace_kinds::{FileKindOptions, FileLocation, Kind, KindError, PageSize, Strategy};
 
@@ -69,7 +69,9 @@ pub(crate) unsafe fn path_arg(s: *const c_char) -> Result<PathBuf, KindError> {
 /// The default DRAM kind.
 #[no_mangle]
 pub extern "C" fn terrace_kind_default() -> Handle {
-    Handle::of(Kind::DEFAULT)
+    error::boundary("terrace_kind_default", Handle::NULL, || {
+        Handle::of(Kind::DEFAULT)
+    })
 }
 
 /// Creates a file kind of at most `max_size` bytes in directory `path` (see the
@@ -84,21 +86,23 @@ pub unsafe extern "C" fn terrace_kind_create_file(
     flags: c_uint,
     out: *mut Handle,
 ) -> c_int {
-    // SAFETY: forwarded contract.
-    let result = unsafe { path_arg(path) }.and_then(|path| {
-        let location = if flags & TERRACE_FILE_KEEP != 0 {
-            FileLocation::Path(path)
-        } else {
-            FileLocation::TempIn(path)
-        };
-        Kind::create_file(&FileKindOptions {
-            location,
-            max_size,
-            hole_punching: flags & TERRACE_FILE_HOLE_PUNCH != 0,
-            reserve_ahead: (flags & TERRACE_FILE_NO_RESERVE_AHEAD != 0).then_some(0),
-        })
-    });
-    publish(result, out)
+    error::boundary("terrace_kind_create_file", error::PANIC_ERRNO, || {
+        // SAFETY: forwarded contract.
+        let result = unsafe { path_arg(path) }.and_then(|path| {
+            let location = if flags & TERRACE_FILE_KEEP != 0 {
+                FileLocation::Path(path)
+            } else {
+                FileLocation::TempIn(path)
+            };
+            Kind::create_file(&FileKindOptions {
+                location,
+                max_size,
+                hole_punching: flags & TERRACE_FILE_HOLE_PUNCH != 0,
+                reserve_ahead: (flags & TERRACE_FILE_NO_RESERVE_AHEAD != 0).then_some(0),
+            })
+        });
+        publish(result, out)
+    })
 }
 
 /// Creates a DRAM kind of its own (optionally on transparent huge pages).
@@ -107,12 +111,14 @@ pub unsafe extern "C" fn terrace_kind_create_file(
 /// `out` must be a writable handle.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_kind_create_dram(huge_pages: c_int, out: *mut Handle) -> c_int {
-    let pages = if huge_pages != 0 {
-        PageSize::Huge
-    } else {
-        PageSize::Base
-    };
-    publish(Kind::create_dram(pages), out)
+    error::boundary("terrace_kind_create_dram", error::PANIC_ERRNO, || {
+        let pages = if huge_pages != 0 {
+            PageSize::Huge
+        } else {
+            PageSize::Base
+        };
+        publish(Kind::create_dram(pages), out)
+    })
 }
 
 /// Creates a kind on NUMA node `node`.
@@ -121,7 +127,9 @@ pub unsafe extern "C" fn terrace_kind_create_dram(huge_pages: c_int, out: *mut H
 /// `out` must be a writable handle.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_kind_create_numa(node: c_uint, out: *mut Handle) -> c_int {
-    publish(Kind::create_numa(node), out)
+    error::boundary("terrace_kind_create_numa", error::PANIC_ERRNO, || {
+        publish(Kind::create_numa(node), out)
+    })
 }
 
 /// Creates a unified kind over `count` members: strategy 0 = round-robin, 1 = ordered,
@@ -136,33 +144,37 @@ pub unsafe extern "C" fn terrace_kind_create_unified(
     strategy: c_int,
     out: *mut Handle,
 ) -> c_int {
-    let strategy = match strategy {
-        0 => Strategy::RoundRobin,
-        1 => Strategy::Ordered,
-        2 => Strategy::NumaLocal,
-        _ => {
-            return fail(&KindError::Unsupported {
-                kind: "unified".into(),
-                why: "unknown strategy",
-            })
+    error::boundary("terrace_kind_create_unified", error::PANIC_ERRNO, || {
+        let strategy = match strategy {
+            0 => Strategy::RoundRobin,
+            1 => Strategy::Ordered,
+            2 => Strategy::NumaLocal,
+            _ => {
+                return fail(&KindError::Unsupported {
+                    kind: "unified".into(),
+                    why: "unknown strategy",
+                })
+            }
+        };
+        if members.is_null() || count == 0 {
+            return fail(&KindError::EmptyUnified);
         }
-    };
-    if members.is_null() || count == 0 {
-        return fail(&KindError::EmptyUnified);
-    }
-    // SAFETY: members points to count handles (contract).
-    let handles = unsafe { std::slice::from_raw_parts(members, count) };
-    let kinds: Result<Vec<Kind>, KindError> = handles.iter().map(|h| h.kind()).collect();
-    publish(kinds.and_then(|k| Kind::create_unified(&k, strategy)), out)
+        // SAFETY: members points to count handles (contract).
+        let handles = unsafe { std::slice::from_raw_parts(members, count) };
+        let kinds: Result<Vec<Kind>, KindError> = handles.iter().map(|h| h.kind()).collect();
+        publish(kinds.and_then(|k| Kind::create_unified(&k, strategy)), out)
+    })
 }
 
 /// Destroys a kind and everything allocated from it.
 #[no_mangle]
 pub extern "C" fn terrace_kind_destroy(kind: Handle) -> c_int {
-    match kind.kind().and_then(|k| k.destroy()) {
-        Ok(()) => 0,
-        Err(e) => fail(&e),
-    }
+    error::boundary("terrace_kind_destroy", error::PANIC_ERRNO, || {
+        match kind.kind().and_then(|k| k.destroy()) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
 }
 
 fn pointer_result(result: Result<NonNull<u8>, KindError>) -> *mut c_void {
@@ -178,13 +190,17 @@ fn pointer_result(result: Result<NonNull<u8>, KindError>) -> *mut c_void {
 /// Allocates `size` bytes from `kind`; NULL with errno on failure (size 0 included).
 #[no_mangle]
 pub extern "C" fn terrace_malloc(kind: Handle, size: usize) -> *mut c_void {
-    pointer_result(kind.kind().and_then(|k| k.malloc(size)))
+    error::boundary("terrace_malloc", ptr::null_mut(), || {
+        pointer_result(kind.kind().and_then(|k| k.malloc(size)))
+    })
 }
 
 /// Allocates `count * size` zeroed bytes from `kind`.
 #[no_mangle]
 pub extern "C" fn terrace_calloc(kind: Handle, count: usize, size: usize) -> *mut c_void {
-    pointer_result(kind.kind().and_then(|k| k.calloc(count, size)))
+    error::boundary("terrace_calloc", ptr::null_mut(), || {
+        pointer_result(kind.kind().and_then(|k| k.calloc(count, size)))
+    })
 }
 
 /// Resizes `ptr` to `size` bytes in `kind` (or, if `kind` is NULL, in the kind owning
@@ -199,24 +215,26 @@ pub unsafe extern "C" fn terrace_realloc(
     ptr: *mut c_void,
     size: usize,
 ) -> *mut c_void {
-    let ptr = NonNull::new(ptr.cast::<u8>());
-    let target = if kind == Handle::NULL {
-        match ptr.and_then(|p| terrace_kinds::detect_kind(p.as_ptr())) {
-            Some(k) => Ok(k),
-            None => Err(KindError::NoSuchKind),
+    error::boundary("terrace_realloc", ptr::null_mut(), || {
+        let ptr = NonNull::new(ptr.cast::<u8>());
+        let target = if kind == Handle::NULL {
+            match ptr.and_then(|p| terrace_kinds::detect_kind(p.as_ptr())) {
+                Some(k) => Ok(k),
+                None => Err(KindError::NoSuchKind),
+            }
+        } else {
+            kind.kind()
+        };
+        // SAFETY: forwarded contract.
+        match target.and_then(|k| unsafe { k.realloc(ptr, size) }) {
+            Ok(Some(p)) => p.as_ptr().cast(),
+            Ok(None) => std::ptr::null_mut(),
+            Err(e) => {
+                fail(&e);
+                std::ptr::null_mut()
+            }
         }
-    } else {
-        kind.kind()
-    };
-    // SAFETY: forwarded contract.
-    match target.and_then(|k| unsafe { k.realloc(ptr, size) }) {
-        Ok(Some(p)) => p.as_ptr().cast(),
-        Ok(None) => std::ptr::null_mut(),
-        Err(e) => {
-            fail(&e);
-            std::ptr::null_mut()
-        }
-    }
+    })
 }
 
 /// Allocates `size` bytes aligned to `alignment` into `*out`. Returns 0, EINVAL (bad
@@ -231,23 +249,25 @@ pub unsafe extern "C" fn terrace_posix_memalign(
     alignment: usize,
     size: usize,
 ) -> c_int {
-    if out.is_null() {
-        return fail(&KindError::BadAlignment { align: alignment });
-    }
-    let result = kind
-        .kind()
-        .and_then(|k| match k.aligned_alloc(alignment, size) {
-            Err(KindError::ZeroSize) => Ok(None),
-            other => other.map(Some),
-        });
-    match result {
-        Ok(p) => {
-            // SAFETY: out is writable (contract).
-            unsafe { out.write(p.map_or(std::ptr::null_mut(), |p| p.as_ptr().cast())) };
-            0
+    error::boundary("terrace_posix_memalign", error::PANIC_ERRNO, || {
+        if out.is_null() {
+            return fail(&KindError::BadAlignment { align: alignment });
         }
-        Err(e) => fail(&e),
-    }
+        let result = kind
+            .kind()
+            .and_then(|k| match k.aligned_alloc(alignment, size) {
+                Err(KindError::ZeroSize) => Ok(None),
+                other => other.map(Some),
+            });
+        match result {
+            Ok(p) => {
+                // SAFETY: out is writable (contract).
+                unsafe { out.write(p.map_or(std::ptr::null_mut(), |p| p.as_ptr().cast())) };
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
 }
 
 /// Frees `ptr` into its kind; does nothing for NULL or a pointer no kind owns.
@@ -256,8 +276,10 @@ pub unsafe extern "C" fn terrace_posix_memalign(
 /// `ptr` must be NULL, foreign, or a live allocation from a kind.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_free(ptr: *mut c_void) {
-    // SAFETY: forwarded contract.
-    unsafe { terrace_kinds::free(ptr.cast()) };
+    error::boundary("terrace_free", (), || {
+        // SAFETY: forwarded contract.
+        unsafe { terrace_kinds::free(ptr.cast()) };
+    })
 }
 
 /// Usable size of an allocation; 0 for NULL or a pointer no kind owns.
@@ -266,14 +288,18 @@ pub unsafe extern "C" fn terrace_free(ptr: *mut c_void) {
 /// As for `terrace_free`.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_usable_size(ptr: *const c_void) -> usize {
-    // SAFETY: forwarded contract.
-    unsafe { terrace_kinds::usable_size(ptr.cast()) }
+    error::boundary("terrace_usable_size", 0, || {
+        // SAFETY: forwarded contract.
+        unsafe { terrace_kinds::usable_size(ptr.cast()) }
+    })
 }
 
 /// The kind owning `ptr`, or NULL.
 #[no_mangle]
 pub extern "C" fn terrace_detect_kind(ptr: *const c_void) -> Handle {
-    terrace_kinds::detect_kind(ptr.cast()).map_or(Handle::NULL, Handle::owner_of)
+    error::boundary("terrace_detect_kind", Handle::NULL, || {
+        terrace_kinds::detect_kind(ptr.cast()).map_or(Handle::NULL, Handle::owner_of)
+    })
 }
 
 /// Fills `*out` with the statistics of `kind`.
@@ -282,29 +308,31 @@ pub extern "C" fn terrace_detect_kind(ptr: *const c_void) -> Handle {
 /// `out` must be writable.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_kind_stats(kind: Handle, out: *mut TerraceKindStats) -> c_int {
-    if out.is_null() {
-        return fail(&KindError::NoSuchKind);
-    }
-    match kind.kind().and_then(|k| k.stats()) {
-        Ok(s) => {
-            // SAFETY: out is writable (contract).
-            unsafe {
-                out.write(TerraceKindStats {
-                    allocated: s.allocated,
-                    active: s.active,
-                    resident: s.resident,
-                    capacity: s.capacity,
-                    reserved: s.reserved,
-                })
-            };
-            0
+    error::boundary("terrace_kind_stats", error::PANIC_ERRNO, || {
+        if out.is_null() {
+            return fail(&KindError::NoSuchKind);
         }
-        Err(e) => fail(&e),
-    }
+        match kind.kind().and_then(|k| k.stats()) {
+            Ok(s) => {
+                // SAFETY: out is writable (contract).
+                unsafe {
+                    out.write(TerraceKindStats {
+                        allocated: s.allocated,
+                        active: s.active,
+                        resident: s.resident,
+                        capacity: s.capacity,
+                        reserved: s.reserved,
+                    })
+                };
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
 }
 
 /// The message of the last error on the calling thread ("" if none).
 #[no_mangle]
 pub extern "C" fn terrace_last_error() -> *const c_char {
-    error::last_message()
+    error::boundary("terrace_last_error", c"".as_ptr(), error::last_message)
 }

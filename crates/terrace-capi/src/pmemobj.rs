@@ -14,7 +14,8 @@
 //!   recorded classes: unlike libpmemobj's, they are still there after the pool is closed
 //!   and reopened. Other ctl names fail with `EINVAL`.
 //!
-//! Errors set `errno` and the thread's message (`pmemobj_errormsg`), never panic.
+//! Errors set `errno` and the thread's message (`pmemobj_errormsg`); every entry point
+//! runs under [`error::boundary`], so a panic is an error too (`EIO`), never an unwind.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -199,29 +200,32 @@ pub unsafe extern "C" fn pmemobj_create(
     poolsize: usize,
     mode: libc::mode_t,
 ) -> *mut PoolHandle {
-    // SAFETY: contract.
-    let (Some(path), layout) = (unsafe { str_arg(path) }, unsafe { str_arg(layout) }) else {
-        fail_with(libc::EINVAL, "pmemobj_create: path is NULL or not UTF-8");
-        return ptr::null_mut();
-    };
-    if poolsize == 0 {
-        fail_with(
-            libc::EINVAL,
-            "pmemobj_create: pool size 0 (opening existing files) is not supported",
-        );
-        return ptr::null_mut();
-    }
-    match Pool::create(path, poolsize as u64, layout.unwrap_or("")) {
-        Ok(pool) => {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777));
-            publish(pool)
+    error::boundary("pmemobj_create", ptr::null_mut(), || {
+        // SAFETY: contract.
+        let (Some(path), layout) = (unsafe { str_arg(path) }, unsafe { str_arg(layout) }) else {
+            fail_with(libc::EINVAL, "pmemobj_create: path is NULL or not UTF-8");
+            return ptr::null_mut();
+        };
+        if poolsize == 0 {
+            fail_with(
+                libc::EINVAL,
+                "pmemobj_create: pool size 0 (opening existing files) is not supported",
+            );
+            return ptr::null_mut();
         }
-        Err(e) => {
-            fail(&e);
-            ptr::null_mut()
+        match Pool::create(path, poolsize as u64, layout.unwrap_or("")) {
+            Ok(pool) => {
+                use std::os::unix::fs::PermissionsExt;
+                let _ =
+                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777));
+                publish(pool)
+            }
+            Err(e) => {
+                fail(&e);
+                ptr::null_mut()
+            }
         }
-    }
+    })
 }
 
 /// # Safety
@@ -231,48 +235,52 @@ pub unsafe extern "C" fn pmemobj_open(
     path: *const c_char,
     layout: *const c_char,
 ) -> *mut PoolHandle {
-    // SAFETY: contract.
-    let Some(path) = (unsafe { str_arg(path) }) else {
-        fail_with(libc::EINVAL, "pmemobj_open: path is NULL or not UTF-8");
-        return ptr::null_mut();
-    };
-    // SAFETY: contract.
-    let opened = match unsafe { str_arg(layout) } {
-        Some(layout) => Pool::open(path, layout),
-        None => Pool::open_any_layout(path),
-    };
-    match opened {
-        Ok(pool) => publish(pool),
-        Err(e) => {
-            fail(&e);
-            ptr::null_mut()
+    error::boundary("pmemobj_open", ptr::null_mut(), || {
+        // SAFETY: contract.
+        let Some(path) = (unsafe { str_arg(path) }) else {
+            fail_with(libc::EINVAL, "pmemobj_open: path is NULL or not UTF-8");
+            return ptr::null_mut();
+        };
+        // SAFETY: contract.
+        let opened = match unsafe { str_arg(layout) } {
+            Some(layout) => Pool::open(path, layout),
+            None => Pool::open_any_layout(path),
+        };
+        match opened {
+            Ok(pool) => publish(pool),
+            Err(e) => {
+                fail(&e);
+                ptr::null_mut()
+            }
         }
-    }
+    })
 }
 
 /// # Safety
 /// `pop` from `pmemobj_create`/`pmemobj_open`, not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn pmemobj_close(pop: *mut PoolHandle) {
-    if pop.is_null() {
-        return;
-    }
-    // SAFETY: pop is an open pool (contract).
-    let h = unsafe { &*pop };
-    if h.active_txs.load(Ordering::Acquire) != 0 {
-        fail_with(
-            libc::EBUSY,
-            "pmemobj_close: a transaction is active on this pool; it stays open",
-        );
-        return;
-    }
-    POOLS
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|e| e.handle != pop.cast_const());
-    EPOCH.fetch_add(1, Ordering::AcqRel);
-    // SAFETY: created by Box::into_raw in `publish`; no longer reachable from the table.
-    drop(unsafe { Box::from_raw(pop) });
+    error::boundary("pmemobj_close", (), || {
+        if pop.is_null() {
+            return;
+        }
+        // SAFETY: pop is an open pool (contract).
+        let h = unsafe { &*pop };
+        if h.active_txs.load(Ordering::Acquire) != 0 {
+            fail_with(
+                libc::EBUSY,
+                "pmemobj_close: a transaction is active on this pool; it stays open",
+            );
+            return;
+        }
+        POOLS
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|e| e.handle != pop.cast_const());
+        EPOCH.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: created by Box::into_raw in `publish`; no longer reachable from the table.
+        drop(unsafe { Box::from_raw(pop) });
+    })
 }
 
 /// 1 when the pool is consistent, 0 when not, -1 when it cannot be checked.
@@ -281,36 +289,38 @@ pub unsafe extern "C" fn pmemobj_close(pop: *mut PoolHandle) {
 /// `path` NUL-terminated; `layout` NUL-terminated or NULL.
 #[no_mangle]
 pub unsafe extern "C" fn pmemobj_check(path: *const c_char, layout: *const c_char) -> c_int {
-    // SAFETY: contract.
-    let Some(path) = (unsafe { str_arg(path) }) else {
-        fail_with(libc::EINVAL, "pmemobj_check: path is NULL");
-        return -1;
-    };
-    // SAFETY: contract.
-    let opened = match unsafe { str_arg(layout) } {
-        Some(layout) => Pool::open(path, layout),
-        None => Pool::open_any_layout(path),
-    };
-    match opened.and_then(|pool| pool.check()) {
-        Ok(_) => 1,
-        Err(
-            e @ (PoolError::Corrupt { .. }
-            | PoolError::BadChecksum { .. }
-            | PoolError::SizeMismatch { .. }),
-        ) => {
-            fail(&e);
-            0
+    error::boundary("pmemobj_check", -1, || {
+        // SAFETY: contract.
+        let Some(path) = (unsafe { str_arg(path) }) else {
+            fail_with(libc::EINVAL, "pmemobj_check: path is NULL");
+            return -1;
+        };
+        // SAFETY: contract.
+        let opened = match unsafe { str_arg(layout) } {
+            Some(layout) => Pool::open(path, layout),
+            None => Pool::open_any_layout(path),
+        };
+        match opened.and_then(|pool| pool.check()) {
+            Ok(_) => 1,
+            Err(
+                e @ (PoolError::Corrupt { .. }
+                | PoolError::BadChecksum { .. }
+                | PoolError::SizeMismatch { .. }),
+            ) => {
+                fail(&e);
+                0
+            }
+            Err(e) => {
+                fail(&e);
+                -1
+            }
         }
-        Err(e) => {
-            fail(&e);
-            -1
-        }
-    }
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_errormsg() -> *const c_char {
-    error::last_message()
+    error::boundary("pmemobj_errormsg", c"".as_ptr(), error::last_message)
 }
 
 fn oid_of(h: &PoolHandle, oid: Oid) -> PMEMoid {
@@ -324,66 +334,76 @@ fn oid_of(h: &PoolHandle, oid: Oid) -> PMEMoid {
 /// `pop` an open pool.
 #[no_mangle]
 pub unsafe extern "C" fn pmemobj_root(pop: *mut PoolHandle, size: usize) -> PMEMoid {
-    // SAFETY: contract.
-    let Some(h) = (unsafe { pop.as_ref() }) else {
-        fail_with(libc::EINVAL, "pmemobj_root: pool is NULL");
-        return OID_NULL;
-    };
-    if size == 0 {
-        return match h.pool.root_size() {
-            Ok(0) | Err(_) => OID_NULL,
-            Ok(existing) => h.pool.root(existing).map_or(OID_NULL, |oid| oid_of(h, oid)),
+    error::boundary("pmemobj_root", OID_NULL, || {
+        // SAFETY: contract.
+        let Some(h) = (unsafe { pop.as_ref() }) else {
+            fail_with(libc::EINVAL, "pmemobj_root: pool is NULL");
+            return OID_NULL;
         };
-    }
-    match h.pool.root(size as u64) {
-        Ok(oid) => oid_of(h, oid),
-        Err(e) => {
-            fail(&e);
-            OID_NULL
+        if size == 0 {
+            return match h.pool.root_size() {
+                Ok(0) | Err(_) => OID_NULL,
+                Ok(existing) => h.pool.root(existing).map_or(OID_NULL, |oid| oid_of(h, oid)),
+            };
         }
-    }
+        match h.pool.root(size as u64) {
+            Ok(oid) => oid_of(h, oid),
+            Err(e) => {
+                fail(&e);
+                OID_NULL
+            }
+        }
+    })
 }
 
 /// # Safety
 /// `pop` an open pool.
 #[no_mangle]
 pub unsafe extern "C" fn pmemobj_root_size(pop: *mut PoolHandle) -> usize {
-    // SAFETY: contract.
-    unsafe { pop.as_ref() }
-        .and_then(|h| h.pool.root_size().ok())
-        .unwrap_or(0) as usize
+    error::boundary("pmemobj_root_size", 0, || {
+        // SAFETY: contract.
+        unsafe { pop.as_ref() }
+            .and_then(|h| h.pool.root_size().ok())
+            .unwrap_or(0) as usize
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_direct(oid: PMEMoid) -> *mut c_void {
-    if oid.off == 0 {
-        return ptr::null_mut();
-    }
-    match by_uuid(oid.pool_uuid_lo) {
-        Some(e) if (oid.off as usize) < e.len => (e.base + oid.off as usize) as *mut c_void,
-        _ => ptr::null_mut(),
-    }
+    error::boundary("pmemobj_direct", ptr::null_mut(), || {
+        if oid.off == 0 {
+            return ptr::null_mut();
+        }
+        match by_uuid(oid.pool_uuid_lo) {
+            Some(e) if (oid.off as usize) < e.len => (e.base + oid.off as usize) as *mut c_void,
+            _ => ptr::null_mut(),
+        }
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_oid(addr: *const c_void) -> PMEMoid {
-    match by_addr(addr as usize) {
+    error::boundary("pmemobj_oid", OID_NULL, || match by_addr(addr as usize) {
         Some(e) => PMEMoid {
             pool_uuid_lo: e.uuid_lo,
             off: (addr as usize - e.base) as u64,
         },
         None => OID_NULL,
-    }
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_pool_by_oid(oid: PMEMoid) -> *mut PoolHandle {
-    by_uuid(oid.pool_uuid_lo).map_or(ptr::null_mut(), |e| e.handle.cast_mut())
+    error::boundary("pmemobj_pool_by_oid", ptr::null_mut(), || {
+        by_uuid(oid.pool_uuid_lo).map_or(ptr::null_mut(), |e| e.handle.cast_mut())
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_pool_by_ptr(addr: *const c_void) -> *mut PoolHandle {
-    by_addr(addr as usize).map_or(ptr::null_mut(), |e| e.handle.cast_mut())
+    error::boundary("pmemobj_pool_by_ptr", ptr::null_mut(), || {
+        by_addr(addr as usize).map_or(ptr::null_mut(), |e| e.handle.cast_mut())
+    })
 }
 
 /// Where a `PMEMoid *` destination lives: inside `h` (published by the pool) or not.
@@ -474,8 +494,10 @@ pub unsafe extern "C" fn pmemobj_alloc(
     constructor: Constructor,
     arg: *mut c_void,
 ) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe { alloc_impl(pop, oidp, size, type_num, false, None, constructor, arg) }
+    error::boundary("pmemobj_alloc", -1, || {
+        // SAFETY: forwarded contract.
+        unsafe { alloc_impl(pop, oidp, size, type_num, false, None, constructor, arg) }
+    })
 }
 
 /// # Safety
@@ -487,8 +509,10 @@ pub unsafe extern "C" fn pmemobj_zalloc(
     size: usize,
     type_num: u64,
 ) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe { alloc_impl(pop, oidp, size, type_num, true, None, None, ptr::null_mut()) }
+    error::boundary("pmemobj_zalloc", -1, || {
+        // SAFETY: forwarded contract.
+        unsafe { alloc_impl(pop, oidp, size, type_num, true, None, None, ptr::null_mut()) }
+    })
 }
 
 // ---- allocation classes and flags ----------------------------------------------------
@@ -535,23 +559,25 @@ pub unsafe extern "C" fn pmemobj_xalloc(
     constructor: Constructor,
     arg: *mut c_void,
 ) -> c_int {
-    if flags & !XALLOC_VALID != 0 {
-        fail_with(
-            libc::EINVAL,
-            &format!("pmemobj_xalloc: unknown flags {:#x}", flags & !XALLOC_VALID),
-        );
-        return -1;
-    }
-    let class = match class_of_flags(flags) {
-        Ok(c) => c,
-        Err(e) => {
-            fail(&e);
+    error::boundary("pmemobj_xalloc", -1, || {
+        if flags & !XALLOC_VALID != 0 {
+            fail_with(
+                libc::EINVAL,
+                &format!("pmemobj_xalloc: unknown flags {:#x}", flags & !XALLOC_VALID),
+            );
             return -1;
         }
-    };
-    let zero = flags & FLAG_ZERO != 0;
-    // SAFETY: forwarded contract.
-    unsafe { alloc_impl(pop, oidp, size, type_num, zero, class, constructor, arg) }
+        let class = match class_of_flags(flags) {
+            Ok(c) => c,
+            Err(e) => {
+                fail(&e);
+                return -1;
+            }
+        };
+        let zero = flags & FLAG_ZERO != 0;
+        // SAFETY: forwarded contract.
+        unsafe { alloc_impl(pop, oidp, size, type_num, zero, class, constructor, arg) }
+    })
 }
 
 /// libpmemobj's `struct pobj_alloc_class_desc`.
@@ -646,74 +672,77 @@ pub unsafe extern "C" fn pmemobj_ctl_set(
     name: *const c_char,
     arg: *mut c_void,
 ) -> c_int {
-    const WHAT: &str = "pmemobj_ctl_set";
-    // SAFETY: forwarded contract.
-    let (h, parsed, d) = match unsafe { ctl_args(WHAT, pop, name, arg) } {
-        Ok(v) => v,
-        Err(_) => return -1,
-    };
-    let id = match parsed {
-        CtlName::NewClass => None,
-        CtlName::Class(id) => match ctl_class_id(WHAT, id) {
-            Ok(id) => Some(id),
+    error::boundary("pmemobj_ctl_set", -1, || {
+        const WHAT: &str = "pmemobj_ctl_set";
+        // SAFETY: forwarded contract.
+        let (h, parsed, d) = match unsafe { ctl_args(WHAT, pop, name, arg) } {
+            Ok(v) => v,
             Err(_) => return -1,
-        },
-    };
-    let bad = |detail: String| {
-        fail(&PoolError::InvalidClass {
-            field: "description",
-            detail,
-        });
-        -1
-    };
-    let Some(header) = u32::try_from(d.header_type)
-        .ok()
-        .and_then(HeaderType::from_code)
-    else {
-        return bad(format!("unknown header type {}", d.header_type));
-    };
-    if d.units_per_block == 0 {
-        return bad("units_per_block is 0".into());
-    }
-    let (Ok(unit), Ok(alignment)) = (u32::try_from(d.unit_size), u32::try_from(d.alignment)) else {
-        return bad(format!(
-            "unit size {} or alignment {} out of range",
-            d.unit_size, d.alignment
-        ));
-    };
-    let desc = ClassDesc {
-        unit,
-        run: RunSize::Units(d.units_per_block),
-        alignment,
-        header,
-    };
-    let registered = match id {
-        None => h.pool.register_class(&desc),
-        Some(0) => {
-            // Taken, as in libpmemobj (where a built-in class has id 0).
-            fail_with(
-                libc::EEXIST,
-                "pmemobj_ctl_set: class id 0 stands for the built-in size classes",
-            );
-            return -1;
-        }
-        Some(id) => ClassId::new(id).and_then(|id| h.pool.register_class_as(id, &desc)),
-    };
-    match registered.map(|id| (id, h.pool.class(id))) {
-        Ok((id, Some(c))) => {
-            d.class_id = id.get() as c_uint;
-            d.units_per_block = c.slots_per_run;
-            0
-        }
-        Ok((_, None)) => {
-            fail_with(libc::EIO, "pmemobj_ctl_set: registered class vanished");
+        };
+        let id = match parsed {
+            CtlName::NewClass => None,
+            CtlName::Class(id) => match ctl_class_id(WHAT, id) {
+                Ok(id) => Some(id),
+                Err(_) => return -1,
+            },
+        };
+        let bad = |detail: String| {
+            fail(&PoolError::InvalidClass {
+                field: "description",
+                detail,
+            });
             -1
+        };
+        let Some(header) = u32::try_from(d.header_type)
+            .ok()
+            .and_then(HeaderType::from_code)
+        else {
+            return bad(format!("unknown header type {}", d.header_type));
+        };
+        if d.units_per_block == 0 {
+            return bad("units_per_block is 0".into());
         }
-        Err(e) => {
-            fail(&e);
-            -1
+        let (Ok(unit), Ok(alignment)) = (u32::try_from(d.unit_size), u32::try_from(d.alignment))
+        else {
+            return bad(format!(
+                "unit size {} or alignment {} out of range",
+                d.unit_size, d.alignment
+            ));
+        };
+        let desc = ClassDesc {
+            unit,
+            run: RunSize::Units(d.units_per_block),
+            alignment,
+            header,
+        };
+        let registered = match id {
+            None => h.pool.register_class(&desc),
+            Some(0) => {
+                // Taken, as in libpmemobj (where a built-in class has id 0).
+                fail_with(
+                    libc::EEXIST,
+                    "pmemobj_ctl_set: class id 0 stands for the built-in size classes",
+                );
+                return -1;
+            }
+            Some(id) => ClassId::new(id).and_then(|id| h.pool.register_class_as(id, &desc)),
+        };
+        match registered.map(|id| (id, h.pool.class(id))) {
+            Ok((id, Some(c))) => {
+                d.class_id = id.get() as c_uint;
+                d.units_per_block = c.slots_per_run;
+                0
+            }
+            Ok((_, None)) => {
+                fail_with(libc::EIO, "pmemobj_ctl_set: registered class vanished");
+                -1
+            }
+            Err(e) => {
+                fail(&e);
+                -1
+            }
         }
-    }
+    })
 }
 
 /// Reads a ctl value: `heap.alloc_class.<id>.desc` fills the description of custom
@@ -727,44 +756,46 @@ pub unsafe extern "C" fn pmemobj_ctl_get(
     name: *const c_char,
     arg: *mut c_void,
 ) -> c_int {
-    const WHAT: &str = "pmemobj_ctl_get";
-    // SAFETY: forwarded contract.
-    let (h, parsed, d) = match unsafe { ctl_args(WHAT, pop, name, arg) } {
-        Ok(v) => v,
-        Err(_) => return -1,
-    };
-    let CtlName::Class(id) = parsed else {
-        fail_with(
-            libc::EINVAL,
-            "pmemobj_ctl_get: heap.alloc_class.new.desc is write-only",
-        );
-        return -1;
-    };
-    let Ok(id) = ctl_class_id(WHAT, id) else {
-        return -1;
-    };
-    let Some(c) = ClassId::new(id).ok().and_then(|id| h.pool.class(id)) else {
-        fail_with(
-            libc::ENOENT,
-            &format!(
-                "pmemobj_ctl_get: allocation class {id} does not exist{}",
-                if id == 0 {
-                    " (0 stands for the built-in size classes)"
-                } else {
-                    ""
-                }
-            ),
-        );
-        return -1;
-    };
-    *d = PobjAllocClassDesc {
-        unit_size: c.unit as usize,
-        alignment: c.alignment as usize,
-        units_per_block: c.slots_per_run,
-        header_type: c.header.code() as c_int,
-        class_id: id,
-    };
-    0
+    error::boundary("pmemobj_ctl_get", -1, || {
+        const WHAT: &str = "pmemobj_ctl_get";
+        // SAFETY: forwarded contract.
+        let (h, parsed, d) = match unsafe { ctl_args(WHAT, pop, name, arg) } {
+            Ok(v) => v,
+            Err(_) => return -1,
+        };
+        let CtlName::Class(id) = parsed else {
+            fail_with(
+                libc::EINVAL,
+                "pmemobj_ctl_get: heap.alloc_class.new.desc is write-only",
+            );
+            return -1;
+        };
+        let Ok(id) = ctl_class_id(WHAT, id) else {
+            return -1;
+        };
+        let Some(c) = ClassId::new(id).ok().and_then(|id| h.pool.class(id)) else {
+            fail_with(
+                libc::ENOENT,
+                &format!(
+                    "pmemobj_ctl_get: allocation class {id} does not exist{}",
+                    if id == 0 {
+                        " (0 stands for the built-in size classes)"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+            return -1;
+        };
+        *d = PobjAllocClassDesc {
+            unit_size: c.unit as usize,
+            alignment: c.alignment as usize,
+            units_per_block: c.slots_per_run,
+            header_type: c.header.code() as c_int,
+            class_id: id,
+        };
+        0
+    })
 }
 
 /// Runs a ctl entry point: this pool has none, so every name fails with `EINVAL`.
@@ -777,13 +808,15 @@ pub unsafe extern "C" fn pmemobj_ctl_exec(
     name: *const c_char,
     _arg: *mut c_void,
 ) -> c_int {
-    // SAFETY: contract.
-    let name = unsafe { str_arg(name) }.unwrap_or("(null)");
-    fail_with(
-        libc::EINVAL,
-        &format!("pmemobj_ctl_exec: unknown ctl name {name:?}"),
-    );
-    -1
+    error::boundary("pmemobj_ctl_exec", -1, || {
+        // SAFETY: contract.
+        let name = unsafe { str_arg(name) }.unwrap_or("(null)");
+        fail_with(
+            libc::EINVAL,
+            &format!("pmemobj_ctl_exec: unknown ctl name {name:?}"),
+        );
+        -1
+    })
 }
 
 /// # Safety
@@ -795,56 +828,58 @@ pub unsafe extern "C" fn pmemobj_realloc(
     size: usize,
     type_num: u64,
 ) -> c_int {
-    // SAFETY: contract.
-    let (Some(h), false) = (unsafe { pop.as_ref() }, oidp.is_null()) else {
-        fail_with(libc::EINVAL, "pmemobj_realloc: pool or destination is NULL");
-        return -1;
-    };
-    // SAFETY: oidp is readable (contract).
-    let current = unsafe { oidp.read() };
-    if current.off == 0 {
-        // SAFETY: forwarded contract.
-        return unsafe {
-            alloc_impl(
-                pop,
-                oidp,
-                size,
-                type_num,
-                false,
-                None,
-                None,
-                ptr::null_mut(),
-            )
+    error::boundary("pmemobj_realloc", -1, || {
+        // SAFETY: contract.
+        let (Some(h), false) = (unsafe { pop.as_ref() }, oidp.is_null()) else {
+            fail_with(libc::EINVAL, "pmemobj_realloc: pool or destination is NULL");
+            return -1;
         };
-    }
-    if size == 0 {
-        // SAFETY: forwarded contract.
-        unsafe { pmemobj_free(oidp) };
-        return 0;
-    }
-    let result = match dest_of(h, oidp) {
-        dest @ HandleAt::Oid(_) => h.pool.realloc(dest, size as u64, type_num),
-        _ => {
-            // A volatile destination: move by hand (libpmemobj is not atomic here either).
-            let Some(old) = Oid::from_offset(current.off) else {
-                return -1;
+        // SAFETY: oidp is readable (contract).
+        let current = unsafe { oidp.read() };
+        if current.off == 0 {
+            // SAFETY: forwarded contract.
+            return unsafe {
+                alloc_impl(
+                    pop,
+                    oidp,
+                    size,
+                    type_num,
+                    false,
+                    None,
+                    None,
+                    ptr::null_mut(),
+                )
             };
-            move_object(&h.pool, old, size as u64, type_num)
         }
-    };
-    match result {
-        Ok(oid) => {
-            if matches!(dest_of(h, oidp), HandleAt::None) {
-                // SAFETY: writable (contract), outside the pool.
-                unsafe { oidp.write(oid_of(h, oid)) };
+        if size == 0 {
+            // SAFETY: forwarded contract.
+            unsafe { pmemobj_free(oidp) };
+            return 0;
+        }
+        let result = match dest_of(h, oidp) {
+            dest @ HandleAt::Oid(_) => h.pool.realloc(dest, size as u64, type_num),
+            _ => {
+                // A volatile destination: move by hand (libpmemobj is not atomic here either).
+                let Some(old) = Oid::from_offset(current.off) else {
+                    return -1;
+                };
+                move_object(&h.pool, old, size as u64, type_num)
             }
-            0
+        };
+        match result {
+            Ok(oid) => {
+                if matches!(dest_of(h, oidp), HandleAt::None) {
+                    // SAFETY: writable (contract), outside the pool.
+                    unsafe { oidp.write(oid_of(h, oid)) };
+                }
+                0
+            }
+            Err(e) => {
+                fail(&e);
+                -1
+            }
         }
-        Err(e) => {
-            fail(&e);
-            -1
-        }
-    }
+    })
 }
 
 /// Moves `old` into a new object of `size` bytes and type `type_num` (contents kept up to
@@ -872,33 +907,35 @@ pub(crate) fn move_object(
 /// `oidp` NULL or readable/writable, holding NULL or an object of an open pool.
 #[no_mangle]
 pub unsafe extern "C" fn pmemobj_free(oidp: *mut PMEMoid) {
-    if oidp.is_null() {
-        return;
-    }
-    // SAFETY: readable (contract).
-    let oid = unsafe { oidp.read() };
-    if oid.off == 0 {
-        return;
-    }
-    let Some(entry) = by_uuid(oid.pool_uuid_lo) else {
-        fail_with(libc::EINVAL, "pmemobj_free: the OID's pool is not open");
-        return;
-    };
-    // SAFETY: the pool is open (it is in the table) and stays open during the call.
-    let h = unsafe { handle(&entry) };
-    let result = match dest_of(h, oidp) {
-        dest @ HandleAt::Oid(_) => h.pool.free(dest),
-        _ => match Oid::from_offset(oid.off) {
-            Some(o) => h.pool.free_oid(o).map(|()| {
-                // SAFETY: writable (contract), outside the pool.
-                unsafe { oidp.write(OID_NULL) }
-            }),
-            None => Ok(()),
-        },
-    };
-    if let Err(e) = result {
-        fail(&e);
-    }
+    error::boundary("pmemobj_free", (), || {
+        if oidp.is_null() {
+            return;
+        }
+        // SAFETY: readable (contract).
+        let oid = unsafe { oidp.read() };
+        if oid.off == 0 {
+            return;
+        }
+        let Some(entry) = by_uuid(oid.pool_uuid_lo) else {
+            fail_with(libc::EINVAL, "pmemobj_free: the OID's pool is not open");
+            return;
+        };
+        // SAFETY: the pool is open (it is in the table) and stays open during the call.
+        let h = unsafe { handle(&entry) };
+        let result = match dest_of(h, oidp) {
+            dest @ HandleAt::Oid(_) => h.pool.free(dest),
+            _ => match Oid::from_offset(oid.off) {
+                Some(o) => h.pool.free_oid(o).map(|()| {
+                    // SAFETY: writable (contract), outside the pool.
+                    unsafe { oidp.write(OID_NULL) }
+                }),
+                None => Ok(()),
+            },
+        };
+        if let Err(e) = result {
+            fail(&e);
+        }
+    })
 }
 
 fn with_object<T>(
@@ -919,53 +956,61 @@ fn with_object<T>(
 
 #[no_mangle]
 pub extern "C" fn pmemobj_alloc_usable_size(oid: PMEMoid) -> usize {
-    with_object(oid, 0, |h, o| h.pool.usable_size(o)) as usize
+    error::boundary("pmemobj_alloc_usable_size", 0, || {
+        with_object(oid, 0, |h, o| h.pool.usable_size(o)) as usize
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_type_num(oid: PMEMoid) -> u64 {
-    with_object(oid, u64::MAX, |h, o| h.pool.type_of(o))
+    error::boundary("pmemobj_type_num", u64::MAX, || {
+        with_object(oid, u64::MAX, |h, o| h.pool.type_of(o))
+    })
 }
 
 /// # Safety
 /// `pop` an open pool.
 #[no_mangle]
 pub unsafe extern "C" fn pmemobj_first(pop: *mut PoolHandle) -> PMEMoid {
-    // SAFETY: contract.
-    let Some(h) = (unsafe { pop.as_ref() }) else {
-        return OID_NULL;
-    };
-    match h.pool.objects(None) {
-        Ok(objects) => {
-            let mut offsets: Vec<u64> = objects.iter().map(|o| o.oid.offset()).collect();
-            offsets.sort_unstable();
-            let first = offsets.first().copied();
-            *h.iteration.lock().unwrap_or_else(|p| p.into_inner()) = offsets;
-            first.map_or(OID_NULL, |off| PMEMoid {
-                pool_uuid_lo: h.uuid_lo,
-                off,
-            })
+    error::boundary("pmemobj_first", OID_NULL, || {
+        // SAFETY: contract.
+        let Some(h) = (unsafe { pop.as_ref() }) else {
+            return OID_NULL;
+        };
+        match h.pool.objects(None) {
+            Ok(objects) => {
+                let mut offsets: Vec<u64> = objects.iter().map(|o| o.oid.offset()).collect();
+                offsets.sort_unstable();
+                let first = offsets.first().copied();
+                *h.iteration.lock().unwrap_or_else(|p| p.into_inner()) = offsets;
+                first.map_or(OID_NULL, |off| PMEMoid {
+                    pool_uuid_lo: h.uuid_lo,
+                    off,
+                })
+            }
+            Err(e) => {
+                fail(&e);
+                OID_NULL
+            }
         }
-        Err(e) => {
-            fail(&e);
-            OID_NULL
-        }
-    }
+    })
 }
 
 /// The object after `oid` in the snapshot taken by the last `pmemobj_first` on its pool.
 #[no_mangle]
 pub extern "C" fn pmemobj_next(oid: PMEMoid) -> PMEMoid {
-    let Some(entry) = by_uuid(oid.pool_uuid_lo) else {
-        return OID_NULL;
-    };
-    // SAFETY: the pool is open (it is in the table).
-    let h = unsafe { handle(&entry) };
-    let offsets = h.iteration.lock().unwrap_or_else(|p| p.into_inner());
-    let next = offsets.partition_point(|&o| o <= oid.off);
-    offsets.get(next).map_or(OID_NULL, |&off| PMEMoid {
-        pool_uuid_lo: h.uuid_lo,
-        off,
+    error::boundary("pmemobj_next", OID_NULL, || {
+        let Some(entry) = by_uuid(oid.pool_uuid_lo) else {
+            return OID_NULL;
+        };
+        // SAFETY: the pool is open (it is in the table).
+        let h = unsafe { handle(&entry) };
+        let offsets = h.iteration.lock().unwrap_or_else(|p| p.into_inner());
+        let next = offsets.partition_point(|&o| o <= oid.off);
+        offsets.get(next).map_or(OID_NULL, |&off| PMEMoid {
+            pool_uuid_lo: h.uuid_lo,
+            off,
+        })
     })
 }
 
@@ -973,31 +1018,37 @@ pub extern "C" fn pmemobj_next(oid: PMEMoid) -> PMEMoid {
 /// `pop` an open pool; `[addr, addr+len)` inside it.
 #[no_mangle]
 pub unsafe extern "C" fn pmemobj_persist(pop: *mut PoolHandle, addr: *const c_void, len: usize) {
-    // SAFETY: contract.
-    let Some(h) = (unsafe { pop.as_ref() }) else {
-        return;
-    };
-    let at = addr as usize;
-    if at < h.base || at - h.base > h.len {
-        fail_with(libc::EINVAL, "pmemobj_persist: address outside the pool");
-        return;
-    }
-    if let Err(e) = h.pool.backend().persist((at - h.base) as u64, len as u64) {
-        fail(&e);
-    }
+    error::boundary("pmemobj_persist", (), || {
+        // SAFETY: contract.
+        let Some(h) = (unsafe { pop.as_ref() }) else {
+            return;
+        };
+        let at = addr as usize;
+        if at < h.base || at - h.base > h.len {
+            fail_with(libc::EINVAL, "pmemobj_persist: address outside the pool");
+            return;
+        }
+        if let Err(e) = h.pool.backend().persist((at - h.base) as u64, len as u64) {
+            fail(&e);
+        }
+    })
 }
 
 /// # Safety
 /// As for `pmemobj_persist`.
 #[no_mangle]
 pub unsafe extern "C" fn pmemobj_flush(pop: *mut PoolHandle, addr: *const c_void, len: usize) {
-    // SAFETY: forwarded contract.
-    unsafe { pmemobj_persist(pop, addr, len) }
+    error::boundary("pmemobj_flush", (), || {
+        // SAFETY: forwarded contract.
+        unsafe { pmemobj_persist(pop, addr, len) }
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_drain(_pop: *mut PoolHandle) {
-    std::sync::atomic::fence(Ordering::SeqCst);
+    error::boundary("pmemobj_drain", (), || {
+        std::sync::atomic::fence(Ordering::SeqCst);
+    })
 }
 
 /// # Safety
@@ -1009,12 +1060,14 @@ pub unsafe extern "C" fn pmemobj_memcpy_persist(
     src: *const c_void,
     len: usize,
 ) -> *mut c_void {
-    // SAFETY: both ranges valid for len bytes (contract); memmove tolerates overlap.
-    unsafe {
-        ptr::copy(src.cast::<u8>(), dest.cast::<u8>(), len);
-        pmemobj_persist(pop, dest, len);
-    }
-    dest
+    error::boundary("pmemobj_memcpy_persist", dest, || {
+        // SAFETY: both ranges valid for len bytes (contract); memmove tolerates overlap.
+        unsafe {
+            ptr::copy(src.cast::<u8>(), dest.cast::<u8>(), len);
+            pmemobj_persist(pop, dest, len);
+        }
+        dest
+    })
 }
 
 /// # Safety
@@ -1026,12 +1079,14 @@ pub unsafe extern "C" fn pmemobj_memset_persist(
     c: c_int,
     len: usize,
 ) -> *mut c_void {
-    // SAFETY: dest valid for len bytes (contract).
-    unsafe {
-        ptr::write_bytes(dest.cast::<u8>(), c as u8, len);
-        pmemobj_persist(pop, dest, len);
-    }
-    dest
+    error::boundary("pmemobj_memset_persist", dest, || {
+        // SAFETY: dest valid for len bytes (contract).
+        unsafe {
+            ptr::write_bytes(dest.cast::<u8>(), c as u8, len);
+            pmemobj_persist(pop, dest, len);
+        }
+        dest
+    })
 }
 
 // ---- transactions ----------------------------------------------------------------------
@@ -1062,57 +1117,59 @@ pub unsafe extern "C" fn pmemobj_tx_begin(
     env: *mut c_void,
     param: c_int,
 ) -> c_int {
-    if !env.is_null() {
-        return fail_with(
-            libc::EINVAL,
-            "pmemobj_tx_begin: setjmp-based transactions are not supported; pass NULL",
-        );
-    }
-    if param != 0 {
-        return fail_with(
-            libc::EINVAL,
-            "pmemobj_tx_begin: only TX_PARAM_NONE is supported",
-        );
-    }
-    // SAFETY: contract: the pool outlives its transactions (pmemobj_close refuses while one
-    // is active), so the reference may be held for the transaction's life.
-    let Some(h) = (unsafe { pop.as_ref::<'static>() }) else {
-        return fail_with(libc::EINVAL, "pmemobj_tx_begin: pool is NULL");
-    };
-    TX.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        match slot.as_mut() {
-            Some(state) => {
-                if !ptr::eq(state.handle, h) {
-                    return fail_with(
-                        libc::EINVAL,
-                        "pmemobj_tx_begin: nested transaction on another pool",
-                    );
-                }
-                if state.stage != TX_STAGE_WORK {
-                    return fail_with(
-                        libc::EINVAL,
-                        "pmemobj_tx_begin: outer transaction is not in its work stage",
-                    );
-                }
-                state.depth += 1;
-                0
-            }
-            None => match h.pool.begin() {
-                Ok(tx) => {
-                    h.active_txs.fetch_add(1, Ordering::AcqRel);
-                    *slot = Some(TxState {
-                        handle: h,
-                        tx: Some(tx),
-                        depth: 1,
-                        stage: TX_STAGE_WORK,
-                        errnum: 0,
-                    });
+    error::boundary("pmemobj_tx_begin", error::PANIC_ERRNO, || {
+        if !env.is_null() {
+            return fail_with(
+                libc::EINVAL,
+                "pmemobj_tx_begin: setjmp-based transactions are not supported; pass NULL",
+            );
+        }
+        if param != 0 {
+            return fail_with(
+                libc::EINVAL,
+                "pmemobj_tx_begin: only TX_PARAM_NONE is supported",
+            );
+        }
+        // SAFETY: contract: the pool outlives its transactions (pmemobj_close refuses while one
+        // is active), so the reference may be held for the transaction's life.
+        let Some(h) = (unsafe { pop.as_ref::<'static>() }) else {
+            return fail_with(libc::EINVAL, "pmemobj_tx_begin: pool is NULL");
+        };
+        TX.with(|slot| {
+            let mut slot = slot.borrow_mut();
+            match slot.as_mut() {
+                Some(state) => {
+                    if !ptr::eq(state.handle, h) {
+                        return fail_with(
+                            libc::EINVAL,
+                            "pmemobj_tx_begin: nested transaction on another pool",
+                        );
+                    }
+                    if state.stage != TX_STAGE_WORK {
+                        return fail_with(
+                            libc::EINVAL,
+                            "pmemobj_tx_begin: outer transaction is not in its work stage",
+                        );
+                    }
+                    state.depth += 1;
                     0
                 }
-                Err(e) => fail(&e),
-            },
-        }
+                None => match h.pool.begin() {
+                    Ok(tx) => {
+                        h.active_txs.fetch_add(1, Ordering::AcqRel);
+                        *slot = Some(TxState {
+                            handle: h,
+                            tx: Some(tx),
+                            depth: 1,
+                            stage: TX_STAGE_WORK,
+                            errnum: 0,
+                        });
+                        0
+                    }
+                    Err(e) => fail(&e),
+                },
+            }
+        })
     })
 }
 
@@ -1125,14 +1182,18 @@ pub(crate) fn tx_pool() -> Option<*const PoolHandle> {
 
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_stage() -> c_int {
-    TX.try_with(|slot| slot.borrow().as_ref().map_or(TX_STAGE_NONE, |s| s.stage))
-        .unwrap_or(TX_STAGE_NONE)
+    error::boundary("pmemobj_tx_stage", TX_STAGE_NONE, || {
+        TX.try_with(|slot| slot.borrow().as_ref().map_or(TX_STAGE_NONE, |s| s.stage))
+            .unwrap_or(TX_STAGE_NONE)
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_errno() -> c_int {
-    TX.try_with(|slot| slot.borrow().as_ref().map_or(0, |s| s.errnum))
-        .unwrap_or(0)
+    error::boundary("pmemobj_tx_errno", error::PANIC_ERRNO, || {
+        TX.try_with(|slot| slot.borrow().as_ref().map_or(0, |s| s.errnum))
+            .unwrap_or(0)
+    })
 }
 
 /// Aborts the thread's transaction with `errnum` (the pool rolls back at once).
@@ -1146,6 +1207,23 @@ fn abort_with(state: &mut TxState, errnum: c_int) {
     if state.errnum == 0 {
         state.errnum = if errnum == 0 { libc::ECANCELED } else { errnum };
     }
+}
+
+/// [`error::boundary`] for an entry point that works in the thread's transaction: a panic
+/// also aborts the transaction (rolled back at once), as any failure of such a call does.
+pub(crate) fn tx_boundary<T>(what: &str, on_panic: T, body: impl FnOnce() -> T) -> T {
+    error::boundary_then(what, on_panic, abort_after_panic, body)
+}
+
+/// Aborts the thread's transaction, if any, after a panic in one of its calls.
+fn abort_after_panic() {
+    let _ = TX.try_with(|slot| {
+        if let Ok(mut slot) = slot.try_borrow_mut() {
+            if let Some(state) = slot.as_mut() {
+                abort_with(state, error::PANIC_ERRNO);
+            }
+        }
+    });
 }
 
 /// Runs `op` on the active transaction in its work stage; a failure aborts the whole
@@ -1200,36 +1278,40 @@ fn in_tx_with<T>(
 
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_add_range(oid: PMEMoid, off: u64, size: usize) -> c_int {
-    in_tx("pmemobj_tx_add_range", |tx, h| {
-        if oid.pool_uuid_lo != h.uuid_lo {
-            return Err(PoolError::InvalidArgument {
-                what: "OID",
-                detail: "belongs to another pool".into(),
-            });
-        }
-        let o = Oid::from_offset(oid.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
-        tx.add_range(o, off, size as u64)
+    tx_boundary("pmemobj_tx_add_range", error::PANIC_ERRNO, || {
+        in_tx("pmemobj_tx_add_range", |tx, h| {
+            if oid.pool_uuid_lo != h.uuid_lo {
+                return Err(PoolError::InvalidArgument {
+                    what: "OID",
+                    detail: "belongs to another pool".into(),
+                });
+            }
+            let o = Oid::from_offset(oid.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
+            tx.add_range(o, off, size as u64)
+        })
+        .err()
+        .unwrap_or(0)
     })
-    .err()
-    .unwrap_or(0)
 }
 
 /// # Safety
 /// `ptr` points into the transaction's pool.
 #[no_mangle]
 pub unsafe extern "C" fn pmemobj_tx_add_range_direct(ptr: *const c_void, size: usize) -> c_int {
-    in_tx("pmemobj_tx_add_range_direct", |tx, h| {
-        let at = ptr as usize;
-        if at < h.base || at - h.base >= h.len {
-            return Err(PoolError::InvalidArgument {
-                what: "pointer",
-                detail: "outside the transaction's pool".into(),
-            });
-        }
-        tx.add_range_direct((at - h.base) as u64, size as u64)
+    tx_boundary("pmemobj_tx_add_range_direct", error::PANIC_ERRNO, || {
+        in_tx("pmemobj_tx_add_range_direct", |tx, h| {
+            let at = ptr as usize;
+            if at < h.base || at - h.base >= h.len {
+                return Err(PoolError::InvalidArgument {
+                    what: "pointer",
+                    detail: "outside the transaction's pool".into(),
+                });
+            }
+            tx.add_range_direct((at - h.base) as u64, size as u64)
+        })
+        .err()
+        .unwrap_or(0)
     })
-    .err()
-    .unwrap_or(0)
 }
 
 fn tx_alloc_impl(size: usize, type_num: u64, zero: bool) -> PMEMoid {
@@ -1252,12 +1334,16 @@ fn tx_alloc_impl(size: usize, type_num: u64, zero: bool) -> PMEMoid {
 
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_alloc(size: usize, type_num: u64) -> PMEMoid {
-    tx_alloc_impl(size, type_num, false)
+    tx_boundary("pmemobj_tx_alloc", OID_NULL, || {
+        tx_alloc_impl(size, type_num, false)
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_zalloc(size: usize, type_num: u64) -> PMEMoid {
-    tx_alloc_impl(size, type_num, true)
+    tx_boundary("pmemobj_tx_zalloc", OID_NULL, || {
+        tx_alloc_impl(size, type_num, true)
+    })
 }
 
 /// `pmemobj_tx_alloc` with flags: `POBJ_XALLOC_ZERO`, `POBJ_CLASS_ID(id)` (one unit of
@@ -1266,130 +1352,140 @@ pub extern "C" fn pmemobj_tx_zalloc(size: usize, type_num: u64) -> PMEMoid {
 /// accepted and without effect.
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_xalloc(size: usize, type_num: u64, flags: u64) -> PMEMoid {
-    let no_abort = flags & FLAG_TX_NO_ABORT != 0;
-    in_tx_with("pmemobj_tx_xalloc", !no_abort, |tx, h| {
-        if flags & !TX_XALLOC_VALID != 0 {
-            return Err(PoolError::InvalidArgument {
-                what: "flags",
-                detail: format!("unknown flags {:#x}", flags & !TX_XALLOC_VALID),
-            });
-        }
-        if size == 0 {
-            return Err(PoolError::InvalidArgument {
-                what: "size",
-                detail: "0".into(),
-            });
-        }
-        let class = class_of_flags(flags)?;
-        let zero = flags & FLAG_ZERO != 0;
-        let oid = if no_abort {
-            let contents = if zero {
-                Contents::Zeroed
-            } else {
-                Contents::Uninit
-            };
-            tx.alloc_no_abort(class, size as u64, type_num, contents)?
-        } else {
-            match (class, zero) {
-                (Some(c), true) => tx.zalloc_in(c, size as u64, type_num)?,
-                (Some(c), false) => tx.alloc_in(c, size as u64, type_num)?,
-                (None, true) => tx.zalloc(size as u64, type_num)?,
-                (None, false) => tx.alloc(size as u64, type_num)?,
+    tx_boundary("pmemobj_tx_xalloc", OID_NULL, || {
+        let no_abort = flags & FLAG_TX_NO_ABORT != 0;
+        in_tx_with("pmemobj_tx_xalloc", !no_abort, |tx, h| {
+            if flags & !TX_XALLOC_VALID != 0 {
+                return Err(PoolError::InvalidArgument {
+                    what: "flags",
+                    detail: format!("unknown flags {:#x}", flags & !TX_XALLOC_VALID),
+                });
             }
-        };
-        Ok(oid_of(h, oid))
+            if size == 0 {
+                return Err(PoolError::InvalidArgument {
+                    what: "size",
+                    detail: "0".into(),
+                });
+            }
+            let class = class_of_flags(flags)?;
+            let zero = flags & FLAG_ZERO != 0;
+            let oid = if no_abort {
+                let contents = if zero {
+                    Contents::Zeroed
+                } else {
+                    Contents::Uninit
+                };
+                tx.alloc_no_abort(class, size as u64, type_num, contents)?
+            } else {
+                match (class, zero) {
+                    (Some(c), true) => tx.zalloc_in(c, size as u64, type_num)?,
+                    (Some(c), false) => tx.alloc_in(c, size as u64, type_num)?,
+                    (None, true) => tx.zalloc(size as u64, type_num)?,
+                    (None, false) => tx.alloc(size as u64, type_num)?,
+                }
+            };
+            Ok(oid_of(h, oid))
+        })
+        .unwrap_or(OID_NULL)
     })
-    .unwrap_or(OID_NULL)
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_free(oid: PMEMoid) -> c_int {
-    if oid.off == 0 {
-        return 0;
-    }
-    in_tx("pmemobj_tx_free", |tx, h| {
-        if oid.pool_uuid_lo != h.uuid_lo {
-            return Err(PoolError::InvalidArgument {
-                what: "OID",
-                detail: "belongs to another pool".into(),
-            });
+    tx_boundary("pmemobj_tx_free", error::PANIC_ERRNO, || {
+        if oid.off == 0 {
+            return 0;
         }
-        let o = Oid::from_offset(oid.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
-        tx.free(o)
+        in_tx("pmemobj_tx_free", |tx, h| {
+            if oid.pool_uuid_lo != h.uuid_lo {
+                return Err(PoolError::InvalidArgument {
+                    what: "OID",
+                    detail: "belongs to another pool".into(),
+                });
+            }
+            let o = Oid::from_offset(oid.off).ok_or(PoolError::InvalidObject { offset: 0 })?;
+            tx.free(o)
+        })
+        .err()
+        .unwrap_or(0)
     })
-    .err()
-    .unwrap_or(0)
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_commit() {
-    let _ = TX.try_with(|slot| {
-        let mut slot = slot.borrow_mut();
-        let Some(state) = slot.as_mut() else {
-            fail_with(libc::EINVAL, "pmemobj_tx_commit: no transaction is active");
-            return;
-        };
-        if state.stage != TX_STAGE_WORK {
-            return;
-        }
-        if state.depth > 1 {
-            // Flattened: the outermost commit makes the work durable.
-            state.stage = TX_STAGE_ONCOMMIT;
-            return;
-        }
-        if let Some(tx) = state.tx.take() {
-            match tx.commit() {
-                Ok(()) => state.stage = TX_STAGE_ONCOMMIT,
-                Err(e) => {
-                    let code = fail(&e);
-                    state.stage = TX_STAGE_ONABORT;
-                    state.errnum = code;
+    tx_boundary("pmemobj_tx_commit", (), || {
+        let _ = TX.try_with(|slot| {
+            let mut slot = slot.borrow_mut();
+            let Some(state) = slot.as_mut() else {
+                fail_with(libc::EINVAL, "pmemobj_tx_commit: no transaction is active");
+                return;
+            };
+            if state.stage != TX_STAGE_WORK {
+                return;
+            }
+            if state.depth > 1 {
+                // Flattened: the outermost commit makes the work durable.
+                state.stage = TX_STAGE_ONCOMMIT;
+                return;
+            }
+            if let Some(tx) = state.tx.take() {
+                match tx.commit() {
+                    Ok(()) => state.stage = TX_STAGE_ONCOMMIT,
+                    Err(e) => {
+                        let code = fail(&e);
+                        state.stage = TX_STAGE_ONABORT;
+                        state.errnum = code;
+                    }
                 }
             }
-        }
-    });
+        });
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_abort(errnum: c_int) {
-    let _ = TX.try_with(|slot| {
-        if let Some(state) = slot.borrow_mut().as_mut() {
-            abort_with(state, errnum);
-        }
-    });
+    error::boundary("pmemobj_tx_abort", (), || {
+        let _ = TX.try_with(|slot| {
+            if let Some(state) = slot.borrow_mut().as_mut() {
+                abort_with(state, errnum);
+            }
+        });
+    })
 }
 
 /// Ends the innermost transaction; returns its errno (0 if it committed). A transaction
 /// still in its work stage is aborted.
 #[no_mangle]
 pub extern "C" fn pmemobj_tx_end() -> c_int {
-    TX.try_with(|slot| {
-        let mut slot = slot.borrow_mut();
-        let Some(state) = slot.as_mut() else {
-            return fail_with(libc::EINVAL, "pmemobj_tx_end: no transaction is active");
-        };
-        if state.stage == TX_STAGE_WORK {
-            abort_with(state, libc::ECANCELED);
-        }
-        let errnum = state.errnum;
-        state.depth -= 1;
-        if state.depth > 0 {
-            // Back in the outer transaction: its work continues unless something aborted.
-            state.stage = if state.errnum == 0 {
-                TX_STAGE_WORK
-            } else {
-                TX_STAGE_ONABORT
+    error::boundary("pmemobj_tx_end", error::PANIC_ERRNO, || {
+        TX.try_with(|slot| {
+            let mut slot = slot.borrow_mut();
+            let Some(state) = slot.as_mut() else {
+                return fail_with(libc::EINVAL, "pmemobj_tx_end: no transaction is active");
             };
-            return errnum;
-        }
-        if let Some(state) = slot.take() {
-            state.handle.active_txs.fetch_sub(1, Ordering::AcqRel);
-            drop(state);
-        }
-        if errnum != 0 {
-            error::set_errno(errnum);
-        }
-        errnum
+            if state.stage == TX_STAGE_WORK {
+                abort_with(state, libc::ECANCELED);
+            }
+            let errnum = state.errnum;
+            state.depth -= 1;
+            if state.depth > 0 {
+                // Back in the outer transaction: its work continues unless something aborted.
+                state.stage = if state.errnum == 0 {
+                    TX_STAGE_WORK
+                } else {
+                    TX_STAGE_ONABORT
+                };
+                return errnum;
+            }
+            if let Some(state) = slot.take() {
+                state.handle.active_txs.fetch_sub(1, Ordering::AcqRel);
+                drop(state);
+            }
+            if errnum != 0 {
+                error::set_errno(errnum);
+            }
+            errnum
+        })
+        .unwrap_or(libc::EINVAL)
     })
-    .unwrap_or(libc::EINVAL)
 }

@@ -10,10 +10,11 @@
 //!   errno value (also stored in `errno`); functions returning an offset give 0, and
 //!   functions returning a pointer NULL, with `errno` set. `terrace_last_error()` explains
 //!   the last failure on the calling thread.
-//! - No panic crosses the boundary: every entry point runs under [`guarded`].
+//! - No panic crosses the boundary: every entry point runs under [`error::boundary`]
+//!   (directly or through [`with_pool`]); a panic is `EIO`, and the transaction entry
+//!   points abort the thread's transaction ([`pmemobj::tx_boundary`]).
 
 use std::ffi::{c_char, c_int, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::Ordering;
 
@@ -42,14 +43,6 @@ pub struct TerracePoolStats {
     pub extents: u64,
 }
 
-/// Runs `f`; a panic becomes an `EIO` error (message recorded) and `on_panic`.
-fn guarded<T>(what: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
-        fail_with(libc::EIO, &format!("{what}: internal error (panic)"));
-        on_panic
-    })
-}
-
 /// # Safety
 /// `pool` NULL or an open pool that stays open during the returned reference's use.
 unsafe fn pool_arg<'a>(what: &str, pool: *mut PoolHandle) -> Result<&'a PoolHandle, c_int> {
@@ -58,7 +51,7 @@ unsafe fn pool_arg<'a>(what: &str, pool: *mut PoolHandle) -> Result<&'a PoolHand
         .ok_or_else(|| fail_with(libc::EINVAL, &format!("{what}: pool is NULL")))
 }
 
-/// Runs `f` on the pool behind `pool` under [`guarded`] (a panic is `EIO`), or fails with
+/// Runs `f` on the pool behind `pool` under [`error::boundary`] (a panic is `EIO`), or fails with
 /// `EINVAL` when `pool` is NULL: the preamble of every entry point taking a pool.
 ///
 /// # Safety
@@ -68,7 +61,7 @@ unsafe fn with_pool(
     pool: *mut PoolHandle,
     f: impl FnOnce(&PoolHandle) -> c_int,
 ) -> c_int {
-    guarded(what, libc::EIO, || {
+    error::boundary(what, libc::EIO, || {
         // SAFETY: contract.
         match unsafe { pool_arg(what, pool) } {
             Ok(h) => f(h),
@@ -117,7 +110,7 @@ pub unsafe extern "C" fn terrace_pool_create(
     size: usize,
     layout: *const c_char,
 ) -> *mut PoolHandle {
-    guarded("terrace_pool_create", ptr::null_mut(), || {
+    error::boundary("terrace_pool_create", ptr::null_mut(), || {
         // SAFETY: contract.
         let (Some(path), layout) = (unsafe { str_arg(path) }, unsafe { str_arg(layout) }) else {
             fail_with(
@@ -151,7 +144,7 @@ pub unsafe extern "C" fn terrace_pool_open(
     path: *const c_char,
     layout: *const c_char,
 ) -> *mut PoolHandle {
-    guarded("terrace_pool_open", ptr::null_mut(), || {
+    error::boundary("terrace_pool_open", ptr::null_mut(), || {
         // SAFETY: contract.
         let Some(path) = (unsafe { str_arg(path) }) else {
             fail_with(libc::EINVAL, "terrace_pool_open: path is NULL or not UTF-8");
@@ -172,7 +165,7 @@ pub unsafe extern "C" fn terrace_pool_open(
 /// `pool` NULL or an open pool, not used afterwards (unless `EBUSY` was returned).
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_close(pool: *mut PoolHandle) -> c_int {
-    guarded("terrace_pool_close", libc::EIO, || {
+    error::boundary("terrace_pool_close", libc::EIO, || {
         // SAFETY: contract.
         let Some(h) = (unsafe { pool.as_ref() }) else {
             return 0;
@@ -193,7 +186,7 @@ pub unsafe extern "C" fn terrace_pool_close(pool: *mut PoolHandle) -> c_int {
 /// `path` NUL-terminated; `layout` NUL-terminated or NULL (any layout).
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_check(path: *const c_char, layout: *const c_char) -> c_int {
-    guarded("terrace_pool_check", libc::EIO, || {
+    error::boundary("terrace_pool_check", libc::EIO, || {
         // SAFETY: contract.
         let Some(path) = (unsafe { str_arg(path) }) else {
             return fail_with(
@@ -213,7 +206,7 @@ pub unsafe extern "C" fn terrace_pool_check(path: *const c_char, layout: *const 
 /// `pool` an open pool.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_root(pool: *mut PoolHandle, size: usize) -> u64 {
-    guarded("terrace_pool_root", 0, || {
+    error::boundary("terrace_pool_root", 0, || {
         // SAFETY: contract.
         let Ok(h) = (unsafe { pool_arg("terrace_pool_root", pool) }) else {
             return 0;
@@ -244,7 +237,7 @@ pub unsafe extern "C" fn terrace_pool_root(pool: *mut PoolHandle, size: usize) -
 /// `pool` an open pool.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_root_size(pool: *mut PoolHandle) -> usize {
-    guarded("terrace_pool_root_size", 0, || {
+    error::boundary("terrace_pool_root_size", 0, || {
         // SAFETY: contract.
         let Ok(h) = (unsafe { pool_arg("terrace_pool_root_size", pool) }) else {
             return 0;
@@ -260,38 +253,42 @@ pub unsafe extern "C" fn terrace_pool_root_size(pool: *mut PoolHandle) -> usize 
 /// `pool` an open pool.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_direct(pool: *mut PoolHandle, off: u64) -> *mut c_void {
-    // SAFETY: contract.
-    match unsafe { pool.as_ref() } {
-        Some(h) if off != 0 && off < h.len as u64 => (h.base + off as usize) as *mut c_void,
-        Some(_) if off == 0 => ptr::null_mut(),
-        Some(_) => {
-            fail_with(libc::EINVAL, "terrace_pool_direct: offset outside the pool");
-            ptr::null_mut()
+    error::boundary("terrace_pool_direct", ptr::null_mut(), || {
+        // SAFETY: contract.
+        match unsafe { pool.as_ref() } {
+            Some(h) if off != 0 && off < h.len as u64 => (h.base + off as usize) as *mut c_void,
+            Some(_) if off == 0 => ptr::null_mut(),
+            Some(_) => {
+                fail_with(libc::EINVAL, "terrace_pool_direct: offset outside the pool");
+                ptr::null_mut()
+            }
+            None => {
+                fail_with(libc::EINVAL, "terrace_pool_direct: pool is NULL");
+                ptr::null_mut()
+            }
         }
-        None => {
-            fail_with(libc::EINVAL, "terrace_pool_direct: pool is NULL");
-            ptr::null_mut()
-        }
-    }
+    })
 }
 
 /// # Safety
 /// `pool` an open pool.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_offset(pool: *mut PoolHandle, addr: *const c_void) -> u64 {
-    // SAFETY: contract.
-    match unsafe { pool.as_ref() } {
-        Some(h) if (addr as usize) >= h.base && (addr as usize) - h.base < h.len => {
-            (addr as usize - h.base) as u64
+    error::boundary("terrace_pool_offset", 0, || {
+        // SAFETY: contract.
+        match unsafe { pool.as_ref() } {
+            Some(h) if (addr as usize) >= h.base && (addr as usize) - h.base < h.len => {
+                (addr as usize - h.base) as u64
+            }
+            _ => {
+                fail_with(
+                    libc::EINVAL,
+                    "terrace_pool_offset: pool NULL or address outside it",
+                );
+                0
+            }
         }
-        _ => {
-            fail_with(
-                libc::EINVAL,
-                "terrace_pool_offset: pool NULL or address outside it",
-            );
-            0
-        }
-    }
+    })
 }
 
 // ---- atomic allocation -------------------------------------------------------------------
@@ -307,7 +304,7 @@ unsafe fn alloc_impl(
     zero: bool,
     dest: *mut u64,
 ) -> u64 {
-    guarded(what, 0, || {
+    error::boundary(what, 0, || {
         // SAFETY: contract.
         let Ok(h) = (unsafe { pool_arg(what, pool) }) else {
             return 0;
@@ -487,7 +484,7 @@ pub unsafe extern "C" fn terrace_pool_free_off(pool: *mut PoolHandle, off: u64) 
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_usable_size(pool: *mut PoolHandle, off: u64) -> usize {
     const WHAT: &str = "terrace_pool_usable_size";
-    guarded(WHAT, 0, || {
+    error::boundary(WHAT, 0, || {
         // SAFETY: contract.
         let (Ok(h), Ok(o)) = (unsafe { pool_arg(WHAT, pool) }, oid_arg(WHAT, off)) else {
             return 0;
@@ -504,7 +501,7 @@ pub unsafe extern "C" fn terrace_pool_usable_size(pool: *mut PoolHandle, off: u6
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_type_num(pool: *mut PoolHandle, off: u64) -> u64 {
     const WHAT: &str = "terrace_pool_type_num";
-    guarded(WHAT, u64::MAX, || {
+    error::boundary(WHAT, u64::MAX, || {
         // SAFETY: contract.
         let (Ok(h), Ok(o)) = (unsafe { pool_arg(WHAT, pool) }, oid_arg(WHAT, off)) else {
             return u64::MAX;
@@ -531,7 +528,7 @@ fn objects_of(h: &PoolHandle, type_num: u64) -> Result<Vec<u64>, c_int> {
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_first(pool: *mut PoolHandle, type_num: u64) -> u64 {
     const WHAT: &str = "terrace_pool_first";
-    guarded(WHAT, 0, || {
+    error::boundary(WHAT, 0, || {
         // SAFETY: contract.
         let Ok(h) = (unsafe { pool_arg(WHAT, pool) }) else {
             return 0;
@@ -550,7 +547,7 @@ pub unsafe extern "C" fn terrace_pool_first(pool: *mut PoolHandle, type_num: u64
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_next(pool: *mut PoolHandle, off: u64) -> u64 {
     const WHAT: &str = "terrace_pool_next";
-    guarded(WHAT, 0, || {
+    error::boundary(WHAT, 0, || {
         // SAFETY: contract.
         let Ok(h) = (unsafe { pool_arg(WHAT, pool) }) else {
             return 0;
@@ -737,7 +734,7 @@ fn in_pool_tx<T>(
 /// `pool` an open pool.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_tx_begin(pool: *mut PoolHandle) -> c_int {
-    guarded("terrace_pool_tx_begin", libc::EIO, || {
+    error::boundary("terrace_pool_tx_begin", libc::EIO, || {
         if pool.is_null() {
             return fail_with(libc::EINVAL, "terrace_pool_tx_begin: pool is NULL");
         }
@@ -754,7 +751,7 @@ pub unsafe extern "C" fn terrace_pool_tx_add_range(
     off: u64,
     len: usize,
 ) -> c_int {
-    guarded("terrace_pool_tx_add_range", libc::EIO, || {
+    pmemobj::tx_boundary("terrace_pool_tx_add_range", libc::EIO, || {
         errno_result(in_pool_tx("terrace_pool_tx_add_range", pool, |tx| {
             tx.add_range_direct(off, len as u64)
         }))
@@ -762,7 +759,7 @@ pub unsafe extern "C" fn terrace_pool_tx_add_range(
 }
 
 fn tx_alloc_impl(what: &str, pool: *mut PoolHandle, size: usize, type_num: u64, zero: bool) -> u64 {
-    guarded(what, 0, || {
+    pmemobj::tx_boundary(what, 0, || {
         in_pool_tx(what, pool, |tx| {
             if size == 0 {
                 return Err(PoolError::InvalidArgument {
@@ -806,7 +803,7 @@ pub unsafe extern "C" fn terrace_pool_tx_zalloc(
 /// `pool` the pool of the thread's transaction.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_tx_free(pool: *mut PoolHandle, off: u64) -> c_int {
-    guarded("terrace_pool_tx_free", libc::EIO, || {
+    pmemobj::tx_boundary("terrace_pool_tx_free", libc::EIO, || {
         if off == 0 {
             return 0;
         }
@@ -821,7 +818,7 @@ pub unsafe extern "C" fn terrace_pool_tx_free(pool: *mut PoolHandle, off: u64) -
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_tx_commit(pool: *mut PoolHandle) -> c_int {
     const WHAT: &str = "terrace_pool_tx_commit";
-    guarded(WHAT, libc::EIO, || {
+    error::boundary(WHAT, libc::EIO, || {
         if let Err(code) = tx_is_on(WHAT, pool) {
             return code;
         }
@@ -841,7 +838,7 @@ pub unsafe extern "C" fn terrace_pool_tx_commit(pool: *mut PoolHandle) -> c_int 
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_tx_abort(pool: *mut PoolHandle) -> c_int {
     const WHAT: &str = "terrace_pool_tx_abort";
-    guarded(WHAT, libc::EIO, || {
+    error::boundary(WHAT, libc::EIO, || {
         if let Err(code) = tx_is_on(WHAT, pool) {
             return code;
         }

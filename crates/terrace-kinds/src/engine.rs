@@ -36,10 +36,15 @@
 //! - `dalloc`: refused (jemalloc keeps the range as "retained" and reuses it);
 //! - `destroy`: nothing — the space unmaps its regions when the kind is destroyed;
 //! - `split`/`merge`: always allowed (a kind's space is contiguous per region).
+//!
+//! A hook is called from C, so no panic may leave it: the hooks that run code do so under
+//! [`terrace_media::ffi::boundary`], a panic becoming the hook's failure value (jemalloc
+//! handles those as it handles a full medium); the others only return a constant.
 
 use std::ffi::{c_int, c_uint, c_void, CString};
 use std::ptr;
 
+use terrace_media::ffi;
 use tikv_jemalloc_sys as je;
 
 use crate::error::{KindError, Result};
@@ -278,35 +283,38 @@ unsafe extern "C" fn hook_alloc(
     commit: *mut bool,
     _arena: c_uint,
 ) -> *mut c_void {
-    // Always hand out committed (reserved) memory: jemalloc never coalesces extents whose
-    // commit state differs, so a mix of committed and uncommitted extents fragments the
-    // kind and makes it reserve fresh blocks instead of reusing freed ones. jemalloc asks
-    // for exactly what it needs (no `retain`), so nothing is reserved beyond use except
-    // the space's own headroom.
-    // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
-    let handed = unsafe {
-        with_space(hooks, None, |space| {
-            // jemalloc names an address only to grow a block in place: possible exactly
-            // when the block ends where the space's never-used part begins.
-            if new_addr.is_null() {
-                space.alloc(size, alignment)
-            } else {
-                space.alloc_at(new_addr.cast(), size)
+    // A panic is a failed allocation (NULL): jemalloc reports it as out of memory.
+    ffi::boundary(ptr::null_mut(), || {
+        // Always hand out committed (reserved) memory: jemalloc never coalesces extents whose
+        // commit state differs, so a mix of committed and uncommitted extents fragments the
+        // kind and makes it reserve fresh blocks instead of reusing freed ones. jemalloc asks
+        // for exactly what it needs (no `retain`), so nothing is reserved beyond use except
+        // the space's own headroom.
+        // SAFETY: jemalloc calls hooks with the pointer given at arena creation.
+        let handed = unsafe {
+            with_space(hooks, None, |space| {
+                // jemalloc names an address only to grow a block in place: possible exactly
+                // when the block ends where the space's never-used part begins.
+                if new_addr.is_null() {
+                    space.alloc(size, alignment)
+                } else {
+                    space.alloc_at(new_addr.cast(), size)
+                }
+            })
+        };
+        match handed {
+            Some(addr) => {
+                // SAFETY: valid out-pointers (jemalloc's contract). Fresh space is zero-filled
+                // and committed.
+                unsafe {
+                    *zero = true;
+                    *commit = true;
+                }
+                addr.cast()
             }
-        })
-    };
-    match handed {
-        Some(addr) => {
-            // SAFETY: valid out-pointers (jemalloc's contract). Fresh space is zero-filled
-            // and committed.
-            unsafe {
-                *zero = true;
-                *commit = true;
-            }
-            addr.cast()
+            None => ptr::null_mut(),
         }
-        None => ptr::null_mut(),
-    }
+    })
 }
 
 unsafe extern "C" fn hook_commit(
@@ -330,10 +338,13 @@ unsafe extern "C" fn hook_purge_forced(
     length: usize,
     _arena: c_uint,
 ) -> bool {
-    let at = addr.cast::<u8>().wrapping_add(offset);
-    // SAFETY: jemalloc calls hooks with the pointer given at arena creation. jemalloc's
-    // convention: false = purged.
-    !unsafe { with_space(hooks, false, |space| space.purge(at, length)) }
+    // A panic is "not purged" (true): jemalloc keeps the pages as they are.
+    ffi::boundary(true, || {
+        let at = addr.cast::<u8>().wrapping_add(offset);
+        // SAFETY: jemalloc calls hooks with the pointer given at arena creation. jemalloc's
+        // convention: false = purged.
+        !unsafe { with_space(hooks, false, |space| space.purge(at, length)) }
+    })
 }
 
 unsafe extern "C" fn hook_purge_lazy(
@@ -344,9 +355,12 @@ unsafe extern "C" fn hook_purge_lazy(
     length: usize,
     _arena: c_uint,
 ) -> bool {
-    let at = addr.cast::<u8>().wrapping_add(offset);
-    // SAFETY: as in hook_purge_forced.
-    !unsafe { with_space(hooks, false, |space| space.purge_lazy(at, length)) }
+    // A panic is "not purged" (true): jemalloc keeps the pages as they are.
+    ffi::boundary(true, || {
+        let at = addr.cast::<u8>().wrapping_add(offset);
+        // SAFETY: as in hook_purge_forced.
+        !unsafe { with_space(hooks, false, |space| space.purge_lazy(at, length)) }
+    })
 }
 
 unsafe extern "C" fn hook_dalloc(

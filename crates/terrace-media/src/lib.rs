@@ -22,6 +22,7 @@
 //! All operating-system calls live in [`os`]; the other modules speak in terms of it.
 
 pub mod error;
+pub mod ffi;
 pub mod flash;
 pub mod numa;
 pub mod os;
