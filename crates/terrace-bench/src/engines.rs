@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use terrace_cache::{Cache, CacheConfig, Limits, Movers};
+use terrace_cache::{Cache, CacheConfig, ItemLimits, Movers};
 
 use crate::args::{SizeRange, Tiers};
 use crate::workload;
@@ -114,7 +114,7 @@ impl Terrace {
             }
             config.segment_shift = Some(u8::try_from(size.trailing_zeros()).unwrap_or(u8::MAX));
         }
-        let mut limits = Limits::default();
+        let mut limits = ItemLimits::default();
         if o.max_value > u64::from(limits.max_value_len) {
             limits.max_value_len = u32::try_from(o.max_value)
                 .context("--value-size MAX is too large for the cache (at most 4 GiB - 1)")?;

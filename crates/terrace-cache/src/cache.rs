@@ -53,8 +53,8 @@ use parking_lot::Mutex;
 use crate::bootmark;
 use crate::error::CacheError;
 use crate::ghost::Ghost;
-use crate::index::{BucketGuard, Index, IndexConfig, Location};
-use crate::item::{ItemRef, ItemSpec, ItemState, Limits};
+use crate::index::{BucketGuard, Freq, Index, IndexConfig, Location};
+use crate::item::{ItemLimits, ItemRef, ItemSpec, ItemState};
 use crate::mem::{Appender, OpenError, Pin, SegState, SegmentArea};
 use crate::segment::{self, SegmentHeader, HEADER_LEN};
 use crate::seqmark::{self, SeqMark};
@@ -69,7 +69,7 @@ mod snapshot;
 
 pub use evict::Movers;
 use evict::Queue;
-pub use recover::{DropReason, RecoveryReport};
+pub use recover::{DropReason, RestartReport};
 pub use saved::saved_path;
 
 /// How to open a [`Cache`].
@@ -82,7 +82,7 @@ pub struct CacheConfig {
     /// Segments are `2^segment_shift` bytes; `None` picks the smallest power of two above
     /// the largest item the limits allow (2 MiB for the default 1 MiB values).
     pub segment_shift: Option<u8>,
-    pub limits: Limits,
+    pub limits: ItemLimits,
     /// Items the whole capacity holds at the expected item size (capacity divided by the
     /// mean item size); `None`: one per 256 bytes of capacity. The index is sized for the
     /// share of them that the engine keeps live (about 95%; see `index_items`).
@@ -136,7 +136,7 @@ impl CacheConfig {
             tiers,
             total_bytes: None,
             segment_shift: None,
-            limits: Limits::default(),
+            limits: ItemLimits::default(),
             expected_items: None,
             stripes: 0,
             promote: false,
@@ -144,6 +144,24 @@ impl CacheConfig {
             boot_id: None,
         }
     }
+}
+
+/// Which end of a value [`Cache::concat`] adds to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Before the value (`prepend`).
+    Front,
+    /// After the value (`append`).
+    Back,
+}
+
+/// Which way [`Cache::arith`] moves a number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delta {
+    /// Add, wrapping at 2^64 (`incr`).
+    Incr,
+    /// Subtract, stopping at 0 (`decr`).
+    Decr,
 }
 
 /// The outcome of a conditional store (memcached's replies).
@@ -244,6 +262,8 @@ pub struct Guard<'c> {
     tier: usize,
     /// The item's expiry, Unix seconds (0: never).
     expires_at: u32,
+    /// Whether the index had recorded a read of the item before this lookup.
+    read_before: bool,
 }
 
 impl std::fmt::Debug for Guard<'_> {
@@ -290,6 +310,13 @@ impl Guard<'_> {
     pub fn expires_at(&self) -> Option<u32> {
         (self.expires_at != 0).then_some(self.expires_at)
     }
+
+    /// Whether the item had been read before this lookup (memcached's "fetched" bit, the
+    /// meta protocol's `h`): the index entry's frequency as loaded, so a read the index
+    /// has forgotten (the item was moved or its entry rewritten) reads as none.
+    pub fn read_before(&self) -> bool {
+        self.read_before
+    }
 }
 
 /// What a write expects to find under the key's lock.
@@ -311,6 +338,15 @@ impl Expect {
             (Expect::At(_), _) => false,
         }
     }
+}
+
+/// Whether a lookup is a client's read, which records a hit (and may start a
+/// promotion), or the engine's own look at the current item, which must not steer
+/// eviction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    Read,
+    Peek,
 }
 
 /// A live item found under a lookup: its location, value copy excluded.
@@ -477,7 +513,7 @@ pub struct Cache {
     mover_thread: Mutex<Option<std::thread::Thread>>,
     stripes: Box<[Mutex<HashMap<u16, Appender>>]>,
     shift: u8,
-    limits: Limits,
+    limits: ItemLimits,
     next_seq: AtomicU64,
     /// Every sequence below this is covered by the mark file (u64::MAX: no file tier).
     seq_bound: AtomicU64,
@@ -510,7 +546,7 @@ fn system_now() -> i64 {
 impl Cache {
     /// Opens a cache: maps every tier, and on file tiers that already exist rebuilds the
     /// index by scanning their segments (see the crate docs, "Restart").
-    pub fn open(config: CacheConfig) -> Result<(Cache, RecoveryReport), CacheError> {
+    pub fn open(config: CacheConfig) -> Result<(Cache, RestartReport), CacheError> {
         config.limits.validate()?;
         if config.tiers.is_empty() {
             return Err(CacheError::Config { why: "no tiers" });
@@ -609,7 +645,7 @@ impl Cache {
             saved.is_none()
                 && (boot.is_none() || bootmark::recorded(dir).as_deref() != boot.as_deref())
         });
-        let mut report = RecoveryReport::default();
+        let mut report = RestartReport::default();
         let mut live: HashMap<Vec<u8>, Vec<(Location, u8)>> = HashMap::new();
         let mut max_seq = 0;
         let now = system_now() as u32;
@@ -785,7 +821,7 @@ impl Cache {
     /// misses (lazy expiry).
     pub fn get(&self, key: &[u8]) -> Result<Option<Guard<'_>>, CacheError> {
         self.check_key(key)?;
-        let found = self.lookup(key, true);
+        let found = self.lookup(key, Access::Read);
         match &found {
             Some(g) => {
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
@@ -806,7 +842,7 @@ impl Cache {
     /// remaining TTL), which are not gets and must not steer eviction.
     pub fn peek(&self, key: &[u8]) -> Result<Option<Guard<'_>>, CacheError> {
         self.check_key(key)?;
-        Ok(self.lookup(key, false))
+        Ok(self.lookup(key, Access::Peek))
     }
 
     /// Looks several keys up (memcached's multi-key get); one guard per hit.
@@ -824,7 +860,7 @@ impl Cache {
             .map(|g| (g.value().to_vec(), g.client_flags(), g.cas())))
     }
 
-    fn lookup(&self, key: &[u8], touch: bool) -> Option<Guard<'_>> {
+    fn lookup(&self, key: &[u8], access: Access) -> Option<Guard<'_>> {
         let hash = self.index.hash_key(key);
         let now = self.now();
         'retry: for _ in 0..64 {
@@ -855,7 +891,7 @@ impl Cache {
                     self.counters.expired.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                if touch {
+                if access == Access::Read {
                     self.consider_promotion(tier, hit.frequency(), hash, loc);
                     hit.touch();
                 }
@@ -872,6 +908,7 @@ impl Cache {
                     cas,
                     tier,
                     expires_at,
+                    read_before: hit.reads() > 0,
                 });
             }
             return None;
@@ -908,7 +945,7 @@ impl Cache {
 
     /// The key's current item (for read-modify-write operations), without touching it.
     fn current(&self, key: &[u8]) -> Option<(Current, Vec<u8>)> {
-        let g = self.lookup(key, false)?;
+        let g = self.lookup(key, Access::Peek)?;
         let cur = Current {
             loc: Location {
                 segment: self.tiers[g.tier].base + g.pin.seg(),
@@ -1033,22 +1070,22 @@ impl Cache {
 
     /// Appends `data` to the key's value (flags and expiry kept).
     pub fn append(&self, key: &[u8], data: &[u8]) -> Result<Store, CacheError> {
-        self.concat(key, data, false, None)
+        self.concat(key, data, Side::Back, None)
     }
 
     /// Prepends `data` to the key's value (flags and expiry kept).
     pub fn prepend(&self, key: &[u8], data: &[u8]) -> Result<Store, CacheError> {
-        self.concat(key, data, true, None)
+        self.concat(key, data, Side::Front, None)
     }
 
-    /// Appends (or, with `front`, prepends) `data` to the key's value; with `if_cas`,
+    /// Adds `data` to the key's value at `side` (`append` or `prepend`); with `if_cas`,
     /// only to the item of that CAS ([`Store::Exists`] otherwise). A missing key is
     /// [`Store::NotStored`].
     pub fn concat(
         &self,
         key: &[u8],
         data: &[u8],
-        front: bool,
+        side: Side,
         if_cas: Option<u64>,
     ) -> Result<Store, CacheError> {
         self.check_key(key)?;
@@ -1059,10 +1096,9 @@ impl Cache {
             if if_cas.is_some_and(|want| want != cur.cas) {
                 return Ok(Store::Exists);
             }
-            let parts: [&[u8]; 2] = if front {
-                [data, &value]
-            } else {
-                [&value, data]
+            let parts: [&[u8]; 2] = match side {
+                Side::Front => [data, &value],
+                Side::Back => [&value, data],
             };
             let r = self.write(
                 key,
@@ -1079,7 +1115,7 @@ impl Cache {
 
     /// Adds `delta` to a decimal value (wrapping at 2^64, as memcached); `None` on a miss.
     pub fn incr(&self, key: &[u8], delta: u64) -> Result<Option<u64>, CacheError> {
-        Ok(match self.arith(key, delta, true, None)? {
+        Ok(match self.arith(key, delta, Delta::Incr, None)? {
             Checked::Done((value, _)) => Some(value),
             _ => None,
         })
@@ -1087,28 +1123,25 @@ impl Cache {
 
     /// Subtracts `delta` from a decimal value (stopping at 0, as memcached).
     pub fn decr(&self, key: &[u8], delta: u64) -> Result<Option<u64>, CacheError> {
-        Ok(match self.arith(key, delta, false, None)? {
+        Ok(match self.arith(key, delta, Delta::Decr, None)? {
             Checked::Done((value, _)) => Some(value),
             _ => None,
         })
     }
 
-    /// Increments (`incr`) or decrements a decimal value as [`incr`](Self::incr) and
-    /// [`decr`](Self::decr) do; with `if_cas`, only the item of that CAS. Returns the new
+    /// Moves a decimal value by `delta` the `way` [`incr`](Self::incr) or
+    /// [`decr`](Self::decr) does; with `if_cas`, only the item of that CAS. Returns the new
     /// value and the new item's CAS.
     pub fn arith(
         &self,
         key: &[u8],
         delta: u64,
-        incr: bool,
+        way: Delta,
         if_cas: Option<u64>,
     ) -> Result<Checked<(u64, u64)>, CacheError> {
-        let op = |v: u64| {
-            if incr {
-                v.wrapping_add(delta)
-            } else {
-                v.saturating_sub(delta)
-            }
+        let op = |v: u64| match way {
+            Delta::Incr => v.wrapping_add(delta),
+            Delta::Decr => v.saturating_sub(delta),
         };
         self.check_key(key)?;
         loop {
@@ -1274,7 +1307,7 @@ impl Cache {
             // recalls so that its probation stage passes it on (see `cache/evict.rs`).
             pin.set_state(new.offset, ItemState::Live)?;
             let published = match old {
-                Some(old) => g.replace_hit(old, new),
+                Some(old) => g.repoint(old, new, Freq::Bump),
                 None => {
                     let inserted = self.insert_evicting(&mut g, new)?;
                     if inserted && self.ghost.recalls(hash) {
@@ -1635,7 +1668,7 @@ mod tests {
         // the write is a delete of the item read — not of a newer value written between.
         let (c, _) = Cache::open(CacheConfig {
             segment_shift: Some(15),
-            limits: Limits {
+            limits: ItemLimits {
                 max_key_len: 250,
                 max_value_len: 8 << 10,
             },

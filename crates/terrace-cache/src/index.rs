@@ -10,7 +10,7 @@
 //!   leave it empty.
 //! - **Readers** ([`Index::lookup`]) load slots with `Acquire` and never lock, retry or
 //!   block. A hit records itself with one `fetch_or` of the frequency bits
-//!   ([`Hit::touch`]), skipped once saturated so hot keys do not keep dirtying the line.
+//!   ([`Candidate::touch`]), skipped once saturated so hot keys do not keep dirtying the line.
 //! - **Writers** lock the key's two buckets (lower index first: the only lock order) and
 //!   change single slots with single stores: an entry never moves between slots, so every
 //!   value a reader loads is a whole entry that some writer stored, for a key with that
@@ -45,7 +45,7 @@ pub const FREQ_BITS: u32 = 3;
 /// S3-FIFO inserts a key its ghost queue recalls straight into the main queue with a
 /// frequency of 0, instead of granting it a hit it never had (which bought it a whole
 /// extra pass of the main queue). A hit raises it like any other code: `0b101` counts
-/// two where it stands and one once moved ([`Hit::reads`]); a second hit makes it `0b111`,
+/// two where it stands and one once moved ([`Candidate::reads`]); a second hit makes it `0b111`,
 /// three, like any item read three times. A saved index keeps the mark as one hit.
 pub const RECALLED: u64 = 0b100;
 /// Highest frequency the entry can record.
@@ -366,10 +366,11 @@ impl Index {
         true
     }
 
-    /// Repoints the entry for `hash` at `expected` to `new`, keeping its frequency, only
-    /// if it still points at `expected` (the mover's compare-and-swap). Locks briefly.
-    pub fn repoint(&self, hash: u64, expected: Location, new: Location) -> bool {
-        self.lock(hash).repoint(expected, new)
+    /// Repoints the entry for `hash` at `expected` to `new`, its frequency as `freq` says,
+    /// only if it still points at `expected` ([`BucketGuard::repoint`] under a lock taken
+    /// for this call alone).
+    pub fn repoint(&self, hash: u64, expected: Location, new: Location, freq: Freq) -> bool {
+        self.lock(hash).repoint(expected, new, freq)
     }
 
     /// Removes the entry for `hash` at `loc` if it is still there.
@@ -448,9 +449,9 @@ pub struct Lookup<'a> {
 }
 
 impl<'a> Iterator for Lookup<'a> {
-    type Item = Hit<'a>;
+    type Item = Candidate<'a>;
 
-    fn next(&mut self) -> Option<Hit<'a>> {
+    fn next(&mut self) -> Option<Candidate<'a>> {
         loop {
             if self.slot == SLOTS {
                 self.slot = 0;
@@ -464,7 +465,7 @@ impl<'a> Iterator for Lookup<'a> {
             self.slot += 1;
             let entry = slot.load(Ordering::Acquire);
             if self.index.layout.tag_of_entry(entry) == self.tag {
-                return Some(Hit {
+                return Some(Candidate {
                     slot,
                     entry,
                     layout: self.index.layout,
@@ -474,15 +475,16 @@ impl<'a> Iterator for Lookup<'a> {
     }
 }
 
-/// A candidate found by a lookup: the entry as loaded, and its slot for [`Hit::touch`].
+/// A candidate found by a lookup: the entry as loaded, and its slot for
+/// [`Candidate::touch`]. Its key is unverified until the caller compares it.
 #[derive(Clone, Copy, Debug)]
-pub struct Hit<'a> {
+pub struct Candidate<'a> {
     slot: &'a AtomicU64,
     entry: u64,
     layout: Layout,
 }
 
-impl Hit<'_> {
+impl Candidate<'_> {
     pub fn location(&self) -> Location {
         self.layout.location(self.entry)
     }
@@ -528,6 +530,38 @@ impl Hit<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("both index buckets of the key are full")]
 pub struct Full;
+
+/// What a repointed entry's frequency becomes ([`BucketGuard::repoint`]), from the hits
+/// it carried ([`Candidate::reads`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Freq {
+    /// 0: a new item replaced the old one, and starts unread.
+    Reset,
+    /// One more: a new item replaced the old one, and an overwrite counts as an access
+    /// of the key (a key overwritten often stays hot).
+    Bump,
+    /// Unchanged: the same item moved (a demotion, a promotion out of probation, a
+    /// cleaning).
+    Keep,
+    /// One less: the same item moved and spent one recorded hit (a reinsertion's second
+    /// chance, a stay in tier 0).
+    Spend,
+    /// Exactly this count (saturating at [`MAX_FREQ`]): the same item moved to a tier
+    /// where it starts over (a promotion).
+    Set(u8),
+}
+
+impl Freq {
+    fn apply(self, reads: u8) -> u8 {
+        match self {
+            Freq::Reset => 0,
+            Freq::Bump => reads.saturating_add(1),
+            Freq::Keep => reads,
+            Freq::Spend => reads.saturating_sub(1),
+            Freq::Set(count) => count,
+        }
+    }
+}
 
 /// Exclusive write access to one key's two buckets. Everything a writer must do
 /// atomically with respect to other writers of the key (verify the key at the candidates,
@@ -613,7 +647,7 @@ impl<'a> BucketGuard<'a> {
 
     /// Adds an entry for the key at `loc` with frequency 0, in the emptier bucket. The
     /// caller has verified that no candidate holds the key (else it would
-    /// [`replace`](Self::replace)). A `loc` outside the layout is a caller bug: it
+    /// [`repoint`](Self::repoint) it). A `loc` outside the layout is a caller bug: it
     /// asserts in debug builds and is refused as `Err(Full)` in release builds.
     pub fn insert(&mut self, loc: Location) -> Result<(), Full> {
         let layout = self.index.layout;
@@ -644,14 +678,14 @@ impl<'a> BucketGuard<'a> {
         Err(Full)
     }
 
-    /// Points the key's entry at `expected` to `new`, its hits mapped by `freq` (one
-    /// compare-and-swap loop: hits readers record concurrently are counted before the
-    /// mapping). The hits are [`Hit::reads`]: a [`RECALLED`] mark keeps an item through
-    /// its probation stage, and wherever the item goes from there (or whatever replaces
-    /// it) starts without that one. False when `new` does not fit the layout or no entry
-    /// of this key points at `expected`. Every repointing below is this with another
-    /// mapping.
-    fn move_entry(&mut self, expected: Location, new: Location, freq: impl Fn(u8) -> u8) -> bool {
+    /// Points the key's entry at `expected` to `new`, its frequency as `freq` says — the
+    /// one compare-and-swap of every move and every replacement. One `fetch_update`, so
+    /// hits readers record concurrently are counted before `freq` applies. The count
+    /// `freq` starts from is [`Candidate::reads`]: a [`RECALLED`] mark keeps an item
+    /// through its probation stage, and wherever the item goes from there (or whatever
+    /// replaces it) starts without that one. False when `new` does not fit the layout or
+    /// no entry of this key points at `expected`.
+    pub fn repoint(&mut self, expected: Location, new: Location, freq: Freq) -> bool {
         let layout = self.index.layout;
         if !layout.fits(new) {
             return false;
@@ -661,43 +695,9 @@ impl<'a> BucketGuard<'a> {
         };
         let target = layout.pack(self.tag, new);
         let _ = s.fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
-            Some(target | freq_code(freq(reads_count(e))))
+            Some(target | freq_code(freq.apply(reads_count(e))))
         });
         true
-    }
-
-    /// Points the key's entry at `expected` to `new` with frequency 0 (a new item replaced
-    /// the old one). False when no entry of this key points at `expected`.
-    pub fn replace(&mut self, expected: Location, new: Location) -> bool {
-        self.move_entry(expected, new, |_| 0)
-    }
-
-    /// Points the key's entry at `expected` to `new` with its frequency raised by one (a
-    /// new item replaced the old one, which counts as an access of the key: a key that is
-    /// overwritten often stays hot). False when no entry of this key points at
-    /// `expected`.
-    pub fn replace_hit(&mut self, expected: Location, new: Location) -> bool {
-        self.move_entry(expected, new, |f| f.saturating_add(1))
-    }
-
-    /// Points the key's entry at `expected` to `new`, keeping its frequency (the same item
-    /// moved). False when no entry of this key points at `expected`.
-    pub fn repoint(&mut self, expected: Location, new: Location) -> bool {
-        self.move_entry(expected, new, |f| f)
-    }
-
-    /// Points the key's entry at `expected` to `new` and lowers its frequency by one (the
-    /// same item moved and spent one of its recorded hits: a reinsertion's second chance).
-    /// False when no entry of this key points at `expected`.
-    pub fn repoint_decayed(&mut self, expected: Location, new: Location) -> bool {
-        self.move_entry(expected, new, |f| f.saturating_sub(1))
-    }
-
-    /// Points the key's entry at `expected` to `new` with frequency `count` (the same item
-    /// moved to a tier where it starts over: a promotion). False when no entry of this key
-    /// points at `expected`.
-    pub fn repoint_with_frequency(&mut self, expected: Location, new: Location, count: u8) -> bool {
-        self.move_entry(expected, new, |_| count)
     }
 
     /// Removes the key's entry at `loc`. False when it is not there.
@@ -841,10 +841,10 @@ mod tests {
         i.lock(h).insert(loc(1, 64)).unwrap();
         let hits: Vec<_> = i.lookup(h).map(|x| x.location()).collect();
         assert_eq!(hits, vec![loc(1, 64)]);
-        assert!(!i.lock(h).replace(loc(1, 65), loc(2, 64)));
-        assert!(i.lock(h).replace(loc(1, 64), loc(2, 64)));
-        assert!(i.repoint(h, loc(2, 64), loc(3, 64)));
-        assert!(!i.repoint(h, loc(2, 64), loc(4, 64)));
+        assert!(!i.lock(h).repoint(loc(1, 65), loc(2, 64), Freq::Reset));
+        assert!(i.lock(h).repoint(loc(1, 64), loc(2, 64), Freq::Reset));
+        assert!(i.repoint(h, loc(2, 64), loc(3, 64), Freq::Keep));
+        assert!(!i.repoint(h, loc(2, 64), loc(4, 64), Freq::Keep));
         assert_eq!(i.lookup(h).next().unwrap().location(), loc(3, 64));
         assert!(i.remove(h, loc(3, 64)));
         assert!(!i.remove(h, loc(3, 64)));
@@ -862,12 +862,16 @@ mod tests {
             assert_eq!(hit.frequency(), expected);
             hit.touch();
         }
-        assert!(i.repoint(h, loc(5, 100), loc(6, 100)));
+        assert!(i.repoint(h, loc(5, 100), loc(6, 100), Freq::Keep));
         assert_eq!(i.lookup(h).next().unwrap().frequency(), 3);
         assert!(i.lock(h).set_frequency(loc(6, 100), 1));
         assert_eq!(i.lookup(h).next().unwrap().frequency(), 1);
-        assert!(i.lock(h).replace(loc(6, 100), loc(7, 100)));
+        assert!(i.lock(h).repoint(loc(6, 100), loc(7, 100), Freq::Reset));
         assert_eq!(i.lookup(h).next().unwrap().frequency(), 0);
+        assert!(i.lock(h).repoint(loc(7, 100), loc(8, 100), Freq::Set(2)));
+        assert_eq!(i.lookup(h).next().unwrap().frequency(), 2);
+        assert!(i.lock(h).repoint(loc(8, 100), loc(9, 100), Freq::Set(9)));
+        assert_eq!(i.lookup(h).next().unwrap().frequency(), MAX_FREQ);
     }
 
     #[test]
@@ -888,20 +892,20 @@ mod tests {
         }
         // Wherever it moves unread, or whatever replaces it, starts from no hit.
         assert!(i.lock(h).mark_recalled(loc(5, 100)));
-        assert!(i.repoint(h, loc(5, 100), loc(6, 100)));
+        assert!(i.repoint(h, loc(5, 100), loc(6, 100), Freq::Keep));
         let moved = i.lookup(h).next().unwrap();
         assert!(!moved.recalled_without_hit());
         assert_eq!(moved.frequency(), 0);
         assert!(!i.lock(h).mark_recalled(loc(5, 100)), "moved on");
         assert!(i.lock(h).mark_recalled(loc(6, 100)));
-        assert!(i.lock(h).replace_hit(loc(6, 100), loc(7, 100)));
+        assert!(i.lock(h).repoint(loc(6, 100), loc(7, 100), Freq::Bump));
         assert_eq!(i.lookup(h).next().unwrap().frequency(), 1);
         // Read once, it carries that one read and no more.
         assert!(i.lock(h).mark_recalled(loc(7, 100)));
         i.lookup(h).next().unwrap().touch();
         let read = i.lookup(h).next().unwrap();
         assert_eq!((read.frequency(), read.reads()), (2, 1));
-        assert!(i.repoint(h, loc(7, 100), loc(8, 100)));
+        assert!(i.repoint(h, loc(7, 100), loc(8, 100), Freq::Keep));
         assert_eq!(i.lookup(h).next().unwrap().frequency(), 1);
     }
 
@@ -915,20 +919,24 @@ mod tests {
         }
         // Each reinsertion spends one hit, down to 0 and no further.
         for (to, expected) in [(6, 2), (7, 1), (8, 0), (9, 0)] {
-            assert!(i.lock(h).repoint_decayed(loc(to - 1, 100), loc(to, 100)));
+            assert!(i
+                .lock(h)
+                .repoint(loc(to - 1, 100), loc(to, 100), Freq::Spend));
             assert_eq!(i.lookup(h).next().unwrap().frequency(), expected);
         }
         assert!(
-            !i.lock(h).repoint_decayed(loc(5, 100), loc(10, 100)),
+            !i.lock(h).repoint(loc(5, 100), loc(10, 100), Freq::Spend),
             "moved on"
         );
         // An overwrite counts as an access, up to the maximum.
         for (to, expected) in [(10, 1), (11, 2), (12, 3), (13, 3)] {
-            assert!(i.lock(h).replace_hit(loc(to - 1, 100), loc(to, 100)));
+            assert!(i
+                .lock(h)
+                .repoint(loc(to - 1, 100), loc(to, 100), Freq::Bump));
             assert_eq!(i.lookup(h).next().unwrap().frequency(), expected);
         }
         assert!(
-            !i.lock(h).replace_hit(loc(5, 100), loc(14, 100)),
+            !i.lock(h).repoint(loc(5, 100), loc(14, 100), Freq::Bump),
             "moved on"
         );
         assert_eq!(i.count(), 1);

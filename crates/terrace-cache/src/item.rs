@@ -71,23 +71,23 @@ impl ItemState {
 /// Size limits enforced when encoding. Decoding enforces only the format's own bounds, so
 /// lowering a limit never makes existing segments unreadable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
+pub struct ItemLimits {
     /// Longest key accepted, 1..=[`FORMAT_MAX_KEY`]. Default 250 (memcached's).
     pub max_key_len: u32,
     /// Longest value accepted. Default 1 MiB; segments must be larger than this.
     pub max_value_len: u32,
 }
 
-impl Default for Limits {
+impl Default for ItemLimits {
     fn default() -> Self {
-        Limits {
+        ItemLimits {
             max_key_len: 250,
             max_value_len: 1 << 20,
         }
     }
 }
 
-impl Limits {
+impl ItemLimits {
     /// Checks the limits themselves.
     pub fn validate(&self) -> Result<(), EncodeError> {
         if self.max_key_len == 0 || self.max_key_len > FORMAT_MAX_KEY {
@@ -136,7 +136,7 @@ pub struct ItemSpec {
 
 impl ItemSpec {
     /// A spec for `key` and a value of `value_len` bytes; lengths beyond `u32` saturate and
-    /// are rejected by [`Limits::check`].
+    /// are rejected by [`ItemLimits::check`].
     pub fn new(key: &[u8], value_len: usize) -> ItemSpec {
         ItemSpec {
             key_len: u32::try_from(key.len()).unwrap_or(u32::MAX),
@@ -284,7 +284,7 @@ pub fn encode_header(spec: &ItemSpec, out: &mut [u8]) -> Result<usize, EncodeErr
 }
 
 /// Encodes a whole PENDING item (header, key, value) at the start of `out` and returns
-/// its length. Limits are the caller's business (see [`Limits::check`]).
+/// its length. ItemLimits are the caller's business (see [`ItemLimits::check`]).
 pub fn encode(
     spec: &ItemSpec,
     key: &[u8],
@@ -604,7 +604,7 @@ mod tests {
 
     #[test]
     fn limits() {
-        let l = Limits::default();
+        let l = ItemLimits::default();
         assert_eq!(l.check(0, 1), Err(EncodeError::EmptyKey));
         assert!(l.check(250, 1 << 20).is_ok());
         assert!(matches!(
@@ -615,7 +615,7 @@ mod tests {
             l.check(1, (1 << 20) + 1),
             Err(EncodeError::ValueTooLong { .. })
         ));
-        assert!(Limits {
+        assert!(ItemLimits {
             max_key_len: 0,
             max_value_len: 1
         }

@@ -324,7 +324,7 @@
 //! - **Restart**: [`Cache::open`] reopens existing tier files and scans them
 //!   ("What a crash can leave"): LIVE items of segments that scan clean and have not
 //!   expired are indexed, conflicts and everything DEAD stay out, segments that fail
-//!   validation are dropped with a reason in the [`cache::RecoveryReport`]. After a clean
+//!   validation are dropped with a reason in the [`cache::RestartReport`]. After a clean
 //!   [`Cache::shutdown`], a saved index (`terrace.index`) lets the next open read only the
 //!   saved items' headers instead of scanning and checksumming every segment; it is used
 //!   at most once, and only by the first open after the shutdown that wrote it. Volatile
@@ -382,12 +382,12 @@ mod synced;
 pub mod tier;
 
 pub use cache::{
-    Cache, CacheConfig, Checked, Guard, Movers, RecoveryReport as CacheRecovery, Stats, Store,
+    Cache, CacheConfig, Checked, Delta, Guard, Movers, RestartReport, Side, Stats, Store,
 };
 pub use error::{CacheError, EncodeError, HeaderError, IndexError, ItemError};
-pub use index::{BucketGuard, Full, Hit, Index, IndexConfig, Location};
-pub use item::{ItemRef, ItemSpec, ItemState, Limits};
+pub use index::{BucketGuard, Candidate, Freq, Full, Index, IndexConfig, Location};
+pub use item::{ItemLimits, ItemRef, ItemSpec, ItemState};
 pub use pools::{PoolConfig, PoolQuota, Pools};
-pub use seglog::{LogConfig, LogError, RecoveryReport, SegmentLog};
+pub use seglog::{LogConfig, LogError, LogScanReport, SegmentLog};
 pub use segment::{ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
 pub use tier::{Medium, TierConfig, TierSize, TierStats};

@@ -43,7 +43,7 @@ use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 use terrace_media::{MediaError, Region};
 
 use crate::error::EncodeError;
-use crate::item::{self, ItemRef, ItemSpec, ItemState, Limits, MAX_HEADER_LEN};
+use crate::item::{self, ItemLimits, ItemRef, ItemSpec, ItemState, MAX_HEADER_LEN};
 use crate::segment::{Commit, SegmentHeader, COMMIT_WORD_OFFSET, HEADER_LEN};
 
 /// Lifecycle of a segment slot.
@@ -226,7 +226,7 @@ impl SegmentArea {
     pub fn open(
         &self,
         header: &SegmentHeader,
-        limits: Limits,
+        limits: ItemLimits,
     ) -> Result<Option<Appender>, OpenError> {
         let seg = header.slot;
         let Some(ctl) = self.ctl(seg) else {
@@ -277,7 +277,7 @@ impl SegmentArea {
         Ok(Some(self.appender(header, limits)))
     }
 
-    fn appender(&self, header: &SegmentHeader, limits: Limits) -> Appender {
+    fn appender(&self, header: &SegmentHeader, limits: ItemLimits) -> Appender {
         Appender {
             area_id: self.id,
             seg: header.slot,
@@ -552,7 +552,7 @@ pub struct Appender {
     area_id: u64,
     seg: u32,
     header: SegmentHeader,
-    limits: Limits,
+    limits: ItemLimits,
     committed: u32,
     crc: u32,
 }
@@ -664,11 +664,11 @@ mod tests {
         assert_eq!(area.count(), 32);
         assert!(area.pin(3).is_none(), "free segments cannot be pinned");
         let mut app = area
-            .open(&header(3, 9), Limits::default())
+            .open(&header(3, 9), ItemLimits::default())
             .unwrap()
             .unwrap();
         assert!(area
-            .open(&header(3, 10), Limits::default())
+            .open(&header(3, 10), ItemLimits::default())
             .unwrap()
             .is_none());
         let spec = ItemSpec::new(b"key", 6);
@@ -739,7 +739,8 @@ mod tests {
                 if seq % 64 == 0 {
                     std::thread::yield_now();
                 }
-                let Some(mut app) = area.open(&header(0, seq), Limits::default()).unwrap() else {
+                let Some(mut app) = area.open(&header(0, seq), ItemLimits::default()).unwrap()
+                else {
                     continue;
                 };
                 seq += 1;
@@ -765,7 +766,7 @@ mod tests {
         let region = Region::dram(2 << 20, terrace_media::PageSize::Base).unwrap();
         let area = SegmentArea::new(region, 16).unwrap();
         let mut app = area
-            .open(&header(0, 1), Limits::default())
+            .open(&header(0, 1), ItemLimits::default())
             .unwrap()
             .unwrap();
         app.append(&area, &ItemSpec::new(b"k", 1), b"k", &[b"v"])

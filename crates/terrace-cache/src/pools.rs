@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cache::{Cache, CacheConfig, Movers, RecoveryReport, Stats};
+use crate::cache::{Cache, CacheConfig, Movers, RestartReport, Stats};
 use crate::error::CacheError;
 use crate::tier::{resolve_sizes, Medium, TierSize, TierStats};
 use terrace_media::registry::GRANULE;
@@ -102,7 +102,7 @@ impl Pools {
     pub fn open(
         config: CacheConfig,
         named: &[PoolConfig],
-    ) -> Result<(Pools, Vec<RecoveryReport>), CacheError> {
+    ) -> Result<(Pools, Vec<RestartReport>), CacheError> {
         if named.is_empty() {
             let (cache, report) = Cache::open(config)?;
             let pools = vec![(DEFAULT_POOL.to_string(), Arc::new(cache))];

@@ -16,8 +16,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{EncodeError, HeaderError, IndexError};
-use crate::index::{Index, IndexConfig, Location};
-use crate::item::{self, ItemSpec, ItemState, Limits};
+use crate::index::{Freq, Index, IndexConfig, Location};
+use crate::item::{self, ItemLimits, ItemSpec, ItemState};
 use crate::segment::{self, Cursor, ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
 
 /// How to build a [`SegmentLog`].
@@ -27,7 +27,7 @@ pub struct LogConfig {
     pub segment_shift: u8,
     /// Number of segments (at least 2: one open, one to evict).
     pub segments: u32,
-    pub limits: Limits,
+    pub limits: ItemLimits,
     /// Items the index is sized for.
     pub expected_items: usize,
     /// Maintain the running data checksum (needed to trust segments after a crash).
@@ -55,7 +55,7 @@ pub enum LogError {
 /// Why recovery dropped a segment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum DropReason {
+pub enum LogDropReason {
     /// The buffer is not the configured segment size.
     WrongSize { len: usize },
     /// The header was rejected.
@@ -68,13 +68,13 @@ pub enum DropReason {
 
 /// What recovery found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RecoveryReport {
+pub struct LogScanReport {
     /// Segments whose items were kept.
     pub segments: usize,
     /// Items indexed.
     pub items: usize,
     /// Segments dropped, with why.
-    pub dropped: Vec<(u32, DropReason)>,
+    pub dropped: Vec<(u32, LogDropReason)>,
     /// Keys with more than one LIVE item (never produced by the protocol): all dropped.
     pub conflicts: usize,
     /// LIVE items not indexed because both buckets were full.
@@ -278,7 +278,7 @@ impl SegmentLog {
         flip(&mut self.segments, new, ItemState::Live);
         persist_point(&mut self.probe, &self.segments);
         let published = match old {
-            Some(old) => guard.replace(old, new),
+            Some(old) => guard.repoint(old, new, Freq::Reset),
             None => match guard.insert(new) {
                 Ok(()) => true,
                 Err(_) => {
@@ -406,7 +406,7 @@ impl SegmentLog {
     pub fn recover(
         config: LogConfig,
         mut segments: Vec<Box<[u8]>>,
-    ) -> Result<(SegmentLog, RecoveryReport), LogError> {
+    ) -> Result<(SegmentLog, LogScanReport), LogError> {
         Self::validate(&config)?;
         if segments.len() != config.segments as usize {
             return Err(LogError::Config {
@@ -414,7 +414,7 @@ impl SegmentLog {
             });
         }
         let size = 1usize << config.segment_shift;
-        let mut report = RecoveryReport::default();
+        let mut report = LogScanReport::default();
         let mut kept: Vec<(u64, u32)> = Vec::new();
         let mut headers = vec![None; segments.len()];
         let mut live: HashMap<Vec<u8>, Vec<Location>> = HashMap::new();
@@ -424,7 +424,7 @@ impl SegmentLog {
             if buf.len() != size {
                 report
                     .dropped
-                    .push((id, DropReason::WrongSize { len: buf.len() }));
+                    .push((id, LogDropReason::WrongSize { len: buf.len() }));
                 *buf = vec![0u8; size].into_boxed_slice();
                 continue;
             }
@@ -432,7 +432,7 @@ impl SegmentLog {
                 Ok(r) => r,
                 Err(HeaderError::Unwritten) => continue,
                 Err(e) => {
-                    report.dropped.push((id, DropReason::Header(e)));
+                    report.dropped.push((id, LogDropReason::Header(e)));
                     continue;
                 }
             };
@@ -441,7 +441,7 @@ impl SegmentLog {
             if header.slot != id || header.size_shift != config.segment_shift {
                 report.dropped.push((
                     id,
-                    DropReason::Misplaced {
+                    LogDropReason::Misplaced {
                         slot: header.slot,
                         size_shift: header.size_shift,
                     },
@@ -450,7 +450,7 @@ impl SegmentLog {
             }
             let end = reader.verify();
             if !end.is_complete() {
-                report.dropped.push((id, DropReason::Scan(end)));
+                report.dropped.push((id, LogDropReason::Scan(end)));
                 continue;
             }
             if reader.commit().committed == 0 {

@@ -15,7 +15,7 @@
 //!   incarnation's bytes) is invisible.
 
 use crate::error::{EncodeError, HeaderError, ItemError};
-use crate::item::{self, ItemRef, ItemSpec, ItemState, Limits};
+use crate::item::{self, ItemLimits, ItemRef, ItemSpec, ItemState};
 
 /// Bytes of the segment header; items start here.
 pub const HEADER_LEN: usize = 64;
@@ -290,7 +290,7 @@ pub fn retire(buf: &mut [u8]) -> bool {
 pub struct SegmentWriter<'a> {
     buf: &'a mut [u8],
     header: SegmentHeader,
-    limits: Limits,
+    limits: ItemLimits,
     committed: u32,
     crc: u32,
 }
@@ -302,7 +302,7 @@ impl<'a> SegmentWriter<'a> {
     pub fn create(
         buf: &'a mut [u8],
         header: SegmentHeader,
-        limits: Limits,
+        limits: ItemLimits,
     ) -> Result<SegmentWriter<'a>, EncodeError> {
         limits.validate()?;
         let bytes = header.encode()?;
@@ -324,7 +324,7 @@ impl<'a> SegmentWriter<'a> {
 
     /// Resumes appending to a segment that scans clean (after a restart). Returns the
     /// scan's end reason when it does not: such a segment is read-only.
-    pub fn resume(buf: &'a mut [u8], limits: Limits) -> Result<SegmentWriter<'a>, ResumeError> {
+    pub fn resume(buf: &'a mut [u8], limits: ItemLimits) -> Result<SegmentWriter<'a>, ResumeError> {
         limits.validate().map_err(ResumeError::Encode)?;
         let reader = SegmentReader::open(buf).map_err(ResumeError::Header)?;
         let end = reader.verify();
@@ -477,7 +477,7 @@ impl<'a> SegmentWriter<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cursor {
     pub header: SegmentHeader,
-    pub limits: Limits,
+    pub limits: ItemLimits,
     pub committed: u32,
     pub crc: u32,
 }
@@ -723,7 +723,7 @@ const _: () = {
     assert!(offset_of!(RawHeader, committed) == COMMIT_WORD_OFFSET);
     assert!(offset_of!(RawHeader, data_crc) == COMMIT_WORD_OFFSET + 4);
     // The commit word is one naturally aligned u64.
-    assert!(COMMIT_WORD_OFFSET % 8 == 0);
+    assert!(COMMIT_WORD_OFFSET.is_multiple_of(8));
 };
 
 #[cfg(test)]
@@ -827,7 +827,7 @@ mod tests {
     #[test]
     fn write_then_scan() {
         let mut buf = vec![0u8; 1 << 12];
-        let mut w = SegmentWriter::create(&mut buf, header(12), Limits::default()).unwrap();
+        let mut w = SegmentWriter::create(&mut buf, header(12), ItemLimits::default()).unwrap();
         let a = w
             .append(&ItemSpec::new(b"alpha", 3), b"alpha", b"one")
             .unwrap();
@@ -878,7 +878,7 @@ mod tests {
         );
 
         // Resume and keep appending.
-        let mut w = SegmentWriter::resume(&mut buf, Limits::default()).unwrap();
+        let mut w = SegmentWriter::resume(&mut buf, ItemLimits::default()).unwrap();
         w.append(&ItemSpec::new(b"delta", 1), b"delta", b"4")
             .unwrap();
         let r = SegmentReader::open(&buf).unwrap();
@@ -889,7 +889,7 @@ mod tests {
     #[test]
     fn full_segment_and_limits() {
         let mut buf = vec![0u8; 256];
-        let mut w = SegmentWriter::create(&mut buf, header(8), Limits::default()).unwrap();
+        let mut w = SegmentWriter::create(&mut buf, header(8), ItemLimits::default()).unwrap();
         let v = [7u8; 150];
         w.append(&ItemSpec::new(b"k", 150), b"k", &v).unwrap();
         assert!(matches!(
@@ -915,7 +915,7 @@ mod tests {
         ));
         let mut small = vec![0u8; 100];
         assert!(matches!(
-            SegmentWriter::create(&mut small, header(8), Limits::default()),
+            SegmentWriter::create(&mut small, header(8), ItemLimits::default()),
             Err(EncodeError::BufferSize { .. })
         ));
     }
@@ -923,7 +923,7 @@ mod tests {
     #[test]
     fn a_one_mib_value_fits_a_two_mib_segment() {
         let mut buf = vec![0u8; 2 << 20];
-        let mut w = SegmentWriter::create(&mut buf, header(21), Limits::default()).unwrap();
+        let mut w = SegmentWriter::create(&mut buf, header(21), ItemLimits::default()).unwrap();
         let value = vec![0xAB; 1 << 20];
         let key = [b'k'; 250];
         let at = w
@@ -940,7 +940,7 @@ mod tests {
     #[test]
     fn corruption_and_truncation_are_reported() {
         let mut buf = vec![0u8; 1 << 12];
-        let mut w = SegmentWriter::create(&mut buf, header(12), Limits::default()).unwrap();
+        let mut w = SegmentWriter::create(&mut buf, header(12), ItemLimits::default()).unwrap();
         let mut offsets = vec![];
         for i in 0..10u8 {
             let key = [b'a' + i; 4];
@@ -979,7 +979,7 @@ mod tests {
     #[test]
     fn stale_commit_word_from_an_earlier_incarnation_fails() {
         let mut buf = vec![0u8; 1 << 12];
-        let mut w = SegmentWriter::create(&mut buf, header(12), Limits::default()).unwrap();
+        let mut w = SegmentWriter::create(&mut buf, header(12), ItemLimits::default()).unwrap();
         w.append(&ItemSpec::new(b"old", 3), b"old", b"val").unwrap();
         let old_word = buf[56..64].to_vec();
         // Reopen the slot with a new write sequence; a torn open that kept the old commit
@@ -990,7 +990,7 @@ mod tests {
                 write_seq: 43,
                 ..header(12)
             },
-            Limits::default(),
+            ItemLimits::default(),
         )
         .unwrap();
         buf[56..64].copy_from_slice(&old_word);

@@ -3,7 +3,7 @@
 //! (with or without a valid header in front) never panic the decoder.
 
 use proptest::prelude::*;
-use terrace_cache::item::{self, ItemSpec, ItemState, Limits};
+use terrace_cache::item::{self, ItemLimits, ItemSpec, ItemState};
 use terrace_cache::segment::{
     self, ScanEnd, SegmentHeader, SegmentReader, SegmentWriter, HEADER_LEN,
 };
@@ -34,8 +34,8 @@ fn header(checksummed: bool) -> SegmentHeader {
     }
 }
 
-fn limits() -> Limits {
-    Limits {
+fn limits() -> ItemLimits {
+    ItemLimits {
         max_key_len: 300,
         max_value_len: 1 << 20,
     }

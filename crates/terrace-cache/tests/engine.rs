@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use terrace_cache::{Cache, CacheConfig, CacheError, Checked, Store, TierConfig, TierSize};
+use terrace_cache::{
+    Cache, CacheConfig, CacheError, Checked, Delta, Side, Store, TierConfig, TierSize,
+};
 
 mod common;
 use common::{set_with_ttl, MIB};
@@ -97,11 +99,11 @@ fn delete_concat_and_arith_can_be_conditional_on_the_cas() {
     let stale = cas + 1;
     // A wrong CAS refuses and changes nothing.
     assert_eq!(
-        c.arith(b"n", 1, true, Some(stale)).unwrap(),
+        c.arith(b"n", 1, Delta::Incr, Some(stale)).unwrap(),
         Checked::Exists
     );
     assert_eq!(
-        c.concat(b"n", b"0", false, Some(stale)).unwrap(),
+        c.concat(b"n", b"0", Side::Back, Some(stale)).unwrap(),
         Store::Exists
     );
     assert_eq!(
@@ -112,17 +114,17 @@ fn delete_concat_and_arith_can_be_conditional_on_the_cas() {
     assert_eq!((g.value(), g.cas()), (&b"10"[..], cas));
     drop(g);
     // The right one applies, and the new CAS comes back with the result.
-    let Checked::Done((11, cas)) = c.arith(b"n", 1, true, Some(cas)).unwrap() else {
+    let Checked::Done((11, cas)) = c.arith(b"n", 1, Delta::Incr, Some(cas)).unwrap() else {
         panic!("incr with the right CAS");
     };
     assert_eq!(c.get(b"n").unwrap().unwrap().cas(), cas);
-    let Checked::Done((6, cas)) = c.arith(b"n", 5, false, Some(cas)).unwrap() else {
+    let Checked::Done((6, cas)) = c.arith(b"n", 5, Delta::Decr, Some(cas)).unwrap() else {
         panic!("decr with the right CAS");
     };
-    let Store::Stored { cas } = c.concat(b"n", b"0", false, Some(cas)).unwrap() else {
+    let Store::Stored { cas } = c.concat(b"n", b"0", Side::Back, Some(cas)).unwrap() else {
         panic!("append with the right CAS");
     };
-    let Store::Stored { cas } = c.concat(b"n", b"1", true, Some(cas)).unwrap() else {
+    let Store::Stored { cas } = c.concat(b"n", b"1", Side::Front, Some(cas)).unwrap() else {
         panic!("prepend with the right CAS");
     };
     let g = c.get(b"n").unwrap().unwrap();
@@ -141,9 +143,12 @@ fn delete_concat_and_arith_can_be_conditional_on_the_cas() {
         Checked::NotFound
     );
     assert_eq!(c.delete_checked(b"n", None).unwrap(), Checked::NotFound);
-    assert_eq!(c.arith(b"n", 1, true, None).unwrap(), Checked::NotFound);
     assert_eq!(
-        c.concat(b"n", b"x", false, Some(cas)).unwrap(),
+        c.arith(b"n", 1, Delta::Incr, None).unwrap(),
+        Checked::NotFound
+    );
+    assert_eq!(
+        c.concat(b"n", b"x", Side::Back, Some(cas)).unwrap(),
         Store::NotStored
     );
 }
@@ -850,7 +855,7 @@ fn maintain_keeps_free_segments_so_writes_do_not_evict_inline() {
     while c.stats().inline_evictions == 0 {
         c.set(format!("k{k}").as_bytes(), &value(k, 1000), 0, 0)
             .unwrap();
-        if k % 3 == 0 {
+        if k.is_multiple_of(3) {
             c.get(format!("k{k}").as_bytes()).unwrap();
         }
         k += 1;

@@ -461,7 +461,7 @@ fn crash_child() {
         let key = format!("key{k}");
         // Reads give keys hits, so that evictions demote them to the file tier (and,
         // promoting, bring them back up). Skewed: a tenth of the keys get most reads.
-        let read = if rng % 4 == 0 {
+        let read = if rng.is_multiple_of(4) {
             (rng >> 20) % keys
         } else {
             (rng >> 20) % (keys / 10)
@@ -472,14 +472,14 @@ fn crash_child() {
             std::fs::write(dir.join("promotions.tmp"), promotions).unwrap();
             std::fs::rename(dir.join("promotions.tmp"), dir.join("promotions")).unwrap();
         }
-        if rng % 5 == 0 {
+        if rng.is_multiple_of(5) {
             c.delete(key.as_bytes()).unwrap();
             // One write(2) per line: a kill leaves whole lines (or none).
             log.write_all(format!("{op} D {k}\n").as_bytes()).unwrap();
         } else {
             // Most items carry their own expiry, hours away, spread over many TTL
             // buckets (none expires during the test).
-            let ttl = if rng % 3 == 0 {
+            let ttl = if rng.is_multiple_of(3) {
                 0
             } else {
                 3600 * (1 + ((rng >> 40) % 24) as u32)

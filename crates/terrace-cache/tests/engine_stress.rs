@@ -82,7 +82,7 @@ fn run_mixed(with_mover: bool) {
                 for _ in 0..40_000 {
                     let r = rng.next();
                     // Skewed keys: a hot set that gets demoted, a long cold tail.
-                    let k = if r % 4 == 0 {
+                    let k = if r.is_multiple_of(4) {
                         (r >> 8) as u32 % 2000
                     } else {
                         (r >> 8) as u32 % 64
@@ -103,7 +103,7 @@ fn run_mixed(with_mover: bool) {
                             if let Some(g) = cache.get(name.as_bytes()).unwrap() {
                                 assert_eq!(g.key(), name.as_bytes());
                                 check_value(k, g.value());
-                                if r % 97 == 0 {
+                                if r.is_multiple_of(97) {
                                     // Hold a guard across more traffic.
                                     thread::yield_now();
                                     check_value(k, g.value());

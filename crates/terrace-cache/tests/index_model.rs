@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use terrace_cache::index::{Index, IndexConfig, Location, Sweep, SLOTS};
+use terrace_cache::index::{Freq, Index, IndexConfig, Location, Sweep, SLOTS};
 
 const KEYS: u32 = 24;
 
@@ -87,7 +87,7 @@ impl Harness {
                 let old = g.candidates().find(|l| self.store.get(l) == Some(&k));
                 match old {
                     Some(old) => {
-                        assert!(g.replace(old, new));
+                        assert!(g.repoint(old, new, Freq::Reset));
                         self.model.insert(k, new);
                     }
                     None => match g.insert(new) {
@@ -121,7 +121,7 @@ impl Harness {
             Op::Move(k) => {
                 if let Some(&old) = self.verified(k).first() {
                     let new = self.fresh(k);
-                    assert!(self.index.repoint(hash(k), old, new));
+                    assert!(self.index.repoint(hash(k), old, new, Freq::Keep));
                     self.model.insert(k, new);
                 }
             }
@@ -129,7 +129,7 @@ impl Harness {
                 // A mover holding a location the entry no longer points to must fail.
                 let stale = self.fresh(k);
                 let new = self.fresh(k);
-                assert!(!self.index.repoint(hash(k), stale, new));
+                assert!(!self.index.repoint(hash(k), stale, new, Freq::Keep));
             }
             Op::Touch(k) => {
                 if let Some(h) = self

@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread;
 
-use terrace_cache::index::{Index, IndexConfig, Location};
+use terrace_cache::index::{Freq, Index, IndexConfig, Location};
 
 const KEYS: u32 = 64;
 const WRITERS: u32 = 2;
@@ -103,7 +103,7 @@ fn readers_writers_and_movers() {
                     let k = (rng.next() % u64::from(KEYS / WRITERS)) as u32 * WRITERS + w;
                     let mut g = index.lock(hash(k));
                     let old = g.candidates().find(|&l| reg.get(l).0 == k);
-                    if rng.next() % 5 == 0 {
+                    if rng.next().is_multiple_of(5) {
                         if let Some(old) = old {
                             assert!(g.remove(old));
                         }
@@ -113,7 +113,7 @@ fn readers_writers_and_movers() {
                         let v = versions[k as usize];
                         let new = reg.alloc(k, v).expect("registry sized for the writers");
                         match old {
-                            Some(old) => assert!(g.replace(old, new)),
+                            Some(old) => assert!(g.repoint(old, new, Freq::Reset)),
                             None => g.insert(new).expect("the table is sized to never fill"),
                         }
                         finals[k as usize].store(v, Ordering::Relaxed);
@@ -145,7 +145,7 @@ fn readers_writers_and_movers() {
                         std::hint::spin_loop();
                     }
                     let Some(new) = reg.alloc(k, v) else { break };
-                    if index.repoint(hash(k), old, new) {
+                    if index.repoint(hash(k), old, new, Freq::Keep) {
                         moved.fetch_add(1, Ordering::Relaxed);
                     } else {
                         move_lost.fetch_add(1, Ordering::Relaxed);
@@ -179,7 +179,7 @@ fn readers_writers_and_movers() {
                         seen[k as usize] = v;
                     }
                     n += 1;
-                    if n % 1024 == 0 {
+                    if n.is_multiple_of(1024) {
                         reads.fetch_add(1024, Ordering::Relaxed);
                     }
                 }

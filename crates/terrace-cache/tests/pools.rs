@@ -183,7 +183,7 @@ fn quotas_split_every_tier_and_stats_add_up() {
     );
 }
 
-fn file_pools(dir: &Path) -> (Pools, Vec<terrace_cache::CacheRecovery>) {
+fn file_pools(dir: &Path) -> (Pools, Vec<terrace_cache::RestartReport>) {
     Pools::open(
         config(vec![TierConfig::file(dir, TierSize::Bytes(8 * MIB))]),
         &[pool("sessions", PoolQuota::Percent(50.0))],

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use proptest::prelude::*;
-use terrace_cache::item::Limits;
-use terrace_cache::seglog::{DropReason, LogConfig, LogError, SegmentLog};
+use terrace_cache::item::ItemLimits;
+use terrace_cache::seglog::{LogConfig, LogDropReason, LogError, SegmentLog};
 use terrace_cache::{EncodeError, ScanEnd};
 
 const KEYS: u32 = 24;
@@ -18,7 +18,7 @@ fn config(segments: u32, expected_items: usize) -> LogConfig {
     LogConfig {
         segment_shift: 10,
         segments,
-        limits: Limits {
+        limits: ItemLimits {
             max_key_len: 250,
             max_value_len: 512,
         },
@@ -236,13 +236,16 @@ fn corrupt_segments_are_dropped_with_a_reason() {
     // A truncated segment.
     segs[2] = segs[2][..500].to_vec().into_boxed_slice();
     let (log, report) = SegmentLog::recover(config(16, 256), segs).unwrap();
-    let reasons: HashMap<u32, DropReason> = report.dropped.iter().cloned().collect();
+    let reasons: HashMap<u32, LogDropReason> = report.dropped.iter().cloned().collect();
     assert!(matches!(
         reasons[&0],
-        DropReason::Scan(ScanEnd::ChecksumMismatch { .. })
+        LogDropReason::Scan(ScanEnd::ChecksumMismatch { .. })
     ));
-    assert!(matches!(reasons[&2], DropReason::WrongSize { len: 500 }));
-    assert!(matches!(reasons[&5], DropReason::Misplaced { slot: 1, .. }));
+    assert!(matches!(reasons[&2], LogDropReason::WrongSize { len: 500 }));
+    assert!(matches!(
+        reasons[&5],
+        LogDropReason::Misplaced { slot: 1, .. }
+    ));
     // What survived is correct; what did not is a miss.
     let mut hits = 0;
     for k in 0..KEYS {
@@ -270,7 +273,7 @@ fn bad_input_is_a_typed_error() {
         Err(LogError::Encode(EncodeError::ValueTooLong { .. }))
     ));
     let big = LogConfig {
-        limits: Limits {
+        limits: ItemLimits {
             max_key_len: 250,
             max_value_len: 4096,
         },

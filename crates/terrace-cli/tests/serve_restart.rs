@@ -40,7 +40,7 @@ fn clean_args(data: &str) -> [&str; 6] {
     ]
 }
 
-/// The RecoveryReport's `from_saved_index` of the server's "cache opened" log line.
+/// The RestartReport's `from_saved_index` of the server's "cache opened" log line.
 fn from_saved_index(log: &str) -> Option<u64> {
     let line = log.lines().find(|l| l.contains("cache opened"))?;
     let at = line.find("from_saved_index: ")? + "from_saved_index: ".len();
@@ -565,7 +565,7 @@ fn kill9_restarts_never_return_stale_values() {
             .to_string();
         eprintln!(
             "round {round}: killed after {run:?} and {ops} ops ({in_flight} writes in flight); after restart {hits}/{KEYS} hits; {}",
-            recovery.find("RecoveryReport").map_or(recovery.as_str(), |at| &recovery[at..])
+            recovery.find("RestartReport").map_or(recovery.as_str(), |at| &recovery[at..])
         );
         assert!(
             problems.is_empty(),

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use terrace_cache::{CacheConfig, Limits as CacheLimits, Medium, PoolConfig, Pools};
+use terrace_cache::{CacheConfig, ItemLimits, Medium, PoolConfig, Pools};
 use terrace_media::Durability;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
@@ -53,7 +53,7 @@ pub enum ServeError {
 /// and the routes of key prefixes to pools; one recovery report per pool.
 pub fn open_pools(
     config: &ServerConfig,
-) -> Result<(Pools, Routes, Vec<terrace_cache::CacheRecovery>), ServeError> {
+) -> Result<(Pools, Routes, Vec<terrace_cache::RestartReport>), ServeError> {
     if config.tiers.has_file() {
         std::fs::create_dir_all(&config.dir).map_err(|source| ServeError::DataDir {
             dir: config.dir.clone(),
@@ -62,9 +62,9 @@ pub fn open_pools(
     }
     let mut cache_config = CacheConfig::new(config.tiers.configs(&config.dir));
     cache_config.total_bytes = config.capacity;
-    cache_config.limits = CacheLimits {
+    cache_config.limits = ItemLimits {
         max_value_len: u32::try_from(config.max_item_size).unwrap_or(u32::MAX),
-        ..CacheLimits::default()
+        ..ItemLimits::default()
     };
     cache_config.stripes = config.threads;
     cache_config.promote = config.promote;
@@ -106,7 +106,7 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
         routes,
         Limits {
             max_value: usize::try_from(config.max_item_size).unwrap_or(usize::MAX),
-            max_key: CacheLimits::default().max_key_len as usize,
+            max_key: ItemLimits::default().max_key_len as usize,
         },
         config.max_connections,
         config.threads,

@@ -88,7 +88,7 @@ use std::time::Duration;
 
 use super::{Cache, Placement};
 use crate::error::CacheError;
-use crate::index::{BucketGuard, Location};
+use crate::index::{BucketGuard, Freq, Location};
 use crate::item::{ItemRef, ItemSpec, ItemState};
 use crate::mem::{Pin, SegState};
 use crate::segment::HEADER_LEN;
@@ -224,15 +224,14 @@ pub(super) enum Walk {
     Clean,
 }
 
-/// What a published copy's entry keeps of the frequency ([`Cache::publish_copy`]).
+/// Whether an eviction may copy kept items within its own tier (the last tier's
+/// reinsertions, tier 0's stays). Barred where the caller already holds that tier's
+/// `reinsert` lock (it is opening the reinsertion segment itself) or where nothing
+/// could be worth copying (an expired segment).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Frequency {
-    /// The same item, moved on (demotion, promotion out of probation).
-    Keep,
-    /// A reinsertion spends one recorded hit.
-    Decay,
-    /// A promotion starts over at this count.
-    Set(u8),
+pub(super) enum Reinsertion {
+    Allowed,
+    Barred,
 }
 
 /// Where [`Cache::copy_item`] copies to.
@@ -313,7 +312,7 @@ impl Cache {
                 }
             };
             match victim {
-                Some(v) => self.evict_counted(tier, v, true)?,
+                Some(v) => self.evict_counted(tier, v, Reinsertion::Allowed)?,
                 None if attempt > 100 => std::thread::sleep(std::time::Duration::from_micros(50)),
                 None => std::thread::yield_now(),
             }
@@ -323,7 +322,12 @@ impl Cache {
 
     /// Evicts `victim` (taken out of its queue by the caller), counts it as inline or
     /// background, and puts it on the reclaim list.
-    fn evict_counted(&self, tier: usize, victim: Victim, reinsert: bool) -> Result<(), CacheError> {
+    fn evict_counted(
+        &self,
+        tier: usize,
+        victim: Victim,
+        reinsert: Reinsertion,
+    ) -> Result<(), CacheError> {
         let t = &self.tiers[tier];
         self.evict(tier, victim, reinsert)?;
         let counter = if IN_MOVER.with(|m| m.get()) {
@@ -411,7 +415,7 @@ impl Cache {
         let mut reclaimed = 0;
         while reclaimed < expired.len() {
             let (victim, _) = expired[reclaimed];
-            if let Err(e) = self.evict(tier, victim, false) {
+            if let Err(e) = self.evict(tier, victim, Reinsertion::Barred) {
                 // The failed one stays out of every list (see `evict`); the others go
                 // back to the front of their queues, to be reclaimed or evicted later.
                 let mut lists = t.lists.lock();
@@ -453,7 +457,7 @@ impl Cache {
             let Some(victim) = victim else {
                 return Ok(None);
             };
-            self.evict_counted(tier, victim, false)?;
+            self.evict_counted(tier, victim, Reinsertion::Barred)?;
         }
         Ok(None)
     }
@@ -461,8 +465,8 @@ impl Cache {
     /// Evicts (or cleans) one sealed segment: on a durable tier retire it first (E2),
     /// then walk its items. Kept items (see the module docs) that have not expired get
     /// another life: in a tier with a next tier they are demoted there, frequency kept —
-    /// except that tier 0, if `reinsert`, keeps those read [`STAY_HITS`] times in its
-    /// reinsertion segment, one hit spent; in the last tier, if `reinsert`, they are
+    /// except that tier 0, if `reinsert` allows it, keeps those read [`STAY_HITS`] times in its
+    /// reinsertion segment, one hit spent; in the last tier, if it allows it, they are
     /// copied into the tier's reinsertion segment — promoted from probation with their
     /// frequency kept, else with it lowered by one. Copies within a tier take at most
     /// [`REINSERT_BUDGET`] of a segment per eviction. A [`Walk::Clean`] keeps every live
@@ -476,7 +480,7 @@ impl Cache {
         &self,
         tier: usize,
         victim: Victim,
-        reinsert: bool,
+        reinsert: Reinsertion,
     ) -> Result<(), CacheError> {
         let t = &self.tiers[tier];
         let slot = victim.slot;
@@ -495,8 +499,9 @@ impl Cache {
         let next = tier + 1;
         let last = next == self.tiers.len();
         // Tier 0 of several keeps the items read most within itself (STAY_HITS).
-        let stays = reinsert && !last && tier == 0 && victim.walk == Walk::Probation;
-        let mut budget = if reinsert && (last || stays) {
+        let allowed = reinsert == Reinsertion::Allowed;
+        let stays = allowed && !last && tier == 0 && victim.walk == Walk::Probation;
+        let mut budget = if allowed && (last || stays) {
             ((1usize << self.shift) - HEADER_LEN) / REINSERT_BUDGET.1 * REINSERT_BUDGET.0
         } else {
             0
@@ -570,9 +575,9 @@ impl Cache {
             }
             let mut g = self.index.lock(hash);
             let frequency = if stay || (last && victim.walk == Walk::Evict) {
-                Frequency::Decay
+                Freq::Spend
             } else {
-                Frequency::Keep
+                Freq::Keep
             };
             let moved = match copy {
                 Some(copy) => self.publish_copy(&mut g, &pin, loc, copy, frequency)?,
@@ -659,7 +664,7 @@ impl Cache {
         let Some(victim) = victim else {
             return Ok(false);
         };
-        self.evict(tier, victim, true)?;
+        self.evict(tier, victim, Reinsertion::Allowed)?;
         t.lists.lock().reclaim.push(victim.slot);
         Ok(true)
     }
@@ -680,7 +685,7 @@ impl Cache {
         src: &Pin<'_>,
         loc: Location,
         (dpin, dloc): (Pin<'_>, Location),
-        frequency: Frequency,
+        frequency: Freq,
     ) -> Result<bool, CacheError> {
         let present = g.candidates().any(|l| l == loc);
         let live = src.item_state(loc.offset) == Some(ItemState::Live);
@@ -689,11 +694,7 @@ impl Cache {
             return Ok(false);
         }
         dpin.set_state(dloc.offset, ItemState::Live)?;
-        match frequency {
-            Frequency::Keep => g.repoint(loc, dloc),
-            Frequency::Decay => g.repoint_decayed(loc, dloc),
-            Frequency::Set(count) => g.repoint_with_frequency(loc, dloc, count),
-        };
+        g.repoint(loc, dloc, frequency);
         self.kill(src, loc)?;
         Ok(true)
     }
@@ -875,7 +876,7 @@ impl Cache {
                 let Some(victim) = victim else {
                     break;
                 };
-                self.evict_counted(i, victim, true)?;
+                self.evict_counted(i, victim, Reinsertion::Allowed)?;
                 evicted += 1;
             }
             if i + 1 == self.tiers.len() {
@@ -920,7 +921,7 @@ pub(super) mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
-    use crate::item::Limits;
+    use crate::item::ItemLimits;
     use crate::tier::{TierConfig, TierSize};
     use crate::CacheConfig;
 
@@ -945,7 +946,7 @@ pub(super) mod tests {
     fn config(tiers: Vec<TierConfig>) -> CacheConfig {
         CacheConfig {
             segment_shift: Some(15),
-            limits: Limits {
+            limits: ItemLimits {
                 max_key_len: 250,
                 max_value_len: 8 << 10,
             },

@@ -26,10 +26,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::evict::{Dest, Frequency};
+use super::evict::Dest;
 use super::Cache;
 use crate::error::CacheError;
-use crate::index::Location;
+use crate::index::{Freq, Location};
 use crate::mem::SegState;
 
 /// Hits an entry must have recorded before a hit in a lower tier asks for its promotion.
@@ -93,7 +93,7 @@ impl Cache {
         #[cfg(test)]
         super::evict::tests::before_publish(item.key);
         let mut g = self.index.lock(hash);
-        if !self.publish_copy(&mut g, &pin, loc, (dpin, dloc), Frequency::Set(1))? {
+        if !self.publish_copy(&mut g, &pin, loc, (dpin, dloc), Freq::Set(1))? {
             return Ok(false);
         }
         drop(g);

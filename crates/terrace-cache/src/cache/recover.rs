@@ -37,7 +37,7 @@ pub enum DropReason {
 
 /// What the restart scan found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RecoveryReport {
+pub struct RestartReport {
     /// Segments whose items were kept.
     pub segments: usize,
     /// Items indexed.
@@ -95,7 +95,7 @@ impl Cache {
         live: &mut HashMap<Vec<u8>, Vec<(Location, u8)>>,
         kept: &mut Vec<(u64, u32)>,
         max_seq: &mut u64,
-        report: &mut RecoveryReport,
+        report: &mut RestartReport,
         saved: Option<&Saved>,
     ) -> Result<(), CacheError> {
         for slot in 0..area.count() {
@@ -193,7 +193,7 @@ impl Cache {
         m: &SegMeta,
         dead: u32,
         kept: &mut Vec<(u64, u32)>,
-        report: &mut RecoveryReport,
+        report: &mut RestartReport,
     ) {
         m.write_seq.store(header.write_seq, Ordering::Relaxed);
         m.expires_at.store(header.expires_at, Ordering::Relaxed);
@@ -260,7 +260,7 @@ impl Cache {
     pub(super) fn index_recovered(
         &mut self,
         live: HashMap<Vec<u8>, Vec<(Location, u8)>>,
-        report: &mut RecoveryReport,
+        report: &mut RestartReport,
     ) -> Result<(), CacheError> {
         let mut budget = live
             .len()

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use terrace_cache::item::Limits;
+use terrace_cache::item::ItemLimits;
 use terrace_cache::{Cache, CacheConfig, TierConfig};
 
 pub const MIB: u64 = 1 << 20;
@@ -13,7 +13,7 @@ pub const MIB: u64 = 1 << 20;
 pub fn config(tiers: Vec<TierConfig>) -> CacheConfig {
     CacheConfig {
         segment_shift: Some(15),
-        limits: Limits {
+        limits: ItemLimits {
             max_key_len: 250,
             max_value_len: 8 << 10,
         },
