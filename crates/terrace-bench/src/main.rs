@@ -169,7 +169,9 @@ fn elapsed_ns(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-struct Shared<'a> {
+/// What every worker thread of one run reads: the engine under test, the arguments, the
+/// key distribution, the progress counter, the stop flag and the latency windows.
+struct RunContext<'a> {
     engine: &'a dyn Engine,
     args: &'a CacheArgs,
     zipf: Zipf<f64>,
@@ -178,8 +180,8 @@ struct Shared<'a> {
     windows: Option<&'a windows::Windows>,
 }
 
-fn run_thread(s: &Shared<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
-    let a = s.args;
+fn run_thread(ctx: &RunContext<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
+    let a = ctx.args;
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(workload::mix(a.seed ^ workload::mix(thread)));
     let max = usize::try_from(a.value_size.max).context("--value-size too large")?;
     let mut buf = workload::filler(max);
@@ -189,8 +191,8 @@ fn run_thread(s: &Shared<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
     // Gets and hits already added to the windows.
     let mut counted = (0u64, 0u64);
     let mut flush = |r: &ThreadResult, pending: u64| {
-        let before = s.done.fetch_add(pending, Ordering::Relaxed);
-        if let Some(w) = s.windows {
+        let before = ctx.done.fetch_add(pending, Ordering::Relaxed);
+        if let Some(w) = ctx.windows {
             w.batch(
                 r.gets - counted.0,
                 r.hits - counted.1,
@@ -202,14 +204,14 @@ fn run_thread(s: &Shared<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
     };
     for _ in 0..ops {
         // Zipf yields ranks 1..=N as floats; rank 1 is the most popular key.
-        let rank = s.zipf.sample(&mut rng) as u64;
+        let rank = ctx.zipf.sample(&mut rng) as u64;
         let id = rank.saturating_sub(1).min(a.keys - 1);
         workload::key(id, &mut key);
         let len = workload::value_len(id, a.value_size.min, a.value_size.max);
         let need_set = if rng.random_bool(a.get_ratio) {
             r.gets += 1;
             let t = Instant::now();
-            let got = s.engine.get(&key, id, len)?;
+            let got = ctx.engine.get(&key, id, len)?;
             r.get_ns.saturating_record(elapsed_ns(t).max(1));
             match got {
                 Got::Hit => {
@@ -230,14 +232,14 @@ fn run_thread(s: &Shared<'_>, thread: u64, ops: u64) -> Result<ThreadResult> {
             workload::fill_value(&mut buf, id, len);
             r.sets += 1;
             let t = Instant::now();
-            s.engine.set(&key, &buf[..len])?;
+            ctx.engine.set(&key, &buf[..len])?;
             r.set_ns.saturating_record(elapsed_ns(t).max(1));
         }
         pending += 1;
         if pending == 4096 {
             flush(&r, pending);
             pending = 0;
-            if s.failed.load(Ordering::Relaxed) {
+            if ctx.failed.load(Ordering::Relaxed) {
                 break;
             }
         }
@@ -307,7 +309,7 @@ fn run(a: &CacheArgs) -> Result<Value> {
     let done = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
     let windows = a.window.map(windows::Windows::new);
-    let shared = Shared {
+    let ctx = RunContext {
         engine: engine.as_ref(),
         args: a,
         zipf,
@@ -330,11 +332,11 @@ fn run(a: &CacheArgs) -> Result<Value> {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let ops = a.ops / threads + u64::from(t < a.ops % threads);
-                let shared = &shared;
+                let ctx = &ctx;
                 scope.spawn(move || {
-                    let r = run_thread(shared, t, ops);
+                    let r = run_thread(ctx, t, ops);
                     if r.is_err() {
-                        shared.failed.store(true, Ordering::Relaxed);
+                        ctx.failed.store(true, Ordering::Relaxed);
                     }
                     r
                 })
