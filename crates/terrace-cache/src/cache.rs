@@ -93,8 +93,8 @@ pub struct CacheConfig {
     /// Copy items read often in a lower tier up into tier 0, in the background (the
     /// mover thread does it; see `cache/promote.rs`). Off by default: it pays when the
     /// lower tiers are slower to read than DRAM (PMem, CXL or far NUMA memory, flash);
-    /// with a file tier in page cache or on tmpfs it only costs copies and space (the
-    /// issue-5 benchmark: 0.9 point of hit ratio and up to a fifth of the throughput).
+    /// with a file tier in page cache or on tmpfs it only costs copies and space, and so
+    /// hit ratio and throughput (`docs/experiments.md`).
     pub promote: bool,
     /// Key hash seed.
     pub seed: u64,
@@ -376,12 +376,11 @@ thread_local! {
 /// is full. Dead bytes are
 /// not subtracted: the movers clean them down to about a tenth of a tier
 /// (`cache/evict.rs`, `CLEAN_DEAD_SHARE`), and the probation stages' preference for small
-/// items makes the mean item the cache holds smaller than the mean written (a fifth
-/// smaller in the issue-5 benchmark), which makes up for that tenth. (When the index is
-/// fuller than its load, a few percent of inserts find both buckets full and evict an
-/// occupant: see the crate docs, "When full", and `index::SLOTS`. In the issue-5
-/// benchmark subtracting 15% of dead bytes, as before cleaning, made that 5% of the sets:
-/// `index_evictions` in its JSON at 2ccd092.)
+/// items makes the mean item the cache holds smaller than the mean written, which makes
+/// up for that tenth. (When the index is fuller than its load, a few percent of inserts
+/// find both buckets full and evict an occupant: see `docs/cache-format.md`, "When
+/// full", and `index::SLOTS`. Subtracting dead bytes here would make that happen to the
+/// very items cleaning makes room for: `docs/experiments.md`.)
 fn index_items(expected: usize, areas: &[(SegmentArea, bool, u32)], stripes: usize) -> usize {
     let total: u64 = areas.iter().map(|(a, _, _)| u64::from(a.count())).sum();
     let reserved: u64 = areas

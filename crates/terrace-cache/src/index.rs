@@ -29,10 +29,9 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::error::IndexError;
 
 /// Slots per bucket: two 64-byte cache lines of `u64`s. Sixteen rather than eight because
-/// a cache's index is never just filled, it churns (every insert follows an eviction):
-/// measured refusals ([`Full`]) among inserts into a table kept at a load by removing
-/// random entries, eight slots / sixteen: 0.75: 0.77% / 0%; 0.8: 2.6% / 0.005%; 0.85:
-/// 5.6% / 0.35%; 0.9: 9.2% / 2.9%. Lookups read two buckets either way.
+/// a cache's index is never just filled, it churns (every insert follows an eviction),
+/// and at the default load sixteen slots refuse ([`Full`]) a few hundred times fewer
+/// inserts than eight (`docs/experiments.md`). Lookups read two buckets either way.
 pub const SLOTS: usize = 16;
 /// Low bits of an entry holding the access frequency as a thermometer code
 /// (`0b000, 0b001, 0b011, 0b111` = 0..=3 hits), so a hit can raise it with `fetch_or`.
@@ -823,7 +822,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Mutex<()>>(), 1);
         let i = index(1_000_000);
         let per_item = i.memory_bytes() as f64 / 1_000_000.0;
-        // With a 5-byte item header, the 16-byte budget per item holds.
+        // With a 5-byte item header, the 16-byte metadata budget per item holds.
         assert!(per_item + 5.0 <= 16.0, "{per_item} bytes of index per item");
         assert!(Index::new(&IndexConfig::new(0, 1, 20)).is_err());
         assert!(Index::new(&IndexConfig {

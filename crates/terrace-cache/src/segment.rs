@@ -933,7 +933,8 @@ mod tests {
         let item = r.item_at(at).unwrap();
         assert_eq!((item.key.len(), item.value.len()), (250, 1 << 20));
         assert_eq!(r.verify(), ScanEnd::Complete);
-        // 64 MiB values (the configurable maximum) take a 4-byte length.
+        // 64 MiB values (the largest a configuration is expected to allow) take a
+        // 4-byte length.
         assert_eq!(item::varint_len(64 << 20), 4);
     }
 

@@ -19,13 +19,11 @@
 //! two queues (`tier::Lists`):
 //!
 //! - `main`: the segments it keeps items in — reinsertions, and demotions from the tier
-//!   above; evicted strictly oldest first. (Evicting the deadest segment first while
-//!   dead bytes — items overwritten or deleted since they were written — passed a tenth
-//!   of the tier kept about 2,500 more items live in the issue-5 benchmark but lowered
-//!   its hit ratio by half a point, 0.755 against 0.760: it cut the lives of the young,
-//!   hot items of a dead-heavy segment short, dropping those not yet read. FIFO order is
-//!   worth more than the space; cleaning, below, frees the space without dropping any
-//!   item.);
+//!   above; evicted strictly oldest first, however dead a younger segment is: evicting
+//!   the deadest first would cut short the lives of the young, hot items of a dead-heavy
+//!   segment, dropping those not yet read, and FIFO order is worth more than the space
+//!   (`docs/experiments.md`); cleaning, below, frees that space without dropping any
+//!   item;
 //! - `fifo`: in a single-tier cache, the segments of new writes: a small queue of
 //!   [`SMALL_QUEUE_SHARE`] of the tier (S3-FIFO's probation queue; with more tiers, tier 0
 //!   plays that part). It is evicted first while it is longer than that: its kept items
@@ -35,8 +33,8 @@
 //! the cache's ghost filter (`crate::ghost`). A key that comes back soon after is marked
 //! ([`crate::index::RECALLED`]): its probation stage keeps it as if it had been read once,
 //! and passes it on with no hit (S3-FIFO inserts such a key straight into its main queue
-//! with a frequency of 0), so that it must be read to survive the main queue's tail. (It
-//! used to be given a hit, which bought it a second pass of the main queue unread.) An
+//! with a frequency of 0), so that it must be read to survive the main queue's tail (a
+//! hit it never had would buy it a second pass of the main queue unread). An
 //! overwrite counts as an access: the new item inherits the old one's frequency plus one
 //! (`cache.rs`).
 //!
@@ -108,26 +106,18 @@ pub(super) const SMALL_QUEUE_SHARE: (usize, usize) = (1, 10);
 /// chance that it is read again is worth more than its bytes. A workload of items of one
 /// size is filtered exactly as before. Items under 2/7 of the mean take under 2/7 of a
 /// segment's bytes, so they leave most of [`REINSERT_BUDGET`] to the items with hits
-/// walked after them. In the issue-5 benchmark (`bench/cache-vs-foyer-moka.sh`: values
-/// of 64 to 4,096 bytes, uniform over keys; README) the cache keeps 10–14% more items,
-/// and its hit ratio rose from 0.7610 to 0.7627 in a single tier and from 0.7536 to
-/// 0.7574 in `dram:1,file:3` (the same script before the rule, at e428220; the shares
-/// tried are in issue 5's notes). The index, sized
-/// for items of the mean size written, then runs at its limit and drops its coldest
-/// occupant for about 5% of the sets (`index_evictions` in the benchmark's JSON).
+/// walked after them. The cache then holds more, smaller items than the mean written,
+/// which is why the index is sized for the whole live share (`super::index_items`).
+/// Measurements: `docs/experiments.md`.
 pub(super) const SMALL_ITEM_SHARE: (usize, usize) = (2, 7);
 
 /// The dead share (numerator, denominator) of its item space at which a main-queue
 /// segment is worth cleaning ([`Cache::clean_one`]): the movers copy its live items to the
 /// head of the queue and free it. Dead bytes are the copies that overwrites and deletes
-/// leave behind, and a FIFO log frees them only when their segment reaches the tail: in the
-/// issue-5 benchmark (10% of operations are sets of mostly present keys) they filled about
-/// 40 MiB of 256, and every megabyte of segments is worth about 0.025 point of hit ratio
-/// there. Cleaning at 15% dead keeps them to about 25 MiB, for about 45% more copies by
-/// the movers (2.2 million against 1.5 million per run); three runs alternating builds
-/// with and without it gave 1.91–1.94 against 1.90–1.93 million operations a second. At
-/// 20% it kept 30 MiB dead, at 25% 37 MiB, at 10% 19 MiB without more hits (the rescued
-/// space then holds items that are rarely read).
+/// leave behind, and a FIFO log frees them only when their segment reaches the tail, so
+/// with many overwrites they would hold a sizeable share of the tier. A lower threshold
+/// copies more for space that then holds rarely read items; a higher one leaves more dead
+/// (thresholds compared in `docs/experiments.md`).
 pub(super) const CLEAN_DEAD_SHARE: (usize, usize) = (15, 100);
 
 /// The oldest share of the main queue never cleaned: its segments reach the tail soon,
@@ -145,16 +135,14 @@ pub(super) const CLEAN_WINDOW: usize = 32;
 /// [`REINSERT_BUDGET`] of the segment — instead of being demoted: the items read most are
 /// kept in the fastest tier (CacheLib's tiers keep the hottest items in DRAM), and tier 0,
 /// which is every tiered cache's probation stage, then also holds a small main queue of
-/// its own. In the issue-5 benchmark's `dram:1,file:3` it raised the hit ratio from 0.7608
-/// to 0.7626 and DRAM's share of the hits from 64% to 76% (at 3 hits: 0.7622 and 75%).
+/// its own (measured in `docs/experiments.md`).
 pub(super) const STAY_HITS: u8 = 2;
 
 /// Free segments that writers (and demotions) leave to the last tier's reinsertion
 /// segment: when that segment fills and no free one is left, the reinsertion segment is
 /// opened by evicting a segment *without* reinsertion (see [`Cache::reinsert_slot`]),
-/// which drops that segment's hot items. Without this reserve that happened to 3% of the
-/// evictions in the issue-5 benchmark, at a cost of 0.2 point of hit ratio; with it,
-/// under 0.5%, for a few more (still rare) inline evictions.
+/// which drops that segment's hot items. One segment is enough to make that rare, at the
+/// price of a few more (still rare) inline evictions (`docs/experiments.md`).
 pub(super) const REINSERT_RESERVE: usize = 1;
 
 /// Free segments kept ready in every tier, at least (see [`Cache::free_target`]), unless
@@ -1106,9 +1094,9 @@ pub(super) mod tests {
         let (c, _) = Cache::open(config(vec![TierConfig::dram(TierSize::Bytes(TIER))])).unwrap();
         let small = c.small_queue(0).unwrap();
         // Most of the main queue is dead, one younger segment almost entirely, the oldest
-        // not at all: the oldest still goes first (evicting dead-heavy segments first,
-        // which drops their unread items, cost hit ratio: see the module docs; cleaning
-        // them, which drops nothing, is another pass).
+        // not at all: the oldest still goes first (evicting dead-heavy segments first
+        // would drop their unread items: see the module docs; cleaning them, which drops
+        // nothing, is another pass).
         for slot in 20..50 {
             c.meta[slot].dead_bytes.store(20_000, Ordering::Relaxed);
         }
