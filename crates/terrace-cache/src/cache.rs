@@ -1,5 +1,5 @@
 //! The concurrent engine: [`Cache`] over the [`Index`] and the tiers ([`crate::tier`]).
-//! It owns the write protocol of the crate docs ("Commit protocol") in its concurrent
+//! It owns the write protocol of `docs/cache-format.md` ("Commit protocol") in its concurrent
 //! form, the read path with its [`Guard`], TTL buckets, segment allocation with eviction,
 //! demotion and reinsertion (ahead of need by the movers, [`Cache::maintain`], else
 //! inline; the policy is in `cache/evict.rs`), the write-sequence mark and the restart
@@ -544,7 +544,7 @@ fn system_now() -> i64 {
 
 impl Cache {
     /// Opens a cache: maps every tier, and on file tiers that already exist rebuilds the
-    /// index by scanning their segments (see the crate docs, "Restart").
+    /// index by scanning their segments (see `docs/cache-format.md`, "Restart").
     pub fn open(config: CacheConfig) -> Result<(Cache, RestartReport), CacheError> {
         config.limits.validate()?;
         if config.tiers.is_empty() {

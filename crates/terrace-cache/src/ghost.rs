@@ -2,9 +2,10 @@
 //! ghost queue, in a fixed array). When the evictor drops a key from the single tier's
 //! small queue, or from tier 0 of several, without reinserting or demoting it, it
 //! remembers the key's hash here; when a key that is not in the cache is stored and the
-//! filter recalls it, its index entry starts with a frequency of 1, so the next eviction
-//! of its segment keeps it (a key that comes back soon after being dropped is worth
-//! keeping) instead of dropping it again.
+//! filter recalls it, its index entry is marked [`RECALLED`](crate::index::RECALLED): its
+//! probation stage keeps it as if it had been read once (a key that comes back soon after
+//! being dropped is worth keeping) and passes it on with no hit, as S3-FIFO inserts such
+//! a key into its main queue with a frequency of 0.
 //!
 //! It is direct-mapped: one 8-bit fingerprint per slot, a newer key overwriting an older
 //! one in its slot, so it remembers roughly the last `len` drops and costs one byte per

@@ -1,6 +1,6 @@
 //! The DRAM index: a fixed-size table of packed 64-bit entries mapping a key's hash to
 //! the candidate locations (segment, offset) of items whose tag matches. Design and
-//! contract in the crate docs ("Index"); in short:
+//! contract in `docs/cache-format.md` ("Index"); in short:
 //!
 //! - **Layout.** `buckets` buckets of [`SLOTS`] `AtomicU64` slots (two cache lines, an
 //!   aligned pair the hardware fetches together); a key may live in either of two
@@ -17,8 +17,8 @@
 //!   tag.
 //! - **Bounded.** The bucket count is fixed at construction from the expected item count
 //!   and load factor; when both of a key's buckets are full, [`BucketGuard::insert`]
-//!   fails with [`Full`] and the caller evicts one of the occupants (policy in the crate
-//!   docs). The table never grows.
+//!   fails with [`Full`] and the caller evicts one of the occupants (policy in
+//!   `docs/cache-format.md`, "When full"). The table never grows.
 //! - **Key verification is the caller's job**: lookups return locations whose tag matches;
 //!   the caller reads the item there and compares keys.
 

@@ -1,5 +1,5 @@
-//! The item codec: one item's bytes inside a segment (layout in the crate docs, "Item
-//! layout"). Encoding writes a PENDING item; [`set_state`] flips it later; [`decode`]
+//! The item codec: one item's bytes inside a segment (layout in `docs/cache-format.md`,
+//! "Item layout"). Encoding writes a PENDING item; [`set_state`] flips it later; [`decode`]
 //! validates one item at an offset without trusting any byte it reads.
 //!
 //! Invariants:

@@ -1,7 +1,7 @@
 //! The segment codec: the 64-byte header with its commit word, a [`SegmentWriter`] that
 //! appends items to any `&mut [u8]` (a DRAM buffer or a slice of a mapped file), and a
 //! [`SegmentReader`] whose [`Items`] iterator walks the committed items and ends with a
-//! typed [`ScanEnd`]. The byte layout and the commit protocol are in the crate docs
+//! typed [`ScanEnd`]. The byte layout and the commit protocol are in `docs/cache-format.md`
 //! ("Segment format", "Commit protocol"); [`RawHeader`] and the asserts at the bottom pin
 //! them.
 //!
@@ -272,7 +272,7 @@ fn store_commit(buf: &mut [u8], commit: Commit) {
 }
 
 /// Retires a segment in one store: zeroes its commit word so that no item of it is ever
-/// scanned again (the eviction protocol's first step; see the crate docs).
+/// scanned again (the eviction protocol's first step; see `docs/cache-format.md`).
 pub fn retire(buf: &mut [u8]) -> bool {
     match buf.get_mut(COMMIT_WORD_OFFSET..HEADER_LEN) {
         Some(word) => {
@@ -284,7 +284,7 @@ pub fn retire(buf: &mut [u8]) -> bool {
 }
 
 /// Appends items to one segment buffer. There is one writer per segment at a time (the
-/// single-appender rule in the crate docs), so appends need no atomics and each item is
+/// single-appender rule in `docs/cache-format.md`), so appends need no atomics and each item is
 /// complete before the commit word that covers it is stored.
 #[derive(Debug)]
 pub struct SegmentWriter<'a> {

@@ -1,6 +1,6 @@
 //! The restart scan: reopened file tiers are walked segment by segment (single-threaded,
 //! before the cache is shared), their LIVE items collected and indexed. What it trusts
-//! and drops is argued in the crate docs ("What a crash can leave"); in short, only
+//! and drops is argued in `docs/cache-format.md` ("What a crash can leave"); in short, only
 //! segments whose header validates, that belong at their slot, scan clean up to their
 //! commit word and have not expired contribute items, and a key with two LIVE items gets
 //! neither.
