@@ -6,10 +6,10 @@
 //!   invalidates a pool).
 //! - **Custom classes** (libpmemobj's `heap.alloc_class.new.desc`): a unit and a run
 //!   length chosen by the program, registered under a [`ClassId`] and *recorded in the
-//!   pool's class table* (crate docs, "Class table"), so they survive close and reopen.
-//!   This module owns their description ([`ClassDesc`]), its validation and its
-//!   translation to a table entry ([`ClassEntry`]); the pool writes the entry
-//!   (a single-word commit) and the heap serves allocations that name the class.
+//!   pool's class table* (`docs/pool-format.md`, "Class table"), so they survive close
+//!   and reopen. This module owns their description ([`ClassDesc`]), its validation and
+//!   its translation to a table entry ([`ClassEntry`]); the pool writes the entry (a
+//!   single-word commit) and the heap serves allocations that name the class.
 //!
 //! Invariants of a custom class entry (checked at registration by `resolve` and at
 //! every open by `validate`): the unit is a multiple of [`CUSTOM_UNIT_ALIGN`] in
@@ -70,7 +70,7 @@ pub const CLASSES: usize = 61 + 7 * 32;
 /// to (a run from another class table stays usable for frees, not for allocations).
 #[inline]
 pub fn index(unit: u32) -> Option<usize> {
-    if !(MIN_UNIT..=MAX_RUN_UNIT).contains(&unit) || unit % 16 != 0 {
+    if !(MIN_UNIT..=MAX_RUN_UNIT).contains(&unit) || !unit.is_multiple_of(16) {
         return None;
     }
     if unit <= 1024 {
@@ -78,7 +78,7 @@ pub fn index(unit: u32) -> Option<usize> {
     }
     let e = 31 - (unit - 1).leading_zeros(); // floor(log2(unit - 1)), 10..=16
     let step = 1u32 << (e - 5);
-    if unit % step != 0 {
+    if !unit.is_multiple_of(step) {
         return None;
     }
     Some(61 + (e as usize - 10) * 32 + (unit / step - 33) as usize)
@@ -116,8 +116,8 @@ pub fn slots(unit: u32, pages: u32) -> u32 {
 
 /// The preferred run length for `unit` (see the module docs).
 pub fn run_pages(unit: u32) -> u32 {
-    // At least MIN_RUN_SLOTS slots: a run of one large slot made every allocation create a
-    // run and every free destroy it (64 KiB objects were 4x slower than 4 KiB ones).
+    // At least MIN_RUN_SLOTS slots: in a run of one large slot every allocation would
+    // carve a run and every free release it.
     let lo = MIN_RUN_PAGES
         .max(min_pages(unit) * MIN_RUN_SLOTS)
         .min(MAX_RUN_PAGES);
@@ -292,7 +292,8 @@ fn invalid(field: &'static str, detail: String) -> PoolError {
 /// Validates a description and computes its table entry (see the module invariants).
 pub(crate) fn resolve(desc: &ClassDesc) -> Result<ClassEntry> {
     let unit = desc.unit;
-    if !(MIN_CUSTOM_UNIT..=MAX_RUN_UNIT).contains(&unit) || unit % CUSTOM_UNIT_ALIGN != 0 {
+    if !(MIN_CUSTOM_UNIT..=MAX_RUN_UNIT).contains(&unit) || !unit.is_multiple_of(CUSTOM_UNIT_ALIGN)
+    {
         return Err(invalid(
             "unit size",
             format!(
@@ -301,7 +302,7 @@ pub(crate) fn resolve(desc: &ClassDesc) -> Result<ClassEntry> {
         ));
     }
     let a = desc.alignment;
-    if a != 0 && (!a.is_power_of_two() || a > MAX_ALIGNMENT || unit % a != 0) {
+    if a != 0 && (!a.is_power_of_two() || a > MAX_ALIGNMENT || !unit.is_multiple_of(a)) {
         return Err(invalid(
             "alignment",
             format!(
@@ -357,7 +358,9 @@ pub(crate) fn resolve(desc: &ClassDesc) -> Result<ClassEntry> {
 /// Whether a decoded table entry is a usable class (the module invariants); the error
 /// says what is not.
 pub(crate) fn validate(e: &ClassEntry) -> std::result::Result<(), String> {
-    if !(MIN_CUSTOM_UNIT..=MAX_RUN_UNIT).contains(&e.unit) || e.unit % CUSTOM_UNIT_ALIGN != 0 {
+    if !(MIN_CUSTOM_UNIT..=MAX_RUN_UNIT).contains(&e.unit)
+        || !e.unit.is_multiple_of(CUSTOM_UNIT_ALIGN)
+    {
         return Err(format!("impossible unit {}", e.unit));
     }
     if e.pages == 0 || e.pages > MAX_CUSTOM_RUN_PAGES || (e.pages as u64 * PAGE) < e.unit as u64 {
@@ -370,7 +373,7 @@ pub(crate) fn validate(e: &ClassEntry) -> std::result::Result<(), String> {
         return Err(format!("unknown header type {}", e.header));
     }
     let a = alignment_of(e.align_code);
-    if a > MAX_ALIGNMENT || (a != 0 && e.unit % a != 0) {
+    if a > MAX_ALIGNMENT || (a != 0 && !e.unit.is_multiple_of(a)) {
         return Err(format!(
             "impossible alignment code {} for unit {}",
             e.align_code, e.unit

@@ -1,20 +1,24 @@
 //! The on-media format: constants, the header, the state block, page descriptors, lane
-//! areas and the geometry that places them. The byte-by-byte description lives in the
-//! crate docs (`lib.rs`); this module is its executable form, and the compile-time asserts
-//! at the bottom pin every on-media struct's size and field offsets to that description.
+//! areas and the geometry that places them. This module is the executable form of the
+//! description below (`docs/pool-format.md`), and the compile-time asserts at the bottom
+//! pin every on-media struct's size and field offsets to it.
 //!
 //! The `#[repr(C)]` structs here are never transmuted from pool bytes: they document the
 //! layout and give `offset_of!` for the explicit little-endian encoders and decoders.
 //!
 //! Invariants of a [`Geometry`]: `lanes_off < meta_off < heap_off <= pool_size`, all
 //! page-aligned; `meta_off + page_count * PAGE_META_SIZE <= heap_off`;
-//! `heap_off + page_count * PAGE == ` at most `pool_size`.
+//! `heap_off + page_count * PAGE <= pool_size`.
 //!
 //! Versions: this build writes [`FORMAT_VERSION`] (2) and reads 1 and 2. Version 2 added
 //! the class table in the state block and the class byte of run descriptors; in a
 //! version 1 pool both are zero (create zeroed them, and version 1 never wrote there),
 //! so a version 1 pool opens unchanged, but custom classes cannot be registered in it
 //! (its header would still let a version-1 build open it and misread the class bytes).
+//!
+//! ---
+//!
+#![doc = include_str!("../../../docs/pool-format.md")]
 
 use std::mem::{offset_of, size_of};
 
@@ -64,7 +68,7 @@ pub const KIND_FREE: u8 = 0;
 pub const KIND_RUN: u8 = 1;
 pub const KIND_EXTENT: u8 = 2;
 
-/// The pool header at offset 0 (documentation struct; see module docs).
+/// The pool header at offset 0 (documentation struct; see "Header" above).
 #[repr(C)]
 pub struct RawPoolHeader {
     pub magic: [u8; 8],
@@ -99,7 +103,7 @@ pub struct RawState {
 /// Entries in the class table (one per possible class id, 0..=255).
 pub const CLASS_SLOTS: usize = 256;
 
-/// One class table entry, decoded (see the crate docs, "Class table"). Only the encoding
+/// One class table entry, decoded (see "Class table" above). Only the encoding
 /// is checked here; whether the values make a usable class is `class::validate`'s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClassEntry {
@@ -220,11 +224,11 @@ const _: () = assert!(offset_of!(RawPoolHeader, page_count) == 144);
 const _: () = assert!(offset_of!(RawPoolHeader, created_ns) == 152);
 const _: () = assert!(offset_of!(RawPoolHeader, checksum) == 252);
 const _: () = assert!(size_of::<RawState>() as u64 == PAGE);
-const _: () = assert!(CLASS_TABLE_OFF == STATE_OFF + 2048 && CLASS_TABLE_OFF % 64 == 0);
+const _: () = assert!(CLASS_TABLE_OFF == STATE_OFF + 2048 && CLASS_TABLE_OFF.is_multiple_of(64));
 const _: () = assert!(size_of::<RawPageMeta>() as u64 == PAGE_META_SIZE);
 const _: () = assert!(META_BITMAP == 24);
 const _: () = assert!(REDO_CAPACITY == 508);
-const _: () = assert!(LANE_SIZE % PAGE == 0 && UNDO_OFF % 64 == 0);
+const _: () = assert!(LANE_SIZE.is_multiple_of(PAGE) && UNDO_OFF.is_multiple_of(64));
 
 /// Where everything is, derived from the pool size and lane count alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,7 +249,7 @@ impl Geometry {
 
     /// Places lanes, page descriptors and heap pages in a pool of `pool_size` bytes.
     pub fn compute(pool_size: u64, lane_count: u32) -> Result<Geometry> {
-        if pool_size < MIN_POOL_SIZE || pool_size % POOL_ALIGN != 0 {
+        if pool_size < MIN_POOL_SIZE || !pool_size.is_multiple_of(POOL_ALIGN) {
             return Err(PoolError::InvalidArgument {
                 what: "pool size",
                 detail: format!(

@@ -8,11 +8,11 @@
 //! of the pool's class table. Also the scan that validates page descriptors (against the
 //! class table) and rebuilds all of this at open.
 //!
-//! The persistent truth is the page descriptors (crate docs, "Heap"). The volatile state
-//! is always *ahead* of it: a slot is reserved here before its bit is set durably, and a
-//! slot or span becomes free here only after its release is durable. That ordering is why
-//! a reservation can never be handed out twice and a crash can only lose reservations,
-//! which were never published.
+//! The persistent truth is the page descriptors (`docs/pool-format.md`, "Page
+//! descriptors"). The volatile state is always *ahead* of it: a slot is reserved here
+//! before its bit is set durably, and a slot or span becomes free here only after its
+//! release is durable. That ordering is why a reservation can never be handed out twice
+//! and a crash can only lose reservations, which were never published.
 //!
 //! # Threads and runs
 //!
@@ -52,7 +52,8 @@
 //!   entry is durable (the pool publishes it after the commit), so a run of class `c` is
 //!   never carved before class `c` is durably registered.
 //!
-//! Locks: `pages`, and one per class slot; no code path holds two of them at once.
+//! Locks: `pages`, and one per class slot (their order: `docs/concurrency.md`,
+//! "terrace-pool").
 //! State flags of runs change only under their class lock; bitmap words change with
 //! atomics only. An owned run is never released, so its owner claims without a lock;
 //! stealing and releasing happen under the class lock, so a released run has no claim in
@@ -74,7 +75,7 @@ use crate::format::{
     self, ClassEntry, Geometry, CLASS_SLOTS, KIND_EXTENT, KIND_FREE, KIND_RUN, META_BITMAP,
     META_TYPE, META_WORD0, META_WORD1, PAGE,
 };
-use crate::log::{self, Entries, Entry};
+use crate::log::{self, Entries, RedoEntry};
 use crate::pool::ROOT_TYPE;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -223,7 +224,7 @@ fn check_run(
         ));
     }
     if cls == 0 {
-        if unit < class::MIN_UNIT || unit % 16 != 0 || unit as u64 > pages as u64 * PAGE {
+        if unit < class::MIN_UNIT || !unit.is_multiple_of(16) || unit as u64 > pages as u64 * PAGE {
             return Err(format!(
                 "run at page {page} has impossible unit {w1:#x} for {pages} pages"
             ));
@@ -814,7 +815,7 @@ impl HeapState {
     #[inline(never)]
     fn release<B: Backend>(&self, b: &B, rel: Emptied) -> Result<()> {
         let meta = self.geo.meta(rel.head as u64);
-        log::apply_one(b, &Entry::set(meta + META_WORD0, 0))?;
+        log::apply_one(b, &RedoEntry::set(meta + META_WORD0, 0))?;
         self.clear_span(rel.head, rel.pages);
         for j in 0..words(rel.nslots) {
             self.vbits[(rel.head + j) as usize].store(0, Relaxed);
@@ -1307,10 +1308,10 @@ impl Heap {
         match r.block {
             Block::Slot { head, idx } => {
                 let word = geo.meta(head as u64 + idx as u64 / 64) + META_BITMAP;
-                out.push(Entry::or(word, 1 << (idx % 64)));
+                out.push(RedoEntry::or(word, 1 << (idx % 64)));
             }
             Block::Extent { head, pages } => {
-                out.push(Entry::set(
+                out.push(RedoEntry::set(
                     geo.meta(head as u64) + META_WORD0,
                     format::word0(KIND_EXTENT, pages),
                 ));
@@ -1480,10 +1481,10 @@ impl Heap {
         match f.block {
             Block::Slot { head, idx } => {
                 let word = geo.meta(head as u64 + idx as u64 / 64) + META_BITMAP;
-                out.push(Entry::and_not(word, 1 << (idx % 64)));
+                out.push(RedoEntry::and_not(word, 1 << (idx % 64)));
             }
             Block::Extent { head, .. } => {
-                out.push(Entry::set(geo.meta(head as u64) + META_WORD0, 0));
+                out.push(RedoEntry::set(geo.meta(head as u64) + META_WORD0, 0));
             }
         }
     }

@@ -1,8 +1,8 @@
 //! Per-lane logs: the redo log that makes a group of word updates atomic (allocation,
 //! free, publish, transaction commit), and the undo log that holds a transaction's
-//! snapshots. Formats and the argument for their crash safety are in the crate docs
-//! ("Lanes", "Commit protocol"); this module owns their encoding, writing, replay and
-//! rollback.
+//! snapshots. Formats and the argument for their crash safety are in
+//! `docs/pool-format.md` ("Lanes", "Commit protocol"); this module owns their encoding,
+//! writing, replay and rollback.
 //!
 //! Invariants:
 //! - a redo header is either 0 (empty) or `count | crc << 32` over exactly the `count`
@@ -28,7 +28,7 @@ pub(crate) enum Op {
 
 /// One redo entry: `op` applied to the word at `off` with `value`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Entry {
+pub(crate) struct RedoEntry {
     pub off: u64,
     pub op: Op,
     pub value: u64,
@@ -36,25 +36,25 @@ pub(crate) struct Entry {
 
 /// The redo entries of one operation. An allocation, free or commit usually logs a handful
 /// of words: kept on the stack up to 16, so the hot path does not allocate.
-pub(crate) type Entries = smallvec::SmallVec<[Entry; 16]>;
+pub(crate) type Entries = smallvec::SmallVec<[RedoEntry; 16]>;
 
-impl Entry {
-    pub fn set(off: u64, value: u64) -> Entry {
-        Entry {
+impl RedoEntry {
+    pub fn set(off: u64, value: u64) -> RedoEntry {
+        RedoEntry {
             off,
             op: Op::Set,
             value,
         }
     }
-    pub fn or(off: u64, value: u64) -> Entry {
-        Entry {
+    pub fn or(off: u64, value: u64) -> RedoEntry {
+        RedoEntry {
             off,
             op: Op::Or,
             value,
         }
     }
-    pub fn and_not(off: u64, value: u64) -> Entry {
-        Entry {
+    pub fn and_not(off: u64, value: u64) -> RedoEntry {
+        RedoEntry {
             off,
             op: Op::AndNot,
             value,
@@ -64,7 +64,7 @@ impl Entry {
 
 /// Encodes `entries` into `out` (tests build logs by hand with it).
 #[cfg(test)]
-fn encode(entries: &[Entry], out: &mut smallvec::SmallVec<[u8; 256]>) {
+fn encode(entries: &[RedoEntry], out: &mut smallvec::SmallVec<[u8; 256]>) {
     out.reserve(entries.len() * REDO_ENTRY as usize);
     for e in entries {
         out.extend_from_slice(&(e.off | e.op as u64).to_le_bytes());
@@ -83,7 +83,7 @@ fn header_for(count: u32, bytes: &[u8]) -> u64 {
 /// for a repeated `Set` the last value wins (at the place of the first). The allocator
 /// never mixes operations kinds on one word (descriptor words are set, bitmap words are
 /// ORed and AND-NOTed on disjoint bits), so the result equals applying all in order.
-fn merge(entries: &[Entry], out: &mut Entries) {
+fn merge(entries: &[RedoEntry], out: &mut Entries) {
     // Most logs hold a handful of entries: a linear scan beats building a map for them.
     let mut at: Option<rustc_hash::FxHashMap<(u64, u8), usize>> =
         (entries.len() > 32).then(rustc_hash::FxHashMap::default);
@@ -109,7 +109,7 @@ fn merge(entries: &[Entry], out: &mut Entries) {
 }
 
 /// Applies entries and persists the lines they touched.
-fn apply<B: Backend>(b: &B, entries: &[Entry]) -> Result<()> {
+fn apply<B: Backend>(b: &B, entries: &[RedoEntry]) -> Result<()> {
     let mut lines: smallvec::SmallVec<[u64; 16]> = smallvec::SmallVec::with_capacity(entries.len());
     for e in entries {
         match e.op {
@@ -140,7 +140,7 @@ fn apply<B: Backend>(b: &B, entries: &[Entry]) -> Result<()> {
 /// Commits one word update without a log: an aligned 8-byte store (or `or`, `and-not`)
 /// is failure-atomic, so the persist that makes it durable is the commit point.
 #[inline(always)]
-pub(crate) fn apply_one<B: Backend>(b: &B, e: &Entry) -> Result<()> {
+pub(crate) fn apply_one<B: Backend>(b: &B, e: &RedoEntry) -> Result<()> {
     match e.op {
         Op::Set => b.store_u64(e.off, e.value)?,
         Op::Or => {
@@ -159,7 +159,7 @@ const STACK_ENTRIES: usize = 16;
 /// Makes `entries` happen atomically: log, persist (the commit point), apply, persist,
 /// clear the log, persist. A single word update (after merging) is committed by
 /// [`apply_one`] and leaves the lane untouched.
-pub(crate) fn redo_commit<B: Backend>(b: &B, lane_off: u64, entries: &[Entry]) -> Result<()> {
+pub(crate) fn redo_commit<B: Backend>(b: &B, lane_off: u64, entries: &[RedoEntry]) -> Result<()> {
     if let [e] = entries {
         return apply_one(b, e);
     }
@@ -248,7 +248,7 @@ pub(crate) fn redo_recover<B: Backend>(b: &B, lane_off: u64, geo: &Geometry) -> 
                         lane_off + 64 + i as u64 * 16,
                     ));
                 }
-                entries.push(Entry { off, op, value });
+                entries.push(RedoEntry { off, op, value });
             }
         }
     }
@@ -397,9 +397,9 @@ mod tests {
         let w = g.heap_off;
         b.store_u64(w + 8, 0b1010).unwrap();
         let entries = [
-            Entry::set(w, 77),
-            Entry::or(w + 8, 1),
-            Entry::and_not(w + 8, 0b1000),
+            RedoEntry::set(w, 77),
+            RedoEntry::or(w + 8, 1),
+            RedoEntry::and_not(w + 8, 0b1000),
         ];
         redo_commit(&b, lane, &entries).unwrap();
         assert_eq!(b.load_u64(w).unwrap(), 77);
@@ -407,7 +407,7 @@ mod tests {
         assert_eq!(b.load_u64(lane).unwrap(), 0);
         // A complete log left behind is replayed (idempotently); a torn one is dropped.
         let mut bytes = smallvec::SmallVec::new();
-        encode(&[Entry::set(w, 5)], &mut bytes);
+        encode(&[RedoEntry::set(w, 5)], &mut bytes);
         b.write(lane + 64, &bytes).unwrap();
         b.store_u64(lane, header_for(1, &bytes)).unwrap();
         assert!(redo_recover(&b, lane, &g).unwrap());
@@ -420,7 +420,7 @@ mod tests {
         assert_eq!(b.load_u64(lane).unwrap(), 0);
         // A verified entry aimed at the header is corruption, not a write.
         let mut bad = smallvec::SmallVec::new();
-        encode(&[Entry::set(8, 1)], &mut bad);
+        encode(&[RedoEntry::set(8, 1)], &mut bad);
         b.write(lane + 64, &bad).unwrap();
         b.store_u64(lane, header_for(1, &bad)).unwrap();
         assert!(matches!(
@@ -434,26 +434,32 @@ mod tests {
         let mut m = Entries::new();
         merge(
             &[
-                Entry::or(64, 1),
-                Entry::set(8, 1),
-                Entry::or(64, 4),
-                Entry::and_not(64, 2),
-                Entry::set(8, 3),
+                RedoEntry::or(64, 1),
+                RedoEntry::set(8, 1),
+                RedoEntry::or(64, 4),
+                RedoEntry::and_not(64, 2),
+                RedoEntry::set(8, 3),
             ],
             &mut m,
         );
         assert_eq!(
             &m[..],
-            &[Entry::or(64, 5), Entry::set(8, 3), Entry::and_not(64, 2)]
+            &[
+                RedoEntry::or(64, 5),
+                RedoEntry::set(8, 3),
+                RedoEntry::and_not(64, 2)
+            ]
         );
         // Past 32 entries merging uses a map: same result.
-        let many: Vec<Entry> = (0..40).map(|i| Entry::or(64 * (i % 5), 1 << i)).collect();
+        let many: Vec<RedoEntry> = (0..40)
+            .map(|i| RedoEntry::or(64 * (i % 5), 1 << i))
+            .collect();
         let mut merged = Entries::new();
         merge(&many, &mut merged);
         assert_eq!(merged.len(), 5);
         assert_eq!(
             merged[0],
-            Entry::or(0, (0..40).filter(|i| i % 5 == 0).map(|i| 1u64 << i).sum())
+            RedoEntry::or(0, (0..40).filter(|i| i % 5 == 0).map(|i| 1u64 << i).sum())
         );
     }
 

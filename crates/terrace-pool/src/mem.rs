@@ -1,5 +1,6 @@
-//! Bounds-checked access to mapped pool memory by offset: the only module of the crate
-//! with `unsafe` code.
+//! Bounds-checked access to mapped pool memory by offset: every dereference of pool
+//! memory in the crate is here (the one other `unsafe` block, in `backend`, calls
+//! [`Mapped::new`]).
 //!
 //! A [`Mapped`] is a view of `len` bytes at `base` that someone else keeps mapped (the
 //! [`RegionBackend`](crate::backend::RegionBackend) owns the region and this view
@@ -63,7 +64,7 @@ impl Mapped {
 
     #[inline]
     fn word(&self, offset: u64) -> Result<&AtomicU64> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(misaligned(offset));
         }
         let at = self.check(offset, 8)?;

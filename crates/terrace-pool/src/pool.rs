@@ -3,9 +3,9 @@
 //!
 //! Owns the backend, the decoded header, the lanes and the heap, and the registration of
 //! custom allocation classes (the class table). Every operation that changes persistent
-//! allocation state commits atomically (crate docs, "Commit protocol"): one word by a
-//! single-word commit, more through a lane's redo log; volatile heap changes follow the
-//! rules in the `heap` module.
+//! allocation state commits atomically (`docs/pool-format.md`, "Commit protocol"): one
+//! word by a single-word commit, more through a lane's redo log; volatile heap changes
+//! follow the rules in the `heap` module.
 //!
 //! Invariants: after `open` returns, every lane's redo header is 0 and every undo state is
 //! idle (recovery ran), the volatile heap equals the persistent descriptors, and its
@@ -31,7 +31,7 @@ use crate::format::{
     HEADER_LEN, KIND_RUN, LANES_OFF, POOL_ALIGN, ROOT_OFF_WORD, ROOT_SIZE_WORD, STATE_OFF,
 };
 use crate::heap::{self, ClassTable, Freeable, Freeing, Heap, HeapStats, Reserved};
-use crate::log::{self, Entries, Entry};
+use crate::log::{self, Entries, RedoEntry};
 
 /// The type number of the root object (never handed to user allocations).
 pub const ROOT_TYPE: u64 = u64::MAX;
@@ -440,7 +440,7 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Runs a redo commit; a failure poisons the pool (the medium's state is unknown).
-    pub(crate) fn commit_entries(&self, lane_off: u64, entries: &[Entry]) -> Result<()> {
+    pub(crate) fn commit_entries(&self, lane_off: u64, entries: &[RedoEntry]) -> Result<()> {
         log::redo_commit(&self.backend, lane_off, entries).inspect_err(|e| {
             if !matches!(e, PoolError::TxLogFull { .. }) {
                 self.poison();
@@ -451,7 +451,7 @@ impl<B: Backend> Pool<B> {
     /// Commits `entries` atomically: a single word update directly (no lane), more through
     /// a lane's redo log.
     #[inline(always)]
-    pub(crate) fn commit(&self, entries: &[Entry]) -> Result<()> {
+    pub(crate) fn commit(&self, entries: &[RedoEntry]) -> Result<()> {
         if let [e] = entries {
             return log::apply_one(&self.backend, e).inspect_err(|_| self.poison());
         }
@@ -459,7 +459,7 @@ impl<B: Backend> Pool<B> {
     }
 
     #[inline(never)]
-    fn commit_logged(&self, entries: &[Entry]) -> Result<()> {
+    fn commit_logged(&self, entries: &[RedoEntry]) -> Result<()> {
         let lane = self.lane();
         self.commit_entries(lane.off, entries)
     }
@@ -545,7 +545,7 @@ impl<B: Backend> Pool<B> {
         // it usable, so no run of the class can reach the medium before its entry.
         log::apply_one(
             &self.backend,
-            &Entry::set(format::class_entry_off(id.get()), word),
+            &RedoEntry::set(format::class_entry_off(id.get()), word),
         )
         .inspect_err(|_| self.poison())?;
         self.heap.add_class(id, &entry);
@@ -600,10 +600,10 @@ impl<B: Backend> Pool<B> {
     pub(crate) fn publish_entries(&self, dest: HandleAt, off: Option<u64>, out: &mut Entries) {
         match dest {
             HandleAt::None => {}
-            HandleAt::Word(at) => out.push(Entry::set(at, off.unwrap_or(0))),
+            HandleAt::Word(at) => out.push(RedoEntry::set(at, off.unwrap_or(0))),
             HandleAt::Oid(at) => {
-                out.push(Entry::set(at, off.map_or(0, |_| self.uuid_lo())));
-                out.push(Entry::set(at + 8, off.unwrap_or(0)));
+                out.push(RedoEntry::set(at, off.map_or(0, |_| self.uuid_lo())));
+                out.push(RedoEntry::set(at + 8, off.unwrap_or(0)));
             }
         }
     }
@@ -681,7 +681,7 @@ impl<B: Backend> Pool<B> {
         dest: HandleAt,
         init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
         freeing: Option<&Freeing>,
-        extra: &[Entry],
+        extra: &[RedoEntry],
     ) -> Result<Oid> {
         let Some(oid) = Oid::from_offset(r.off) else {
             return Err(PoolError::InvalidObject { offset: 0 });
@@ -715,7 +715,7 @@ impl<B: Backend> Pool<B> {
         dest: HandleAt,
         init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
         f: Freeing,
-        extra: &[Entry],
+        extra: &[RedoEntry],
     ) -> Result<Oid> {
         match self.finish_alloc(r, dest, init, Some(&f), extra) {
             Ok(oid) => {
@@ -807,7 +807,7 @@ impl<B: Backend> Pool<B> {
         size: u64,
         type_num: u64,
         dest: HandleAt,
-        extra: &[Entry],
+        extra: &[RedoEntry],
     ) -> Result<Oid> {
         let r = self.reserve(size, type_num)?;
         let f = match self.heap.begin_free(old.offset(), Freeable::NotRoot) {
@@ -854,12 +854,12 @@ impl<B: Backend> Pool<B> {
             });
         }
         // The root words change in the same redo log as the root's allocation.
-        let extra = [Entry::set(ROOT_SIZE_WORD, size)];
+        let extra = [RedoEntry::set(ROOT_SIZE_WORD, size)];
         match Oid::from_offset(off) {
             None => {
                 let r = self.reserve(size, ROOT_TYPE)?;
                 let mut extra = extra.to_vec();
-                extra.push(Entry::set(ROOT_OFF_WORD, r.off));
+                extra.push(RedoEntry::set(ROOT_OFF_WORD, r.off));
                 self.finish_alloc(&r, HandleAt::None, |w| w.zero(), None, &extra)
                     .inspect_err(|_| self.cancel(&r))
             }
@@ -874,7 +874,7 @@ impl<B: Backend> Pool<B> {
                     }
                 };
                 let mut extra = extra.to_vec();
-                extra.push(Entry::set(ROOT_OFF_WORD, r.off));
+                extra.push(RedoEntry::set(ROOT_OFF_WORD, r.off));
                 let copy = |w: &ObjectWriter<'_, B>| {
                     let mut buf = vec![0u8; have.min(usable) as usize];
                     self.backend.read(old.offset(), &mut buf)?;
@@ -1049,7 +1049,7 @@ impl<B: Backend> Pool<B> {
                 if root_off >= base && root_off < base + s.pages as u64 * format::PAGE {
                     let rel = root_off - base;
                     let idx = rel / s.unit as u64;
-                    root_found = rel % s.unit as u64 == 0
+                    root_found = rel.is_multiple_of(s.unit as u64)
                         && s.bits[idx as usize / 64] & (1 << (idx % 64)) != 0
                         && s.type_num == ROOT_TYPE
                         && root_size <= s.unit as u64;

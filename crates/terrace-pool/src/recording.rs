@@ -25,15 +25,15 @@ use crate::error::{PoolError, Result};
 /// The unit in which a medium writes back: one CPU cache line.
 pub const LINE: u64 = 64;
 
-type Line = (u64, [u8; LINE as usize]);
+type CacheLine = (u64, [u8; LINE as usize]);
 
 /// What one persist call did: the lines it made durable (with their contents), and the
 /// other lines that were dirty at that moment (with the contents they would have had on
 /// the medium had they been written back then).
 #[derive(Clone, Debug, Default)]
 pub struct PersistEvent {
-    pub persisted: Vec<Line>,
-    pub pending: Vec<Line>,
+    pub persisted: Vec<CacheLine>,
+    pub pending: Vec<CacheLine>,
 }
 
 /// The durable image at the start of recording plus every persist since.
@@ -66,7 +66,7 @@ fn line_of(image: &[u8], line: u64) -> [u8; LINE as usize] {
     out
 }
 
-fn apply_line(image: &mut [u8], (off, bytes): &Line) {
+fn apply_line(image: &mut [u8], (off, bytes): &CacheLine) {
     let start = *off as usize;
     let end = (start + LINE as usize).min(image.len());
     image[start..end].copy_from_slice(&bytes[..end - start]);
@@ -110,7 +110,7 @@ impl RecordingBackend {
     }
 
     fn word(&self, offset: u64) -> Result<usize> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(PoolError::InvalidArgument {
                 what: "word offset",
                 detail: format!("{offset:#x} is not 8-byte aligned"),
@@ -240,7 +240,7 @@ impl Backend for RecordingBackend {
             line += LINE;
         }
         if r.recording.is_some() {
-            let pending: Vec<Line> = r
+            let pending: Vec<CacheLine> = r
                 .dirty
                 .iter()
                 .map(|&l| (l, line_of(&r.volatile, l)))

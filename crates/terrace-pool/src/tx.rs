@@ -2,7 +2,7 @@
 //!
 //! Owns the transaction state ([`Tx`]): the lane held for the whole transaction, the
 //! snapshots taken, the blocks reserved and the frees pending. Protocol and crash
-//! argument: crate docs, "Transactions".
+//! argument: `docs/pool-format.md`, "Transactions".
 //!
 //! Invariants while a `Tx` is active:
 //! - every byte written through [`Tx::write`] outside this transaction's new objects lies
@@ -18,7 +18,7 @@ use crate::backend::Backend;
 use crate::class::ClassId;
 use crate::error::{PoolError, Result};
 use crate::heap::{Freeable, Freeing, Reserved};
-use crate::log::{self, Entries, Entry};
+use crate::log::{self, Entries, RedoEntry};
 use crate::pool::{Lane, Oid, Pool, ROOT_TYPE};
 
 /// What a new object holds before its first write.
@@ -31,7 +31,7 @@ pub enum Contents {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
+enum TxState {
     Active,
     /// An operation failed or a nested transaction aborted: commit will abort.
     Failed,
@@ -49,7 +49,7 @@ pub struct Tx<'p, B: Backend> {
     allocs: Vec<Reserved>,
     frees: Vec<Freeing>,
     depth: u32,
-    state: State,
+    state: TxState,
 }
 
 impl<B: Backend> Pool<B> {
@@ -68,7 +68,7 @@ impl<B: Backend> Pool<B> {
             allocs: Vec::new(),
             frees: Vec::new(),
             depth: 0,
-            state: State::Active,
+            state: TxState::Active,
         })
     }
 
@@ -92,16 +92,16 @@ impl<B: Backend> Pool<B> {
 impl<'p, B: Backend> Tx<'p, B> {
     fn fail<T>(&mut self, r: Result<T>) -> Result<T> {
         if r.is_err() {
-            self.state = State::Failed;
+            self.state = TxState::Failed;
         }
         r
     }
 
     fn check_active(&self) -> Result<()> {
         match self.state {
-            State::Active => Ok(()),
-            State::Failed => Err(PoolError::TxAborted),
-            State::Done => Err(PoolError::TxNotActive),
+            TxState::Active => Ok(()),
+            TxState::Failed => Err(PoolError::TxAborted),
+            TxState::Done => Err(PoolError::TxNotActive),
         }
     }
 
@@ -200,10 +200,10 @@ impl<'p, B: Backend> Tx<'p, B> {
         self.zero_new(oid)
     }
 
-    /// [`Tx::alloc`] (in `class`, if given; zero-filled for [`Contents::Zeroed`]) whose refusal — an
-    /// unknown class, a size the class does not serve, no space — leaves the transaction
-    /// active (libpmemobj's `POBJ_XALLOC_NO_ABORT`): a refused reservation changed
-    /// nothing. A failure after the reservation (the medium failing while zeroing) still
+    /// [`Tx::alloc`] (in `class`, if given; zero-filled for [`Contents::Zeroed`]) whose
+    /// refusal — an unknown class, a size the class does not serve, no space — leaves the
+    /// transaction active (libpmemobj's `POBJ_XALLOC_NO_ABORT`): a refused reservation
+    /// changed nothing. A failure after the reservation (the medium failing while zeroing) still
     /// fails the transaction.
     pub fn alloc_no_abort(
         &mut self,
@@ -304,7 +304,7 @@ impl<'p, B: Backend> Tx<'p, B> {
     /// allocations, frees and the end of the undo log durable together (the commit
     /// point). A failed transaction is aborted instead and `TxAborted` returned.
     pub fn commit(mut self) -> Result<()> {
-        if self.state == State::Failed {
+        if self.state == TxState::Failed {
             self.rollback()?;
             return Err(PoolError::TxAborted);
         }
@@ -325,7 +325,7 @@ impl<'p, B: Backend> Tx<'p, B> {
                 pool.heap.free_entries(f, &mut entries);
             }
             if self.undo_active {
-                entries.push(Entry::set(
+                entries.push(RedoEntry::set(
                     log::undo_state_off(self.lane.off),
                     self.gen << 1,
                 ));
@@ -337,11 +337,11 @@ impl<'p, B: Backend> Tx<'p, B> {
                 self.rollback()?;
             } else {
                 pool.poison();
-                self.state = State::Done;
+                self.state = TxState::Done;
             }
             return Err(e);
         }
-        self.state = State::Done;
+        self.state = TxState::Done;
         self.allocs.clear();
         let mut done = Ok(());
         for f in self.frees.drain(..) {
@@ -357,10 +357,10 @@ impl<'p, B: Backend> Tx<'p, B> {
     }
 
     fn rollback(&mut self) -> Result<()> {
-        if self.state == State::Done {
+        if self.state == TxState::Done {
             return Ok(());
         }
-        self.state = State::Done;
+        self.state = TxState::Done;
         let pool = self.pool;
         if self.undo_active {
             if let Err(e) = log::undo_rollback(&pool.backend, self.lane.off, &pool.geo) {

@@ -352,7 +352,7 @@ fn fill(size: u64, pool_size: u64) -> f64 {
 #[test]
 fn utilization_is_at_least_97_percent_from_64_bytes_to_2_mib() {
     // Small objects in a 16 MiB pool, large ones in 256 MiB (a 2 MiB object cannot fill
-    // a small pool finely); the anchor measures 1 GiB, where overheads are smaller still.
+    // a small pool finely); larger pools have smaller overheads still.
     for (size, pool_size) in [
         (64u64, 16u64 << 20),
         (512, 16 << 20),
