@@ -22,8 +22,8 @@
 //! # Hooks
 //! Each kind slot embeds its `extent_hooks_t` as its first field, so a hook finds its slot
 //! from the hooks pointer alone (also during `arenas.create`, before the arena index is
-//! known). Hooks lock the slot's space mutex, a leaf lock: nothing is called while holding
-//! it except the media layer's system calls.
+//! known). Hooks run under the slot's space lock (its place in the lock order:
+//! `docs/concurrency.md`, "terrace-kinds").
 //! - `alloc`: bump address space from the space, always committed (file blocks
 //!   reserved); a full file system fails the allocation; a request for a given address
 //!   (in-place growth) succeeds only at the space's bump end;
@@ -57,20 +57,20 @@ use crate::space::Space;
 ///   a free extent more than 64× its size. Kinds never give memory back (decay is off
 ///   unless hole punching is asked for), so freed slabs coalesce into large free extents;
 ///   with the default those are never reused for smaller requests and a file kind would
-///   reserve fresh file blocks instead (measured: 2.5 GB reserved for a 1 GiB peak). 48
-///   is "no limit" (64 would be an undefined shift in jemalloc).
+///   reserve fresh file blocks instead. 48 is "no limit" (64 would be an undefined shift
+///   in jemalloc).
 /// - `slab_sizes:1-4096:16` — slabs of 64 KiB for size classes up to 4 KiB (jemalloc's
 ///   default is 1–4 pages). Every slab is an extent taken from and returned to the kind's
-///   space; with the eager coalescing kinds rely on (see [`create_arena`]) small slabs made
-///   that the dominant cost (measured steady state for 4 KiB objects: 250 ns per malloc,
-///   25–45 ns with 64 KiB slabs; 512 B: 45 ns, 15 ns). Tail waste is under 2% per slab for
+///   space; with the eager coalescing kinds rely on (see [`create_arena`]) small slabs
+///   make that traffic the dominant cost of a malloc. Tail waste is under 2% per slab for
 ///   every class up to 4 KiB.
 /// - `retain:false` — with `retain` (jemalloc's Linux default) every range the alloc hook
 ///   returns becomes a "head" extent that never merges with its neighbours, and jemalloc
-///   grows by geometric steps whose leftovers are then stranded: a 16 MiB file kind served
-///   only 18 blocks of 1 MiB out of 32 MiB in two kinds. Kinds never unmap anyway (the
-///   dalloc hook refuses), so without `retain` the hook is asked for exactly what is
+///   grows by geometric steps whose leftovers are then stranded. Kinds never unmap anyway
+///   (the dalloc hook refuses), so without `retain` the hook is asked for exactly what is
 ///   needed, successive ranges are contiguous, and they merge.
+///
+/// What each option changed when it was chosen: `docs/experiments.md`, "terrace-kinds".
 #[used]
 #[export_name = "_rjem_malloc_conf"]
 static MALLOC_CONF: ConfString =
@@ -196,12 +196,11 @@ pub(crate) fn create_arena(slot: &'static Slot, freed: FreedMemory) -> Result<u3
         // about a second (the lazy purge hook keeps the contents and succeeds): jemalloc
         // coalesces muzzy extents eagerly, but dirty extents smaller than 16 KiB only while
         // purging, and without any decay such fragments are never reused for larger
-        // requests — the kind reserves fresh file blocks instead (measured: 2.3 GB reserved
-        // for a 1 GiB peak). A decay of 0 is worse: jemalloc then purges "fully", to
-        // retained extents that never merge across growth steps. With 64 KiB slabs (see
-        // MALLOC_CONF) most extents are large and coalesce eagerly anyway, so the decay can
-        // be slow enough to stay off the hot path: 10 ms cost 2× at 1 MiB; 1 s and 10 s
-        // both keep the anchor's size sweep at its 1.1 GiB peak. Muzzy extents are never
+        // requests — the kind would reserve fresh file blocks instead. A decay of 0 is
+        // worse: jemalloc then purges "fully", to retained extents that never merge across
+        // growth steps. With 64 KiB slabs (see MALLOC_CONF) most extents are large and
+        // coalesce eagerly anyway, so the decay can be slow enough to stay off the hot
+        // path (`docs/experiments.md`, "terrace-kinds"). Muzzy extents are never
         // force-purged.
         write(&format!("arena.{arena}.dirty_decay_ms"), DIRTY_DECAY_MS)?;
         write(&format!("arena.{arena}.muzzy_decay_ms"), -1isize)?;

@@ -481,7 +481,7 @@ impl Kind {
     /// Allocates `size` bytes aligned to `align`, a power of two and a multiple of the
     /// pointer size (memkind_posix_memalign).
     pub fn aligned_alloc(self, align: usize, size: usize) -> Result<NonNull<u8>> {
-        if !align.is_power_of_two() || align % std::mem::size_of::<usize>() != 0 {
+        if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<usize>()) {
             return Err(KindError::BadAlignment { align });
         }
         if align > 1 << 40 {

@@ -2,8 +2,8 @@
 //!
 //! A sparse shared mapping turns a full file system into `SIGBUS` at first touch, so a file
 //! kind hands out only bytes whose blocks are reserved (`fallocate`). Reserving is not free:
-//! on tmpfs it allocates the pages (measured here: about 0.23 ms per MiB, more than the
-//! whole cost of allocating the objects in those pages). So reservation runs ahead of the
+//! on tmpfs it allocates the pages, which costs more than allocating the objects in those
+//! pages (`docs/experiments.md`, "terrace-kinds"). So reservation runs ahead of the
 //! allocator on a background thread, within a bounded headroom; an allocating thread that
 //! outruns it reserves chunks itself, in parallel with the background thread (each claims
 //! a different chunk), and waits only for a chunk someone else is still reserving.

@@ -10,7 +10,7 @@
 //! - slot state that changes only at creation or destruction (`space`, `unified`, `name`,
 //!   `tcaches`) is behind mutexes; the fast path reads only atomics.
 //!
-//! Lock order: `CREATE` → a slot's `tcaches` → jemalloc internals → a slot's `space`.
+//! Lock order: `docs/concurrency.md`, "terrace-kinds".
 
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
@@ -116,7 +116,7 @@ struct SlotIds {
     free: Vec<u32>,
 }
 
-/// Serialises kind creation and destruction (the first lock in the lock order).
+/// Serialises kind creation and destruction (order: `docs/concurrency.md`).
 static CREATE: Mutex<SlotIds> = Mutex::new(SlotIds {
     next_unused: 0,
     free: Vec::new(),

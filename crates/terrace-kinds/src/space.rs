@@ -41,7 +41,7 @@ pub(crate) fn default_headroom(len: usize) -> usize {
 
 /// Bytes of a file space reserved at creation: the headroom (a kind keeps `headroom`
 /// bytes reserved ahead of its use from the start), at least one chunk. Early allocations
-/// then never wait for `fallocate` (on tmpfs 512 MiB take ~120 ms to reserve), and a file
+/// then never wait for `fallocate` (on tmpfs it allocates the pages: slow), and a file
 /// system too full for the first chunk fails the creation instead of the first
 /// allocations.
 fn initial_lead(len: usize, headroom: usize) -> usize {

@@ -25,7 +25,7 @@ const NO_CACHE: u32 = u32::MAX;
 thread_local! {
     /// This thread's table: a leaked boxed slice `(pointer, length)`, indexed by kind slot.
     /// No destructor, so the hot path is a plain thread-local read (a `thread_local!` with
-    /// a destructor checks its state on every access, which cost ~10% of a 64 B malloc).
+    /// a destructor checks its state on every access, a visible share of a small malloc).
     static TABLE: Cell<(*mut u64, usize)> = const { Cell::new((std::ptr::null_mut(), 0)) };
     /// Touched when the thread creates its first cache; its destructor releases the
     /// thread's caches and the table at thread exit.

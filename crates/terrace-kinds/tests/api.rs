@@ -1,5 +1,5 @@
-//! Behaviour of every per-kind operation on every medium, and every bad input the
-//! foundation issue lists: each must be a typed error, never a crash.
+//! Behaviour of every per-kind operation on every medium, and of bad input (sizes,
+//! alignments, pointers, kinds, file options): each must be a typed error, never a crash.
 
 use std::ptr::NonNull;
 

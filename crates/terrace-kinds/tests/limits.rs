@@ -1,4 +1,4 @@
-//! Limits the foundation issue names: a full file system is an allocation failure (never
+//! Limits every kind honours: a full file system is an allocation failure (never
 //! SIGBUS), a file system too full for a kind's first chunk fails its creation, and 1,000
 //! file kinds work at once.
 //!
@@ -116,8 +116,8 @@ fn file_system_too_full_for_the_first_chunk_fails_creation() {
 
 #[test]
 fn a_thousand_file_kinds_at_once() {
-    // On tmpfs: each kind reserves a 2 MiB lead, 2 GB in all (a disk-backed directory
-    // takes ten times longer, writing the engine's metadata pages back).
+    // On tmpfs: each kind reserves a 2 MiB lead, 2 GB in all (a disk-backed directory is
+    // much slower: it writes the engine's metadata pages back).
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let kinds: Vec<Kind> = (0..1000)
         .map(|i| {

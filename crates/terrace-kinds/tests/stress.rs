@@ -87,7 +87,7 @@ fn threads_share_kinds_and_free_each_others_objects() {
                     assert!(detect_kind(p.as_ptr()).is_some());
                     pattern(p, len, tag);
                     let sent = Sent(p, len, tag);
-                    if rng % 2 == 0 {
+                    if rng.is_multiple_of(2) {
                         let _ = next.send(sent);
                     } else {
                         mine.push(sent);

@@ -1,5 +1,6 @@
-//! Flash: a file used through block I/O (`pread`/`pwrite`), never mapped — the handle the
-//! cache's flash tier builds on. `O_DIRECT` is used where the file system supports it
+//! Flash: a file used through block I/O (`pread`/`pwrite`), never mapped — the handle a
+//! flash tier is to build on (no crate of the workspace uses it yet; the cache's tiers are
+//! all mapped). `O_DIRECT` is used where the file system supports it
 //! (bypassing the page cache, as a flash cache must); tmpfs and others fall back to
 //! buffered I/O, and the handle says which.
 //!
@@ -59,7 +60,7 @@ impl FlashFile {
                 })
             }
         };
-        if size == 0 || size % BLOCK as u64 != 0 {
+        if size == 0 || !size.is_multiple_of(BLOCK as u64) {
             return Err(MediaError::InvalidSize {
                 size: size as usize,
                 why: "flash size must be a non-zero multiple of the block size",
@@ -105,9 +106,9 @@ impl FlashFile {
     fn check(&self, offset: u64, buf: &[u8]) -> Result<()> {
         let len = buf.len() as u64;
         let end = offset.checked_add(len);
-        let aligned = offset % BLOCK as u64 == 0
-            && buf.len() % BLOCK == 0
-            && buf.as_ptr() as usize % BLOCK == 0;
+        let aligned = offset.is_multiple_of(BLOCK as u64)
+            && buf.len().is_multiple_of(BLOCK)
+            && (buf.as_ptr() as usize).is_multiple_of(BLOCK);
         if end.is_none_or(|e| e > self.size) || (self.direct && !aligned) {
             return Err(MediaError::OutOfBounds {
                 offset,

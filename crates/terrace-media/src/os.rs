@@ -19,7 +19,7 @@ pub const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// Seconds since the Unix epoch from the coarse real-time clock (`CLOCK_REALTIME_COARSE`:
 /// the time of the last timer tick, a few milliseconds old at most, read without the
-/// TSC; a third of `SystemTime::now`'s cost). For second-granularity uses such as TTLs.
+/// TSC, so cheaper than `SystemTime::now`). For second-granularity uses such as TTLs.
 pub fn unix_seconds_coarse() -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -696,10 +696,12 @@ mod tests {
 
     #[test]
     fn file_regions_mapped_while_other_threads_map_memory_stay_their_own() {
-        // Mapping a disk file used to try MAP_SYNC over the reservation first: on a file
+        // A file must not be mapped by trying MAP_SYNC over the reservation: on a file
         // system that supports MAP_SYNC only on DAX (ext4, xfs) that attempt fails after
         // the kernel has already unmapped the reservation, and another thread's mapping
-        // could land in the hole before the plain MAP_FIXED mapping replaced it.
+        // could land in the hole before a plain MAP_FIXED mapping replaced it. DAX is
+        // decided first (`os::supports_map_sync`); this test maps files while other
+        // threads map memory.
         let dir = tempfile::tempdir().unwrap();
         let threads: Vec<_> = (0..4u8)
             .map(|t| {

@@ -73,7 +73,7 @@ fn leaf_for(root: usize) -> &'static Leaf {
 }
 
 fn granules(base: usize, len: usize) -> Result<std::ops::Range<usize>> {
-    if base % GRANULE != 0 || len % GRANULE != 0 || len == 0 {
+    if !base.is_multiple_of(GRANULE) || !len.is_multiple_of(GRANULE) || len == 0 {
         return Err(MediaError::InvalidSize {
             size: len,
             why: "registered ranges are whole, aligned registry granules",
