@@ -20,7 +20,7 @@ use crate::format::{Geometry, REDO_CAPACITY, REDO_ENTRY, STATE_OFF, UNDO_OFF, UN
 
 /// What a redo entry does to its word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Op {
+pub(crate) enum RedoOp {
     Set = 0,
     Or = 1,
     AndNot = 2,
@@ -30,7 +30,7 @@ pub(crate) enum Op {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RedoEntry {
     pub off: u64,
-    pub op: Op,
+    pub op: RedoOp,
     pub value: u64,
 }
 
@@ -42,21 +42,21 @@ impl RedoEntry {
     pub fn set(off: u64, value: u64) -> RedoEntry {
         RedoEntry {
             off,
-            op: Op::Set,
+            op: RedoOp::Set,
             value,
         }
     }
     pub fn or(off: u64, value: u64) -> RedoEntry {
         RedoEntry {
             off,
-            op: Op::Or,
+            op: RedoOp::Or,
             value,
         }
     }
     pub fn and_not(off: u64, value: u64) -> RedoEntry {
         RedoEntry {
             off,
-            op: Op::AndNot,
+            op: RedoOp::AndNot,
             value,
         }
     }
@@ -95,8 +95,8 @@ fn merge(entries: &[RedoEntry], out: &mut Entries) {
         };
         match found {
             Some(i) => match e.op {
-                Op::Set => out[i].value = e.value,
-                Op::Or | Op::AndNot => out[i].value |= e.value,
+                RedoOp::Set => out[i].value = e.value,
+                RedoOp::Or | RedoOp::AndNot => out[i].value |= e.value,
             },
             None => {
                 if let Some(map) = at.as_mut() {
@@ -113,11 +113,11 @@ fn apply<B: Backend>(b: &B, entries: &[RedoEntry]) -> Result<()> {
     let mut lines: smallvec::SmallVec<[u64; 16]> = smallvec::SmallVec::with_capacity(entries.len());
     for e in entries {
         match e.op {
-            Op::Set => b.store_u64(e.off, e.value)?,
-            Op::Or => {
+            RedoOp::Set => b.store_u64(e.off, e.value)?,
+            RedoOp::Or => {
                 b.fetch_or_u64(e.off, e.value)?;
             }
-            Op::AndNot => {
+            RedoOp::AndNot => {
                 b.fetch_and_u64(e.off, !e.value)?;
             }
         }
@@ -142,11 +142,11 @@ fn apply<B: Backend>(b: &B, entries: &[RedoEntry]) -> Result<()> {
 #[inline(always)]
 pub(crate) fn apply_one<B: Backend>(b: &B, e: &RedoEntry) -> Result<()> {
     match e.op {
-        Op::Set => b.store_u64(e.off, e.value)?,
-        Op::Or => {
+        RedoOp::Set => b.store_u64(e.off, e.value)?,
+        RedoOp::Or => {
             b.fetch_or_u64(e.off, e.value)?;
         }
-        Op::AndNot => {
+        RedoOp::AndNot => {
             b.fetch_and_u64(e.off, !e.value)?;
         }
     }
@@ -232,9 +232,9 @@ pub(crate) fn redo_recover<B: Backend>(b: &B, lane_off: u64, geo: &Geometry) -> 
                 let value = u64::from_le_bytes(w);
                 let off = a & !7;
                 let op = match a & 7 {
-                    0 => Op::Set,
-                    1 => Op::Or,
-                    2 => Op::AndNot,
+                    0 => RedoOp::Set,
+                    1 => RedoOp::Or,
+                    2 => RedoOp::AndNot,
                     _ => {
                         return Err(corrupt(
                             format!("redo entry {i} has unknown operation {}", a & 7),

@@ -31,7 +31,7 @@ pub enum Contents {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TxState {
+enum TxPhase {
     Active,
     /// An operation failed or a nested transaction aborted: commit will abort.
     Failed,
@@ -49,7 +49,7 @@ pub struct Tx<'p, B: Backend> {
     allocs: Vec<Reserved>,
     frees: Vec<Freeing>,
     depth: u32,
-    state: TxState,
+    state: TxPhase,
 }
 
 impl<B: Backend> Pool<B> {
@@ -68,7 +68,7 @@ impl<B: Backend> Pool<B> {
             allocs: Vec::new(),
             frees: Vec::new(),
             depth: 0,
-            state: TxState::Active,
+            state: TxPhase::Active,
         })
     }
 
@@ -92,16 +92,16 @@ impl<B: Backend> Pool<B> {
 impl<'p, B: Backend> Tx<'p, B> {
     fn fail<T>(&mut self, r: Result<T>) -> Result<T> {
         if r.is_err() {
-            self.state = TxState::Failed;
+            self.state = TxPhase::Failed;
         }
         r
     }
 
     fn check_active(&self) -> Result<()> {
         match self.state {
-            TxState::Active => Ok(()),
-            TxState::Failed => Err(PoolError::TxAborted),
-            TxState::Done => Err(PoolError::TxNotActive),
+            TxPhase::Active => Ok(()),
+            TxPhase::Failed => Err(PoolError::TxAborted),
+            TxPhase::Done => Err(PoolError::TxNotActive),
         }
     }
 
@@ -304,7 +304,7 @@ impl<'p, B: Backend> Tx<'p, B> {
     /// allocations, frees and the end of the undo log durable together (the commit
     /// point). A failed transaction is aborted instead and `TxAborted` returned.
     pub fn commit(mut self) -> Result<()> {
-        if self.state == TxState::Failed {
+        if self.state == TxPhase::Failed {
             self.rollback()?;
             return Err(PoolError::TxAborted);
         }
@@ -337,11 +337,11 @@ impl<'p, B: Backend> Tx<'p, B> {
                 self.rollback()?;
             } else {
                 pool.poison();
-                self.state = TxState::Done;
+                self.state = TxPhase::Done;
             }
             return Err(e);
         }
-        self.state = TxState::Done;
+        self.state = TxPhase::Done;
         self.allocs.clear();
         let mut done = Ok(());
         for f in self.frees.drain(..) {
@@ -357,10 +357,10 @@ impl<'p, B: Backend> Tx<'p, B> {
     }
 
     fn rollback(&mut self) -> Result<()> {
-        if self.state == TxState::Done {
+        if self.state == TxPhase::Done {
             return Ok(());
         }
-        self.state = TxState::Done;
+        self.state = TxPhase::Done;
         let pool = self.pool;
         if self.undo_active {
             if let Err(e) = log::undo_rollback(&pool.backend, self.lane.off, &pool.geo) {
