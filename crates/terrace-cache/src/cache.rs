@@ -1,9 +1,9 @@
-//! The concurrent engine: [`Cache`] over the [`Index`] and the tiers ([`crate::tier`]).
-//! It owns the write protocol of `docs/cache-format.md` ("Commit protocol") in its concurrent
+//! The concurrent engine: [`Cache`] over the [`Index`] and the tiers ([`crate::tier`]). It
+//! owns the write protocol of `docs/cache-format.md` ("Commit protocol") in its concurrent
 //! form, the read path with its [`Guard`], TTL buckets, segment allocation with eviction,
-//! demotion and reinsertion (ahead of need by the movers, [`Cache::maintain`], else
-//! inline; the policy is in `cache/evict.rs`), the write-sequence mark and the restart
-//! scan. Eviction and the movers live in `cache/evict.rs`, the restart scan in
+//! demotion and reinsertion (ahead of need by the movers, [`Cache::maintain`], else inline;
+//! the policy is in `cache/evict.rs`), the write-sequence mark and the restart scan.
+//! Eviction and the movers live in `cache/evict.rs`, the restart scan in
 //! `cache/recover.rs`; the invariants below are the ones all three keep.
 //!
 //! Invariants (outside a bucket lock held by a writer):
@@ -33,17 +33,10 @@
 //!   being overwritten. (`flush_all` kills, then removes, under the bucket lock: readers
 //!   racing with it may miss, which a flush allows.)
 //!
-//! Lock order: a stripe's appender lock → a tier's `mover` lock → its `reinsert` lock →
-//! the next tier's `mover` lock → … (a mover thread starts at the first `mover` lock) →
-//! the last tier's `reinsert` lock. An eviction takes its tier's `reinsert` lock to copy
-//! within the tier (the last tier's reinsertions and cleanings, tier 0's stays), possibly
-//! under that tier's `mover` lock; while holding it, it may evict in that tier only
-//! without reinsertion or stays, and demote (tier 0 of several, into the next tier's
-//! `mover` lock); each tier's `lists` lock is held only briefly and never across another
-//! lock; bucket locks and the mover-thread handle's lock are leaves (nothing is
-//! allocated, appended or evicted while one is held). No thread waits for a pin to drain:
-//! an evicted segment waits in its tier's reclaim list, and a thread holding a [`Guard`]
-//! can still write.
+//! Locks and their order: `docs/concurrency.md` ("terrace-cache"). What this module
+//! keeps of them: nothing is allocated, appended or evicted under a bucket lock, and no
+//! thread waits for a pin to drain — an evicted segment waits in its tier's reclaim
+//! list, so a thread holding a [`Guard`] can still write.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -399,9 +392,9 @@ fn open_segments_cap(segments: u32, share: (usize, usize), sets: usize) -> usize
 }
 
 /// Fewest segments a tier may have. Open segments take up to three quarters of a tier
-/// (writers half, the movers' copies a quarter), the last tier keeps one free for its reinsertions, and an
-/// allocation needs a sealed segment to evict: below eight, writes could stall and fail
-/// for want of a segment.
+/// (writers half, the movers' copies a quarter), the last tier keeps one free for its
+/// reinsertions, and an allocation needs a sealed segment to evict: below eight, writes
+/// could stall and fail for want of a segment.
 pub const MIN_TIER_SEGMENTS: u32 = 8;
 
 /// The share of a tier its writers' open segments may hold, all stripes together.

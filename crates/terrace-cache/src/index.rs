@@ -10,11 +10,12 @@
 //!   leave it empty.
 //! - **Readers** ([`Index::lookup`]) load slots with `Acquire` and never lock, retry or
 //!   block. A hit records itself with one `fetch_or` of the frequency bits
-//!   ([`Candidate::touch`]), skipped once saturated so hot keys do not keep dirtying the line.
-//! - **Writers** lock the key's two buckets (lower index first: the only lock order) and
-//!   change single slots with single stores: an entry never moves between slots, so every
-//!   value a reader loads is a whole entry that some writer stored, for a key with that
-//!   tag.
+//!   ([`Candidate::touch`]), skipped once saturated so hot keys do not keep dirtying the
+//!   line.
+//! - **Writers** lock the key's two buckets, lower index first (`docs/concurrency.md`),
+//!   and change single slots with single stores: an entry never moves between slots, so
+//!   every value a reader loads is a whole entry that some writer stored, for a key with
+//!   that tag.
 //! - **Bounded.** The bucket count is fixed at construction from the expected item count
 //!   and load factor; when both of a key's buckets are full, [`BucketGuard::insert`]
 //!   fails with [`Full`] and the caller evicts one of the occupants (policy in
@@ -37,15 +38,15 @@ pub const SLOTS: usize = 16;
 /// (`0b000, 0b001, 0b011, 0b111` = 0..=3 hits), so a hit can raise it with `fetch_or`.
 /// One more code, [`RECALLED`], marks a new item whose key the ghost filter recalled.
 pub const FREQ_BITS: u32 = 3;
-/// The frequency code of a new item admitted on the ghost filter's word and not read
-/// since (`crate::ghost`): where it stands it counts as one hit (the frequency is the
-/// number of bits set), so its probation stage keeps it; once moved (passed on by that
-/// stage) or replaced it counts as none, so it is passed on with no hit recorded — as
-/// S3-FIFO inserts a key its ghost queue recalls straight into the main queue with a
-/// frequency of 0, instead of granting it a hit it never had (which bought it a whole
-/// extra pass of the main queue). A hit raises it like any other code: `0b101` counts
-/// two where it stands and one once moved ([`Candidate::reads`]); a second hit makes it `0b111`,
-/// three, like any item read three times. A saved index keeps the mark as one hit.
+/// The frequency code of a new item admitted on the ghost filter's word and not read since
+/// (`crate::ghost`): where it stands it counts as one hit (the frequency is the number of
+/// bits set), so its probation stage keeps it; once moved (passed on by that stage) or
+/// replaced it counts as none, so it is passed on with no hit recorded — as S3-FIFO inserts
+/// a key its ghost queue recalls straight into the main queue with a frequency of 0,
+/// instead of granting it a hit it never had (which would buy it a whole extra pass of the
+/// main queue unread). A hit raises it like any other code: `0b101` counts two where it
+/// stands and one once moved ([`Candidate::reads`]); a second hit makes it `0b111`, three,
+/// like any item read three times. A saved index keeps the mark as one hit.
 pub const RECALLED: u64 = 0b100;
 /// Highest frequency the entry can record.
 pub const MAX_FREQ: u8 = 3;

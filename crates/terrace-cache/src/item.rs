@@ -4,8 +4,8 @@
 //!
 //! Invariants:
 //! - an encoded item is `1 + 1 + varint(key_len) + varint(value_len) [+ varint(flags)]
-//!   [+ varint(expiry)] [+ 8] + key_len + value_len` bytes, computed by [`ItemSpec::encoded_len`] and
-//!   nothing else;
+//!   [+ varint(expiry)] [+ 8] + key_len + value_len` bytes, computed by
+//!   [`ItemSpec::encoded_len`] and nothing else;
 //! - varints are canonical LEB128 of a `u32` (at most 5 bytes, no redundant trailing zero
 //!   groups), so every item has exactly one encoding and decode∘encode is the identity;
 //! - the state byte (offset 0) is the only byte of an item that changes after it is

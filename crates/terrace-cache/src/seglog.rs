@@ -1,9 +1,10 @@
 //! [`SegmentLog`]: a single-tier, single-threaded cache over in-memory segments that puts
-//! the codec and the index together — set, get, delete, FIFO segment eviction, and
-//! recovery from a crash image of the segments — following the commit protocol of
-//! `docs/cache-format.md` step by step. It is the executable argument for that protocol (its tests
-//! recover from the image at every persist point) and the skeleton the concurrent,
-//! tiered engine grows from; it is not that engine (no tiers, TTLs, movers or threads).
+//! the codec and the index together — set, get, delete, FIFO segment eviction, and recovery
+//! from a crash image of the segments — following the commit protocol of
+//! `docs/cache-format.md` step by step. It is the executable argument for that protocol
+//! (its tests recover from the image at every persist point) and the skeleton the
+//! concurrent, tiered engine grows from; it is not that engine (no tiers, TTLs, movers or
+//! threads).
 //!
 //! Invariants (between calls):
 //! - every LIVE item in the committed range of a non-retired segment is the item the

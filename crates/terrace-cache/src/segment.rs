@@ -284,8 +284,8 @@ pub fn retire(buf: &mut [u8]) -> bool {
 }
 
 /// Appends items to one segment buffer. There is one writer per segment at a time (the
-/// single-appender rule in `docs/cache-format.md`), so appends need no atomics and each item is
-/// complete before the commit word that covers it is stored.
+/// single-appender rule in `docs/cache-format.md`), so appends need no atomics and each
+/// item is complete before the commit word that covers it is stored.
 #[derive(Debug)]
 pub struct SegmentWriter<'a> {
     buf: &'a mut [u8],

@@ -76,9 +76,7 @@
 //! whatever the readers do; a cleaning runs at most once per round of the movers and only
 //! while the free list is above [`REINSERT_RESERVE`]; and the reinsertion segment is
 //! opened only from a free segment or by evicting another one *without* reinsertion (nor
-//! stays), never by waiting. Lock order: a tier's `mover` lock (held while a demotion
-//! into it opens a segment, which may evict in it) → its `reinsert` lock → its `lists`
-//! lock; tier 0's locks before any lower tier's.
+//! stays), never by waiting. Lock order: `docs/concurrency.md`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -450,17 +448,17 @@ impl Cache {
         Ok(None)
     }
 
-    /// Evicts (or cleans) one sealed segment: on a durable tier retire it first (E2),
-    /// then walk its items. Kept items (see the module docs) that have not expired get
-    /// another life: in a tier with a next tier they are demoted there, frequency kept —
-    /// except that tier 0, if `reinsert` allows it, keeps those read [`STAY_HITS`] times in its
+    /// Evicts (or cleans) one sealed segment: on a durable tier retire it first (E2), then
+    /// walk its items. Kept items (see the module docs) that have not expired get another
+    /// life: in a tier with a next tier they are demoted there, frequency kept — except
+    /// that tier 0, if `reinsert` allows it, keeps those read [`STAY_HITS`] times in its
     /// reinsertion segment, one hit spent; in the last tier, if it allows it, they are
     /// copied into the tier's reinsertion segment — promoted from probation with their
     /// frequency kept, else with it lowered by one. Copies within a tier take at most
     /// [`REINSERT_BUDGET`] of a segment per eviction. A [`Walk::Clean`] keeps every live
     /// item, frequency kept, with no budget (the segment is at least [`CLEAN_DEAD_SHARE`]
-    /// dead). Copies are published as the module docs say; everything else loses its
-    /// entry (and, from probation, becomes a ghost).
+    /// dead). Copies are published as the module docs say; everything else loses its entry
+    /// (and, from probation, becomes a ghost).
     ///
     /// On an error (a failed persist) the segment stays `Evicting` and out of every list:
     /// lost to the cache until restart, but never freed while entries may point into it.
@@ -817,16 +815,17 @@ impl Cache {
     }
 
     /// Free segments [`maintain`](Self::maintain) keeps ready in a tier: 1/64 of it, at
-    /// least [`MIN_FREE`], at most [`MAX_FREE_SHARE`] of it ([`free_target_of`]). Writers wake the mover thread as soon as a tier runs below it,
-    /// so the reserve only has to cover the time the thread takes to wake up and evict.
+    /// least [`MIN_FREE`], at most [`MAX_FREE_SHARE`] of it ([`free_target_of`]). Writers
+    /// wake the mover thread as soon as a tier runs below it, so the reserve only has to
+    /// cover the time the thread takes to wake up and evict.
     pub(super) fn free_target(&self, tier: usize) -> usize {
         free_target_of(self.tiers[tier].area.count())
     }
 
     /// One round of the movers' work: in every tier, frees segments whose eviction has
     /// drained and evicts sealed segments (chosen, demoting and reinserting as an inline
-    /// eviction would) until the tier has its target of free segments, so that writes find free
-    /// segments instead of evicting on their own critical path. Returns the segments
+    /// eviction would) until the tier has its target of free segments, so that writes find
+    /// free segments instead of evicting on their own critical path. Returns the segments
     /// evicted. Safe to call from any thread, concurrently with everything else;
     /// [`start_movers`](Self::start_movers) calls it in a loop.
     pub fn maintain(&self) -> Result<usize, CacheError> {

@@ -21,8 +21,7 @@
 //! the key can exist: a crash there leaves two LIVE copies of the same value, of which
 //! restart keeps neither (a miss), never a stale value (the tests race a delete and an
 //! overwrite with a promotion at exactly that point, and restart). A reader never waits
-//! to ask (`try_lock`); the mover takes tier 0's copy lock before any lower tier's, the
-//! order evictions take them in.
+//! to ask (`try_lock`). Lock order: `docs/concurrency.md`.
 
 use std::sync::atomic::Ordering;
 
