@@ -29,13 +29,17 @@ pub fn flush_instruction() -> FlushInstruction {
     *DETECTED.get_or_init(detect)
 }
 
+// The cpuid intrinsics are `unsafe fn`s at the workspace's rust-version and safe in newer
+// Rust: the blocks keep the rust-version building, and newer compilers find them unused.
 #[cfg(target_arch = "x86_64")]
+#[allow(unused_unsafe)]
 fn detect() -> FlushInstruction {
     use std::arch::x86_64::{__cpuid, __cpuid_count};
-    // cpuid is available on every x86-64 CPU (the intrinsic is safe to call).
-    let max_leaf = __cpuid(0).eax;
+    // SAFETY: cpuid exists on every x86-64 CPU; leaf 0 reads no memory.
+    let max_leaf = unsafe { __cpuid(0) }.eax;
     if max_leaf >= 7 {
-        let leaf7 = __cpuid_count(7, 0);
+        // SAFETY: as above; leaf 7 exists (the maximum leaf was checked).
+        let leaf7 = unsafe { __cpuid_count(7, 0) };
         if leaf7.ebx & (1 << 24) != 0 {
             return FlushInstruction::Clwb;
         }
