@@ -11,8 +11,8 @@
 //!   functions returning a pointer NULL, with `errno` set. `terrace_last_error()` explains
 //!   the last failure on the calling thread.
 //! - No panic crosses the boundary: every entry point runs under [`error::boundary`]
-//!   (directly or through [`with_pool`]); a panic is `EIO`, and the transaction entry
-//!   points abort the thread's transaction ([`pmemobj::tx_boundary`]).
+//!   (directly or through `with_pool`); a panic is `EIO`, and the transaction entry
+//!   points abort the thread's transaction (`pmemobj::tx_boundary`).
 
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
