@@ -108,9 +108,18 @@ pub unsafe fn map_anonymous_fixed(addr: NonNull<u8>, len: usize) -> io::Result<(
     Ok(())
 }
 
-/// Maps `len` bytes of `fd` from offset 0 shared and read-write over `[addr, addr+len)`.
-/// With `sync` the mapping asks for `MAP_SYNC` (DAX only) and fails with `EOPNOTSUPP` or
-/// `EINVAL` elsewhere.
+/// Which shared mapping [`map_file_fixed`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileMap {
+    /// `MAP_SHARED`: stores reach the file through the page cache.
+    Shared,
+    /// `MAP_SHARED_VALIDATE | MAP_SYNC`: DAX only (elsewhere the call fails with
+    /// `EOPNOTSUPP` or `EINVAL`); cache-line flushes alone make stores durable.
+    SharedSync,
+}
+
+/// Maps `len` bytes of `fd` from offset 0 shared and read-write over `[addr, addr+len)`,
+/// as `how` says.
 ///
 /// # Safety
 /// As for [`map_anonymous_fixed`].
@@ -118,12 +127,11 @@ pub unsafe fn map_file_fixed(
     addr: NonNull<u8>,
     len: usize,
     fd: BorrowedFd<'_>,
-    sync: bool,
+    how: FileMap,
 ) -> io::Result<()> {
-    let flags = if sync {
-        MAP_SHARED_VALIDATE | MAP_SYNC | libc::MAP_FIXED
-    } else {
-        libc::MAP_SHARED | libc::MAP_FIXED
+    let flags = match how {
+        FileMap::SharedSync => MAP_SHARED_VALIDATE | MAP_SYNC | libc::MAP_FIXED,
+        FileMap::Shared => libc::MAP_SHARED | libc::MAP_FIXED,
     };
     // SAFETY: the caller owns the range (function contract); the fd is open.
     let raw = unsafe {

@@ -275,8 +275,13 @@ impl Region {
         let dax = os::supports_map_sync(file.as_fd());
         let base = os::reserve_aligned(len, GRANULE)
             .map_err(|source| MediaError::Map { size: len, source })?;
+        let how = if dax {
+            os::FileMap::SharedSync
+        } else {
+            os::FileMap::Shared
+        };
         // SAFETY: `base..base+len` is the reservation just made; the file is open.
-        if let Err(source) = unsafe { os::map_file_fixed(base, len, file.as_fd(), dax) } {
+        if let Err(source) = unsafe { os::map_file_fixed(base, len, file.as_fd(), how) } {
             // The failed mapping may have unmapped part of the reservation, which another
             // thread may already use: leave the rest reserved rather than unmap it.
             return Err(MediaError::Map { size: len, source });
