@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod conn;
+pub mod marks;
 pub mod proto;
 pub mod server;
 pub mod shared;

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use terrace_cache::{Cache, CacheError, Checked, Guard, Pools, Store};
 
+use crate::marks::{Locked, Marks};
 use crate::stats::{Counter, Counters};
 
 /// memcached treats an exptime above this many seconds (30 days) as a Unix time.
@@ -64,23 +65,9 @@ pub enum StoreOp {
     Cas(u64),
 }
 
-/// Which end of a value `append` and `prepend` add to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
-    /// Before the value (`prepend`).
-    Front,
-    /// After the value (`append`).
-    Back,
-}
-
-/// Which way `incr` and `decr` move a number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Delta {
-    /// Add, wrapping at 2^64 (`incr`).
-    Incr,
-    /// Subtract, stopping at 0 (`decr`).
-    Decr,
-}
+/// Which end of a value `append` and `prepend` add to, and which way `incr` and `decr`
+/// move a number: the cache's own enums, so the protocols pass them straight through.
+pub use terrace_cache::{Delta, Side};
 
 /// A cache failure as the protocols report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,6 +112,8 @@ pub struct Shared {
     pub threads: usize,
     /// Unix time at which a delayed `flush_all` takes effect (0: none pending).
     flush_at: AtomicU64,
+    /// The meta protocol's stale and win marks.
+    pub marks: Marks,
 }
 
 impl std::fmt::Debug for Shared {
@@ -161,6 +150,7 @@ impl Shared {
             max_connections,
             threads,
             flush_at: AtomicU64::new(0),
+            marks: Marks::new(),
         }
     }
 
@@ -220,8 +210,51 @@ impl Shared {
     }
 
     /// Get-and-touch: gives a present key a new expiry, then reads it (counted as a touch
-    /// and a get).
+    /// and a get). A touch gives the item a new CAS in Terrace; its meta marks move with
+    /// it.
     pub fn gat(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
+        if self.marks.is_empty() {
+            return self.gat_unmarked(key, exptime);
+        }
+        self.gat_marked(&mut self.marks.lock(key), key, exptime)
+    }
+
+    /// [`gat`](Self::gat) under the key's marks lock, held by the caller.
+    pub fn gat_marked(
+        &self,
+        locked: &mut Locked<'_>,
+        key: &[u8],
+        exptime: i64,
+    ) -> Result<Option<Guard<'_>>, Failure> {
+        self.carrying_marks(locked, key, || self.gat_unmarked(key, exptime))
+    }
+
+    /// Runs `touch`, a rewrite of `key` that keeps its value, and gives the new version
+    /// the marks of the old.
+    fn carrying_marks<T>(
+        &self,
+        locked: &mut Locked<'_>,
+        key: &[u8],
+        touch: impl FnOnce() -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        let peek_cas = || -> Result<Option<u64>, Failure> {
+            Ok(self
+                .cache(key)
+                .peek(key)
+                .map_err(|e| Failure::of(&e))?
+                .map(|g| g.cas()))
+        };
+        let before = peek_cas()?.map(|cas| locked.get(cas));
+        let r = touch()?;
+        if let (Some(mark), Some(cas)) = (before, peek_cas()?) {
+            if mark != crate::marks::Mark::default() {
+                locked.set(cas, mark);
+            }
+        }
+        Ok(r)
+    }
+
+    fn gat_unmarked(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
         self.counters.add(Counter::CmdTouch, 1);
         let touched = match self.expiry(exptime) {
             Expiry::Ttl(ttl) => self
@@ -323,7 +356,7 @@ impl Shared {
         if_cas: Option<u64>,
     ) -> Result<Store, Failure> {
         self.cache(key)
-            .concat(key, data, side == Side::Front, if_cas)
+            .concat(key, data, side, if_cas)
             .map_err(|e| Failure::of(&e))
     }
 
@@ -374,8 +407,17 @@ impl Shared {
         Ok(r)
     }
 
-    /// Counted touch: whether the key was there.
+    /// Counted touch: whether the key was there (its meta marks move to the touched
+    /// version).
     pub fn touch(&self, key: &[u8], exptime: i64) -> Result<bool, Failure> {
+        if self.marks.is_empty() {
+            return self.touch_unmarked(key, exptime);
+        }
+        let mut locked = self.marks.lock(key);
+        self.carrying_marks(&mut locked, key, || self.touch_unmarked(key, exptime))
+    }
+
+    fn touch_unmarked(&self, key: &[u8], exptime: i64) -> Result<bool, Failure> {
         self.counters.add(Counter::CmdTouch, 1);
         let hit = match self.expiry(exptime) {
             Expiry::Ttl(ttl) => self
@@ -415,7 +457,7 @@ impl Shared {
     ) -> Result<Checked<(u64, u64)>, Failure> {
         let r = self
             .cache(key)
-            .arith(key, amount, way == Delta::Incr, if_cas)
+            .arith(key, amount, way, if_cas)
             .map_err(|e| Failure::of(&e))?;
         let counter = match (way, r != Checked::NotFound) {
             (Delta::Incr, true) => Counter::IncrHits,

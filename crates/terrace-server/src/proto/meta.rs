@@ -19,15 +19,21 @@
 //!   a trailing `b`;
 //! - `t` (and `me`'s `exp=`) reports the seconds left until the item expires (items
 //!   carry their own expiry); when this very request set the TTL (`T`, or `N` creating
-//!   the item) it reports that TTL as asked. `-1`: no expiry.
+//!   the item) it reports that TTL as asked. `-1`: no expiry;
+//! - stale and win state follow memcached: `md I` keeps the item, stale, with a new CAS
+//!   (and `T`'s TTL); `ms I` with a CAS older than the item's stores a stale value that
+//!   keeps the old TTL and win token; `mg` answers `Z` once a win token was sent for the
+//!   item, `X` while it is stale, and `W` to the one client that wins it (`N` created
+//!   it, `R` found less TTL left than asked, or it is stale) — after the requested flags,
+//!   in that order. The marks are [`crate::marks`]'s: they follow the item across tiers,
+//!   not across a restart;
+//! - `h` says whether the item was read before this request (the index's frequency: a
+//!   write over a read item keeps it, where memcached starts the new item unread).
 //!
-//! Where Terrace differs from memcached (the engine does not keep the per-item state):
-//! - `h` (hit before) and `l` (last access) are not tracked: always `h0`/`l0`; `me`
-//!   says `la=0 fetch=no`; `u` (no LRU bump) is accepted and has no effect;
-//! - no stale items or recache tokens: `md I` deletes (its `T` is moot), `ms I` stores
-//!   as usual, `mg R` never wins, and no reply carries `X` or `Z`. `mg N` creates the
-//!   empty item and answers with `W` to the client that created it; later clients see
-//!   the empty item without `Z`;
+//! Where Terrace differs from memcached:
+//! - `l` (seconds since last access) is always `l0` and `me` says `la=0 fetch=no`: the
+//!   engine keeps no per-item access time; `u` (no LRU bump) is accepted and has no
+//!   effect;
 //! - `E` (client-chosen CAS) is parsed and ignored: the engine assigns every CAS;
 //! - CAS checks the engine cannot make atomically (`md C`, `ma C`, `ms C` in append or
 //!   prepend mode) read the item's CAS, then act: a write racing in between may slip by;
@@ -42,7 +48,9 @@ use base64::Engine;
 use terrace_cache::{Checked, Guard, Store};
 
 use super::{data_block, parse_i64, parse_u64, push_decimal, BadChunk, Line, Step};
+use crate::marks::{Locked, Mark};
 use crate::shared::{Delta, Expiry, Failure, Shared, StoreOp};
+use crate::stats::Counter;
 
 /// Most tokens a meta line may have, command and key included (memcached's
 /// `MFLAG_MAX_OPT_LENGTH`).
@@ -186,6 +194,11 @@ struct Flags<'a> {
     ttl: Option<i64>,
     /// `N`: the exptime of an item created on a miss.
     vivify: Option<i64>,
+    /// `R`: win when the item has less than this TTL left.
+    recache: Option<i64>,
+    /// `I`: invalidate (`md`: mark stale; `ms`: a CAS store of an older CAS stores a
+    /// stale item).
+    invalidate: bool,
     /// `M`: the first byte after the letter (`0` when none).
     mode: Option<u8>,
     /// `J` (ma).
@@ -279,7 +292,8 @@ fn parse_flags<'a>(tokens: &[&'a [u8]]) -> Result<Flags<'a>, ParseError> {
             b'x' => flags.remove_value = true,
             // Reply-only letters, ignored proxy hints, and the flags Terrace accepts
             // without effect (see the module docs).
-            b'k' | b's' | b't' | b'c' | b'f' | b'h' | b'l' | b'u' | b'I' | b'P' | b'L' => {}
+            b'I' => flags.invalidate = true,
+            b'k' | b's' | b't' | b'c' | b'f' | b'h' | b'l' | b'u' | b'P' | b'L' => {}
             b'O' => {
                 if token.len() > MAX_OPAQUE {
                     return Err(ParseError::OpaqueTooLong);
@@ -288,9 +302,7 @@ fn parse_flags<'a>(tokens: &[&'a [u8]]) -> Result<Flags<'a>, ParseError> {
             }
             b'T' => flags.ttl = Some(parse_exptime(arg)?),
             b'N' => flags.vivify = Some(parse_exptime(arg)?),
-            b'R' => {
-                parse_exptime(arg)?;
-            }
+            b'R' => flags.recache = Some(parse_exptime(arg)?),
             b'C' => flags.compare_cas = Some(parse_u64(arg).ok_or(ParseError::BadToken)?),
             b'E' => {
                 parse_u64(arg).ok_or(ParseError::BadToken)?;
@@ -345,8 +357,9 @@ struct Facts {
     ttl: Option<i64>,
     cas: Option<u64>,
     client_flags: Option<u32>,
-    /// Answer `h` and `l` (with `0`: not tracked).
-    access: bool,
+    /// `h` and `l`: whether the item was read before this request, and the seconds
+    /// since its last access (`None`: leave both out).
+    access: Option<(bool, u64)>,
 }
 
 /// Appends ` <letter><n>`.
@@ -408,7 +421,16 @@ fn push_flags(out: &mut Vec<u8>, request: &Request<'_>, facts: Facts) {
                     push_flag(out, b'f', u64::from(flags));
                 }
             }
-            b'h' | b'l' if facts.access => push_flag(out, letter, 0),
+            b'h' => {
+                if let Some((read_before, _)) = facts.access {
+                    push_flag(out, b'h', u64::from(read_before));
+                }
+            }
+            b'l' => {
+                if let Some((_, idle)) = facts.access {
+                    push_flag(out, b'l', idle);
+                }
+            }
             _ => {}
         }
     }
@@ -461,8 +483,10 @@ struct Hit<'g> {
     /// The TTL this request set (`T`, or `N` creating the item); else the reply reads the
     /// item's remaining life, only if it asks for it (`t`).
     ttl: Option<i64>,
-    /// This request created the item (`N`): the client "won" the recache.
-    won: bool,
+    /// This request created the item (`N`).
+    created: bool,
+    /// The item had been read before this request.
+    read_before: bool,
 }
 
 impl Hit<'_> {
@@ -472,8 +496,9 @@ impl Hit<'_> {
             cas: guard.cas(),
             client_flags: guard.client_flags(),
             ttl,
+            read_before: guard.read_before(),
             guard: Some(guard),
-            won: false,
+            created: false,
         }
     }
 
@@ -483,28 +508,58 @@ impl Hit<'_> {
 }
 
 /// `mg <key> <flags>*`: `VA <size> <flags>*` + data with `v`, `HD <flags>*` without,
-/// `EN` on a miss.
+/// `EN` on a miss. After the requested flags come memcached's state flags, in its order:
+/// `Z` (a win token was already sent for this item), `X` (stale), `W` (this client won:
+/// it created the item with `N`, its `R` found the TTL below the threshold, or the item
+/// is stale; once per item version).
 fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     let key = request.key();
-    let found = match request.flags.ttl {
-        Some(exptime) => shared.gat(key, exptime),
-        None => shared.get(key),
+    let flags = &request.flags;
+    // The key's marks are read and set under its shard lock whenever they may matter;
+    // `locked` is taken before the lookup when this request may win or marks exist.
+    let mut locked =
+        (flags.vivify.is_some() || flags.recache.is_some() || !shared.marks.is_empty())
+            .then(|| shared.marks.lock(key));
+    let found = match (flags.ttl, locked.as_mut()) {
+        (Some(exptime), Some(locked)) => shared.gat_marked(locked, key, exptime),
+        (Some(exptime), None) => shared.gat(key, exptime),
+        (None, _) => shared.get(key),
     };
     let hit = match found {
-        Ok(Some(guard)) => Hit::found(guard, request.flags.ttl.and_then(|e| ttl_of(shared, e))),
-        Ok(None) => match request.flags.vivify {
-            Some(exptime) => match vivify_empty(shared, key, exptime) {
+        Ok(Some(guard)) => Hit::found(guard, flags.ttl.and_then(|e| ttl_of(shared, e))),
+        Ok(None) => match (flags.vivify, locked.as_mut()) {
+            (Some(exptime), Some(locked)) => match vivify_empty(shared, locked, key, exptime) {
                 Ok(Some(hit)) => hit,
                 Ok(None) => return push_miss(out, request),
                 Err(failure) => return push_failure(out, failure),
             },
-            None => return push_miss(out, request),
+            _ => return push_miss(out, request),
         },
         Err(failure) => return push_failure(out, failure),
     };
+    // A mark set between the first look at the table and the lookup is seen here.
+    if locked.is_none() && !shared.marks.is_empty() {
+        locked = Some(shared.marks.lock(key));
+    }
+    let mark = match &locked {
+        Some(locked) if !hit.created => locked.get(hit.cas),
+        _ => Mark::default(),
+    };
+    let wins =
+        hit.created || (!mark.won && (mark.stale || recache_due(shared, flags.recache, &hit)));
+    // The win is recorded only on the version still current, so one client wins it.
+    let won = wins
+        && (hit.created
+            || match locked.as_mut() {
+                Some(locked) if current_cas(shared, key).ok().flatten() == Some(hit.cas) => {
+                    locked.set(hit.cas, Mark { won: true, ..mark });
+                    true
+                }
+                _ => false,
+            });
+    drop(locked);
     let value = hit.value();
-    let send_value = request.flags.value && request.flags.compare_cas != Some(hit.cas);
-    if send_value {
+    if flags.value {
         out.extend_from_slice(b"VA ");
         push_decimal(out, value.len() as u64);
     } else {
@@ -512,8 +567,7 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     }
     let ttl = hit.ttl.or_else(|| {
         let guard = hit.guard.as_ref()?;
-        request
-            .flags
+        flags
             .order()
             .contains(&b't')
             .then(|| remaining_ttl(shared, guard))
@@ -523,33 +577,82 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         ttl,
         cas: Some(hit.cas),
         client_flags: Some(hit.client_flags),
-        access: true,
+        // Terrace keeps no per-item access time: `l` says 0.
+        access: Some((hit.read_before || mark.read_before, 0)),
     };
     push_flags(out, request, facts);
-    if hit.won {
+    if mark.won {
+        out.extend_from_slice(b" Z");
+    }
+    if mark.stale {
+        out.extend_from_slice(b" X");
+    }
+    if won {
         out.extend_from_slice(b" W");
     }
     out.extend_from_slice(b"\r\n");
-    if send_value {
+    if flags.value {
         out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     }
 }
 
-/// `mg N`: creates the missing key with an empty value. `None` when it vanished again.
+/// `R<secs>`: whether the item, which expires, has less than `secs` left (memcached
+/// compares its absolute expiry with the recache time).
+fn recache_due(shared: &Shared, recache: Option<i64>, hit: &Hit<'_>) -> bool {
+    let Some(exptime) = recache else {
+        return false;
+    };
+    if hit.created {
+        return false;
+    }
+    let left = match hit.ttl {
+        Some(ttl) => ttl,
+        None => match hit.guard.as_ref() {
+            Some(guard) => remaining_ttl(shared, guard),
+            None => -1,
+        },
+    };
+    // -1: the item never expires.
+    if left < 0 {
+        return false;
+    }
+    match shared.expiry(exptime) {
+        Expiry::Ttl(0) => false,
+        Expiry::Ttl(secs) => left < i64::from(secs),
+        // A recache time already past is earlier than any expiry still ahead.
+        Expiry::Past => false,
+    }
+}
+
+/// `mg N`: creates the missing key with an empty value, marked won by this client, under
+/// the key's shard lock. `None` when it vanished again.
 fn vivify_empty<'s>(
     shared: &'s Shared,
+    locked: &mut Locked<'_>,
     key: &[u8],
     exptime: i64,
 ) -> Result<Option<Hit<'s>>, Failure> {
     match shared.store(StoreOp::Add, key, b"", 0, exptime)? {
-        Store::Stored { cas } => Ok(Some(Hit {
-            guard: None,
-            cas,
-            client_flags: 0,
-            ttl: ttl_of(shared, exptime),
-            won: true,
-        })),
+        Store::Stored { cas } => {
+            // memcached counts the creator's fetch: the next client sees `h1`.
+            locked.set(
+                cas,
+                Mark {
+                    won: true,
+                    read_before: true,
+                    ..Mark::default()
+                },
+            );
+            Ok(Some(Hit {
+                guard: None,
+                cas,
+                client_flags: 0,
+                ttl: ttl_of(shared, exptime),
+                created: true,
+                read_before: false,
+            }))
+        }
         // Another client created it first: answer with its item, without the win (a
         // peek: this request's get was already counted, as a miss).
         _ => Ok(shared
@@ -690,6 +793,9 @@ fn store_in_mode(
     let exptime = request.flags.ttl.unwrap_or(0);
     let cas = request.flags.compare_cas;
     let op = match (mode, cas) {
+        (SetMode::Set | SetMode::Replace, Some(cas)) if request.flags.invalidate => {
+            return store_invalidating(shared, key, value, flags, exptime, cas)
+        }
         (SetMode::Set | SetMode::Replace, Some(cas)) => StoreOp::Cas(cas),
         (SetMode::Set, None) => StoreOp::Set,
         (SetMode::Replace, None) => StoreOp::Replace,
@@ -698,6 +804,63 @@ fn store_in_mode(
         (SetMode::Prepend, _) => return concat(shared, request, StoreOp::Prepend, value),
     };
     shared.store(op, key, value, flags, exptime)
+}
+
+/// `ms` with `I` and `C`: as memcached, a CAS older (lower) than the item's stores the
+/// value anyway, as a stale item that keeps the old item's TTL and win token; the item's
+/// own CAS stores it as usual (fresh); any other is `EX`.
+fn store_invalidating(
+    shared: &Shared,
+    key: &[u8],
+    value: &[u8],
+    flags: u32,
+    exptime: i64,
+    cas: u64,
+) -> Result<Store, Failure> {
+    let cache = shared.cache(key);
+    let fail = |e| Failure::of(&e);
+    let mut locked = shared.marks.lock(key);
+    loop {
+        let Some(current) = cache.peek(key).map_err(fail)? else {
+            return shared.store(StoreOp::Cas(cas), key, value, flags, exptime);
+        };
+        let (current_cas, ttl) = (current.cas(), ttl_left(shared, &current));
+        drop(current);
+        if cas == 0 || cas >= current_cas {
+            return shared.store(StoreOp::Cas(cas), key, value, flags, exptime);
+        }
+        let mark = locked.get(current_cas);
+        match cache
+            .cas(key, value, flags, ttl, current_cas)
+            .map_err(fail)?
+        {
+            Store::Stored { cas } => {
+                shared.counters.add(Counter::CmdSet, 1);
+                shared.counters.add(Counter::CasHits, 1);
+                shared.counters.add(Counter::TotalItems, 1);
+                locked.set(
+                    cas,
+                    Mark {
+                        stale: true,
+                        won: mark.won,
+                        read_before: false,
+                    },
+                );
+                return Ok(Store::Stored { cas });
+            }
+            // Rewritten in between: look again.
+            _ => continue,
+        }
+    }
+}
+
+/// The TTL, in seconds from now, that gives an item written now the expiry of `guard`'s
+/// item (0: none; at least 1 when it expires this very second).
+fn ttl_left(shared: &Shared, guard: &Guard<'_>) -> u32 {
+    match guard.expires_at() {
+        None => 0,
+        Some(at) => at.saturating_sub(shared.now()).max(1),
+    }
 }
 
 /// `ms` in append or prepend mode: the key's flags and expiry are kept (`T` and `F` are
@@ -757,6 +920,9 @@ fn meta_delete(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
 
 fn delete_item(shared: &Shared, request: &Request<'_>) -> Result<&'static [u8], Failure> {
     let key = request.key();
+    if request.flags.invalidate {
+        return invalidate(shared, request);
+    }
     if request.flags.remove_value {
         let op = match request.flags.compare_cas {
             Some(cas) => StoreOp::Cas(cas),
@@ -777,6 +943,55 @@ fn delete_item(shared: &Shared, request: &Request<'_>) -> Result<&'static [u8], 
             Checked::Exists => b"EX",
         },
     )
+}
+
+/// `md I`: as memcached, the item stays, marked stale, with a new CAS (and `T`'s TTL when
+/// given); its win token is taken back so that the next reader wins the recache.
+fn invalidate(shared: &Shared, request: &Request<'_>) -> Result<&'static [u8], Failure> {
+    let key = request.key();
+    let cache = shared.cache(key);
+    let fail = |e| Failure::of(&e);
+    let mut locked = shared.marks.lock(key);
+    loop {
+        let Some(current) = cache.peek(key).map_err(fail)? else {
+            shared.counters.add(Counter::DeleteMisses, 1);
+            return Ok(b"NF");
+        };
+        let current_cas = current.cas();
+        if request.flags.compare_cas.is_some_and(|c| c != current_cas) {
+            shared.counters.add(Counter::DeleteMisses, 1);
+            return Ok(b"EX");
+        }
+        let ttl = match request.flags.ttl.map(|e| shared.expiry(e)) {
+            None => ttl_left(shared, &current),
+            Some(Expiry::Ttl(ttl)) => ttl,
+            Some(Expiry::Past) => {
+                // Stale and already expired: gone.
+                drop(current);
+                locked.forget_unless(0);
+                cache.delete(key).map_err(fail)?;
+                return Ok(b"HD");
+            }
+        };
+        let mark = locked.get(current_cas);
+        let read_before = current.read_before() || mark.read_before;
+        let (value, flags) = (current.value().to_vec(), current.client_flags());
+        drop(current);
+        if let Store::Stored { cas } = cache
+            .cas(key, &value, flags, ttl, current_cas)
+            .map_err(fail)?
+        {
+            locked.set(
+                cas,
+                Mark {
+                    stale: true,
+                    won: false,
+                    read_before,
+                },
+            );
+            return Ok(b"HD");
+        }
+    }
 }
 
 // ---- ma ----
@@ -988,8 +1203,12 @@ mod tests {
             reply(&s, "mg foo c v f\r\n"),
             format!("VA 2 c{cas} f5\r\nhi\r\n")
         );
-        // Not tracked by Terrace: always 0.
-        assert_eq!(reply(&s, "mg foo h l\r\n"), "HD h0 l0\r\n");
+        // Read before (above); Terrace keeps no access time, so `l` is 0.
+        assert_eq!(reply(&s, "mg foo h l\r\n"), "HD h1 l0\r\n");
+        // A new key has not been read; the index counts the first read.
+        reply(&s, "ms fresh 1\r\nx\r\n");
+        assert_eq!(reply(&s, "mg fresh h\r\n"), "HD h0\r\n");
+        assert_eq!(reply(&s, "mg fresh h\r\n"), "HD h1\r\n");
         // No LRU bump and an explicit new CAS are accepted without effect.
         assert_eq!(reply(&s, "mg foo u E99 v\r\n"), "VA 2\r\nhi\r\n");
         assert_eq!(cas_of(&s, b"foo"), cas);
@@ -1014,11 +1233,12 @@ mod tests {
     }
 
     #[test]
-    fn get_with_cas_compare_drops_the_value_when_unchanged() {
+    fn get_ignores_a_cas_compare() {
+        // As memcached 1.6.18: `C` is parsed and has no effect on `mg`.
         let s = test_shared();
         reply(&s, "ms foo 2\r\nhi\r\n");
         let cas = cas_of(&s, b"foo");
-        assert_eq!(reply(&s, &format!("mg foo v C{cas}\r\n")), "HD\r\n");
+        assert_eq!(reply(&s, &format!("mg foo v C{cas}\r\n")), "VA 2\r\nhi\r\n");
         assert_eq!(
             reply(&s, &format!("mg foo v C{}\r\n", cas + 1)),
             "VA 2\r\nhi\r\n"
@@ -1067,8 +1287,9 @@ mod tests {
     fn get_vivifies_on_miss_and_the_creator_wins() {
         let s = test_shared();
         assert_eq!(reply(&s, "mg new N30 s t v\r\n"), "VA 0 s0 t30 W\r\n\r\n");
-        // Later clients find the empty item; Terrace cannot flag it with Z.
-        assert_eq!(reply(&s, "mg new N30 s v\r\n"), "VA 0 s0\r\n\r\n");
+        // Later clients find the empty item, flagged: someone already won it.
+        assert_eq!(reply(&s, "mg new N30 s v\r\n"), "VA 0 s0 Z\r\n\r\n");
+        assert_eq!(reply(&s, "mg new h\r\n"), "HD h1 Z\r\n");
         s.pools.advance_clock(31);
         assert_eq!(reply(&s, "mg new v\r\n"), "EN\r\n");
         // N on a hit does nothing.
@@ -1403,9 +1624,19 @@ mod tests {
         assert_eq!(reply(&s, &format!("md foo C{}\r\n", cas + 1)), "EX\r\n");
         assert_eq!(reply(&s, &format!("md foo C{cas} q\r\n")), "");
         assert_eq!(reply(&s, &format!("md foo C{cas}\r\n")), "NF\r\n");
-        // Invalidate deletes (no stale items in Terrace); its T is moot.
+        // Invalidate keeps the item, stale, with a new CAS and T's TTL; the first reader
+        // wins the recache, later ones see the token was sent.
         reply(&s, "ms foo 1\r\nx\r\n");
-        assert_eq!(reply(&s, "md foo I T30\r\n"), "HD\r\n");
+        let before = cas_of(&s, b"foo");
+        assert_eq!(reply(&s, "md foo I T30 q\r\n"), "");
+        assert_ne!(cas_of(&s, b"foo"), before);
+        assert_eq!(reply(&s, "mg foo v\r\n"), "VA 1 X W\r\nx\r\n");
+        assert_eq!(reply(&s, "mg foo s\r\n"), "HD s1 Z X\r\n");
+        assert!((29..=30).contains(&t_of(&reply(&s, "mg foo t\r\n"))));
+        assert_eq!(reply(&s, "md nope I\r\n"), "NF\r\n");
+        assert_eq!(reply(&s, "md foo I C1\r\n"), "EX\r\n");
+        // A plain delete removes a stale item.
+        assert_eq!(reply(&s, "md foo\r\n"), "HD\r\n");
         assert_eq!(reply(&s, "mg foo\r\n"), "EN\r\n");
         // x empties the value and keeps the item.
         reply(&s, "ms foo 1 F4\r\nx\r\n");

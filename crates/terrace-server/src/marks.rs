@@ -1,0 +1,205 @@
+//! The meta protocol's per-item marks, which memcached keeps in its item header and the
+//! Terrace engine does not: *stale* (`md I` or `ms I` invalidated the item; replies carry
+//! `X`), *won* (a client was sent the win token `W` for this item; later replies carry
+//! `Z`), and *read before* (the item was fetched before it was made stale, so `h` still
+//! says so after the invalidation rewrote it).
+//!
+//! A mark belongs to one version of an item: it is stored with the CAS of the item it
+//! describes, and any write that gives the key a new CAS (a set, an append, an incr, an
+//! eviction) leaves it behind, unread. A version keeps its CAS when the engine moves it
+//! between tiers, so marks survive demotion and promotion; they live in DRAM and do not
+//! survive a restart (after one, a stale item reads as fresh and anyone may win again).
+//!
+//! Invariants:
+//! - every change of a key's marks, and every write the server makes to set them (the
+//!   rewrite of `md I`, the stale store of `ms I`, the creation of `mg N`), happens under
+//!   the key's shard lock, so at most one client is sent `W` per version and a reader
+//!   that found a new version after such a write sees its marks;
+//! - [`Marks::is_empty`] is exact between operations and counts an operation in flight,
+//!   so readers that find it zero skip the lock without missing a mark being set;
+//! - at most [`MAX_MARKS`] entries: beyond it, entries whose version is gone are dropped
+//!   first, then arbitrary ones (a dropped mark reads as "fresh, nobody won").
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// Most marked item versions kept.
+pub const MAX_MARKS: usize = 1 << 20;
+
+/// Lock shards.
+const SHARDS: usize = 64;
+
+/// What is known about one item version beyond the engine's own fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mark {
+    /// Invalidated: served with `X` until rewritten.
+    pub stale: bool,
+    /// A client was sent `W` for this version.
+    pub won: bool,
+    /// Fetched before an invalidation rewrote it.
+    pub read_before: bool,
+}
+
+#[derive(Debug)]
+struct Entry {
+    cas: u64,
+    mark: Mark,
+}
+
+type Shard = HashMap<Box<[u8]>, Entry>;
+
+/// The marks of every marked item version, by key.
+#[derive(Debug)]
+pub struct Marks {
+    shards: Box<[Mutex<Shard>]>,
+    /// Entries plus operations in flight.
+    count: AtomicUsize,
+}
+
+impl Default for Marks {
+    fn default() -> Self {
+        Marks::new()
+    }
+}
+
+/// A key's shard, locked: reads and changes its marks.
+pub struct Locked<'m> {
+    marks: &'m Marks,
+    shard: MutexGuard<'m, Shard>,
+    key: &'m [u8],
+}
+
+impl Marks {
+    pub fn new() -> Marks {
+        Marks {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            count: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether no version is marked and no marking is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.count.load(Ordering::Acquire) == 0
+    }
+
+    /// The marks of the version of `key` whose CAS is `cas` (none when unmarked).
+    pub fn get(&self, key: &[u8], cas: u64) -> Mark {
+        if self.is_empty() {
+            return Mark::default();
+        }
+        self.lock(key).get(cas)
+    }
+
+    /// Locks `key`'s shard for a read-decide-write sequence.
+    pub fn lock<'m>(&'m self, key: &'m [u8]) -> Locked<'m> {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        let shard = &self.shards[shard_of(key)];
+        let shard = shard
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Locked {
+            marks: self,
+            shard,
+            key,
+        }
+    }
+}
+
+impl Locked<'_> {
+    /// The marks of the version of CAS `cas`.
+    pub fn get(&self, cas: u64) -> Mark {
+        match self.shard.get(self.key) {
+            Some(entry) if entry.cas == cas => entry.mark,
+            _ => Mark::default(),
+        }
+    }
+
+    /// Sets the marks of the version of CAS `cas` (replacing those of any other version
+    /// of the key); an all-clear mark removes the entry.
+    pub fn set(&mut self, cas: u64, mark: Mark) {
+        if mark == Mark::default() {
+            if self.shard.remove(self.key).is_some() {
+                self.marks.count.fetch_sub(1, Ordering::AcqRel);
+            }
+            return;
+        }
+        match self.shard.get_mut(self.key) {
+            Some(entry) => *entry = Entry { cas, mark },
+            None => {
+                if self.marks.count.load(Ordering::Acquire) > MAX_MARKS {
+                    self.make_room();
+                }
+                self.shard.insert(self.key.into(), Entry { cas, mark });
+                self.marks.count.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Forgets the marks of the key when they belong to a version other than `cas`
+    /// (the version they describe is gone).
+    pub fn forget_unless(&mut self, cas: u64) {
+        if self.shard.get(self.key).is_some_and(|e| e.cas != cas) {
+            self.shard.remove(self.key);
+            self.marks.count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Drops a quarter of this shard's entries (the table is over [`MAX_MARKS`]).
+    fn make_room(&mut self) {
+        let drop: Vec<Box<[u8]>> = self
+            .shard
+            .keys()
+            .take(self.shard.len() / 4 + 1)
+            .cloned()
+            .collect();
+        for key in drop {
+            if self.shard.remove(&key).is_some() {
+                self.marks.count.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.marks.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn shard_of(key: &[u8]) -> usize {
+    // FNV-1a: keys are short and the shard count small.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h as usize) % SHARDS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mark_belongs_to_one_version() {
+        let marks = Marks::new();
+        assert!(marks.is_empty());
+        let stale = Mark {
+            stale: true,
+            ..Mark::default()
+        };
+        marks.lock(b"k").set(7, stale);
+        assert!(!marks.is_empty());
+        assert_eq!(marks.get(b"k", 7), stale);
+        assert_eq!(marks.get(b"k", 8), Mark::default());
+        assert_eq!(marks.get(b"other", 7), Mark::default());
+        marks.lock(b"k").forget_unless(7);
+        assert_eq!(marks.get(b"k", 7), stale);
+        marks.lock(b"k").forget_unless(8);
+        assert_eq!(marks.get(b"k", 7), Mark::default());
+        assert!(marks.is_empty());
+        marks.lock(b"k").set(9, stale);
+        marks.lock(b"k").set(9, Mark::default());
+        assert!(marks.is_empty());
+    }
+}
