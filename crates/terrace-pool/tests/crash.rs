@@ -168,6 +168,13 @@ struct Run {
     leak: Option<Leak>,
 }
 
+/// Which root slots [`Run::pick`] chooses from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RootSlot {
+    Full,
+    Empty,
+}
+
 impl Run {
     fn root(&self) -> Oid {
         self.pool.root(ROOT_SIZE).expect("root")
@@ -177,12 +184,14 @@ impl Run {
         HandleAt::Word(self.root().offset() + i * 8)
     }
 
-    fn pick(&mut self, full: bool) -> Option<u64> {
+    /// A random slot of the root that holds a handle (`RootSlot::Full`) or none (`RootSlot::Empty`).
+    fn pick(&mut self, want: RootSlot) -> Option<u64> {
         let root = self.root();
         let start = self.rng.below(SLOTS);
-        (0..SLOTS)
-            .map(|k| (start + k) % SLOTS)
-            .find(|&i| (self.pool.read_u64(root, i * 8).expect("slot") != 0) == full)
+        (0..SLOTS).map(|k| (start + k) % SLOTS).find(|&i| {
+            let full = self.pool.read_u64(root, i * 8).expect("slot") != 0;
+            full == (want == RootSlot::Full)
+        })
     }
 
     /// A registered class and a size it serves, if any class is registered.
@@ -212,7 +221,9 @@ impl Run {
         self.next_seed += 1;
         match self.rng.below(19) {
             0..=3 => {
-                let Some(i) = self.pick(false) else { return };
+                let Some(i) = self.pick(RootSlot::Empty) else {
+                    return;
+                };
                 self.set_seed_durable(i, seed);
                 let data = pattern(seed, CHECKED.min(size));
                 let r = self
@@ -225,12 +236,16 @@ impl Run {
                 }
             }
             4..=5 => {
-                let Some(i) = self.pick(true) else { return };
+                let Some(i) = self.pick(RootSlot::Full) else {
+                    return;
+                };
                 self.pool.free(self.slot(i)).expect("free");
                 self.counts.free += 1;
             }
             6 => {
-                let Some(i) = self.pick(true) else { return };
+                let Some(i) = self.pick(RootSlot::Full) else {
+                    return;
+                };
                 // Contents are checked over 64 bytes: a smaller (custom-class) object
                 // would leave only its prefix of the pattern in the new one.
                 let old = Oid::from_offset(self.pool.read_u64(self.root(), i * 8).expect("slot"));
@@ -249,7 +264,9 @@ impl Run {
             }
             10 => {
                 // Rewrite a published object's contents and its seed in one transaction.
-                let Some(i) = self.pick(true) else { return };
+                let Some(i) = self.pick(RootSlot::Full) else {
+                    return;
+                };
                 let root = self.root();
                 let obj = Oid::from_offset(self.pool.read_u64(root, i * 8).expect("slot"))
                     .expect("non-null");
@@ -264,7 +281,9 @@ impl Run {
             }
             12 | 13 => {
                 // Allocate with the handle held by the caller, then publish it by hand.
-                let Some(i) = self.pick(false) else { return };
+                let Some(i) = self.pick(RootSlot::Empty) else {
+                    return;
+                };
                 self.set_seed_durable(i, seed);
                 let data = pattern(seed, CHECKED.min(size));
                 let r = self
@@ -288,7 +307,9 @@ impl Run {
             }
             14 => {
                 // Unpublish by hand, then free by handle.
-                let Some(i) = self.pick(true) else { return };
+                let Some(i) = self.pick(RootSlot::Full) else {
+                    return;
+                };
                 let root = self.root();
                 let off = self.pool.read_u64(root, i * 8).expect("slot");
                 self.leak = Some(Leak { off, seed: None });
@@ -318,7 +339,9 @@ impl Run {
             }
             16 | 17 => {
                 // Allocate in a custom class, published by the pool.
-                let Some(i) = self.pick(false) else { return };
+                let Some(i) = self.pick(RootSlot::Empty) else {
+                    return;
+                };
                 let Some((class, size)) = self.pick_class() else {
                     return;
                 };
@@ -337,7 +360,9 @@ impl Run {
             }
             18 => {
                 // Allocate in a custom class keeping the handle, then publish by hand.
-                let Some(i) = self.pick(false) else { return };
+                let Some(i) = self.pick(RootSlot::Empty) else {
+                    return;
+                };
                 let Some((class, size)) = self.pick_class() else {
                     return;
                 };
@@ -376,8 +401,8 @@ impl Run {
     /// A transaction freeing one slot, allocating another and bumping the counter;
     /// `how`: 0..=2 commit, 3 abort, 4 fail inside a nested transaction, 5 panic.
     fn tx(&mut self, size: u64, seed: u64, how: u64) {
-        let full = self.pick(true);
-        let empty = self.pick(false);
+        let full = self.pick(RootSlot::Full);
+        let empty = self.pick(RootSlot::Empty);
         // Half of the transactions that allocate do it in a custom class.
         let class = if self.rng.below(2) == 0 {
             self.pick_class()
