@@ -1185,12 +1185,21 @@ pub(super) mod tests {
         }
     }
 
+    /// What the writer racing a move does to `victim`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Racer {
+        /// Deletes it.
+        Delete,
+        /// Overwrites it with `value(0, 2)`.
+        Overwrite,
+    }
+
     /// Installs the [`before_publish`] hook: the first time a copy of `victim` is about
-    /// to be published, the key is overwritten (with `value(0, 2)`) or deleted. Returns
-    /// how many times it fired.
+    /// to be published, the key is overwritten or deleted, as `racer` says. Returns how
+    /// many times it fired.
     fn race_a_writer_before_publishing(
         c: &std::sync::Arc<Cache>,
-        overwrite: bool,
+        racer: Racer,
     ) -> std::sync::Arc<AtomicUsize> {
         let fired = std::sync::Arc::new(AtomicUsize::new(0));
         let c = std::sync::Arc::clone(c);
@@ -1201,10 +1210,11 @@ pub(super) mod tests {
                     return;
                 }
                 count.fetch_add(1, Ordering::Relaxed);
-                if overwrite {
-                    c.set(b"victim", &value(0, 2), 0, 0).unwrap();
-                } else {
-                    assert!(c.delete(b"victim").unwrap());
+                match racer {
+                    Racer::Overwrite => {
+                        c.set(b"victim", &value(0, 2), 0, 0).unwrap();
+                    }
+                    Racer::Delete => assert!(c.delete(b"victim").unwrap()),
                 }
             }))
         });
@@ -1214,9 +1224,9 @@ pub(super) mod tests {
     /// Removes the [`before_publish`] hook, then checks that `victim` holds what the
     /// racing writer left — `value(0, 2)` after an overwrite, nothing after a delete — in
     /// the running cache and after a restart with `config` ([`crash_and_check`]).
-    fn check_the_writer_won(c: std::sync::Arc<Cache>, config: CacheConfig, overwrite: bool) {
+    fn check_the_writer_won(c: std::sync::Arc<Cache>, config: CacheConfig, racer: Racer) {
         BEFORE_PUBLISH.with(|h| h.borrow_mut().take());
-        let expect = overwrite.then(|| value(0, 2));
+        let expect = (racer == Racer::Overwrite).then(|| value(0, 2));
         let now = c.get(b"victim").unwrap().map(|g| g.value().to_vec());
         assert_eq!(now, expect, "running cache");
         crash_and_check(c, config, expect);
@@ -1241,7 +1251,7 @@ pub(super) mod tests {
     /// neither the running cache nor a restart may bring the old value back (the
     /// evictor publishes only if the entry still points at the source, which is still
     /// LIVE; else it kills its copy).
-    fn reinsertion_racing_a_writer(overwrite: bool) {
+    fn reinsertion_racing_a_writer(racer: Racer) {
         let dir = tier_dir();
         let (c, _) = Cache::open(file_only(dir.path())).unwrap();
         let c = std::sync::Arc::new(c);
@@ -1250,22 +1260,22 @@ pub(super) mod tests {
             c.get(b"victim").unwrap().is_some(),
             "a hit: it will be reinserted"
         );
-        let fired = race_a_writer_before_publishing(&c, overwrite);
+        let fired = race_a_writer_before_publishing(&c, racer);
         write_until(&c, "k", "the victim's eviction", || {
             fired.load(Ordering::Relaxed) > 0
         });
         assert_eq!(c.stats().inline_evictions, 0);
-        check_the_writer_won(c, file_only(dir.path()), overwrite);
+        check_the_writer_won(c, file_only(dir.path()), racer);
     }
 
     #[test]
     fn a_reinsertion_racing_a_delete_never_brings_the_value_back() {
-        reinsertion_racing_a_writer(false);
+        reinsertion_racing_a_writer(Racer::Delete);
     }
 
     #[test]
     fn a_reinsertion_racing_an_overwrite_never_brings_the_old_value_back() {
-        reinsertion_racing_a_writer(true);
+        reinsertion_racing_a_writer(Racer::Overwrite);
     }
 
     /// Two file tiers, promotion on.
@@ -1286,7 +1296,7 @@ pub(super) mod tests {
     /// A writer replaces or deletes the key between the promotion's copy and its
     /// publication: the copy must die, durably, or a restart would bring the old value
     /// back from tier 0.
-    fn promotion_racing_a_writer(overwrite: bool) {
+    fn promotion_racing_a_writer(racer: Racer) {
         let dir = tier_dir();
         let (c, _) = Cache::open(promoting_files(dir.path())).unwrap();
         let c = std::sync::Arc::new(c);
@@ -1301,21 +1311,21 @@ pub(super) mod tests {
         // promotion.
         assert_eq!(c.get(b"victim").unwrap().unwrap().tier(), 1);
         assert_eq!(c.get(b"victim").unwrap().unwrap().tier(), 1);
-        let fired = race_a_writer_before_publishing(&c, overwrite);
+        let fired = race_a_writer_before_publishing(&c, racer);
         c.maintain().unwrap();
         assert_eq!(fired.load(Ordering::Relaxed), 1, "the promotion never ran");
         assert_eq!(c.stats().promotions, 0);
-        check_the_writer_won(c, promoting_files(dir.path()), overwrite);
+        check_the_writer_won(c, promoting_files(dir.path()), racer);
     }
 
     #[test]
     fn a_promotion_racing_a_delete_never_brings_the_value_back() {
-        promotion_racing_a_writer(false);
+        promotion_racing_a_writer(Racer::Delete);
     }
 
     #[test]
     fn a_promotion_racing_an_overwrite_never_brings_the_old_value_back() {
-        promotion_racing_a_writer(true);
+        promotion_racing_a_writer(Racer::Overwrite);
     }
 
     #[test]
@@ -1451,30 +1461,30 @@ pub(super) mod tests {
     /// A cleaning in a durable (file) tier races with a delete or an overwrite of the
     /// key, between copying the item and publishing the copy: the copy must die, in the
     /// running cache and after a restart (the copy is published as every move is).
-    fn cleaning_racing_a_writer(overwrite: bool) {
+    fn cleaning_racing_a_writer(racer: Racer) {
         let dir = tier_dir();
         let (c, _) = Cache::open(file_only(dir.path())).unwrap();
         let (_, same) = victim_in_main(&c, 150);
         overwrite_odd(&c, &same);
         let c = std::sync::Arc::new(c);
-        let fired = race_a_writer_before_publishing(&c, overwrite);
+        let fired = race_a_writer_before_publishing(&c, racer);
         assert!(c.clean_one(0).unwrap());
         assert_eq!(
             fired.load(Ordering::Relaxed),
             1,
             "the cleaning never copied the victim"
         );
-        check_the_writer_won(c, file_only(dir.path()), overwrite);
+        check_the_writer_won(c, file_only(dir.path()), racer);
     }
 
     #[test]
     fn a_cleaning_racing_a_delete_never_brings_the_value_back() {
-        cleaning_racing_a_writer(false);
+        cleaning_racing_a_writer(Racer::Delete);
     }
 
     #[test]
     fn a_cleaning_racing_an_overwrite_never_brings_the_old_value_back() {
-        cleaning_racing_a_writer(true);
+        cleaning_racing_a_writer(Racer::Overwrite);
     }
 
     #[test]
@@ -1509,7 +1519,7 @@ pub(super) mod tests {
     /// A stay in a durable tier 0 races with a delete or an overwrite of the key, between
     /// copying the item and publishing the copy: the copy must die, in the running cache
     /// and after a restart.
-    fn stay_racing_a_writer(overwrite: bool) {
+    fn stay_racing_a_writer(racer: Racer) {
         let dir = tier_dir();
         let files = |dir: &Path| CacheConfig {
             promote: false,
@@ -1521,7 +1531,7 @@ pub(super) mod tests {
         for _ in 0..STAY_HITS {
             assert!(c.get(b"victim").unwrap().is_some());
         }
-        let fired = race_a_writer_before_publishing(&c, overwrite);
+        let fired = race_a_writer_before_publishing(&c, racer);
         write_until(&c, "k", "the victim's eviction", || {
             fired.load(Ordering::Relaxed) > 0
         });
@@ -1529,17 +1539,17 @@ pub(super) mod tests {
         // reinsertion segment was opened for it (a demotion would have gone to tier 1).
         assert!(!c.tiers[0].reinsert.lock().is_empty(), "no stay was copied");
         assert_eq!(c.stats().tiers[0].reinserted, 0, "the stay was published");
-        check_the_writer_won(c, files(dir.path()), overwrite);
+        check_the_writer_won(c, files(dir.path()), racer);
     }
 
     #[test]
     fn a_stay_racing_a_delete_never_brings_the_value_back() {
-        stay_racing_a_writer(false);
+        stay_racing_a_writer(Racer::Delete);
     }
 
     #[test]
     fn a_stay_racing_an_overwrite_never_brings_the_old_value_back() {
-        stay_racing_a_writer(true);
+        stay_racing_a_writer(Racer::Overwrite);
     }
 
     #[test]
