@@ -35,7 +35,8 @@
 //!   them. Terrace has a single *zone* (libpmemobj's word): the whole heap, described by
 //!   one array of page descriptors.
 //! - **page**: the unit of heap space, 4 KiB ([`format::PAGE`]); runs and extents are
-//!   whole pages (libpmemobj's unit is a 256 KiB chunk).
+//!   whole pages (libpmemobj's unit is a 256 KiB *chunk*, which makes its large objects
+//!   waste up to 25%). Nothing limits a pool's size but the 2^32-page index.
 //! - **span**: consecutive pages that are one run or one extent; its first page is the
 //!   *head* and carries the descriptor.
 //! - **run**: a span holding slots of one size (its *unit*) and one type number; its
@@ -43,24 +44,27 @@
 //!   carry no header.
 //! - **extent**: a span holding one large object (above 128 KiB), sized in whole pages.
 //! - **size class**: the unit serving a request size ([`class`]): multiples of 16 B from
-//!   64 B to 1 KiB, then 32 steps per power of two up to 128 KiB. Built in: nothing
-//!   about them is stored in the pool.
+//!   64 B to 1 KiB, then 32 steps per power of two up to 128 KiB (< 3.1% rounding).
+//!   Built in: nothing about them is stored in the pool.
 //! - **custom class** ([`ClassId`], [`ClassDesc`]; libpmemobj's allocation class): a unit
 //!   and run length a program registers ([`Pool::register_class`]) and names when it
 //!   allocates ([`Pool::alloc_in`]); recorded in the pool's *class table*, so it
-//!   survives close and reopen.
+//!   survives close and reopen (libpmemobj keeps its classes in memory only). Runs
+//!   carved for it record its id.
 //! - **owned run**: a run a thread allocates from without locks (volatile). A full run
 //!   goes back to its class, where runs with free slots are *listed* for any thread.
 //! - **lane**: a per-operation log area (redo + undo). A commit of more than one word
 //!   takes any free lane; a transaction ([`Tx`]) holds one from begin to end.
 //! - **redo log**: a lane's list of word updates (`set`, `or`, `and-not`) that become
 //!   durable together.
-//! - **single-word commit**: an operation that changes exactly one word makes that
-//!   aligned 8-byte update and persists it; the persist is its commit point, no log.
+//! - **single-word commit**: an operation that changes exactly one word (an allocation
+//!   or free whose handle the caller keeps, a run's release, a class registration) makes
+//!   that aligned 8-byte update and persists it; the persist is its commit point, no log.
 //! - **undo log**: a lane's snapshots taken by a transaction before it first writes a
 //!   range; rolled back on abort and at open after a crash.
 //! - **persist point**: one call to [`Backend::persist`]; after it returns, what it
-//!   covered survives a crash (to the medium's [`Durability`]).
+//!   covered survives a crash (to the medium's [`Durability`]). The crash tests take the
+//!   durable image at every persist point.
 //! - **publish**: storing an object's handle at a [`HandleAt`] inside the pool,
 //!   atomically with allocating (or, for a free, clearing) it.
 //! - **poisoned**: the state of a pool after a persistence step failed midway; it
