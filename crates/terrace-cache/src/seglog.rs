@@ -53,7 +53,7 @@ pub enum LogError {
     TooLarge { need: usize, capacity: u32 },
 }
 
-/// Why recovery dropped a segment.
+/// Why [`SegmentLog::recover`] dropped a segment buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LogDropReason {
@@ -67,7 +67,7 @@ pub enum LogDropReason {
     Scan(ScanEnd),
 }
 
-/// What recovery found.
+/// What [`SegmentLog::recover`]'s scan of the segment buffers kept and dropped.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LogScanReport {
     /// Segments whose items were kept.

@@ -35,7 +35,8 @@ pub enum DropReason {
     Scan(segment::ScanEnd),
 }
 
-/// What the restart scan found.
+/// What [`Cache::open`] found in the tiers it reopened: what it kept (from the saved
+/// index or by scanning), what it dropped and why.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RestartReport {
     /// Segments whose items were kept.
