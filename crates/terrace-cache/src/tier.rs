@@ -1,5 +1,6 @@
 //! Tiers: one medium (DRAM, a file in a directory, a NUMA node) holding a segment area
-//! (`mem::SegmentArea`), its free list, its FIFO of sealed segments and its counters.
+//! (`mem::SegmentArea`), its free list, its queues of sealed segments (`fifo`, `main`),
+//! its reclaim list and its counters.
 //! Sizes are bytes or a ratio of a total (CacheLib's `ratio`), resolved by
 //! [`resolve_sizes`].
 //!
