@@ -9,8 +9,8 @@
 //! trustworthy across reboots.
 //!
 //! Format: the boot id's text (Linux's `/proc/sys/kernel/random/boot_id`), then
-//! `crc32(text)` as 8 hex digits, on one line; written and synced at every open, before
-//! anything is written to the tiers.
+//! `crc32(text)` as 8 hex digits, on one line; written and synced at every open of a
+//! cache with such a tier, before anything is written to the tiers.
 //!
 //! Invariant: when the mark names another boot than the current one and the stop before
 //! was not clean, no segment of a page-cache tier written before this open is scanned.
