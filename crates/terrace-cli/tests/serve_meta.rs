@@ -51,7 +51,7 @@ fn start_memcached() -> Option<Memcached> {
 }
 
 /// Sends `request` (lines joined with `\r\n`) then `mn`, and returns everything before
-/// the `MN` with CAS values masked (`c<n>` becomes `c*`).
+/// the `MN` with CAS values masked ([`mask_cas`]).
 fn exchange(conn: &mut Conn, request: &str) -> String {
     let mut bytes = request.replace('\n', "\r\n");
     bytes.push_str("\r\nmn\r\n");
@@ -67,7 +67,12 @@ fn exchange(conn: &mut Conn, request: &str) -> String {
     lines.join("\n")
 }
 
+/// Masks CAS values: meta's `c<n>` flags and the fifth token of a `gets` hit.
 fn mask_cas(line: &str) -> String {
+    let tokens: Vec<&str> = line.split(' ').collect();
+    if tokens.len() == 5 && tokens[0] == "VALUE" {
+        return format!("{} {} {} {} c*", tokens[0], tokens[1], tokens[2], tokens[3]);
+    }
     line.split(' ')
         .map(|token| match token.strip_prefix('c') {
             Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => "c*",
@@ -194,4 +199,62 @@ fn vivify_invalidate_and_recache_flows_match_memcached() {
             ("mg rc R10 v", "VA 1 Z\nx"),
         ],
     );
+}
+
+/// `stats detail`: switched on and off, the per-prefix counts of the ascii commands
+/// (meta commands are not counted), the usage error; compared with memcached byte for
+/// byte (one prefix at a time: memcached lists prefixes in its hash table's order).
+#[test]
+fn stats_detail_matches_memcached() {
+    let detail: &[&str] = &[
+        "stats detail",
+        "stats detail bogus",
+        "stats detail dump",
+        "set p:1 0 0 1\nx",
+        "stats detail on",
+        "set p:1 0 0 1\nx",
+        "get p:1 p:2 nokey",
+        "gets p:1",
+        "delete p:2",
+        "delete p:1",
+        "ms p:3 1\ny",
+        "mg p:3 v",
+        "md p:3",
+        "add p:1 0 0 1\nz",
+        "stats detail dump",
+        "stats detail off",
+        "get p:1",
+        "stats detail dump",
+        "stats reset",
+        "stats detail dump",
+    ];
+    compare(
+        &[("detail", detail)],
+        &[("gets p:1", "VALUE p:1 0 1 c*\nx\nEND")],
+    );
+}
+
+/// `stats settings` lists memcached 1.6.18's keys, in its order.
+#[test]
+fn stats_settings_has_memcacheds_keys() {
+    let Some(memcached) = start_memcached() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("creating a temporary directory");
+    let terrace = common::start(dir.path(), &[]);
+    let names = |conn: &mut Conn| -> Vec<String> {
+        conn.send(b"stats settings\r\n");
+        let mut names = Vec::new();
+        loop {
+            let line = conn.line();
+            if line == "END" {
+                break names;
+            }
+            names.push(line.split(' ').nth(1).unwrap_or_default().to_string());
+        }
+    };
+    let theirs = names(&mut Conn::tcp(memcached.port));
+    let ours = names(&mut terrace.connect());
+    assert_eq!(theirs.len(), 76, "memcached 1.6.18 has 76 settings");
+    assert_eq!(ours, theirs);
 }

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use crate::config::ServerConfig;
 use crate::shared::{Limits, Routes, Shared};
-use crate::stats;
+use crate::stats::{self, ListenFacts};
 use crate::workers::{Accepted, Workers};
 
 /// How long the movers sleep between rounds (they also run when a writer runs low).
@@ -101,7 +101,7 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
     describe_tiers(&config, &pools);
     let movers = pools.start_movers(MOVER_INTERVAL);
     let pools = Arc::new(pools);
-    let shared = Arc::new(Shared::new(
+    let mut shared = Shared::new(
         Arc::clone(&pools),
         routes,
         Limits {
@@ -110,7 +110,9 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
         },
         config.max_connections,
         config.threads,
-    ));
+    );
+    shared.listen = ListenFacts::new(config.listen.as_deref(), config.unix.as_deref());
+    let shared = Arc::new(shared);
     // The acceptor, signals, metrics and timers run here; connections on the workers.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .thread_name("terrace-main")

@@ -15,7 +15,7 @@ use std::time::Instant;
 use terrace_cache::{Cache, CacheError, Checked, Guard, Pools, Store};
 
 use crate::marks::{Locked, Marks};
-use crate::stats::{Counter, Counters};
+use crate::stats::{Counter, Counters, DetailOp, ListenFacts};
 
 /// memcached treats an exptime above this many seconds (30 days) as a Unix time.
 pub const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
@@ -114,6 +114,8 @@ pub struct Shared {
     flush_at: AtomicU64,
     /// The meta protocol's stale and win marks.
     pub marks: Marks,
+    /// Where the server listens (for `stats settings`); set by the server after `new`.
+    pub listen: ListenFacts,
 }
 
 impl std::fmt::Debug for Shared {
@@ -151,6 +153,7 @@ impl Shared {
             threads,
             flush_at: AtomicU64::new(0),
             marks: Marks::new(),
+            listen: ListenFacts::default(),
         }
     }
 
@@ -194,8 +197,18 @@ impl Shared {
         }
     }
 
-    /// A counted get (cmd_get, get_hits, get_misses).
+    /// A counted get (cmd_get, get_hits, get_misses, and `stats detail`).
     pub fn get(&self, key: &[u8]) -> Result<Option<Guard<'_>>, Failure> {
+        let r = self.get_meta(key)?;
+        self.counters
+            .detail
+            .record(key, DetailOp::Get { hit: r.is_some() });
+        Ok(r)
+    }
+
+    /// [`get`](Self::get) without the `stats detail` tally (memcached does not count
+    /// the meta commands there; the same holds for every `_meta` operation).
+    pub fn get_meta(&self, key: &[u8]) -> Result<Option<Guard<'_>>, Failure> {
         self.counters.add(Counter::CmdGet, 1);
         let r = self.cache(key).get(key).map_err(|e| Failure::of(&e))?;
         self.counters.add(
@@ -213,6 +226,15 @@ impl Shared {
     /// and a get). A touch gives the item a new CAS in Terrace; its meta marks move with
     /// it.
     pub fn gat(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
+        let r = self.gat_meta(key, exptime)?;
+        self.counters
+            .detail
+            .record(key, DetailOp::Get { hit: r.is_some() });
+        Ok(r)
+    }
+
+    /// [`gat`](Self::gat) without the `stats detail` tally.
+    pub fn gat_meta(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
         if self.marks.is_empty() {
             return self.gat_unmarked(key, exptime);
         }
@@ -263,7 +285,7 @@ impl Shared {
                 .map_err(|e| Failure::of(&e))?,
             Expiry::Past => {
                 // The item is returned once more, then gone (memcached returns it too).
-                let hit = self.get(key)?;
+                let hit = self.get_meta(key)?;
                 if hit.is_some() {
                     self.counters.add(Counter::TouchHits, 1);
                     let guard = hit;
@@ -287,7 +309,7 @@ impl Shared {
             self.counters.add(Counter::GetMisses, 1);
             return Ok(None);
         }
-        self.get(key)
+        self.get_meta(key)
     }
 
     /// A storage command: `Store::Stored` carries the new CAS.
@@ -302,10 +324,36 @@ impl Shared {
         self.store_checked(op, key, value, flags, exptime, None)
     }
 
+    /// [`store`](Self::store) without the `stats detail` tally.
+    pub fn store_meta(
+        &self,
+        op: StoreOp,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: i64,
+    ) -> Result<Store, Failure> {
+        self.store_checked_meta(op, key, value, flags, exptime, None)
+    }
+
     /// [`store`](Self::store), with append and prepend applied only to the item of CAS
     /// `if_cas` when one is given ([`Store::Exists`] otherwise; checked atomically with
     /// the write). Other operations ignore `if_cas` (`StoreOp::Cas` carries its own).
     pub fn store_checked(
+        &self,
+        op: StoreOp,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: i64,
+        if_cas: Option<u64>,
+    ) -> Result<Store, Failure> {
+        self.counters.detail.record(key, DetailOp::Set);
+        self.store_checked_meta(op, key, value, flags, exptime, if_cas)
+    }
+
+    /// [`store_checked`](Self::store_checked) without the `stats detail` tally.
+    pub fn store_checked_meta(
         &self,
         op: StoreOp,
         key: &[u8],
@@ -392,6 +440,16 @@ impl Shared {
     /// Counted delete of the item of CAS `if_cas` only, when one is given (compared
     /// atomically with the removal); a refusal counts as a delete miss.
     pub fn delete_checked(&self, key: &[u8], if_cas: Option<u64>) -> Result<Checked<()>, Failure> {
+        self.counters.detail.record(key, DetailOp::Delete);
+        self.delete_checked_meta(key, if_cas)
+    }
+
+    /// [`delete_checked`](Self::delete_checked) without the `stats detail` tally.
+    pub fn delete_checked_meta(
+        &self,
+        key: &[u8],
+        if_cas: Option<u64>,
+    ) -> Result<Checked<()>, Failure> {
         let r = self
             .cache(key)
             .delete_checked(key, if_cas)

@@ -107,6 +107,8 @@ pub struct Counters {
     /// Sums at the last `stats reset`, subtracted from every read.
     baseline: [AtomicU64; COUNTERS],
     pub curr_connections: AtomicUsize,
+    /// `stats detail`'s per-prefix counters.
+    pub detail: Detail,
 }
 
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
@@ -122,6 +124,7 @@ impl Counters {
                 .collect(),
             baseline: std::array::from_fn(|_| AtomicU64::new(0)),
             curr_connections: AtomicUsize::new(0),
+            detail: Detail::default(),
         }
     }
 
@@ -144,16 +147,217 @@ impl Counters {
     }
 
     /// `stats reset`: every counter reads 0 from now on (the connection gauge is kept).
+    /// `stats reset`: every counter, and `stats detail`'s prefixes (as memcached).
     pub fn reset(&self) {
         for (c, base) in ALL.iter().zip(&self.baseline) {
             base.store(self.total(*c), Ordering::Relaxed);
         }
+        self.detail.clear();
+    }
+}
+
+/// What `stats detail` counts per key prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DetailOp {
+    Get { hit: bool },
+    Set,
+    Delete,
+}
+
+/// memcached's `stats detail`: while on, the ascii and binary get, storage and delete
+/// commands count themselves under their key's prefix — the bytes before the first
+/// [`PREFIX_DELIMITER`]; a key without one is not counted. Off by default (memcached's
+/// `-D` turns it on there). At most [`MAX_PREFIXES`] prefixes are kept: keys of further
+/// ones are not counted, so a client cannot grow the table without bound.
+#[derive(Debug, Default)]
+pub struct Detail {
+    on: std::sync::atomic::AtomicBool,
+    /// Prefix → gets, hits, sets, deletes.
+    prefixes: std::sync::Mutex<std::collections::BTreeMap<Vec<u8>, [u64; 4]>>,
+}
+
+/// memcached's default prefix delimiter.
+pub const PREFIX_DELIMITER: u8 = b':';
+
+/// Most prefixes `stats detail` keeps.
+pub const MAX_PREFIXES: usize = 65_536;
+
+impl Detail {
+    pub fn set_on(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Counts `op` under `key`'s prefix, when detail is on and the key has one (as in
+    /// memcached, a NUL byte before the delimiter ends the search).
+    pub fn record(&self, key: &[u8], op: DetailOp) {
+        if !self.is_on() {
+            return;
+        }
+        let Some(end) = key
+            .iter()
+            .take_while(|&&b| b != 0)
+            .position(|&b| b == PREFIX_DELIMITER)
+        else {
+            return;
+        };
+        let prefix = &key[..end];
+        let mut prefixes = self.prefixes.lock().unwrap_or_else(|p| p.into_inner());
+        if !prefixes.contains_key(prefix) && prefixes.len() >= MAX_PREFIXES {
+            return;
+        }
+        let counts = prefixes.entry(prefix.to_vec()).or_default();
+        match op {
+            DetailOp::Get { hit } => {
+                counts[0] += 1;
+                counts[1] += u64::from(hit);
+            }
+            DetailOp::Set => counts[2] += 1,
+            DetailOp::Delete => counts[3] += 1,
+        }
+    }
+
+    /// `stats detail dump`: one `PREFIX <p> get <n> hit <n> set <n> del <n>` line per
+    /// prefix (in byte order; memcached's order is its hash table's), then `END`.
+    pub fn dump(&self) -> Vec<u8> {
+        let prefixes = self.prefixes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::with_capacity(prefixes.len() * 48 + 5);
+        for (prefix, [gets, hits, sets, deletes]) in prefixes.iter() {
+            out.extend_from_slice(b"PREFIX ");
+            out.extend_from_slice(prefix);
+            let _ = write!(
+                DumpWriter(&mut out),
+                " get {gets} hit {hits} set {sets} del {deletes}\r\n"
+            );
+        }
+        out.extend_from_slice(b"END\r\n");
+        out
+    }
+
+    fn clear(&self) {
+        self.prefixes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+}
+
+/// `fmt::Write` into a byte buffer.
+struct DumpWriter<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for DumpWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// `stats detail <arg>` (ascii): `OK` for `on` and `off`, the dump for `dump`, else
+/// memcached's usage error.
+pub fn detail_text(shared: &Shared, arg: Option<&[u8]>) -> Vec<u8> {
+    match arg {
+        Some(b"on") => {
+            shared.counters.detail.set_on(true);
+            b"OK\r\n".to_vec()
+        }
+        Some(b"off") => {
+            shared.counters.detail.set_on(false);
+            b"OK\r\n".to_vec()
+        }
+        Some(b"dump") => shared.counters.detail.dump(),
+        _ => b"CLIENT_ERROR usage: stats detail on|off|dump\r\n".to_vec(),
+    }
+}
+
+/// The binary STAT of a key starting `detail` (`rest`: what follows): as memcached, the
+/// stats to send — none for ` on` and ` off`, one `detailed` stat holding the dump for
+/// ` dump` (each matched as a prefix) — or `None` (key not found) for anything else.
+pub fn detail_binary(shared: &Shared, rest: &[u8]) -> Option<Vec<(String, Value)>> {
+    let detail = &shared.counters.detail;
+    if rest.starts_with(b" dump") {
+        let dump = String::from_utf8_lossy(&detail.dump()).into_owned();
+        Some(vec![("detailed".to_string(), Value::Text(dump))])
+    } else if rest.starts_with(b" on") {
+        detail.set_on(true);
+        Some(Vec::new())
+    } else if rest.starts_with(b" off") {
+        detail.set_on(false);
+        Some(Vec::new())
+    } else {
+        None
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn detail_counts_per_prefix_only_while_on() {
+        let shared = crate::shared::test_shared();
+        let detail = &shared.counters.detail;
+        detail.record(b"a:1", DetailOp::Set);
+        assert_eq!(detail.dump(), b"END\r\n");
+        assert_eq!(detail_text(&shared, Some(b"on")), b"OK\r\n");
+        assert!(detail.is_on());
+        detail.record(b"a:1", DetailOp::Set);
+        detail.record(b"a:2", DetailOp::Get { hit: true });
+        detail.record(b"a:3", DetailOp::Get { hit: false });
+        detail.record(b"b::", DetailOp::Delete);
+        // No delimiter, or a NUL before it: not counted.
+        detail.record(b"plain", DetailOp::Set);
+        detail.record(b"x\0:y", DetailOp::Set);
+        assert_eq!(
+            String::from_utf8(detail.dump()).unwrap(),
+            "PREFIX a get 2 hit 1 set 1 del 0\r\nPREFIX b get 0 hit 0 set 0 del 1\r\nEND\r\n"
+        );
+        assert_eq!(
+            detail_text(&shared, Some(b"dump")),
+            detail.dump(),
+            "stats detail dump"
+        );
+        assert_eq!(
+            detail_text(&shared, None),
+            b"CLIENT_ERROR usage: stats detail on|off|dump\r\n"
+        );
+        // Binary: prefixes of the key after "detail"; the dump as one stat.
+        assert_eq!(detail_binary(&shared, b" offx").map(|r| r.len()), Some(0));
+        assert!(!detail.is_on());
+        assert_eq!(detail_binary(&shared, b" bogus"), None);
+        let dump = detail_binary(&shared, b" dump").expect("a dump");
+        assert_eq!(dump.len(), 1);
+        assert_eq!(dump[0].0, "detailed");
+        assert!(dump[0].1.to_string().starts_with("PREFIX a get 2"));
+        // `stats reset` forgets the prefixes.
+        shared.counters.reset();
+        assert_eq!(detail.dump(), b"END\r\n");
+    }
+
+    #[test]
+    fn settings_has_memcacheds_76_keys() {
+        let shared = crate::shared::test_shared();
+        let settings = settings(&shared);
+        assert_eq!(settings.len(), 76);
+        let get = |name: &str| {
+            settings
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.to_string())
+                .unwrap_or_else(|| panic!("no {name}"))
+        };
+        assert_eq!(get("maxbytes"), (32u64 << 20).to_string());
+        assert_eq!(get("item_size_max"), "1048576");
+        assert_eq!(get("flush_enabled"), "yes");
+        assert_eq!(get("domain_socket"), "NULL");
+        assert_eq!(get("detail_enabled"), "no");
+        let facts = ListenFacts::new(Some("127.0.0.1:11311"), Some(std::path::Path::new("/s")));
+        assert_eq!(facts.tcp_host.as_deref(), Some("127.0.0.1"));
+        assert_eq!(facts.tcp_port, Some(11311));
+        assert_eq!(facts.unix.as_deref(), Some("/s"));
+    }
 
     #[test]
     fn names_and_order_agree() {
@@ -373,25 +577,173 @@ fn pool_report(
     out
 }
 
-/// `stats settings`.
+/// `stats settings`: memcached 1.6.18's 76 keys, in its order. Where Terrace has the
+/// setting, its value; where the key states a fact of Terrace's behaviour (no UDP, no
+/// SASL, no TLS, flush allowed, no `stats cachedump`), that fact; the slab, LRU and
+/// extstore tunables, which have no counterpart in Terrace, say memcached's defaults
+/// (so tools that parse them find them; they change nothing).
 pub fn settings(shared: &Shared) -> Vec<(String, Value)> {
-    vec![
+    let int = |n: u64| Value::Int(n);
+    let text = |s: &str| Value::Text(s.to_string());
+    let listen = &shared.listen;
+    let segment = shared.pools.default_pool().segment_size() as u64;
+    let maxbytes: u64 = shared
+        .pools
+        .stats()
+        .iter()
+        .flat_map(|(_, s)| s.tiers.iter())
+        .map(|t| u64::from(t.segments) * segment)
+        .sum();
+    let item_size_max = shared.limits.max_value as u64;
+    let threads = shared.threads as u64;
+    let yes_no = |b: bool| text(if b { "yes" } else { "no" });
+    let pairs: Vec<(&str, Value)> = vec![
+        ("maxbytes", int(maxbytes)),
+        ("maxconns", int(shared.max_connections as u64)),
+        ("tcpport", int(listen.tcp_port.map_or(0, u64::from))),
+        ("udpport", int(0)),
+        ("inter", text(listen.tcp_host.as_deref().unwrap_or("NULL"))),
+        ("verbosity", int(0)),
+        ("oldest", int(0)),
+        ("evictions", text("on")),
         (
-            "maxconns".to_string(),
-            Value::Int(shared.max_connections as u64),
+            "domain_socket",
+            text(listen.unix.as_deref().unwrap_or("NULL")),
         ),
-        ("num_threads".to_string(), Value::Int(shared.threads as u64)),
+        ("umask", text(&listen.umask)),
+        ("shutdown_command", text("no")),
+        ("growth_factor", text("1.25")),
+        ("chunk_size", int(48)),
+        ("num_threads", int(threads)),
+        ("num_threads_per_udp", int(threads)),
         (
-            "item_size_max".to_string(),
-            Value::Int(shared.limits.max_value as u64),
+            "stat_key_prefix",
+            text(&char::from(PREFIX_DELIMITER).to_string()),
         ),
-        (
-            "key_size_max".to_string(),
-            Value::Int(shared.limits.max_key as u64),
-        ),
-        ("cas_enabled".to_string(), Value::Text("yes".to_string())),
-        ("evictions".to_string(), Value::Text("on".to_string())),
-    ]
+        ("detail_enabled", yes_no(shared.counters.detail.is_on())),
+        ("reqs_per_event", int(20)),
+        ("cas_enabled", text("yes")),
+        ("tcp_backlog", int(1024)),
+        ("binding_protocol", text("auto-negotiate")),
+        ("auth_enabled_sasl", text("no")),
+        ("auth_enabled_ascii", text("no")),
+        ("item_size_max", int(item_size_max)),
+        ("maxconns_fast", text("yes")),
+        ("hashpower_init", int(0)),
+        ("slab_reassign", text("yes")),
+        ("slab_automove", int(1)),
+        ("slab_automove_ratio", text("0.80")),
+        ("slab_automove_window", int(30)),
+        ("slab_chunk_max", int(item_size_max / 2)),
+        ("lru_crawler", text("yes")),
+        ("lru_crawler_sleep", int(100)),
+        ("lru_crawler_tocrawl", int(0)),
+        ("tail_repair_time", int(0)),
+        ("flush_enabled", text("yes")),
+        ("dump_enabled", text("no")),
+        ("hash_algorithm", text("xxh3")),
+        ("lru_maintainer_thread", text("yes")),
+        ("lru_segmented", text("yes")),
+        ("hot_lru_pct", int(20)),
+        ("warm_lru_pct", int(40)),
+        ("hot_max_factor", text("0.20")),
+        ("warm_max_factor", text("2.00")),
+        ("temp_lru", text("no")),
+        ("temporary_ttl", int(61)),
+        ("idle_timeout", int(0)),
+        ("watcher_logbuf_size", int(262_144)),
+        ("worker_logbuf_size", int(65_536)),
+        ("read_buf_mem_limit", int(0)),
+        ("track_sizes", text("no")),
+        ("inline_ascii_response", text("no")),
+        ("ext_item_size", int(512)),
+        ("ext_item_age", int(u64::from(u32::MAX))),
+        ("ext_low_ttl", int(0)),
+        ("ext_recache_rate", int(2000)),
+        ("ext_wbuf_size", int(4 << 20)),
+        ("ext_compact_under", int(0)),
+        ("ext_drop_under", int(0)),
+        ("ext_max_sleep", int(1_000_000)),
+        ("ext_max_frag", text("0.80")),
+        ("slab_automove_freeratio", text("0.010")),
+        ("ext_drop_unread", text("no")),
+        ("ssl_enabled", text("no")),
+        ("ssl_chain_cert", text("(null)")),
+        ("ssl_key", text("(null)")),
+        ("ssl_verify_mode", int(0)),
+        ("ssl_keyformat", int(1)),
+        ("ssl_ciphers", text("NULL")),
+        ("ssl_ca_cert", text("NULL")),
+        ("ssl_wbuf_size", int(16_384)),
+        ("ssl_session_cache", text("no")),
+        ("ssl_kernel_tls", text("no")),
+        ("ssl_min_version", text("tlsv1.2")),
+        ("num_napi_ids", text("(null)")),
+        ("memory_file", text("(null)")),
+    ];
+    pairs
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .collect()
+}
+
+/// Where the server listens, for `stats settings`.
+#[derive(Clone, Debug)]
+pub struct ListenFacts {
+    /// The TCP host and port asked for (`--listen`).
+    pub tcp_host: Option<String>,
+    pub tcp_port: Option<u16>,
+    /// The UNIX socket path (`--unix`).
+    pub unix: Option<String>,
+    /// memcached's `umask` stat: the permission bits a new socket gets, in octal.
+    pub umask: String,
+}
+
+impl Default for ListenFacts {
+    fn default() -> Self {
+        ListenFacts {
+            tcp_host: None,
+            tcp_port: None,
+            unix: None,
+            umask: socket_mode(),
+        }
+    }
+}
+
+impl ListenFacts {
+    /// From `--listen HOST:PORT` and `--unix PATH`.
+    pub fn new(listen: Option<&str>, unix: Option<&std::path::Path>) -> ListenFacts {
+        let (tcp_host, tcp_port) = match listen.and_then(|l| l.rsplit_once(':')) {
+            Some((host, port)) => (
+                Some(
+                    host.trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_string(),
+                ),
+                port.parse().ok(),
+            ),
+            None => (None, None),
+        };
+        ListenFacts {
+            tcp_host,
+            tcp_port,
+            unix: unix.map(|p| p.display().to_string()),
+            umask: socket_mode(),
+        }
+    }
+}
+
+/// The mode bits a socket file is created with under this process's umask (Linux's
+/// `/proc/self/status`), in octal as memcached prints its `umask` stat; memcached's
+/// default, `700`, when it cannot be read.
+fn socket_mode() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("Umask:"))?;
+            u32::from_str_radix(line.trim_start_matches("Umask:").trim(), 8).ok()
+        })
+        .map_or_else(|| "700".to_string(), |mask| format!("{:o}", 0o777 & !mask))
 }
 
 /// The report in Prometheus' text exposition format: every numeric stat as

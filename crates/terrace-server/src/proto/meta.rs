@@ -522,8 +522,8 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
             .then(|| shared.marks.lock(key));
     let found = match (flags.ttl, locked.as_mut()) {
         (Some(exptime), Some(locked)) => shared.gat_marked(locked, key, exptime),
-        (Some(exptime), None) => shared.gat(key, exptime),
-        (None, _) => shared.get(key),
+        (Some(exptime), None) => shared.gat_meta(key, exptime),
+        (None, _) => shared.get_meta(key),
     };
     let hit = match found {
         Ok(Some(guard)) => Hit::found(guard, flags.ttl.and_then(|e| ttl_of(shared, e))),
@@ -633,7 +633,7 @@ fn vivify_empty<'s>(
     key: &[u8],
     exptime: i64,
 ) -> Result<Option<Hit<'s>>, Failure> {
-    match shared.store(StoreOp::Add, key, b"", 0, exptime)? {
+    match shared.store_meta(StoreOp::Add, key, b"", 0, exptime)? {
         Store::Stored { cas } => {
             // memcached counts the creator's fetch: the next client sees `h1`.
             locked.set(
@@ -803,7 +803,7 @@ fn store_in_mode(
         (SetMode::Append, _) => return concat(shared, request, StoreOp::Append, value),
         (SetMode::Prepend, _) => return concat(shared, request, StoreOp::Prepend, value),
     };
-    shared.store(op, key, value, flags, exptime)
+    shared.store_meta(op, key, value, flags, exptime)
 }
 
 /// `ms` with `I` and `C`: as memcached, a CAS older (lower) than the item's stores the
@@ -822,12 +822,12 @@ fn store_invalidating(
     let mut locked = shared.marks.lock(key);
     loop {
         let Some(current) = cache.peek(key).map_err(fail)? else {
-            return shared.store(StoreOp::Cas(cas), key, value, flags, exptime);
+            return shared.store_meta(StoreOp::Cas(cas), key, value, flags, exptime);
         };
         let (current_cas, ttl) = (current.cas(), ttl_left(shared, &current));
         drop(current);
         if cas == 0 || cas >= current_cas {
-            return shared.store(StoreOp::Cas(cas), key, value, flags, exptime);
+            return shared.store_meta(StoreOp::Cas(cas), key, value, flags, exptime);
         }
         let mark = locked.get(current_cas);
         match cache
@@ -875,7 +875,7 @@ fn concat(
     // As memcached, C0 asks for no check; the check is atomic with the write.
     let if_cas = request.flags.compare_cas.filter(|&c| c != 0);
     // exptime 0: the concatenation keeps the item's own expiry.
-    let result = shared.store_checked(op, key, value, 0, 0, if_cas)?;
+    let result = shared.store_checked_meta(op, key, value, 0, 0, if_cas)?;
     let Some(exptime) = request.flags.vivify else {
         return Ok(result);
     };
@@ -883,9 +883,9 @@ fn concat(
         return Ok(result);
     }
     let flags = request.flags.client_flags.unwrap_or(0);
-    match shared.store(StoreOp::Add, key, value, flags, exptime)? {
+    match shared.store_meta(StoreOp::Add, key, value, flags, exptime)? {
         // Created in between by another client: concatenate to it after all.
-        Store::NotStored => shared.store_checked(op, key, value, 0, 0, if_cas),
+        Store::NotStored => shared.store_checked_meta(op, key, value, 0, 0, if_cas),
         created => Ok(created),
     }
 }
@@ -930,14 +930,14 @@ fn delete_item(shared: &Shared, request: &Request<'_>) -> Result<&'static [u8], 
         };
         let flags = request.flags.client_flags.unwrap_or(0);
         let exptime = request.flags.ttl.unwrap_or(0);
-        return Ok(match shared.store(op, key, b"", flags, exptime)? {
+        return Ok(match shared.store_meta(op, key, b"", flags, exptime)? {
             Store::Stored { .. } => b"HD",
             Store::Exists => b"EX",
             Store::NotStored | Store::NotFound => b"NF",
         });
     }
     Ok(
-        match shared.delete_checked(key, request.flags.compare_cas)? {
+        match shared.delete_checked_meta(key, request.flags.compare_cas)? {
             Checked::Done(()) => b"HD",
             Checked::NotFound => b"NF",
             Checked::Exists => b"EX",
@@ -1067,7 +1067,7 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, way: Delta) -> Resul
             let initial = flags.initial.unwrap_or(0);
             let mut text = Vec::with_capacity(20);
             push_decimal(&mut text, initial);
-            match shared.store(StoreOp::Add, key, &text, 0, exptime)? {
+            match shared.store_meta(StoreOp::Add, key, &text, 0, exptime)? {
                 Store::Stored { cas } => {
                     created = Some((cas, ttl_of(shared, exptime)));
                     initial
