@@ -65,7 +65,7 @@ fn malformed_commands_get_an_error_and_the_connection_stays_usable() {
         b"set k 0 0\r\n".to_vec(),
         b"set k abc 0 1\r\nx\r\n".to_vec(),
         b"set k 0 abc 1\r\nx\r\n".to_vec(),
-        b"set k 4294967296 0 1\r\nx\r\n".to_vec(),
+        b"set k -1 0 1\r\nx\r\n".to_vec(),
         b"set k 0 0 1 extra tokens\r\nx\r\n".to_vec(),
         b"set k 0 0 1\r\nxyz\r\n".to_vec(),
         b"cas k 0 0 1\r\nx\r\n".to_vec(),
@@ -120,10 +120,10 @@ fn a_100kib_line_without_newline_is_refused_and_the_server_stays_up() {
     });
     let reply = c.read_to_close(Duration::from_secs(10));
     let _ = w.join();
-    let text = String::from_utf8_lossy(&reply);
+    // As memcached: the connection is closed without a reply.
     assert!(
-        text.starts_with("CLIENT_ERROR") || text.starts_with("SERVER_ERROR"),
-        "an over-long line must get an error reply before the close; got {:?}",
+        reply.is_empty(),
+        "an over-long line closes the connection without a reply; got {:?}",
         show(&reply)
     );
     server.assert_alive("after a 100 KiB line");

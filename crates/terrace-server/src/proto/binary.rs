@@ -12,10 +12,11 @@
 //!   (a SET/SETQ also removes the key's old value, as memcached does);
 //! - an unknown opcode is answered "Unknown command" and its body skipped: the
 //!   connection goes on;
-//! - any other malformed request (a body shorter than key + extras, a data type other
-//!   than raw, a key above `max_key`, extras, key or value lengths its opcode does not
-//!   take) is answered "Invalid arguments" and the connection closed, as memcached
-//!   does; a first byte other than `0x80` closes without a reply (no resynchronising);
+//! - a body shorter than key + extras is answered "Unknown command", any other
+//!   malformed request (a key above `max_key`, extras, key or value lengths its opcode
+//!   does not take) "Invalid arguments", and the connection closed, as memcached does;
+//!   a first byte other than `0x80` closes without a reply (no resynchronising); the
+//!   data type is ignored, as memcached ignores it;
 //! - quiet opcodes send nothing on success (GETQ/GETKQ/GATQ/GATKQ send hits, not
 //!   misses); errors are always sent, with cas 0, no extras and memcached's text as
 //!   the value (a GETK/GATK miss carries the key instead).
@@ -24,10 +25,9 @@
 //! atomically with the operation (the cache's `Checked` operations), as memcached does.
 //!
 //! Deliberate differences from memcached 1.6: VERBOSITY is answered OK
-//! (memcached 1.6 no longer knows the opcode); the body length of TOUCH/GAT must be
-//! exactly extras + key (memcached does not check it and misframes); a non-raw data type
-//! is invalid (memcached ignores it); a body shorter than key + extras is "Invalid
-//! arguments" (memcached says "Unknown command"; both close).
+//! (memcached 1.6 no longer knows the opcode, and its unknown-command path skips the
+//! body twice); the body length of TOUCH/GAT must be exactly extras + key (memcached
+//! does not check it and misframes).
 
 use std::fmt::Write as _;
 
@@ -321,19 +321,21 @@ pub fn handle(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
             total: Some(HEADER_LEN),
         };
     };
+    // memcached's order of checks (`dispatch_bin_command`): the lengths, the key's
+    // length, then the opcode. The data type is not checked (memcached ignores it).
+    let head_len = HEADER_LEN + header.extras_len + header.key_len;
+    let Some(value_len) = header.body_len.checked_sub(head_len - HEADER_LEN) else {
+        return reject(shared, input, &header, Status::UnknownCommand, out);
+    };
+    if header.key_len > shared.limits.max_key {
+        return reject(shared, input, &header, Status::Invalid, out);
+    }
     let Some(opcode) = Opcode::decode(header.opcode) else {
         respond_error(out, &header, Status::UnknownCommand);
         return skip(input, header.total_len());
     };
-    let head_len = HEADER_LEN + header.extras_len + header.key_len;
-    let Some(value_len) = header.body_len.checked_sub(head_len - HEADER_LEN) else {
-        return reject(shared, input, &header, out);
-    };
-    if header.data_type != RAW_BYTES
-        || header.key_len > shared.limits.max_key
-        || !opcode.command.shape().admits(&header, value_len)
-    {
-        return reject(shared, input, &header, out);
+    if !opcode.command.shape().admits(&header, value_len) {
+        return reject(shared, input, &header, Status::Invalid, out);
     }
     if value_len > shared.limits.max_value {
         let Some(key) = input.get(head_len - header.key_len..head_len) else {
@@ -379,11 +381,18 @@ fn skip(input: &[u8], total: usize) -> Step {
     }
 }
 
-/// A malformed request: "Invalid arguments", then close (as memcached: past a request
-/// whose lengths do not fit its opcode the stream is not trusted).
-fn reject(shared: &Shared, input: &[u8], header: &Header, out: &mut Vec<u8>) -> Step {
+/// A malformed request: an error (memcached's: "Unknown command" for a body shorter
+/// than its key and extras, else "Invalid arguments"), then close (as memcached: past
+/// a request whose lengths do not fit its opcode the stream is not trusted).
+fn reject(
+    shared: &Shared,
+    input: &[u8],
+    header: &Header,
+    status: Status,
+    out: &mut Vec<u8>,
+) -> Step {
     shared.counters.add(Counter::ProtocolErrors, 1);
-    respond_error(out, header, Status::Invalid);
+    respond_error(out, header, status);
     Step::Close {
         consumed: input.len(),
     }
@@ -606,6 +615,10 @@ fn stat(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
             shared.counters.reset();
             Vec::new()
         }
+        key if key.starts_with(b"detail") => match stats::detail_binary(shared, &key[6..]) {
+            Some(report) => report,
+            None => return request.fail(out, Status::NotFound),
+        },
         _ => return request.fail(out, Status::NotFound),
     };
     let mut text = String::new();
@@ -1160,8 +1173,6 @@ mod tests {
             ("gat with a value", request(0x1d, &[0; 4], b"k", b"v", 0)),
             ("stat with extras", request(0x10, &[0; 4], &[], &[], 0)),
             ("verbosity without extras", request(0x1b, &[], &[], &[], 0)),
-            ("body shorter than key", short_body),
-            ("non-raw data type", typed),
         ];
         for (what, bytes) in cases {
             let mut out = Vec::new();
@@ -1177,7 +1188,26 @@ mod tests {
             assert_eq!(r.len(), 1, "{what}");
             assert_error(&r[0], bytes[1], Status::Invalid);
         }
-        assert!(s.counters.get(Counter::ProtocolErrors) >= 22);
+        assert!(s.counters.get(Counter::ProtocolErrors) >= 20);
+        // As memcached: a body shorter than its key is an unknown command, and closes.
+        let mut out = Vec::new();
+        let step = handle(&s, &short_body, &mut out);
+        assert_eq!(
+            step,
+            Step::Close {
+                consumed: short_body.len()
+            }
+        );
+        assert_error(&responses(&out)[0], 0x00, Status::UnknownCommand);
+        // The data type is ignored, as memcached ignores it.
+        let mut out = Vec::new();
+        assert_eq!(
+            handle(&s, &typed, &mut out),
+            Step::Done {
+                consumed: typed.len()
+            }
+        );
+        assert_error(&responses(&out)[0], 0x00, Status::NotFound);
     }
 
     #[test]

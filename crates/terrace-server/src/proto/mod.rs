@@ -21,9 +21,11 @@ pub mod text;
 
 use crate::shared::Shared;
 
-/// Longest text command line accepted, `\r\n` included (memcached: 2048 for ascii; meta
-/// lines with many flags and base64 keys need a little more).
-pub const MAX_LINE: usize = 8192;
+/// Longest text command line accepted, `\r\n` included: memcached's read buffer (16 KiB),
+/// the longest line memcached can ever act on (it closes the connection, without a
+/// reply, when its buffer holds more than 2 KiB and no `\n`). Longer `get`/`gets` lines
+/// are accepted all the same, handled a chunk of keys at a time (`text.rs`).
+pub const MAX_LINE: usize = 16 * 1024;
 
 /// Reply bytes one call may append before a multi-key request yields ([`Step::Resume`]).
 pub const REPLY_BUDGET: usize = 256 * 1024;
@@ -176,6 +178,77 @@ pub fn parse_i64(b: &[u8]) -> Option<i64> {
     }
 }
 
+/// What C's `strtoull`/`strtoll` (base 10) read at the start of a token, as memcached's
+/// `safe_strto*` helpers call them: leading white space, an optional sign, digits; the
+/// digits must end the token or be followed by white space. `Err(())`: no digits, junk
+/// after them, or out of range (`ERANGE`). `Ok((negative, magnitude))`, magnitude at
+/// most `u64::MAX`.
+fn c_strto(b: &[u8]) -> Result<(bool, u64), ()> {
+    let mut i = b.iter().take_while(|&&c| is_c_space(c)).count();
+    let mut negative = false;
+    if let Some(&sign @ (b'+' | b'-')) = b.get(i) {
+        negative = sign == b'-';
+        i += 1;
+    }
+    let digits = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+    if digits == 0 {
+        return Err(());
+    }
+    let mut n: u64 = 0;
+    let mut overflow = false;
+    for &c in &b[i..i + digits] {
+        match n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(c - b'0')))
+        {
+            Some(m) => n = m,
+            None => overflow = true,
+        }
+    }
+    match b.get(i + digits) {
+        Some(&c) if !is_c_space(c) => Err(()),
+        _ if overflow => Err(()),
+        _ => Ok((negative, n)),
+    }
+}
+
+/// C's `isspace` in the C locale.
+fn is_c_space(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// memcached's `safe_strtoull`: `strtoull`, a negative sign refused only when the
+/// wrapped result has its top bit set (so `-0` is 0, and `-1` is refused).
+pub fn strtoull(b: &[u8]) -> Option<u64> {
+    let (negative, n) = c_strto(b).ok()?;
+    let n = if negative { n.wrapping_neg() } else { n };
+    if negative && (n as i64) < 0 {
+        return None;
+    }
+    Some(n)
+}
+
+/// memcached's `safe_strtoul` into a `uint32_t`: [`strtoull`] on a 64-bit `long`, then
+/// truncated to 32 bits (so `4294967296` reads as 0, as memcached 1.6 stores it).
+pub fn strtoul32(b: &[u8]) -> Option<u32> {
+    strtoull(b).map(|n| n as u32)
+}
+
+/// memcached's `safe_strtol` into an `int32_t`: `strtol` on a 64-bit `long` (range
+/// checked there), then truncated to 32 bits (so `2147483648` reads as `-2147483648`).
+pub fn strtol32(b: &[u8]) -> Option<i32> {
+    let (negative, n) = c_strto(b).ok()?;
+    let n: i64 = if negative {
+        if n > i64::MAX as u64 + 1 {
+            return None;
+        }
+        (n as i64).wrapping_neg()
+    } else {
+        i64::try_from(n).ok()?
+    };
+    Some(n as i32)
+}
+
 /// Test support: every text request in `input` handled as the connection loop would,
 /// shared by the text and meta tests; returns the replies and the last step.
 #[cfg(test)]
@@ -247,6 +320,29 @@ mod tests {
         assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
         assert_eq!(parse_i64(b"9223372036854775808"), None);
         assert_eq!(parse_i64(b"-"), None);
+    }
+
+    #[test]
+    fn numbers_read_as_memcached_reads_them() {
+        assert_eq!(strtoull(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(strtoull(b"18446744073709551616"), None);
+        assert_eq!(strtoull(b"+5"), Some(5));
+        assert_eq!(strtoull(b"\t5"), Some(5));
+        assert_eq!(strtoull(b"5\tx"), Some(5));
+        assert_eq!(strtoull(b"5x"), None);
+        assert_eq!(strtoull(b"-0"), Some(0));
+        assert_eq!(strtoull(b"-1"), None);
+        assert_eq!(strtoull(b"-18446744073709551615"), Some(1));
+        assert_eq!(strtoull(b""), None);
+        assert_eq!(strtoull(b"-"), None);
+        assert_eq!(strtoul32(b"4294967296"), Some(0));
+        assert_eq!(strtoul32(b"4294967295"), Some(u32::MAX));
+        assert_eq!(strtol32(b"2147483648"), Some(i32::MIN));
+        assert_eq!(strtol32(b"-1"), Some(-1));
+        assert_eq!(strtol32(b"9223372036854775807"), Some(-1));
+        assert_eq!(strtol32(b"9223372036854775808"), None);
+        assert_eq!(strtol32(b"-9223372036854775808"), Some(0));
+        assert_eq!(strtol32(b"-9223372036854775809"), None);
     }
 
     #[test]

@@ -1,100 +1,140 @@
 //! memcached's ascii protocol: one command line, for storage commands a data block, and
-//! the reply memcached gives (its strings, byte for byte, so clients that match on them
-//! keep working). Lines whose command is a meta command (`mg`, `ms`, ...) go to
-//! [`super::meta`].
+//! the reply memcached 1.6 gives, byte for byte (its strings, its token counts, its
+//! number parsing), so clients that match on them keep working. Lines whose command is
+//! a meta command (`mg`, `ms`, ...) go to [`super::meta`].
 //!
-//! Invariants: a storage command whose length cannot be honoured (over the value limit)
-//! gets `SERVER_ERROR object too large for cache` and its data is swallowed unread, and a
-//! `set` of it also removes the key's old value (memcached does the same, so a failed
-//! set never leaves the older value readable); `noreply` suppresses every reply but the
-//! errors memcached reports regardless; nothing here allocates more than the reply.
+//! The rules, as memcached's `proto_text.c` has them:
+//! - a line is read as a C string (a NUL byte ends it) and split on spaces into at most
+//!   [`MAX_TOKENS`] tokens; a command with a token count it does not take is `ERROR`,
+//!   and so is an unknown command or one shorter than two bytes;
+//! - numbers are read by C's `strtoul`/`strtol` ([`strtoul32`], [`strtol32`],
+//!   [`strtoull`]), 32-bit fields truncated as memcached truncates them;
+//! - a command that takes `noreply` looks for it in its last token only, and once set it
+//!   silences every reply of that command, errors included;
+//! - a storage command whose line is refused (bad token, over-long key, bad length) is
+//!   answered and its data block is NOT skipped: memcached reads the data as the next
+//!   command line, and so does Terrace. A length the value limit refuses is answered
+//!   `SERVER_ERROR object too large for cache` and its data swallowed unread, and a
+//!   `set` of it also removes the key's old value (so a failed set never leaves the
+//!   older value readable);
+//! - a line longer than [`MAX_LINE`](super::MAX_LINE) closes the connection without a reply, except a
+//!   `get`/`gets` line, which memcached accepts however long: Terrace handles such a
+//!   line a chunk of whole keys at a time, so it never buffers more than about
+//!   [`MAX_LINE`](super::MAX_LINE) of it.
+//!
+//! Nothing here allocates more than the reply.
 
 use terrace_cache::Store;
 
 use super::{
-    data_block, meta, parse_i64, parse_u64, push_decimal, split_line, BadChunk, Line, LineError,
-    Step, REPLY_BUDGET,
+    data_block, meta, push_decimal, split_line, strtol32, strtoul32, strtoull, BadChunk, Line,
+    LineError, Step, REPLY_BUDGET,
 };
 use crate::shared::{Delta, Failure, Shared, StoreOp};
 use crate::stats::{self, Counter};
 
-const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
-const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
-const BAD_CHUNK: &[u8] = b"CLIENT_ERROR bad data chunk\r\n";
-const ERROR: &[u8] = b"ERROR\r\n";
+const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format";
+const BAD_EXPTIME: &[u8] = b"CLIENT_ERROR invalid exptime argument";
+const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache";
+const BAD_CHUNK: &[u8] = b"CLIENT_ERROR bad data chunk";
+const ERROR: &[u8] = b"ERROR";
+
+/// memcached's `MAX_TOKENS`: a line is split into at most this many tokens, counting the
+/// terminal one that holds the unsplit rest of the line (only `get` reads that rest).
+const MAX_TOKENS: usize = 24;
+
+/// A long `get` line whose first non-space byte comes later than this is refused, as
+/// memcached refuses it.
+const MAX_LEADING_SPACES: usize = 100;
 
 /// Handles one text request at the start of `input`.
 pub fn handle(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
     let line = match split_line(input) {
         Ok(line) => line,
         Err(LineError::Incomplete) => return Step::NeedMore { total: None },
-        Err(LineError::TooLong) => {
-            shared.counters.add(Counter::ProtocolErrors, 1);
-            out.extend_from_slice(b"CLIENT_ERROR line too long\r\n");
-            return Step::Close {
-                consumed: input.len(),
-            };
-        }
+        Err(LineError::TooLong) => return long_line(shared, input, out),
     };
-    let mut tokens = Tokens::new(line.text);
-    let Some(command) = tokens.next() else {
-        out.extend_from_slice(ERROR);
+    // memcached reads the line as a C string.
+    let text = match line.text.iter().position(|&b| b == 0) {
+        Some(nul) => &line.text[..nul],
+        None => line.text,
+    };
+    let line = Line {
+        text,
+        consumed: line.consumed,
+    };
+    let cmd = Command::split(line.text);
+    let mut reply = Reply { out, silent: false };
+    let name = cmd.token(0);
+    if cmd.ntokens() < 2 || name.len() < 2 {
+        reply.line(ERROR);
         return done(line);
-    };
-    match command {
-        b"get" => retrieve(shared, line, tokens, false, None, out),
-        b"gets" => retrieve(shared, line, tokens, true, None, out),
-        b"gat" | b"gats" => {
-            let Some(exptime) = tokens.next().and_then(parse_i64) else {
-                out.extend_from_slice(BAD_FORMAT);
-                return done(line);
+    }
+    match name {
+        b"mg" | b"ms" | b"md" | b"ma" | b"mn" | b"me" => {
+            return meta::handle(shared, line, input, out)
+        }
+        b"get" | b"gets" | b"gat" | b"gats" | b"bget" if cmd.ntokens() < 3 => reply.line(ERROR),
+        b"get" | b"bget" => return get_line(shared, line, false, false, out),
+        b"gets" => return get_line(shared, line, true, false, out),
+        b"gat" => return get_line(shared, line, false, true, out),
+        b"gats" => return get_line(shared, line, true, true, out),
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
+            let (op, ntokens) = match name {
+                b"set" => (StoreOp::Set, 6),
+                b"add" => (StoreOp::Add, 6),
+                b"replace" => (StoreOp::Replace, 6),
+                b"append" => (StoreOp::Append, 6),
+                b"prepend" => (StoreOp::Prepend, 6),
+                _ => (StoreOp::Cas(0), 7),
             };
-            retrieve(shared, line, tokens, command == b"gats", Some(exptime), out)
-        }
-        b"set" => storage(shared, line, tokens, input, StoreOp::Set, out),
-        b"add" => storage(shared, line, tokens, input, StoreOp::Add, out),
-        b"replace" => storage(shared, line, tokens, input, StoreOp::Replace, out),
-        b"append" => storage(shared, line, tokens, input, StoreOp::Append, out),
-        b"prepend" => storage(shared, line, tokens, input, StoreOp::Prepend, out),
-        b"cas" => storage(shared, line, tokens, input, StoreOp::Cas(0), out),
-        b"delete" => delete(shared, line, tokens, out),
-        b"incr" => arith(shared, line, tokens, Delta::Incr, out),
-        b"decr" => arith(shared, line, tokens, Delta::Decr, out),
-        b"touch" => touch(shared, line, tokens, out),
-        b"flush_all" => flush_all(shared, line, tokens, out),
-        b"version" => {
-            out.extend_from_slice(b"VERSION ");
-            out.extend_from_slice(shared.version().as_bytes());
-            out.extend_from_slice(b"\r\n");
-            done(line)
-        }
-        b"verbosity" => {
-            // As memcached: one or two arguments (the level, `noreply`) are accepted
-            // whatever they say; Terrace's logs take their level from RUST_LOG.
-            let args = tokens.clone().count();
-            let noreply = tokens.last() == Some(&b"noreply"[..]);
-            if !(1..=2).contains(&args) {
-                out.extend_from_slice(ERROR);
-            } else if !noreply {
-                out.extend_from_slice(b"OK\r\n");
+            if cmd.ntokens() != ntokens && cmd.ntokens() != ntokens + 1 {
+                reply.line(ERROR);
+            } else {
+                return storage(shared, line, &cmd, input, op, reply);
             }
-            done(line)
         }
-        b"stats" => stats_command(shared, line, tokens, out),
-        b"quit" => Step::Close {
-            consumed: line.consumed,
-        },
-        b"shutdown" => {
-            out.extend_from_slice(b"ERROR: shutdown not enabled\r\n");
-            done(line)
+        b"incr" | b"decr" if !matches!(cmd.ntokens(), 4 | 5) => reply.line(ERROR),
+        b"incr" => arith(shared, &cmd, Delta::Incr, reply),
+        b"decr" => arith(shared, &cmd, Delta::Decr, reply),
+        b"delete" if !(3..=5).contains(&cmd.ntokens()) => reply.line(ERROR),
+        b"delete" => delete(shared, &cmd, reply),
+        b"touch" if !matches!(cmd.ntokens(), 4 | 5) => reply.line(ERROR),
+        b"touch" => touch(shared, &cmd, reply),
+        b"flush_all" if !(2..=4).contains(&cmd.ntokens()) => reply.line(ERROR),
+        b"flush_all" => flush_all(shared, &cmd, reply),
+        b"verbosity" if !matches!(cmd.ntokens(), 3 | 4) => reply.line(ERROR),
+        b"verbosity" => {
+            // Terrace's logs take their level from RUST_LOG: the level is checked as
+            // memcached checks it, then ignored.
+            reply.silent = cmd.noreply();
+            match strtoul32(cmd.token(1)) {
+                Some(_) => reply.line(b"OK"),
+                None => reply.line(BAD_FORMAT),
+            }
         }
-        b"mg" | b"ms" | b"md" | b"ma" | b"mn" | b"me" => meta::handle(shared, line, input, out),
+        b"version" => {
+            reply.out.extend_from_slice(b"VERSION ");
+            reply.out.extend_from_slice(shared.version().as_bytes());
+            reply.out.extend_from_slice(b"\r\n");
+        }
+        b"stats" => {
+            let mut tokens = Tokens::new(line.text);
+            tokens.next();
+            return stats_command(shared, line, tokens, out);
+        }
+        b"quit" => {
+            return Step::Close {
+                consumed: line.consumed,
+            }
+        }
+        b"shutdown" => reply.line(b"ERROR: shutdown not enabled"),
         _ => {
             shared.counters.add(Counter::ProtocolErrors, 1);
-            out.extend_from_slice(ERROR);
-            done(line)
+            reply.line(ERROR);
         }
     }
+    done(line)
 }
 
 fn done(line: Line<'_>) -> Step {
@@ -103,37 +143,85 @@ fn done(line: Line<'_>) -> Step {
     }
 }
 
-/// Space-separated tokens of a command line (memcached splits on single spaces; runs
-/// of spaces are tolerated here).
+/// A reply under memcached's `noreply` rule: once `silent`, nothing is sent.
+struct Reply<'o> {
+    out: &'o mut Vec<u8>,
+    silent: bool,
+}
+
+impl Reply<'_> {
+    /// One reply line; `text` without its `\r\n`.
+    fn line(&mut self, text: &[u8]) {
+        if !self.silent {
+            self.out.extend_from_slice(text);
+            self.out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    fn failure(&mut self, failure: Failure) {
+        self.line(match failure {
+            Failure::BadKey => BAD_FORMAT,
+            Failure::TooLarge => TOO_LARGE,
+            Failure::OutOfMemory => b"SERVER_ERROR out of memory storing object",
+            Failure::NotANumber => b"CLIENT_ERROR cannot increment or decrement non-numeric value",
+            Failure::Internal => b"SERVER_ERROR internal error",
+        });
+    }
+}
+
+/// A command line split as memcached's `tokenize_command` splits it: on single spaces,
+/// empty tokens skipped, at most `MAX_TOKENS - 1` tokens; `ntokens` counts a terminal
+/// token as memcached does, so token-count rules read as memcached's.
+struct Command<'a> {
+    tokens: [&'a [u8]; MAX_TOKENS - 1],
+    n: usize,
+}
+
+impl<'a> Command<'a> {
+    fn split(text: &'a [u8]) -> Command<'a> {
+        let mut cmd = Command {
+            tokens: [&[]; MAX_TOKENS - 1],
+            n: 0,
+        };
+        for token in text.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
+            cmd.tokens[cmd.n] = token;
+            cmd.n += 1;
+            if cmd.n == MAX_TOKENS - 1 {
+                break;
+            }
+        }
+        cmd
+    }
+
+    /// memcached's `ntokens`: the tokens and the terminal one.
+    fn ntokens(&self) -> usize {
+        self.n + 1
+    }
+
+    /// Token `i`, empty past the last.
+    fn token(&self, i: usize) -> &'a [u8] {
+        if i < self.n {
+            self.tokens[i]
+        } else {
+            &[]
+        }
+    }
+
+    /// memcached's `set_noreply_maybe`: the last token is `noreply`.
+    fn noreply(&self) -> bool {
+        self.n > 0 && self.tokens[self.n - 1] == b"noreply"
+    }
+}
+
+/// Space-separated tokens of a line from a point on (the keys of a get).
 #[derive(Clone)]
 struct Tokens<'a> {
     rest: &'a [u8],
 }
 
-/// What follows a command's fixed arguments: how many tokens, and a trailing `noreply`.
-struct Trailer {
-    count: usize,
-    noreply: bool,
-}
-
 impl<'a> Tokens<'a> {
     fn new(text: &'a [u8]) -> Tokens<'a> {
         Tokens { rest: text }
-    }
-
-    /// The remaining tokens counted, the last one checked for `noreply`.
-    fn rest_without_noreply(self) -> Trailer {
-        let mut count = 0;
-        let mut last: &[u8] = b"";
-        for t in self {
-            count += 1;
-            last = t;
-        }
-        let noreply = last == b"noreply";
-        Trailer {
-            count: count - usize::from(noreply),
-            noreply,
-        }
     }
 }
 
@@ -149,42 +237,123 @@ impl<'a> Iterator for Tokens<'a> {
     }
 }
 
-fn push_failure(out: &mut Vec<u8>, failure: Failure) {
-    out.extend_from_slice(match failure {
-        Failure::BadKey => BAD_FORMAT,
-        Failure::TooLarge => TOO_LARGE,
-        Failure::OutOfMemory => b"SERVER_ERROR out of memory storing object\r\n",
-        Failure::NotANumber => b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
-        Failure::Internal => b"SERVER_ERROR internal error\r\n",
-    });
+/// A line of [`MAX_LINE`](super::MAX_LINE) bytes or more with no `\n` yet: memcached closes the
+/// connection without a reply, unless the line is a `get`/`gets` (after at most
+/// [`MAX_LEADING_SPACES`] spaces), which it buffers whole however long. Terrace handles
+/// such a line a chunk of whole keys at a time instead.
+fn long_line(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
+    let close = Step::Close {
+        consumed: input.len(),
+    };
+    let lead = input.iter().take_while(|&&b| b == b' ').count();
+    let with_cas = match &input[lead..] {
+        _ if lead > MAX_LEADING_SPACES => {
+            shared.counters.add(Counter::ProtocolErrors, 1);
+            return close;
+        }
+        rest if rest.starts_with(b"get ") => false,
+        rest if rest.starts_with(b"gets ") => true,
+        _ => {
+            shared.counters.add(Counter::ProtocolErrors, 1);
+            return close;
+        }
+    };
+    let keys_at = lead + if with_cas { 4 } else { 3 };
+    // The whole line may be here already, past MAX_LINE (a read brings up to a chunk).
+    if let Some(nl) = input.iter().position(|&b| b == b'\n') {
+        let text = &input[..nl];
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        let line = Line {
+            text,
+            consumed: nl + 1,
+        };
+        return retrieve(shared, line.text, keys_at, with_cas, None, Some(line), out);
+    }
+    // Else the keys up to the last space are whole: handle them, keep the rest.
+    let last_space = input.iter().rposition(|&b| b == b' ').unwrap_or(0);
+    if last_space <= keys_at {
+        // One key of MAX_LINE bytes: far too long, and the line cannot be resynchronised
+        // without buffering it.
+        out.extend_from_slice(BAD_FORMAT);
+        out.extend_from_slice(b"\r\n");
+        return close;
+    }
+    retrieve(
+        shared,
+        &input[..last_space],
+        keys_at,
+        with_cas,
+        None,
+        None,
+        out,
+    )
 }
 
-/// `get`/`gets`/`gat`/`gats <exptime>` followed by one or more keys.
-fn retrieve(
+/// `get|gets|bget <key>*` and `gat|gats <exptime> <key>*`, a whole line.
+fn get_line(
     shared: &Shared,
     line: Line<'_>,
-    keys: Tokens<'_>,
     with_cas: bool,
-    touch: Option<i64>,
+    touch: bool,
     out: &mut Vec<u8>,
 ) -> Step {
-    // The command and its arguments: kept when the request resumes.
-    let prefix = line.text.len() - keys.rest.len();
-    let mut count = 0;
-    for key in keys.clone() {
-        if !shared.key_ok(key) {
-            out.extend_from_slice(BAD_FORMAT);
-            return done(line);
+    let mut tokens = Tokens::new(line.text);
+    tokens.next();
+    let exptime = if touch {
+        match tokens.next().and_then(strtol32) {
+            Some(exptime) => Some(i64::from(exptime)),
+            None => {
+                out.extend_from_slice(BAD_EXPTIME);
+                out.extend_from_slice(b"\r\n");
+                return done(line);
+            }
         }
-        count += 1;
-    }
-    if count == 0 {
-        out.extend_from_slice(ERROR);
-        return done(line);
-    }
+    } else {
+        None
+    };
+    let keys_at = line.text.len() - tokens.rest.len();
+    retrieve(
+        shared,
+        line.text,
+        keys_at,
+        with_cas,
+        exptime,
+        Some(line),
+        out,
+    )
+}
+
+/// The keys of `text` from `keys_at` on, each looked up (and touched, with `touch`)
+/// in turn. `whole`: the line, when `text` is all of it (the reply ends in `END`);
+/// `None` when `text` is a chunk of a longer line whose remaining keys come later.
+///
+/// As memcached: a key over the limit stops the command, the values found before it
+/// are dropped and only `CLIENT_ERROR bad command line format` is sent. (Values already
+/// written out, past [`REPLY_BUDGET`] or in an earlier chunk, cannot be taken back;
+/// a chunked line is then closed, as its end cannot be found without buffering it.)
+fn retrieve(
+    shared: &Shared,
+    text: &[u8],
+    keys_at: usize,
+    with_cas: bool,
+    touch: Option<i64>,
+    whole: Option<Line<'_>>,
+    out: &mut Vec<u8>,
+) -> Step {
     let start = out.len();
-    let mut keys = keys;
+    let mut keys = Tokens::new(&text[keys_at..]);
     while let Some(key) = keys.next() {
+        if !shared.key_ok(key) {
+            out.truncate(start);
+            out.extend_from_slice(BAD_FORMAT);
+            out.extend_from_slice(b"\r\n");
+            return match whole {
+                Some(line) => done(line),
+                None => Step::Close {
+                    consumed: text.len(),
+                },
+            };
+        }
         let hit = match touch {
             Some(exptime) => shared.gat(key, exptime),
             None => shared.get(key),
@@ -208,233 +377,203 @@ fn retrieve(
             }
             Ok(None) => {}
             Err(failure) => {
-                push_failure(out, failure);
-                return done(line);
+                out.truncate(start);
+                Reply { out, silent: false }.failure(failure);
+                return match whole {
+                    Some(line) => done(line),
+                    None => Step::Close {
+                        consumed: text.len(),
+                    },
+                };
             }
         }
         if out.len() - start >= REPLY_BUDGET && keys.clone().next().is_some() {
             return Step::Resume {
-                prefix,
-                consumed: line.text.len() - keys.rest.len(),
+                prefix: keys_at,
+                consumed: text.len() - keys.rest.len(),
             };
         }
     }
-    out.extend_from_slice(b"END\r\n");
-    done(line)
+    match whole {
+        Some(line) => {
+            out.extend_from_slice(b"END\r\n");
+            done(line)
+        }
+        None => Step::Resume {
+            prefix: keys_at,
+            consumed: text.len(),
+        },
+    }
 }
 
 /// `<cmd> <key> <flags> <exptime> <bytes> [noreply]` and
-/// `cas <key> <flags> <exptime> <bytes> <cas unique> [noreply]`, then the data block.
+/// `cas <key> <flags> <exptime> <bytes> <cas unique> [noreply]`, then the data block
+/// (memcached's `process_update_command`; the token count is checked by the caller).
 fn storage(
     shared: &Shared,
     line: Line<'_>,
-    mut tokens: Tokens<'_>,
+    cmd: &Command<'_>,
     input: &[u8],
     op: StoreOp,
-    out: &mut Vec<u8>,
+    mut reply: Reply<'_>,
 ) -> Step {
-    let key = tokens.next().unwrap_or_default();
-    let flags = tokens.next().and_then(parse_u64);
-    let exptime = tokens.next().and_then(parse_i64);
-    let length = tokens.next().and_then(parse_i64);
-    let cas = match op {
-        StoreOp::Cas(_) => tokens.next().and_then(parse_u64),
-        _ => Some(0),
-    };
-    let trailer = tokens.rest_without_noreply();
-    let length = match length {
-        Some(n) if n >= 0 => n as u64,
-        _ => {
-            // The data's length is unknown: it cannot be skipped; memcached answers the
-            // same and reads the data as the next command.
-            out.extend_from_slice(BAD_FORMAT);
-            return done(line);
-        }
-    };
-    let body = usize::try_from(length)
-        .ok()
-        .and_then(|n| n.checked_add(2))
-        .unwrap_or(usize::MAX);
-    let (Some(flags), Some(exptime), Some(cas)) = (flags, exptime, cas) else {
-        out.extend_from_slice(BAD_FORMAT);
-        return swallow(line, body);
-    };
-    let flags = match u32::try_from(flags) {
-        Ok(f) => f,
-        Err(_) => {
-            out.extend_from_slice(BAD_FORMAT);
-            return swallow(line, body);
-        }
-    };
-    if trailer.count != 0 || !shared.key_ok(key) {
-        out.extend_from_slice(BAD_FORMAT);
-        return swallow(line, body);
+    reply.silent = cmd.noreply();
+    let key = cmd.token(1);
+    if !shared.key_ok(key) {
+        reply.line(BAD_FORMAT);
+        return done(line);
     }
-    if length > shared.limits.max_value as u64 {
-        out.extend_from_slice(TOO_LARGE);
+    let (Some(flags), Some(exptime), Some(length)) = (
+        strtoul32(cmd.token(2)),
+        strtol32(cmd.token(3)),
+        strtol32(cmd.token(4)),
+    ) else {
+        reply.line(BAD_FORMAT);
+        return done(line);
+    };
+    let op = match op {
+        StoreOp::Cas(_) => match strtoull(cmd.token(5)) {
+            Some(cas) => StoreOp::Cas(cas),
+            None => {
+                reply.line(BAD_FORMAT);
+                return done(line);
+            }
+        },
+        other => other,
+    };
+    // memcached refuses lengths whose block (with its `\r\n`) would overflow an int.
+    let Some(length) = usize::try_from(length)
+        .ok()
+        .filter(|&n| n <= i32::MAX as usize - 2)
+    else {
+        reply.line(BAD_FORMAT);
+        return done(line);
+    };
+    let consumed = line.consumed + length + 2;
+    if length > shared.limits.max_value {
+        reply.line(TOO_LARGE);
         if op == StoreOp::Set {
             // As memcached: a set that cannot be honoured must not leave the old value.
             let _ = shared.delete(key);
         }
-        return swallow(line, body);
+        return Step::Swallow {
+            consumed: line.consumed,
+            skip: length + 2,
+        };
     }
-    let length = length as usize;
     let value = match data_block(input, line.consumed, length) {
         Ok(Some(v)) => v,
         Ok(None) => {
             return Step::NeedMore {
-                total: Some(line.consumed + length + 2),
+                total: Some(consumed),
             }
         }
         Err(BadChunk) => {
-            out.extend_from_slice(BAD_CHUNK);
-            return Step::Done {
-                consumed: line.consumed + length + 2,
-            };
-        }
-    };
-    let op = match op {
-        StoreOp::Cas(_) => StoreOp::Cas(cas),
-        other => other,
-    };
-    let consumed = line.consumed + length + 2;
-    let reply: &[u8] = match shared.store(op, key, value, flags, exptime) {
-        Ok(Store::Stored { .. }) => b"STORED\r\n",
-        Ok(Store::NotStored) => b"NOT_STORED\r\n",
-        Ok(Store::Exists) => b"EXISTS\r\n",
-        Ok(Store::NotFound) => b"NOT_FOUND\r\n",
-        Err(failure) => {
-            push_failure(out, failure);
+            // As memcached: the declared length and two more bytes are consumed, what
+            // follows is read as the next command.
+            reply.line(BAD_CHUNK);
             return Step::Done { consumed };
         }
     };
-    if !trailer.noreply {
-        out.extend_from_slice(reply);
+    // append/prepend check their flags and exptime tokens but keep the item's own (an
+    // exptime in the past must not expire it).
+    let exptime = match op {
+        StoreOp::Append | StoreOp::Prepend => 0,
+        _ => i64::from(exptime),
+    };
+    match shared.store(op, key, value, flags, exptime) {
+        Ok(Store::Stored { .. }) => reply.line(b"STORED"),
+        Ok(Store::NotStored) => reply.line(b"NOT_STORED"),
+        Ok(Store::Exists) => reply.line(b"EXISTS"),
+        Ok(Store::NotFound) => reply.line(b"NOT_FOUND"),
+        Err(failure) => reply.failure(failure),
     }
     Step::Done { consumed }
 }
 
-/// Skips a refused command's data block (`body` bytes after the line) without reading
-/// it into memory.
-fn swallow(line: Line<'_>, body: usize) -> Step {
-    Step::Swallow {
-        consumed: line.consumed,
-        skip: body,
-    }
-}
-
-/// `delete <key> [0] [noreply]`.
-fn delete(shared: &Shared, line: Line<'_>, mut tokens: Tokens<'_>, out: &mut Vec<u8>) -> Step {
-    let key = tokens.next().unwrap_or_default();
-    let trailer = {
-        let mut t = tokens.clone();
-        // memcached still accepts a legacy hold time of 0.
-        if t.next() == Some(b"0") {
-            tokens = t;
+/// `delete <key> [0] [noreply]` (a hold time other than 0 is refused).
+fn delete(shared: &Shared, cmd: &Command<'_>, mut reply: Reply<'_>) {
+    if cmd.ntokens() > 3 {
+        let hold_is_zero = cmd.token(2) == b"0";
+        reply.silent = cmd.noreply();
+        let valid = (cmd.ntokens() == 4 && (hold_is_zero || reply.silent))
+            || (cmd.ntokens() == 5 && hold_is_zero && reply.silent);
+        if !valid {
+            reply.line(b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]");
+            return;
         }
-        tokens.rest_without_noreply()
-    };
-    if trailer.count != 0 {
-        out.extend_from_slice(
-            b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n",
-        );
-        return done(line);
     }
+    let key = cmd.token(1);
     if !shared.key_ok(key) {
-        out.extend_from_slice(BAD_FORMAT);
-        return done(line);
+        reply.line(BAD_FORMAT);
+        return;
     }
-    let reply: &[u8] = match shared.delete(key) {
-        Ok(true) => b"DELETED\r\n",
-        Ok(false) => b"NOT_FOUND\r\n",
-        Err(failure) => {
-            push_failure(out, failure);
-            return done(line);
-        }
-    };
-    if !trailer.noreply {
-        out.extend_from_slice(reply);
+    match shared.delete(key) {
+        Ok(true) => reply.line(b"DELETED"),
+        Ok(false) => reply.line(b"NOT_FOUND"),
+        Err(failure) => reply.failure(failure),
     }
-    done(line)
 }
 
 /// `incr|decr <key> <delta> [noreply]`.
-fn arith(
-    shared: &Shared,
-    line: Line<'_>,
-    mut tokens: Tokens<'_>,
-    way: Delta,
-    out: &mut Vec<u8>,
-) -> Step {
-    let key = tokens.next().unwrap_or_default();
-    let delta = tokens.next();
-    let trailer = tokens.rest_without_noreply();
-    if trailer.count != 0 || delta.is_none() || !shared.key_ok(key) {
-        out.extend_from_slice(BAD_FORMAT);
-        return done(line);
+fn arith(shared: &Shared, cmd: &Command<'_>, way: Delta, mut reply: Reply<'_>) {
+    reply.silent = cmd.noreply();
+    let key = cmd.token(1);
+    if !shared.key_ok(key) {
+        reply.line(BAD_FORMAT);
+        return;
     }
-    let Some(delta) = delta.and_then(parse_u64) else {
-        out.extend_from_slice(b"CLIENT_ERROR invalid numeric delta argument\r\n");
-        return done(line);
+    let Some(delta) = strtoull(cmd.token(2)) else {
+        reply.line(b"CLIENT_ERROR invalid numeric delta argument");
+        return;
     };
     match shared.arith(key, delta, way) {
-        Ok(Some(n)) if !trailer.noreply => {
-            push_decimal(out, n);
-            out.extend_from_slice(b"\r\n");
+        Ok(Some(n)) => {
+            let mut digits = Vec::with_capacity(20);
+            push_decimal(&mut digits, n);
+            reply.line(&digits);
         }
-        Ok(None) if !trailer.noreply => out.extend_from_slice(b"NOT_FOUND\r\n"),
-        Ok(_) => {}
-        Err(failure) => push_failure(out, failure),
+        Ok(None) => reply.line(b"NOT_FOUND"),
+        Err(Failure::OutOfMemory) => reply.line(b"SERVER_ERROR out of memory"),
+        Err(failure) => reply.failure(failure),
     }
-    done(line)
 }
 
 /// `touch <key> <exptime> [noreply]`.
-fn touch(shared: &Shared, line: Line<'_>, mut tokens: Tokens<'_>, out: &mut Vec<u8>) -> Step {
-    let key = tokens.next().unwrap_or_default();
-    let exptime = tokens.next().and_then(parse_i64);
-    let trailer = tokens.rest_without_noreply();
-    let Some(exptime) = exptime.filter(|_| trailer.count == 0 && shared.key_ok(key)) else {
-        out.extend_from_slice(BAD_FORMAT);
-        return done(line);
-    };
-    match shared.touch(key, exptime) {
-        Ok(true) if !trailer.noreply => out.extend_from_slice(b"TOUCHED\r\n"),
-        Ok(false) if !trailer.noreply => out.extend_from_slice(b"NOT_FOUND\r\n"),
-        Ok(_) => {}
-        Err(failure) => push_failure(out, failure),
+fn touch(shared: &Shared, cmd: &Command<'_>, mut reply: Reply<'_>) {
+    reply.silent = cmd.noreply();
+    let key = cmd.token(1);
+    if !shared.key_ok(key) {
+        reply.line(BAD_FORMAT);
+        return;
     }
-    done(line)
+    let Some(exptime) = strtol32(cmd.token(2)) else {
+        reply.line(BAD_EXPTIME);
+        return;
+    };
+    match shared.touch(key, i64::from(exptime)) {
+        Ok(true) => reply.line(b"TOUCHED"),
+        Ok(false) => reply.line(b"NOT_FOUND"),
+        Err(failure) => reply.failure(failure),
+    }
 }
 
-/// `flush_all [delay] [noreply]`.
-fn flush_all(shared: &Shared, line: Line<'_>, mut tokens: Tokens<'_>, out: &mut Vec<u8>) -> Step {
+/// `flush_all [delay] [noreply]`: a token before `noreply` (or a lone token that is not
+/// `noreply`) is the delay.
+fn flush_all(shared: &Shared, cmd: &Command<'_>, mut reply: Reply<'_>) {
+    reply.silent = cmd.noreply();
     let mut delay = 0;
-    let mut peek = tokens.clone();
-    if let Some(t) = peek.next() {
-        if t != b"noreply" {
-            match parse_i64(t) {
-                Some(d) => {
-                    delay = d;
-                    tokens = peek;
-                }
-                None => {
-                    out.extend_from_slice(BAD_FORMAT);
-                    return done(line);
-                }
+    if cmd.ntokens() != if reply.silent { 3 } else { 2 } {
+        match strtol32(cmd.token(1)) {
+            Some(d) => delay = d,
+            None => {
+                reply.line(BAD_EXPTIME);
+                return;
             }
         }
     }
-    let trailer = tokens.rest_without_noreply();
-    if trailer.count != 0 {
-        out.extend_from_slice(BAD_FORMAT);
-        return done(line);
-    }
-    shared.flush_all(delay);
-    if !trailer.noreply {
-        out.extend_from_slice(b"OK\r\n");
-    }
-    done(line)
+    shared.flush_all(i64::from(delay));
+    reply.line(b"OK");
 }
 
 /// `stats [settings|reset|items|slabs|sizes|conns]`.
@@ -447,6 +586,10 @@ fn stats_command(
     let pairs = match tokens.next() {
         None => stats::report(shared),
         Some(b"settings") => stats::settings(shared),
+        Some(b"detail") => {
+            out.extend_from_slice(&stats::detail_text(shared, tokens.next()));
+            return done(line);
+        }
         Some(b"reset") => {
             shared.counters.reset();
             out.extend_from_slice(b"RESET\r\n");
@@ -455,7 +598,7 @@ fn stats_command(
         // Terrace has no slab classes: these report nothing rather than made-up numbers.
         Some(b"items" | b"slabs" | b"sizes" | b"conns") => Vec::new(),
         Some(_) => {
-            out.extend_from_slice(ERROR);
+            out.extend_from_slice(b"ERROR\r\n");
             return done(line);
         }
     };
@@ -612,8 +755,10 @@ mod tests {
         assert_eq!(reply(&s, "get a\r\n"), "END\r\n");
         assert_eq!(
             reply(&s, "flush_all x\r\n"),
-            "CLIENT_ERROR bad command line format\r\n"
+            "CLIENT_ERROR invalid exptime argument\r\n"
         );
+        assert_eq!(reply(&s, "flush_all x noreply\r\n"), "");
+        assert_eq!(reply(&s, "flush_all 1 2 3\r\n"), "ERROR\r\n");
     }
 
     #[test]
@@ -622,9 +767,15 @@ mod tests {
         assert_eq!(reply(&s, "\r\n"), "ERROR\r\n");
         assert_eq!(reply(&s, "bogus\r\n"), "ERROR\r\n");
         let long_key = "k".repeat(251);
+        // As memcached: a refused storage line's data block is read as a command line.
         assert_eq!(
             reply(&s, &format!("set {long_key} 0 0 1\r\nx\r\nget a\r\n")),
-            "CLIENT_ERROR bad command line format\r\nEND\r\n"
+            "CLIENT_ERROR bad command line format\r\nERROR\r\nEND\r\n"
+        );
+        // ... and noreply silences the refusal too.
+        assert_eq!(
+            reply(&s, &format!("set {long_key} 0 0 1 noreply\r\nx\r\n")),
+            "ERROR\r\n"
         );
         assert_eq!(
             reply(&s, &format!("get {long_key}\r\n")),
@@ -636,17 +787,35 @@ mod tests {
         );
         assert_eq!(
             reply(&s, "set a x 0 1\r\nz\r\nget a\r\n"),
-            "CLIENT_ERROR bad command line format\r\nEND\r\n"
+            "CLIENT_ERROR bad command line format\r\nERROR\r\nEND\r\n"
         );
+        // Wrong token counts are ERROR, not CLIENT_ERROR; one extra token is ignored.
+        assert_eq!(reply(&s, "set a 0 0\r\n"), "ERROR\r\n");
+        assert_eq!(reply(&s, "incr a\r\n"), "ERROR\r\n");
+        assert_eq!(reply(&s, "delete\r\n"), "ERROR\r\n");
+        assert_eq!(reply(&s, "set b 0 0 1 junk\r\nx\r\n"), "STORED\r\n");
+        // noreply silences errors after it is seen, as in memcached.
+        assert_eq!(reply(&s, "delete a 10 noreply\r\n"), "");
+        assert_eq!(reply(&s, "incr a x noreply\r\n"), "");
+        assert_eq!(reply(&s, "touch a x noreply\r\n"), "");
+        assert_eq!(
+            reply(&s, "touch a x\r\n"),
+            "CLIENT_ERROR invalid exptime argument\r\n"
+        );
+        // A NUL byte ends the line.
+        assert_eq!(reply(&s, "get b\0junk\r\n"), "VALUE b 0 1\r\nx\r\nEND\r\n");
         assert_eq!(
             reply(&s, "set a 0 0 1\r\nxyz\r\n"),
             // As memcached: the declared length and its terminator are consumed, what
             // follows is read as the next command.
             "CLIENT_ERROR bad data chunk\r\nERROR\r\n"
         );
-        // Flags above 32 bits.
+        // Flags above 32 bits are truncated, as memcached 1.6 truncates them.
+        assert_eq!(reply(&s, "set a 4294967296 0 1\r\nx\r\n"), "STORED\r\n");
+        assert_eq!(reply(&s, "get a\r\n"), "VALUE a 0 1\r\nx\r\nEND\r\n");
+        // Lengths beyond int32 are refused; the data is read as a command.
         assert_eq!(
-            reply(&s, "set a 4294967296 0 1\r\nx\r\n"),
+            reply(&s, "set a 0 0 2147483648\r\n"),
             "CLIENT_ERROR bad command line format\r\n"
         );
     }
@@ -659,7 +828,7 @@ mod tests {
         let mut input = format!("set a 0 0 {n}\r\n").into_bytes();
         let mut out = Vec::new();
         let step = handle(&s, &input, &mut out);
-        assert_eq!(out, TOO_LARGE);
+        assert_eq!(out, b"SERVER_ERROR object too large for cache\r\n");
         assert_eq!(
             step,
             Step::Swallow {
@@ -673,10 +842,10 @@ mod tests {
             run(&s, &input).0,
             "SERVER_ERROR object too large for cache\r\nEND\r\n"
         );
-        // A length no memory could hold is swallowed the same way, never buffered.
+        // The largest length memcached parses is swallowed the same way, never buffered.
         let mut out = Vec::new();
-        let step = handle(&s, b"set a 0 0 99999999999\r\n", &mut out);
-        assert!(matches!(step, Step::Swallow { skip, .. } if skip == 99_999_999_999 + 2));
+        let step = handle(&s, b"set a 0 0 2147483645\r\n", &mut out);
+        assert!(matches!(step, Step::Swallow { skip, .. } if skip == 2_147_483_647));
     }
 
     #[test]
@@ -733,6 +902,67 @@ mod tests {
         assert!(out.is_empty());
         let long = vec![b'g'; super::super::MAX_LINE + 1];
         assert!(matches!(handle(&s, &long, &mut out), Step::Close { .. }));
+    }
+
+    /// A get line far longer than MAX_LINE, arriving in pieces as a connection reads
+    /// it: every value comes back, in order, and the unhandled input never grows past
+    /// about MAX_LINE and one read.
+    #[test]
+    fn long_get_lines_are_handled_a_chunk_of_keys_at_a_time() {
+        let s = test_shared();
+        for i in [3, 10_000, 19_999] {
+            assert_eq!(
+                reply(&s, &format!("set k{i} {i} 0 1\r\nv\r\n")),
+                "STORED\r\n"
+            );
+        }
+        let keys: Vec<String> = (0..20_000).map(|i| format!("k{i}")).collect();
+        let request = format!("get {}\r\nget k3\r\n", keys.join(" ")).into_bytes();
+        let read = 4096;
+        let (mut buffer, mut out, mut fed) = (Vec::new(), Vec::new(), 0);
+        let mut largest = 0;
+        loop {
+            match handle(&s, &buffer, &mut out) {
+                Step::Done { consumed } => {
+                    buffer.drain(..consumed);
+                }
+                Step::Resume { prefix, consumed } => {
+                    buffer.copy_within(..prefix, consumed - prefix);
+                    buffer.drain(..consumed - prefix);
+                }
+                Step::NeedMore { .. } if fed < request.len() => {
+                    let n = read.min(request.len() - fed);
+                    buffer.extend_from_slice(&request[fed..fed + n]);
+                    fed += n;
+                }
+                step => panic!("{step:?}"),
+            }
+            largest = largest.max(buffer.len());
+            if fed == request.len() && buffer.is_empty() {
+                break;
+            }
+        }
+        assert!(largest <= super::super::MAX_LINE + read, "{largest}");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "VALUE k3 3 1\r\nv\r\nVALUE k10000 10000 1\r\nv\r\nVALUE k19999 19999 1\r\nv\r\nEND\r\n\
+             VALUE k3 3 1\r\nv\r\nEND\r\n"
+        );
+        // Other long lines close without a reply, as memcached closes them.
+        let mut out = Vec::new();
+        let long = format!("gat 0 {}", keys.join(" "));
+        assert!(matches!(
+            handle(&s, long.as_bytes(), &mut out),
+            Step::Close { .. }
+        ));
+        assert!(out.is_empty());
+        // A key longer than a chunk cannot be resynchronised: an error, then close.
+        let long = format!("get {}", "k".repeat(20_000));
+        assert!(matches!(
+            handle(&s, long.as_bytes(), &mut out),
+            Step::Close { .. }
+        ));
+        assert_eq!(out, b"CLIENT_ERROR bad command line format\r\n");
     }
 
     #[test]

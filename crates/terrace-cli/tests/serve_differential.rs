@@ -1,0 +1,1058 @@
+//! `terrace serve` against memcached 1.6 itself: the same bytes sent to both, the replies
+//! compared byte for byte. memcached (Debian package `memcached`, 1.6.18) runs on its own
+//! loopback port (`-p PORT -U 0 -l 127.0.0.1 -m 64 -t 2`), Terrace with the tests' usual
+//! two tiers; each stream uses keys no other stream uses, so streams run in parallel.
+//!
+//! Three parts:
+//! - [`CASES`]: a table of named streams, every command and flag of memcached's
+//!   `protocol.txt` and their error paths; [`COVERAGE`] maps each command and flag to
+//!   the cases that exercise it (a test checks that every name it lists exists);
+//! - property-based streams ([`differential::gen`]): at least [`GENERATED`] streams per
+//!   run, ascii and binary, shrunk to a minimal stream on failure;
+//! - regression cases (names starting `regression_`): each difference the generators or
+//!   the table found, kept once fixed.
+//!
+//! Intended differences: the comparison applies exactly these, nothing else
+//! (`differential::normalise`):
+//! 1. CAS values: each server numbers its own; they are compared by order of first
+//!    appearance within a stream (`cas#1`, `cas#2`...), so "the same item has the same CAS"
+//!    and "a write changes the CAS" are still checked.
+//! 2. `version` / binary VERSION: Terrace says `1.6.18-terrace-<its version>`.
+//! 3. `stats` values and keys, ascii and binary: each server reports its own counters
+//!    (only the framing is compared: a run of `STAT` lines then `END`).
+//! 4. meta `t` (remaining TTL) values and the fields of `me` (meta debug): a second may
+//!    tick between the two servers, and `me`'s fields are the engine's (slab class,
+//!    size with item header; Terrace's tier).
+//! 5. The close: a connection reset and an orderly close both count as "closed".
+//! 6. In streams that touch items (`touch`, `gat`, `gats`, binary TOUCH and GAT*),
+//!    CAS values are compared as present or absent only: Terrace's items are rewritten
+//!    to change their expiry, so a touched item gets a new CAS, where memcached keeps it
+//!    (a client that does gets, touch, cas gets EXISTS from Terrace).
+//!
+//! And what the streams avoid, because the two differ for reasons of design or
+//! timing, each with its reason (cases marked below check the parts that do agree):
+//! - memcached's slab, LRU and log admin commands (`slabs`, `lru`, `lru_crawler`,
+//!   `watch`, `cache_memlimit`, `stats items|slabs|sizes|cachedump|conns`) describe a
+//!   slab allocator Terrace does not have: Terrace answers `ERROR` (or an empty list);
+//! - the largest storable value: memcached's is 1 MiB less its item header (which
+//!   depends on the key's length), Terrace's exactly `--max-item-size`;
+//! - a refusal of an over-large body: memcached holds its reply until the body has been
+//!   swallowed, Terrace sends it at once (the bytes agree once the body is sent);
+//! - a non-`get` line longer than 2 KiB whose end arrives in a later read: memcached
+//!   closes the connection, Terrace handles lines up to 16 KiB (memcached's read buffer)
+//!   however they arrive;
+//! - a `get` line longer than 16 KiB holding an over-long key (or a NUL byte): memcached
+//!   buffers the whole line and answers only `CLIENT_ERROR`; Terrace handles such a line
+//!   a chunk of keys at a time, so values before the bad key are already sent, and closes
+//!   (memcached's unbounded buffering is what Terrace will not copy);
+//! - a get with an over-long key: memcached drops every reply not yet sent on the
+//!   connection, earlier pipelined commands' replies included (which ones depends on
+//!   what it had written); Terrace drops only the get's own values;
+//! - binary VERBOSITY, and unknown opcodes whose request has extras or a key: memcached
+//!   1.6 no longer knows VERBOSITY, and its "unknown command" path skips the body length
+//!   again after the extras and key, misframing the stream; Terrace answers VERBOSITY
+//!   with success and skips an unknown request's body once;
+//!
+//! Differences found and not fixed here, because they are not in the protocol layers
+//! (ignored test `engine_differences_pending`): incr/decr on a value whose new number is
+//! shorter than the old one (memcached pads it with spaces, in place), and numbers
+//! stored with leading white space, a `+` or trailing junk after a space (memcached's
+//! `strtoull` reads them).
+
+mod common;
+mod differential;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use differential::gen::{binary_stream, text_stream};
+use differential::{binary_raw, binary_request, template, BinHeader, Keys, Part, Servers};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+/// Generated streams per run, at least.
+const GENERATED: usize = 10_000;
+/// Streams run at once in one generated case (each against both servers).
+const BATCH: usize = 8;
+
+/// A named stream of the table.
+struct Case {
+    name: &'static str,
+    /// Runs alone (nothing else in flight): flush_all and the like.
+    alone: bool,
+    build: fn(&Keys) -> Vec<Part>,
+}
+
+macro_rules! text_case {
+    ($name:literal, $t:expr) => {
+        Case {
+            name: $name,
+            alone: false,
+            build: |k| template(k, $t),
+        }
+    };
+}
+
+macro_rules! alone_case {
+    ($name:literal, $t:expr) => {
+        Case {
+            name: $name,
+            alone: true,
+            build: |k| template(k, $t),
+        }
+    };
+}
+
+macro_rules! build_case {
+    ($name:literal, $f:expr) => {
+        Case {
+            name: $name,
+            alone: false,
+            build: $f,
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------
+// Binary request helpers
+
+fn bin(opcode: u8, extras: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {
+    binary_request(opcode, extras, key, value, 0, 0x1000 + u32::from(opcode))
+}
+
+fn store_extras(flags: u32, exptime: u32) -> Vec<u8> {
+    let mut e = flags.to_be_bytes().to_vec();
+    e.extend_from_slice(&exptime.to_be_bytes());
+    e
+}
+
+fn arith_extras(delta: u64, initial: u64, exptime: u32) -> Vec<u8> {
+    let mut e = delta.to_be_bytes().to_vec();
+    e.extend_from_slice(&initial.to_be_bytes());
+    e.extend_from_slice(&exptime.to_be_bytes());
+    e
+}
+
+fn b(parts: Vec<Vec<u8>>) -> Vec<Part> {
+    vec![Part::Bytes(parts.concat())]
+}
+
+/// [`b`] for a stream that touches items (intended difference 6).
+fn touches(parts: Vec<Vec<u8>>) -> Vec<Part> {
+    vec![Part::Bytes(parts.concat()), Part::TouchesItems]
+}
+
+/// A binary request whose CAS field is the latest CAS seen (after a sync).
+fn with_latest_cas(request: Vec<u8>) -> Vec<Part> {
+    vec![
+        Part::Sync,
+        Part::Bytes(request[..16].to_vec()),
+        Part::Cas,
+        Part::Bytes(request[24..].to_vec()),
+    ]
+}
+
+fn long_get(k: &Keys, n: usize, with_cas: bool) -> Vec<u8> {
+    let mut line = if with_cas {
+        b"gets".to_vec()
+    } else {
+        b"get".to_vec()
+    };
+    for i in 0..n {
+        line.push(b' ');
+        line.extend(k.k(i));
+    }
+    line.extend_from_slice(b"\r\n");
+    line
+}
+
+// ---------------------------------------------------------------------------------------
+// The table
+
+const CASES: &[Case] = &[
+    // --- storage commands
+    text_case!("set_get", "set {k0} 5 0 3\r\nabc\r\nget {k0}\r\nget {k0} {k1} {k0}\r\n"),
+    text_case!("set_noreply", "set {k0} 0 0 1 noreply\r\na\r\nget {k0}\r\n"),
+    text_case!("set_empty_value", "set {k0} 0 0 0\r\n\r\nget {k0}\r\n"),
+    text_case!("set_binary_value", "set {k0} 0 0 6\r\n\0\r\n\x7f \r\r\nget {k0}\r\n"),
+    text_case!("set_extra_token_ignored", "set {k0} 0 0 1 junk\r\na\r\nget {k0}\r\n"),
+    text_case!("set_too_many_tokens", "set {k0} 0 0 1 noreply junk\r\na\r\nget {k0}\r\n"),
+    text_case!("set_too_few_tokens", "set {k0} 0 0\r\na\r\nset {k0}\r\nset\r\n"),
+    text_case!("set_flags_edges", "set {k0} 4294967295 0 1\r\na\r\nget {k0}\r\nset {k1} 4294967296 0 1\r\nb\r\nget {k1}\r\nset {k2} -1 0 1\r\nc\r\nget {k2}\r\nset {k3} +7 0 1\r\nd\r\nget {k3}\r\nset {k4} 18446744073709551615 0 1\r\ne\r\nget {k4}\r\nset {k5} 18446744073709551616 0 1\r\nf\r\nget {k5}\r\n"),
+    text_case!("set_flags_junk", "set {k0} 1x 0 1\r\na\r\nset {k0} x 0 1\r\na\r\nset {k0} -0 0 1\r\na\r\nget {k0}\r\n"),
+    text_case!("set_exptime_edges", "set {k0} 0 -1 1\r\na\r\nget {k0}\r\nset {k1} 0 2147483648 1\r\nb\r\nget {k1}\r\nset {k2} 0 4294967296 1\r\nc\r\nget {k2}\r\nset {k3} 0 1000000000 1\r\nd\r\nget {k3}\r\nset {k4} 0 4000000000 1\r\ne\r\nget {k4}\r\nset {k5} 0 x 1\r\nf\r\nget {k5}\r\nset {k6} 0 2592000 1\r\ng\r\nget {k6}\r\n"),
+    text_case!("set_length_int32_edges", "set {k0} 0 0 -1\r\nset {k0} 0 0 2147483648\r\nset {k0} 0 0 2147483647\r\nset {k0} 0 0 2147483646\r\nset {k0} 0 0 4294967297\r\na\r\nget {k0}\r\n"),
+    text_case!("set_length_junk", "set {k0} 0 0 1x\r\na\r\nset {k0} 0 0 +1\r\nb\r\nset {k0} 0 0 01\r\nc\r\nget {k0}\r\n"),
+    text_case!("set_length_64bit", "set {k0} 0 0 18446744073709551616\r\nset {k0} 0 0 9223372036854775807\r\nget {k0}\r\n"),
+    text_case!("set_data_shorter_than_announced", "set {k0} 0 0 5\r\nab\r\nget {k0}\r\n"),
+    text_case!("set_data_longer_than_announced", "set {k0} 0 0 1\r\nabc\r\nget {k0}\r\n"),
+    text_case!("set_data_longer_noreply", "set {k0} 0 0 1 noreply\r\nabc\r\nget {k0}\r\n"),
+    text_case!("set_data_bad_terminator", "set {k0} 0 0 1\r\nab\nget {k0}\r\n"),
+    text_case!("set_key_250", "set {k0:250} 0 0 1\r\na\r\nget {k0:250}\r\n"),
+    text_case!("set_key_251", "set {k0:251} 0 0 1\r\na\r\nget {k0}\r\n"),
+    text_case!("set_key_251_noreply", "set {k0:251} 0 0 1 noreply\r\na\r\nget {k0}\r\n"),
+    text_case!("set_key_control_bytes", "set {k0}\x01\x7f\t 0 0 1\r\na\r\nget {k0}\x01\x7f\t\r\n"),
+    Case {
+        name: "set_too_large_with_body",
+        alone: false,
+        build: |k| {
+            let mut s = template(k, "set {k0} 0 0 1\r\na\r\nset {k0} 0 0 2097152\r\n");
+            s.push(Part::Bytes(vec![b'v'; 2_097_152]));
+            s.extend(template(k, "\r\nget {k0}\r\nadd {k1} 0 0 2097152 noreply\r\n"));
+            s.push(Part::Bytes(vec![b'w'; 2_097_152]));
+            s.extend(template(k, "\r\nget {k1}\r\n"));
+            s
+        },
+    },
+    text_case!("add", "add {k0} 0 0 1\r\na\r\nadd {k0} 0 0 1\r\nb\r\nadd {k0} 0 0 1 noreply\r\nc\r\nget {k0}\r\n"),
+    text_case!("replace", "replace {k0} 0 0 1\r\na\r\nset {k0} 0 0 1\r\nb\r\nreplace {k0} 3 0 1\r\nc\r\nreplace {k0} 0 0 1 noreply\r\nd\r\nget {k0}\r\n"),
+    text_case!("append_prepend", "append {k0} 0 0 1\r\na\r\nprepend {k0} 0 0 1\r\na\r\nset {k0} 7 0 2\r\nmm\r\nappend {k0} 9 0 2\r\nzz\r\nprepend {k0} 9 0 2\r\naa\r\nappend {k0} 0 0 1 noreply\r\n!\r\nget {k0}\r\n"),
+    text_case!("regression_append_ignores_exptime", "set {k0} 0 0 1\r\na\r\nappend {k0} 0 -1 1\r\nb\r\nprepend {k0} 0 2592001 1\r\nc\r\nadd {k0} 0 0 1\r\nd\r\nget {k0}\r\n"),
+    text_case!("append_bad_tokens", "append {k0} x 0 1\r\na\r\nprepend {k0} 0 0\r\nappend {k0:251} 0 0 1\r\na\r\n"),
+    text_case!("cas", "set {k0} 0 0 1\r\na\r\ngets {k0}\r\n{sync}cas {k0} 0 0 1 {cas}\r\nb\r\ncas {k0} 0 0 1 {cas}\r\nc\r\ngets {k0}\r\ncas {k1} 0 0 1 1\r\nd\r\n"),
+    text_case!("cas_noreply", "set {k0} 0 0 1\r\na\r\ngets {k0}\r\n{sync}cas {k0} 0 0 1 {cas} noreply\r\nb\r\ngets {k0}\r\ncas {k0} 0 0 1 99999999999 noreply\r\nc\r\nget {k0}\r\n"),
+    text_case!("cas_bad_unique", "cas {k0} 0 0 1 x\r\na\r\ncas {k0} 0 0 1 -1\r\na\r\ncas {k0} 0 0 1 18446744073709551616\r\na\r\ncas {k0} 0 0 1\r\na\r\ncas {k0} 0 0 1 1 noreply junk\r\na\r\n"),
+    text_case!("cas_after_append", "set {k0} 0 0 1\r\na\r\ngets {k0}\r\nappend {k0} 0 0 1\r\nb\r\ngets {k0}\r\nprepend {k0} 0 0 1\r\nb\r\ngets {k0}\r\n"),
+    Case {
+        name: "cas_after_touch",
+        alone: false,
+        build: |k| {
+            let mut s = template(k, "set {k0} 0 0 1\r\na\r\ngets {k0}\r\ntouch {k0} 1000\r\ngets {k0}\r\n");
+            s.push(Part::TouchesItems);
+            s
+        },
+    },
+    // --- retrieval
+    text_case!("get_miss_and_multi", "get {k0}\r\nget {k0} {k1} {k2}\r\nset {k1} 1 0 1\r\nx\r\nget {k0} {k1} {k2} {k1}\r\n"),
+    text_case!("get_no_key", "get\r\ngets\r\nget \r\ngets  \r\n"),
+    text_case!("get_key_251", "set {k0} 0 0 1\r\na\r\n{sync}get {k0} {k1:251} {k0}\r\nget {k0:250}\r\n"),
+    text_case!("get_many_tokens", "set {k3} 0 0 1\r\na\r\nget {k0} {k1} {k2} {k0} {k1} {k2} {k0} {k1} {k2} {k0} {k1} {k2} {k0} {k1} {k2} {k0} {k1} {k2} {k0} {k1} {k2} {k0} {k1} {k2} {k3} {k0} {k3}\r\n"),
+    text_case!("get_spacing", "set {k0} 0 0 1\r\na\r\n   get   {k0}    {k0}  \r\nget {k0}\n"),
+    text_case!("get_nul_ends_line", "set {k0} 0 0 1\r\na\r\nget {k0}\0{k0} junk\r\nget {k1}\0\r\n"),
+    text_case!("gets", "set {k0} 3 0 2\r\nab\r\ngets {k0} {k1} {k0}\r\n"),
+    text_case!("bget", "set {k0} 0 0 1\r\na\r\nbget {k0}\r\nbget\r\n"),
+    text_case!("gat_gats", "set {k0} 0 0 1\r\na\r\ngat 1000 {k0} {k1}\r\ngats 0 {k0}\r\ngat -1 {k0}\r\nget {k0}\r\n"),
+    text_case!("gat_bad_exptime", "gat x {k0}\r\ngat\r\ngat 10\r\ngats 1x {k0}\r\ngat 4294967296 {k0}\r\n"),
+    // --- incr/decr
+    text_case!("incr_decr", "incr {k0} 1\r\nset {k0} 0 0 2\r\n10\r\nincr {k0} 5\r\ndecr {k0} 3\r\ndecr {k0} 100\r\nincr {k0} 18446744073709551615\r\nincr {k0} 1\r\n"),
+    text_case!("incr_wraps", "set {k0} 0 0 20\r\n18446744073709551615\r\nincr {k0} 1\r\nincr {k0} 1\r\n"),
+    text_case!("incr_grows_value", "set {k0} 0 0 2\r\n99\r\nincr {k0} 1\r\nget {k0}\r\n"),
+    text_case!("incr_noreply", "set {k0} 0 0 1\r\n1\r\nincr {k0} 1 noreply\r\ndecr {k0} 1 noreply\r\nincr {k1} 1 noreply\r\nincr {k0} x noreply\r\nincr {k0} 0\r\n"),
+    text_case!("incr_bad_delta", "set {k0} 0 0 1\r\n1\r\nincr {k0} x\r\nincr {k0} -1\r\nincr {k0} 18446744073709551616\r\nincr {k0} +2\r\nincr {k0} 01\r\n"),
+    text_case!("incr_non_numeric", "set {k0} 0 0 2\r\nab\r\nincr {k0} 1\r\nset {k1} 0 0 0\r\n\r\nincr {k1} 1\r\nset {k2} 0 0 20\r\n18446744073709551616\r\nincr {k2} 1\r\n"),
+    text_case!("incr_token_counts", "incr\r\nincr {k0}\r\nincr {k0} 1 2 3\r\ndecr {k0} 1 noreply junk\r\nincr {k0:251} 1\r\nincr {k0:251} 1 noreply\r\n"),
+    // --- touch, delete
+    text_case!("touch", "touch {k0} 10\r\nset {k0} 0 0 1\r\na\r\ntouch {k0} 1000\r\ntouch {k0} 0 noreply\r\ntouch {k0} -1\r\nget {k0}\r\n"),
+    text_case!("touch_bad", "touch {k0} x\r\ntouch {k0} x noreply\r\ntouch {k0}\r\ntouch {k0} 1 2 3\r\ntouch {k0:251} 1\r\n"),
+    text_case!("delete", "delete {k0}\r\nset {k0} 0 0 1\r\na\r\ndelete {k0}\r\nset {k0} 0 0 1\r\na\r\ndelete {k0} noreply\r\nget {k0}\r\n"),
+    text_case!("delete_hold_time", "set {k0} 0 0 1\r\na\r\ndelete {k0} 10\r\ndelete {k0} 0\r\nset {k0} 0 0 1\r\na\r\ndelete {k0} 0 noreply\r\nget {k0}\r\n"),
+    text_case!("regression_delete_hold_time_noreply", "delete {k0} 10 noreply\r\ndelete {k0} x noreply\r\nget {k0}\r\n"),
+    text_case!("delete_token_counts", "delete\r\ndelete {k0} 0 noreply junk\r\ndelete {k0} noreply 0\r\ndelete {k0:251}\r\ndelete {k0:251} noreply\r\n"),
+    // --- the others
+    alone_case!("flush_all", "set {k0} 0 0 1\r\na\r\nflush_all\r\nget {k0}\r\nset {k0} 0 0 1\r\na\r\nflush_all noreply\r\nget {k0}\r\nset {k0} 0 0 1\r\na\r\nflush_all 0\r\nget {k0}\r\nflush_all -1\r\nflush_all 0 noreply\r\n"),
+    alone_case!("flush_all_delayed", "set {k0} 0 0 1\r\na\r\nflush_all 1000\r\nget {k0}\r\nflush_all 0\r\nget {k0}\r\n"),
+    alone_case!("flush_all_bad", "flush_all x\r\nflush_all noreply x\r\nflush_all x noreply\r\nflush_all 1 2 3\r\nflush_all 1000 junk\r\nflush_all 0\r\n"),
+    text_case!("verbosity", "verbosity 1\r\nverbosity 0 noreply\r\nverbosity\r\nverbosity x\r\nverbosity x noreply\r\nverbosity noreply\r\nverbosity 1 2\r\nverbosity 1 2 3\r\n"),
+    text_case!("version", "version\r\nversion junk\r\n"),
+    text_case!("quit", "get {k0}\r\nquit\r\nget {k0}\r\n"),
+    text_case!("quit_with_tokens", "quit now\r\nget {k0}\r\n"),
+    text_case!("shutdown_disabled", "shutdown\r\nshutdown graceful\r\nshutdown x y\r\n"),
+    text_case!("stats", "stats\r\nstats settings\r\nstats reset\r\nstats reset junk\r\nstats nonsense\r\nstats nonsense x\r\n"),
+    // --- malformed lines
+    text_case!("unknown_commands", "bogus\r\nGET {k0}\r\nx\r\ngetx {k0}\r\nsetx {k0} 0 0 1\r\nmx\r\nm\r\ng\r\n"),
+    text_case!("http_request_closes", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+    text_case!("http_like_get_is_a_get", "set HTTP/1.1 0 0 1\r\na\r\nget / HTTP/1.1\r\n"),
+    text_case!("empty_and_blank_lines", "\r\n\n \r\n  \r\n\r\r\n\t\r\n"),
+    text_case!("bare_newlines", "set {k0} 0 0 1\na\r\nget {k0}\nget {k0}\r\r\n"),
+    text_case!("many_tokens", "set {k0} 0 0 1 a a a a a a a a a a a a a a a a a a a a a a a a a\r\nverbosity a a a a a a a a a a a a a a a a a a a a a a a a a noreply\r\nstats a a a a a a a a a a a a a a a a a a a a a a a a a\r\n"),
+    text_case!("tabs_are_not_separators", "set {k0}\t0 0 1\r\nget {k0}\t\r\nincr {k0} \t5\r\n"),
+    Case {
+        name: "line_2048_to_16k_in_one_write",
+        alone: false,
+        // memcached acts on a line longer than 2 KiB only when it arrives whole in its
+        // first read: one line per stream, at its start.
+        build: |k| {
+            let mut s = template(k, "set {k0} 0 0 1");
+            s.push(Part::Bytes(vec![b' '; 10_000]));
+            s.extend(template(k, "\r\na\r\nget {k0}\r\n"));
+            s
+        },
+    },
+    Case {
+        name: "line_16k_exactly",
+        alone: false,
+        build: |k| {
+            let mut line = b"verbosity 1".to_vec();
+            line.resize(16 * 1024 - 2, b' ');
+            line.extend_from_slice(b"\r\n");
+            let mut s = vec![Part::Bytes(line)];
+            s.extend(template(k, "get {k0}\r\n"));
+            s
+        },
+    },
+    Case {
+        name: "line_over_16k_closes",
+        alone: false,
+        build: |k| {
+            let mut s = template(k, "set {k0} 0 0 1");
+            s.push(Part::Bytes(vec![b' '; 17_000]));
+            s.extend(template(k, "\r\na\r\n"));
+            s
+        },
+    },
+    Case {
+        name: "regression_long_multiget",
+        alone: false,
+        build: |k| {
+            let mut s = template(k, "set {k5} 0 0 1\r\na\r\nset {k999} 0 0 3\r\nbcd\r\n");
+            s.push(Part::Bytes(long_get(k, 2_000, false)));
+            s.push(Part::Bytes(long_get(k, 2_000, true)));
+            s
+        },
+    },
+    Case {
+        name: "regression_20000_key_multiget",
+        alone: false,
+        build: |k| {
+            let mut s = template(k, "set {k7} 0 0 1\r\na\r\nset {k19999} 5 0 2\r\nbc\r\n");
+            s.push(Part::Bytes(long_get(k, 20_000, false)));
+            s.push(Part::Split);
+            s.push(Part::Bytes(long_get(k, 20_000, true)));
+            s.extend(template(k, "get {k7}\r\n"));
+            s
+        },
+    },
+    Case {
+        name: "long_get_split_across_reads",
+        alone: false,
+        build: |k| {
+            let line = long_get(k, 5_000, false);
+            let mut s = template(k, "set {k4321} 0 0 1\r\na\r\n");
+            for chunk in line.chunks(7_777) {
+                s.push(Part::Bytes(chunk.to_vec()));
+                s.push(Part::Split);
+            }
+            s.extend(template(k, "get {k4321}\r\n"));
+            s
+        },
+    },
+    Case {
+        name: "long_get_leading_spaces",
+        alone: false,
+        build: |k| {
+            let mut s = template(k, "set {k1} 0 0 1\r\na\r\n");
+            let mut line = vec![b' '; 100];
+            line.extend(long_get(k, 2_000, false));
+            s.push(Part::Bytes(line));
+            s
+        },
+    },
+    Case {
+        name: "long_gat_line_closes",
+        alone: false,
+        build: |k| {
+            let mut line = b"gat 0".to_vec();
+            for i in 0..3_000 {
+                line.push(b' ');
+                line.extend(k.k(i));
+            }
+            line.extend_from_slice(b"\r\n");
+            vec![Part::Bytes(line)]
+        },
+    },
+    text_case!("pipelined_mix", "set {k0} 1 0 1\r\na\r\nget {k0}\r\nadd {k0} 0 0 1\r\nb\r\nincr {k1} 1\r\ndelete {k0}\r\nget {k0}\r\nbogus\r\nset {k1} 0 0 1\r\n5\r\nincr {k1} 2\r\ntouch {k1} 100\r\ngets {k1}\r\nmn\r\n"),
+    text_case!("pipelined_split_everywhere", "se{split}t {k0} 1 0 3\r{split}\nab{split}c\r\n{split}ge{split}t {k0}{split}\r\n"),
+    // --- meta commands (their semantics are meta.rs's; the cases pin the framing)
+    text_case!("meta_noop", "mn\r\nmn junk\r\n"),
+    text_case!("meta_get_flags", "ms {k0} 2 T0 F5\r\nab\r\nmg {k0} v\r\nmg {k0} s f v k\r\nmg {k0} c\r\nmg {k0} t\r\nmg {k0} O123 k q\r\nmg {k1} v\r\nmg {k1} v q\r\nmg {k1} k O9\r\nmn\r\n"),
+    text_case!("meta_get_hit_last_access", "ms {k0} 1\r\na\r\nmg {k0} h l\r\nmg {k0} h l\r\nmg {k0} u v\r\n"),
+    text_case!("meta_get_touch", "ms {k0} 1\r\na\r\nmg {k0} T1000 t v\r\nmg {k0} T-1 v\r\nmg {k0} v\r\n"),
+    text_case!("meta_get_base64", "ms Zm9vYmFy 1 b\r\na\r\nmg Zm9vYmFy b k v\r\nmg Zm9vYmFy v\r\nmg !!! b v\r\n"),
+    text_case!("meta_vivify_recache", "mg {k0} N30 s v c\r\nmg {k0} N30 s v\r\nms {k0} 1 T100\r\na\r\nmg {k0} R30 v t\r\nmg {k0} R200 v\r\nmg {k0} R200 v\r\n"),
+    text_case!("meta_set_modes", "ms {k0} 1 MA\r\na\r\nms {k0} 1 MS\r\nb\r\nms {k0} 1 MA\r\nc\r\nms {k0} 1 MP\r\nd\r\nms {k0} 1 MR\r\ne\r\nms {k0} 1 ME\r\nf\r\nmg {k0} v\r\nms {k0} 1 MX\r\ng\r\nms {k1} 1 MR\r\nh\r\nms {k1} 1 MA\r\nh\r\n"),
+    text_case!("meta_set_flags", "ms {k0} 2 c k O5 F7 T0\r\nab\r\nms {k0} 2 q\r\ncd\r\nms {k0} 2 C1\r\nef\r\nms {k0} 2 I\r\ngh\r\nmg {k0} v f\r\nms {k0} S2\r\nij\r\n"),
+    text_case!("meta_set_cas", "ms {k0} 1 c\r\na\r\n{sync}ms {k0} 1 c C{cas}\r\nb\r\nms {k0} 1 C1\r\nc\r\nmg {k0} v\r\n"),
+    text_case!("meta_set_bad", "ms {k0}\r\nms {k0} x\r\nms {k0} -1\r\na\r\nms {k0:251} 1\r\na\r\nms {k0} 1 Fx\r\na\r\nms {k0} 2\r\nabc\r\nmn\r\n"),
+    text_case!("meta_delete", "md {k0}\r\nmd {k0} q\r\nms {k0} 1\r\na\r\nmd {k0} k O1\r\nms {k0} 1\r\na\r\nmd {k0} C1\r\nmd {k0} I T30\r\nmg {k0} v c\r\nmd {k0} q\r\nmn\r\n"),
+    text_case!("meta_delete_invalidate", "ms {k0} 1\r\na\r\nmd {k0} I\r\nmg {k0} v\r\nmg {k0} v\r\nms {k0} 1\r\nb\r\nmg {k0} v\r\n"),
+    text_case!("meta_arith", "ma {k0}\r\nma {k0} N0 J10\r\nma {k0} v\r\nma {k0} MD D5 v\r\nma {k0} MI D100 v t c\r\nma {k0} q\r\nma {k0} O7 k\r\nma {k0} C1\r\nma {k0} Dx\r\nma {k0} Mx\r\nmn\r\n"),
+    text_case!("meta_arith_non_numeric", "ms {k0} 1\r\na\r\nma {k0}\r\nma {k0} q\r\nmn\r\n"),
+    text_case!("meta_debug", "me {k0}\r\nms {k0} 1\r\na\r\nme {k0}\r\nme\r\n"),
+    text_case!("meta_no_key", "mg\r\nms\r\nmd\r\nma\r\nme\r\n"),
+    text_case!("meta_key_251", "mg {k0:251} v\r\nmd {k0:251}\r\nma {k0:251}\r\n"),
+    text_case!("meta_opaque_long", "mg {k0} O01234567890123456789012345678901234567890\r\nmg {k0} O1234567890123456789012345678901\r\n"),
+    // --- binary protocol: every opcode, quiet variants, malformed requests
+    build_case!("binary_get_set", |k| b(vec![
+        bin(0x00, &[], &k.k(0), &[]),
+        bin(0x01, &store_extras(5, 0), &k.k(0), b"hello"),
+        bin(0x00, &[], &k.k(0), &[]),
+        bin(0x0c, &[], &k.k(0), &[]),
+        bin(0x0c, &[], &k.k(1), &[]),
+        bin(0x09, &[], &k.k(1), &[]),
+        bin(0x09, &[], &k.k(0), &[]),
+        bin(0x0d, &[], &k.k(1), &[]),
+        bin(0x0d, &[], &k.k(0), &[]),
+        bin(0x0a, &[], &[], &[]),
+    ])),
+    build_case!("binary_add_replace", |k| b(vec![
+        bin(0x03, &store_extras(0, 0), &k.k(0), b"a"),
+        bin(0x02, &store_extras(0, 0), &k.k(0), b"b"),
+        bin(0x02, &store_extras(0, 0), &k.k(0), b"c"),
+        bin(0x03, &store_extras(1, 0), &k.k(0), b"d"),
+        bin(0x12, &store_extras(0, 0), &k.k(0), b"e"),
+        bin(0x13, &store_extras(0, 0), &k.k(0), b"f"),
+        bin(0x13, &store_extras(0, 0), &k.k(1), b"g"),
+        bin(0x11, &store_extras(0, 0), &k.k(1), b"h"),
+        bin(0x0a, &[], &[], &[]),
+        bin(0x00, &[], &k.k(0), &[]),
+        bin(0x00, &[], &k.k(1), &[]),
+    ])),
+    build_case!("binary_cas", |k| {
+        let mut s = b(vec![
+            bin(0x01, &store_extras(0, 0), &k.k(0), b"a"),
+            binary_request(0x01, &store_extras(0, 0), &k.k(0), b"b", 0x0123_4567_89ab, 1),
+        ]);
+        s.extend(with_latest_cas(bin(0x01, &store_extras(0, 0), &k.k(0), b"c")));
+        s.extend(with_latest_cas(bin(0x04, &[], &k.k(0), &[])));
+        s.push(Part::Bytes(binary_request(0x04, &[], &k.k(1), &[], 5, 1)));
+        s
+    }),
+    build_case!("binary_set_expired", |k| b(vec![
+        bin(0x01, &store_extras(0, 2_592_001), &k.k(0), b"a"),
+        bin(0x00, &[], &k.k(0), &[]),
+    ])),
+    build_case!("binary_delete", |k| b(vec![
+        bin(0x04, &[], &k.k(0), &[]),
+        bin(0x01, &store_extras(0, 0), &k.k(0), b"a"),
+        bin(0x04, &[], &k.k(0), &[]),
+        bin(0x01, &store_extras(0, 0), &k.k(0), b"a"),
+        bin(0x14, &[], &k.k(0), &[]),
+        bin(0x14, &[], &k.k(0), &[]),
+        bin(0x0a, &[], &[], &[]),
+    ])),
+    build_case!("binary_incr_decr", |k| b(vec![
+        bin(0x05, &arith_extras(1, 5, 0), &k.k(0), &[]),
+        bin(0x05, &arith_extras(1, 5, 0), &k.k(0), &[]),
+        bin(0x06, &arith_extras(10, 5, 0), &k.k(0), &[]),
+        bin(0x05, &arith_extras(1, 5, 0xffff_ffff), &k.k(1), &[]),
+        bin(0x15, &arith_extras(u64::MAX, 0, 0), &k.k(0), &[]),
+        bin(0x16, &arith_extras(1, 0, 0), &k.k(0), &[]),
+        bin(0x16, &arith_extras(1, 0, 0xffff_ffff), &k.k(2), &[]),
+        bin(0x05, &arith_extras(0, 0, 0), &k.k(0), &[]),
+        bin(0x01, &store_extras(0, 0), &k.k(3), b"x"),
+        bin(0x05, &arith_extras(1, 0, 0), &k.k(3), &[]),
+        bin(0x0a, &[], &[], &[]),
+    ])),
+    build_case!("binary_append_prepend", |k| b(vec![
+        bin(0x0e, &[], &k.k(0), b"x"),
+        bin(0x0f, &[], &k.k(0), b"x"),
+        bin(0x01, &store_extras(3, 0), &k.k(0), b"m"),
+        bin(0x0e, &[], &k.k(0), b"z"),
+        bin(0x0f, &[], &k.k(0), b"a"),
+        bin(0x19, &[], &k.k(0), b"!"),
+        bin(0x1a, &[], &k.k(0), b"<"),
+        bin(0x19, &[], &k.k(1), b"!"),
+        bin(0x00, &[], &k.k(0), &[]),
+    ])),
+    build_case!("binary_touch_gat", |k| touches(vec![
+        bin(0x1c, &1000u32.to_be_bytes(), &k.k(0), &[]),
+        bin(0x01, &store_extras(9, 0), &k.k(0), b"v"),
+        bin(0x1c, &1000u32.to_be_bytes(), &k.k(0), &[]),
+        bin(0x1d, &1000u32.to_be_bytes(), &k.k(0), &[]),
+        bin(0x1e, &1000u32.to_be_bytes(), &k.k(0), &[]),
+        bin(0x1e, &1000u32.to_be_bytes(), &k.k(1), &[]),
+        bin(0x23, &0u32.to_be_bytes(), &k.k(0), &[]),
+        bin(0x23, &0u32.to_be_bytes(), &k.k(1), &[]),
+        bin(0x24, &0u32.to_be_bytes(), &k.k(0), &[]),
+        bin(0x24, &0u32.to_be_bytes(), &k.k(1), &[]),
+        bin(0x0a, &[], &[], &[]),
+    ])),
+    build_case!("binary_noop_version_stat", |_| b(vec![
+        bin(0x0a, &[], &[], &[]),
+        bin(0x0b, &[], &[], &[]),
+        bin(0x10, &[], &[], &[]),
+        bin(0x10, &[], b"settings", &[]),
+        bin(0x10, &[], b"nonsense", &[]),
+        bin(0x10, &[], b"reset", &[]),
+    ])),
+    build_case!("binary_quit", |k| b(vec![
+        bin(0x00, &[], &k.k(0), &[]),
+        bin(0x07, &[], &[], &[]),
+        bin(0x00, &[], &k.k(0), &[]),
+    ])),
+    build_case!("binary_quitq", |k| b(vec![
+        bin(0x00, &[], &k.k(0), &[]),
+        bin(0x17, &[], &[], &[]),
+        bin(0x00, &[], &k.k(0), &[]),
+    ])),
+    Case {
+        name: "binary_flush",
+        alone: true,
+        build: |k| {
+            b(vec![
+                bin(0x01, &store_extras(0, 0), &k.k(0), b"a"),
+                bin(0x08, &[], &[], &[]),
+                bin(0x00, &[], &k.k(0), &[]),
+                bin(0x01, &store_extras(0, 0), &k.k(0), b"a"),
+                bin(0x18, &[], &[], &[]),
+                bin(0x00, &[], &k.k(0), &[]),
+                bin(0x08, &0u32.to_be_bytes(), &[], &[]),
+                bin(0x08, &1000u32.to_be_bytes(), &[], &[]),
+                bin(0x08, &0u32.to_be_bytes(), &[], &[]),
+            ])
+        },
+    },
+    build_case!("binary_unknown_opcodes", |k| b(vec![
+        bin(0x30, &[], &[], &[]),
+        bin(0x50, &[], &[], b"body"),
+        bin(0xfe, &[], &[], &[]),
+        bin(0x20, &[], &[], &[]),
+        bin(0x00, &[], &k.k(0), &[]),
+    ])),
+    build_case!("binary_sasl", |_| b(vec![
+        bin(0x21, &[], b"PLAIN", b"\0user\0pass"),
+        bin(0x0a, &[], &[], &[]),
+    ])),
+    build_case!("binary_opaque_datatype_vbucket", |k| {
+        let h = BinHeader {
+            opcode: 0x0a,
+            data_type: 1,
+            vbucket: 7,
+            opaque: 0xdead_beef,
+            ..BinHeader::default()
+        };
+        b(vec![binary_raw(h), bin(0x00, &[], &k.k(0), &[])])
+    }),
+    build_case!("binary_key_250", |k| b(vec![
+        bin(0x01, &store_extras(0, 0), &k.k_len(0, 250), b"a"),
+        bin(0x00, &[], &k.k_len(0, 250), &[]),
+    ])),
+    build_case!("binary_key_251", |k| b(vec![
+        bin(0x00, &[], &k.k_len(0, 251), &[]),
+        bin(0x0a, &[], &[], &[]),
+    ])),
+    build_case!("binary_get_with_extras", |k| b(vec![
+        bin(0x00, &[1, 2, 3, 4], &k.k(0), &[]),
+        bin(0x0a, &[], &[], &[]),
+    ])),
+    build_case!("binary_get_with_value", |k| b(vec![bin(0x00, &[], &k.k(0), b"v")])),
+    build_case!("binary_get_without_key", |_| b(vec![bin(0x00, &[], &[], &[])])),
+    build_case!("binary_set_without_extras", |k| b(vec![bin(0x01, &[], &k.k(0), b"v")])),
+    build_case!("binary_noop_with_body", |_| b(vec![bin(0x0a, &[], &[], b"x")])),
+    build_case!("binary_body_shorter_than_key", |k| {
+        let key = k.k(0);
+        let h = BinHeader {
+            opcode: 0x00,
+            key_len: key.len() as u16,
+            body_len: 2,
+            ..BinHeader::default()
+        };
+        b(vec![binary_raw(h), key])
+    }),
+    build_case!("binary_bad_magic_first", |_| b(vec![vec![0x81; 24]])),
+    build_case!("binary_bad_magic_later", |k| b(vec![
+        bin(0x00, &[], &k.k(0), &[]),
+        binary_raw(BinHeader {
+            magic: 0x00,
+            ..BinHeader::default()
+        }),
+    ])),
+    Case {
+        name: "binary_too_large_with_body",
+        alone: false,
+        build: |k| {
+            let mut s = b(vec![bin(0x01, &store_extras(0, 0), &k.k(0), b"a")]);
+            s.push(Part::Bytes(bin(0x01, &store_extras(0, 0), &k.k(0), &vec![b'v'; 2_097_152])));
+            s.push(Part::Bytes(bin(0x00, &[], &k.k(0), &[])));
+            s
+        },
+    },
+    build_case!("binary_split_header", |k| {
+        let r = bin(0x01, &store_extras(0, 0), &k.k(0), b"abc");
+        vec![
+            Part::Bytes(r[..5].to_vec()),
+            Part::Split,
+            Part::Bytes(r[5..30].to_vec()),
+            Part::Split,
+            Part::Bytes(r[30..].to_vec()),
+            Part::Bytes(bin(0x00, &[], &k.k(0), &[])),
+        ]
+    }),
+];
+
+/// Every command and flag of memcached's protocol.txt (1.6.18), and the cases that
+/// exercise it. `pending:` marks what the comparison does not check yet, with why.
+const COVERAGE: &[(&str, &[&str])] = &[
+    (
+        "set",
+        &[
+            "set_get",
+            "set_empty_value",
+            "set_binary_value",
+            "set_flags_edges",
+            "set_flags_junk",
+            "set_exptime_edges",
+        ],
+    ),
+    (
+        "set noreply",
+        &[
+            "set_noreply",
+            "set_data_longer_noreply",
+            "set_key_251_noreply",
+        ],
+    ),
+    ("add / add noreply", &["add"]),
+    ("replace / replace noreply", &["replace"]),
+    (
+        "append / prepend (+ noreply)",
+        &[
+            "append_prepend",
+            "regression_append_ignores_exptime",
+            "append_bad_tokens",
+            "binary_append_prepend",
+        ],
+    ),
+    (
+        "cas / cas noreply",
+        &[
+            "cas",
+            "cas_noreply",
+            "cas_bad_unique",
+            "cas_after_append",
+            "cas_after_touch",
+        ],
+    ),
+    (
+        "storage: token counts",
+        &[
+            "set_extra_token_ignored",
+            "set_too_many_tokens",
+            "set_too_few_tokens",
+        ],
+    ),
+    (
+        "storage: lengths at and beyond int32",
+        &[
+            "set_length_int32_edges",
+            "set_length_64bit",
+            "set_length_junk",
+        ],
+    ),
+    (
+        "storage: data shorter/longer than announced",
+        &[
+            "set_data_shorter_than_announced",
+            "set_data_longer_than_announced",
+            "set_data_bad_terminator",
+        ],
+    ),
+    (
+        "storage: keys 250/251, control bytes",
+        &["set_key_250", "set_key_251", "set_key_control_bytes"],
+    ),
+    (
+        "storage: value over the limit",
+        &["set_too_large_with_body"],
+    ),
+    (
+        "get / gets",
+        &[
+            "set_get",
+            "gets",
+            "get_miss_and_multi",
+            "get_no_key",
+            "get_spacing",
+        ],
+    ),
+    ("get: keys 250/251", &["get_key_251"]),
+    ("get: more tokens than MAX_TOKENS", &["get_many_tokens"]),
+    ("get: NUL ends the line", &["get_nul_ends_line"]),
+    (
+        "get: long lines (20,000 keys), split reads",
+        &[
+            "regression_20000_key_multiget",
+            "regression_long_multiget",
+            "long_get_split_across_reads",
+            "long_get_leading_spaces",
+        ],
+    ),
+    ("bget", &["bget"]),
+    (
+        "gat / gats",
+        &["gat_gats", "gat_bad_exptime", "long_gat_line_closes"],
+    ),
+    (
+        "incr / decr (+ noreply)",
+        &[
+            "incr_decr",
+            "incr_wraps",
+            "incr_grows_value",
+            "incr_noreply",
+            "incr_bad_delta",
+            "incr_non_numeric",
+            "incr_token_counts",
+        ],
+    ),
+    ("touch (+ noreply)", &["touch", "touch_bad"]),
+    (
+        "delete (+ noreply, hold time)",
+        &[
+            "delete",
+            "delete_hold_time",
+            "regression_delete_hold_time_noreply",
+            "delete_token_counts",
+        ],
+    ),
+    (
+        "flush_all [delay] [noreply]",
+        &["flush_all", "flush_all_delayed", "flush_all_bad"],
+    ),
+    ("verbosity (+ noreply)", &["verbosity"]),
+    ("version", &["version"]),
+    ("quit", &["quit", "quit_with_tokens"]),
+    ("shutdown", &["shutdown_disabled"]),
+    ("stats / stats settings / stats reset", &["stats"]),
+    (
+        "HTTP request lines",
+        &["http_request_closes", "http_like_get_is_a_get"],
+    ),
+    (
+        "malformed lines, unknown commands",
+        &[
+            "unknown_commands",
+            "empty_and_blank_lines",
+            "bare_newlines",
+            "many_tokens",
+            "tabs_are_not_separators",
+        ],
+    ),
+    (
+        "over-long lines of each command",
+        &[
+            "line_2048_to_16k_in_one_write",
+            "line_16k_exactly",
+            "line_over_16k_closes",
+            "long_gat_line_closes",
+        ],
+    ),
+    (
+        "pipelined mixes, splits across reads",
+        &[
+            "pipelined_mix",
+            "pipelined_split_everywhere",
+            "binary_split_header",
+        ],
+    ),
+    ("mn", &["meta_noop", "pipelined_mix"]),
+    (
+        "mg flags b c f h k l O q s t u v",
+        &[
+            "meta_get_flags",
+            "meta_get_hit_last_access",
+            "meta_get_base64",
+        ],
+    ),
+    (
+        "mg flags E N R T",
+        &["meta_get_touch", "meta_vivify_recache"],
+    ),
+    (
+        "mg return flags W X Z",
+        &["meta_vivify_recache", "meta_delete_invalidate"],
+    ),
+    (
+        "ms flags b c C F I k O q S T M(E A P R S)",
+        &[
+            "meta_set_modes",
+            "meta_set_flags",
+            "meta_set_cas",
+            "meta_set_bad",
+            "meta_get_base64",
+        ],
+    ),
+    (
+        "md flags b C I k O q T",
+        &["meta_delete", "meta_delete_invalidate"],
+    ),
+    (
+        "ma flags b C N J D T M q t c v O k",
+        &["meta_arith", "meta_arith_non_numeric"],
+    ),
+    ("me", &["meta_debug"]),
+    (
+        "meta: no key, key 251, long opaque",
+        &["meta_no_key", "meta_key_251", "meta_opaque_long"],
+    ),
+    ("binary GET GETQ GETK GETKQ SET", &["binary_get_set"]),
+    (
+        "binary ADD ADDQ REPLACE REPLACEQ SETQ",
+        &["binary_add_replace"],
+    ),
+    ("binary CAS field", &["binary_cas", "binary_set_expired"]),
+    ("binary DELETE DELETEQ", &["binary_delete", "binary_cas"]),
+    ("binary INCREMENT(Q) DECREMENT(Q)", &["binary_incr_decr"]),
+    ("binary APPEND(Q) PREPEND(Q)", &["binary_append_prepend"]),
+    ("binary TOUCH GAT GATQ GATK GATKQ", &["binary_touch_gat"]),
+    ("binary NOOP VERSION STAT", &["binary_noop_version_stat"]),
+    ("binary QUIT QUITQ", &["binary_quit", "binary_quitq"]),
+    ("binary FLUSH FLUSHQ", &["binary_flush"]),
+    ("binary SASL", &["binary_sasl", "binary_unknown_opcodes"]),
+    ("binary VERBOSITY (pending: intended difference)", &[]),
+    ("binary unknown opcodes", &["binary_unknown_opcodes"]),
+    (
+        "binary opaque, data type, vbucket",
+        &["binary_opaque_datatype_vbucket"],
+    ),
+    (
+        "binary malformed: key 251, extras, body, magic",
+        &[
+            "binary_key_250",
+            "binary_key_251",
+            "binary_get_with_extras",
+            "binary_get_with_value",
+            "binary_get_without_key",
+            "binary_set_without_extras",
+            "binary_noop_with_body",
+            "binary_body_shorter_than_key",
+            "binary_bad_magic_first",
+            "binary_bad_magic_later",
+        ],
+    ),
+    (
+        "binary value over the limit",
+        &["binary_too_large_with_body"],
+    ),
+];
+
+/// Cases whose difference is known and owned elsewhere: reported, not failed.
+const PENDING: &[&str] = &[
+    // The server's HTTP hardening, being added in parallel.
+    "http_request_closes",
+    // A store of an already expired item answers CAS 0 (the server's shared layer).
+    "binary_set_expired",
+    // meta.rs, being brought to memcached's rules in parallel.
+    "meta_no_key",
+    "meta_set_bad",
+];
+
+fn case_named(name: &str) -> Option<&'static Case> {
+    CASES.iter().find(|c| c.name == name)
+}
+
+#[test]
+fn coverage_names_existing_cases() {
+    let mut names: Vec<&str> = CASES.iter().map(|c| c.name).collect();
+    names.sort_unstable();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(before, names.len(), "two cases share a name");
+    for (what, cases) in COVERAGE {
+        for name in *cases {
+            assert!(case_named(name).is_some(), "{what}: no case named {name}");
+        }
+    }
+    // Every case appears in the coverage table.
+    for case in CASES {
+        assert!(
+            COVERAGE.iter().any(|(_, cases)| cases.contains(&case.name)),
+            "case {} is not in the coverage table",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn the_comparison_fails_on_a_different_reply() {
+    let parts = vec![Part::Bytes(b"get a\r\n".to_vec())];
+    let reply = |raw: &[u8]| differential::Reply {
+        raw: raw.to_vec(),
+        normalised: differential::normalise(raw, false),
+        end: differential::End::Closed,
+    };
+    // Equal after normalisation: CAS numbering, version, stats.
+    assert!(differential::compare(
+        &parts,
+        &reply(b"VALUE a 0 1 17\r\nx\r\nVALUE a 0 1 17\r\nx\r\nVERSION 1.6.18\r\nSTAT pid 1\r\nEND\r\n"),
+        &reply(b"VALUE a 0 1 9\r\nx\r\nVALUE a 0 1 9\r\nx\r\nVERSION 1.6.18-terrace-0.1.0\r\nSTAT pid 2\r\nSTAT x 3\r\nEND\r\n"),
+    )
+    .is_ok());
+    // One byte apart, a CAS that changed on one side only, a missing reply, a hang.
+    for (m, t) in [
+        (&b"END\r\n"[..], &b"END \r\n"[..]),
+        (
+            b"VALUE a 0 1 17\r\nx\r\nVALUE a 0 1 17\r\nx\r\n",
+            b"VALUE a 0 1 9\r\nx\r\nVALUE a 0 1 10\r\nx\r\n",
+        ),
+        (b"STORED\r\n", b""),
+        (
+            b"VALUE a 0 1\r\nx\r\nEND\r\n",
+            b"VALUE a 0 1\r\ny\r\nEND\r\n",
+        ),
+    ] {
+        assert!(
+            differential::compare(&parts, &reply(m), &reply(t)).is_err(),
+            "{m:?} vs {t:?}"
+        );
+    }
+    let mut hung = reply(b"END\r\n");
+    hung.end = differential::End::Hung;
+    assert!(differential::compare(&parts, &reply(b"END\r\n"), &hung).is_err());
+    // Binary: the CAS field numbered, everything else compared.
+    let r1 = [
+        vec![0x81, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        77u64.to_be_bytes().to_vec(),
+    ]
+    .concat();
+    let r2 = [
+        vec![0x81, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        5u64.to_be_bytes().to_vec(),
+    ]
+    .concat();
+    let r3 = [
+        vec![0x81, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+        5u64.to_be_bytes().to_vec(),
+    ]
+    .concat();
+    assert_eq!(
+        differential::normalise(&r1, true),
+        differential::normalise(&r2, true)
+    );
+    assert_ne!(
+        differential::normalise(&r1, true),
+        differential::normalise(&r3, true)
+    );
+}
+
+/// Runs `streams` against both servers, `width` at a time; the differences found.
+fn run_all(servers: &Servers, streams: Vec<(String, Vec<Part>)>, width: usize) -> Vec<String> {
+    let queue = Mutex::new(streams.into_iter());
+    let failures = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..width {
+            s.spawn(|| loop {
+                let Some((name, parts)) = queue.lock().expect("queue").next() else {
+                    return;
+                };
+                if let Err(e) = servers.compare(&parts) {
+                    failures
+                        .lock()
+                        .expect("failures")
+                        .push(format!("case {name}:\n{e}"));
+                }
+            });
+        }
+    });
+    failures.into_inner().expect("failures")
+}
+
+/// The table, then the generated streams, against one pair of servers.
+#[test]
+fn terrace_answers_as_memcached_does() {
+    let Some(mut servers) = Servers::start() else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    // The table: cases that run alone first, one at a time; then the rest in parallel.
+    let render = |c: &Case| {
+        let keys = Keys::fresh();
+        (c.name.to_string(), (c.build)(&keys))
+    };
+    let alone: Vec<_> = CASES.iter().filter(|c| c.alone).map(render).collect();
+    let mut failures = run_all(&servers, alone, 1);
+    let together: Vec<_> = CASES.iter().filter(|c| !c.alone).map(render).collect();
+    failures.extend(run_all(&servers, together, 4));
+    let (pending, failures): (Vec<String>, Vec<String>) = failures
+        .into_iter()
+        .partition(|f| PENDING.iter().any(|p| f.starts_with(&format!("case {p}:"))));
+    for p in &pending {
+        eprintln!("pending (known difference owned elsewhere):\n{p}\n");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} table cases differ from memcached:\n\n{}",
+        failures.len(),
+        CASES.len(),
+        failures.join("\n\n")
+    );
+    eprintln!("table: {} cases in {:?}", CASES.len(), started.elapsed());
+
+    // Generated streams.
+    let generated = AtomicUsize::new(0);
+    let run_batch = |streams: Vec<Vec<Part>>| -> Result<(), TestCaseError> {
+        let named = streams
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| (format!("generated #{i}"), p))
+            .collect::<Vec<_>>();
+        generated.fetch_add(named.len(), Ordering::Relaxed);
+        let failures = run_all(&servers, named, BATCH);
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(TestCaseError::fail(failures.join("\n\n")))
+        }
+    };
+    let config = Config {
+        cases: (GENERATED * 7 / 10).div_ceil(BATCH) as u32,
+        failure_persistence: None,
+        max_shrink_iters: 2_000,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let text = proptest::collection::vec(text_stream(), BATCH);
+    let result = runner.run(&text, |batch| {
+        run_batch(batch.iter().map(|s| s.render(&Keys::fresh())).collect())
+    });
+    if let Err(e) = result {
+        panic!("a generated ascii stream differs from memcached (shrunk):\n{e}");
+    }
+    let config = Config {
+        cases: (GENERATED * 3 / 10).div_ceil(BATCH) as u32,
+        failure_persistence: None,
+        max_shrink_iters: 2_000,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let binary = proptest::collection::vec(binary_stream(), BATCH);
+    let result = runner.run(&binary, |batch| {
+        run_batch(batch.iter().map(|s| s.render(&Keys::fresh())).collect())
+    });
+    if let Err(e) = result {
+        panic!("a generated binary stream differs from memcached (shrunk):\n{e}");
+    }
+    let n = generated.load(Ordering::Relaxed);
+    assert!(n >= GENERATED, "only {n} generated streams ran");
+    eprintln!(
+        "{n} generated streams (and shrinking) compared equal; {:?} in all",
+        started.elapsed()
+    );
+    servers.check_alive();
+}
+
+/// Differences in the cache engine's arithmetic (not the protocol layers): memcached
+/// rewrites a number in place, padded with spaces, when it does not grow, and reads a
+/// stored number as `strtoull` does. Run with `--ignored` to see them.
+#[test]
+#[ignore = "engine differences, owned outside the protocol layers"]
+fn engine_differences_pending() {
+    let Some(servers) = Servers::start() else {
+        return;
+    };
+    let k = Keys::fresh();
+    let streams = [
+        "set {k0} 0 0 3\r\n100\r\ndecr {k0} 95\r\nget {k0}\r\n",
+        "set {k0} 0 0 4\r\n10 x\r\nincr {k0} 1\r\nget {k0}\r\n",
+        "set {k0} 0 0 3\r\n 10\r\nincr {k0} 1\r\n",
+        "set {k0} 0 0 3\r\n+10\r\nincr {k0} 1\r\nget {k0}\r\n",
+    ];
+    let failures = run_all(
+        &servers,
+        streams
+            .iter()
+            .map(|t| (t.to_string(), template(&Keys::fresh(), t)))
+            .collect(),
+        1,
+    );
+    let _ = k;
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
