@@ -34,6 +34,9 @@
  *   page unused. units_per_block is a minimum: ctl set and get report the actual count.
  * - the only ctl entry points are the two above (pmemobj_ctl_exec has none): any other
  *   name fails with EINVAL.
+ * - an internal error (a bug in Terrace) is a failure, never an abort: the call's error
+ *   value (NULL, OID_NULL, -1, or an error number) with errno EIO; inside a transaction it
+ *   also aborts the transaction.
  */
 #ifndef LIBPMEMOBJ_H
 #define LIBPMEMOBJ_H 1

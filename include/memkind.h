@@ -13,7 +13,9 @@
  *   hole punching work;
  * - MEMKIND_LOWEST_LATENCY_LOCAL and MEMKIND_DAX_KMEM overflow to farther nodes instead of
  *   failing when the nearest node is full;
- * - memkind_defrag_reallocate always returns NULL (nothing to move).
+ * - memkind_defrag_reallocate always returns NULL (nothing to move);
+ * - an internal error (a bug in Terrace) is a failure, never an abort: NULL or
+ *   MEMKIND_ERROR_RUNTIME (MEMKIND_ERROR_UNAVAILABLE from memkind_check_available), errno EIO.
  */
 #ifndef MEMKIND_H
 #define MEMKIND_H

@@ -8,7 +8,8 @@
  * Conventions: functions returning int give 0 or a positive errno value (also stored in
  * errno); functions returning pointers give NULL with errno set. terrace_last_error()
  * describes the last failure on the calling thread. Freeing a pointer that no kind owns
- * (NULL, foreign memory, memory of a destroyed kind) does nothing.
+ * (NULL, foreign memory, memory of a destroyed kind) does nothing. An internal error (a
+ * bug in Terrace) is a failure like any other, with errno EIO: no call aborts the process.
  */
 #ifndef TERRACE_H
 #define TERRACE_H

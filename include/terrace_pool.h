@@ -14,7 +14,8 @@
  * Conventions (as terrace.h): functions returning int give 0 or a positive errno value
  * (also stored in errno); functions returning an offset give 0, and functions returning a
  * pointer NULL, with errno set. terrace_last_error() (terrace.h) describes the last
- * failure on the calling thread.
+ * failure on the calling thread. An internal error (a bug in Terrace) is a failure with
+ * errno EIO and, inside a transaction, aborts it.
  *
  * Transactions: at most one per thread (terrace_pool_tx_begin inside one nests, flattened:
  * the outermost commit makes the work durable, any abort aborts the whole). A failing
