@@ -883,3 +883,301 @@ impl BinaryStream {
         apply_splits(parts, &self.splits)
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Meta commands
+
+/// A meta flag: its letter and its token (empty for flags that take none).
+#[derive(Clone, Debug)]
+pub struct MetaFlag(pub char, pub String);
+
+fn ttl_token() -> impl Strategy<Value = String> {
+    select(vec![
+        "0",
+        "-1",
+        "1000",
+        "100000",
+        "x",
+        "",
+        "4294967296",
+        "2147483648",
+    ])
+    .prop_map(String::from)
+}
+
+/// Flags of each meta command as protocol.txt lists them, with tokens at their edges,
+/// and some letters no command takes.
+fn meta_flag(cmd: &'static str) -> BoxedStrategy<MetaFlag> {
+    let bare = |letters: &'static str| {
+        select(letters.chars().collect::<Vec<_>>()).prop_map(|c| MetaFlag(c, String::new()))
+    };
+    let with = |letters: &'static str, token: BoxedStrategy<String>| {
+        (select(letters.chars().collect::<Vec<_>>()), token).prop_map(|(c, t)| MetaFlag(c, t))
+    };
+    let opaque = prop_oneof![
+        5 => (0u32..1000).prop_map(|n| n.to_string()),
+        1 => Just("x".repeat(32)),
+        1 => Just("x".repeat(33)),
+        1 => Just(String::new()),
+    ]
+    .boxed();
+    let number = number().boxed();
+    let odd = bare("aKYz");
+    match cmd {
+        "mg" => prop_oneof![
+            8 => bare("cfhklqstuv"),
+            2 => with("O", opaque),
+            3 => with("NRT", ttl_token().boxed()),
+            1 => odd,
+        ]
+        .boxed(),
+        "ms" => prop_oneof![
+            6 => bare("ckqI"),
+            2 => with("O", opaque),
+            2 => with("F", number.clone()),
+            2 => with("T", ttl_token().boxed()),
+            2 => with("M", select(vec!["E", "A", "P", "R", "S", "a", "x", "", "ES"]).prop_map(String::from).boxed()),
+            1 => with("C", number),
+            1 => odd,
+        ]
+        .boxed(),
+        "md" => prop_oneof![
+            6 => bare("kqI"),
+            2 => with("O", opaque),
+            2 => with("T", ttl_token().boxed()),
+            1 => with("C", number),
+            1 => odd,
+        ]
+        .boxed(),
+        _ => prop_oneof![
+            6 => bare("qtcvk"),
+            2 => with("O", opaque),
+            2 => with("NT", ttl_token().boxed()),
+            2 => with("JD", number),
+            2 => with("M", select(vec!["I", "D", "+", "-", "i", "d", "x", ""]).prop_map(String::from).boxed()),
+            1 => odd,
+        ]
+        .boxed(),
+    }
+}
+
+/// One meta command.
+#[derive(Clone, Debug)]
+pub enum MetaOp {
+    Get {
+        key: KeyRef,
+        base64: bool,
+        flags: Vec<MetaFlag>,
+    },
+    Set {
+        key: KeyRef,
+        base64: bool,
+        flags: Vec<MetaFlag>,
+        data: Vec<u8>,
+        length: Length,
+        cas: bool,
+    },
+    Delete {
+        key: KeyRef,
+        base64: bool,
+        flags: Vec<MetaFlag>,
+        cas: bool,
+    },
+    Arith {
+        on_counter: bool,
+        key: KeyRef,
+        flags: Vec<MetaFlag>,
+    },
+    SetCounter(String),
+    Noop,
+}
+
+fn meta_op() -> impl Strategy<Value = MetaOp> {
+    let flags = |cmd| proptest::collection::vec(meta_flag(cmd), 0..5);
+    let base64 = prop::bool::weighted(0.1);
+    prop_oneof![
+        6 => (key_ref(), base64, flags("mg")).prop_map(|(key, base64, flags)| MetaOp::Get { key, base64, flags }),
+        5 => (key_ref(), base64, flags("ms"), data(), prop_oneof![8 => Just(Length::Exact), 1 => length()], prop::bool::weighted(0.2))
+            .prop_map(|(key, base64, flags, data, length, cas)| MetaOp::Set { key, base64, flags, data, length, cas }),
+        2 => (key_ref(), base64, flags("md"), prop::bool::weighted(0.2))
+            .prop_map(|(key, base64, flags, cas)| MetaOp::Delete { key, base64, flags, cas }),
+        3 => (prop::bool::weighted(0.7), key_ref(), flags("ma"))
+            .prop_map(|(on_counter, key, flags)| MetaOp::Arith { on_counter, key, flags }),
+        1 => counter_value().prop_map(MetaOp::SetCounter),
+        1 => Just(MetaOp::Noop),
+    ]
+}
+
+#[derive(Clone, Debug)]
+pub struct MetaStream {
+    pub ops: Vec<MetaOp>,
+    pub splits: Vec<Index>,
+}
+
+pub fn meta_stream() -> impl Strategy<Value = MetaStream> {
+    (
+        proptest::collection::vec(meta_op(), 1..8),
+        proptest::collection::vec(any::<Index>(), 0..4),
+    )
+        .prop_map(|(ops, splits)| MetaStream { ops, splits })
+}
+
+fn base64(b: &[u8]) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    for chunk in b.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &c)| n | u32::from(c) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]);
+            } else {
+                out.push(b'=');
+            }
+        }
+    }
+    out
+}
+
+impl MetaStream {
+    pub fn render(&self, keys: &Keys) -> Vec<Part> {
+        let mut parts = Vec::new();
+        let mut bytes = Vec::new();
+        let mut clean = true;
+        let mut touches = false;
+        let flag_words = |flags: &[MetaFlag]| -> Vec<Vec<u8>> {
+            flags
+                .iter()
+                .map(|MetaFlag(c, t)| format!("{c}{t}").into_bytes())
+                .collect()
+        };
+        let key_of = |key: &KeyRef, b64: bool| {
+            let k = key.render(keys);
+            if b64 {
+                base64(&k)
+            } else {
+                k
+            }
+        };
+        for op in &self.ops {
+            match op {
+                MetaOp::Get {
+                    key,
+                    base64: b64,
+                    flags,
+                } => {
+                    touches |= flags.iter().any(|f| f.0 == 'T');
+                    let k = key_of(key, *b64);
+                    let mut words = vec![b"mg".to_vec(), k];
+                    if *b64 {
+                        words.push(b"b".to_vec());
+                    }
+                    words.extend(flag_words(flags));
+                    let refs: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
+                    bytes.extend(line(&refs));
+                }
+                MetaOp::Set {
+                    key,
+                    base64: b64,
+                    flags,
+                    data,
+                    length,
+                    cas,
+                } => {
+                    let k = key_of(key, *b64);
+                    let declared = match length {
+                        Length::Exact => data.len().to_string(),
+                        Length::Off(d) => (data.len() as i64 + i64::from(*d)).max(0).to_string(),
+                        Length::Token(t) => t.to_string(),
+                    };
+                    let mut words = vec![b"ms".to_vec(), k, declared.into_bytes()];
+                    if *b64 {
+                        words.push(b"b".to_vec());
+                    }
+                    words.extend(flag_words(flags));
+                    let refs: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
+                    let mut l = refs.join(&b' ');
+                    if *cas && clean {
+                        if !bytes.is_empty() {
+                            parts.push(Part::Bytes(std::mem::take(&mut bytes)));
+                        }
+                        parts.push(Part::Sync);
+                        l.extend_from_slice(b" C");
+                        parts.push(Part::Bytes(l));
+                        parts.push(Part::Cas);
+                    } else {
+                        bytes.extend(l);
+                    }
+                    bytes.extend_from_slice(b"\r\n");
+                    bytes.extend_from_slice(data);
+                    bytes.extend_from_slice(b"\r\n");
+                    clean &= matches!(length, Length::Exact) && key.plain();
+                }
+                MetaOp::Delete {
+                    key,
+                    base64: b64,
+                    flags,
+                    cas,
+                } => {
+                    let k = key_of(key, *b64);
+                    let mut words = vec![b"md".to_vec(), k];
+                    if *b64 {
+                        words.push(b"b".to_vec());
+                    }
+                    words.extend(flag_words(flags));
+                    let refs: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
+                    let mut l = refs.join(&b' ');
+                    if *cas && clean {
+                        if !bytes.is_empty() {
+                            parts.push(Part::Bytes(std::mem::take(&mut bytes)));
+                        }
+                        parts.push(Part::Sync);
+                        l.extend_from_slice(b" C");
+                        parts.push(Part::Bytes(l));
+                        parts.push(Part::Cas);
+                    } else {
+                        bytes.extend(l);
+                    }
+                    bytes.extend_from_slice(b"\r\n");
+                }
+                MetaOp::Arith {
+                    on_counter,
+                    key,
+                    flags,
+                } => {
+                    let k = if *on_counter {
+                        keys.k(COUNTER)
+                    } else {
+                        key.render(keys)
+                    };
+                    let mut words = vec![b"ma".to_vec(), k];
+                    words.extend(flag_words(flags));
+                    let refs: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
+                    bytes.extend(line(&refs));
+                }
+                MetaOp::SetCounter(value) => {
+                    let n = value.len().to_string();
+                    let k = keys.k(COUNTER);
+                    bytes.extend(line(&[b"ms", &k, n.as_bytes()]));
+                    bytes.extend_from_slice(value.as_bytes());
+                    bytes.extend_from_slice(b"\r\n");
+                }
+                MetaOp::Noop => bytes.extend_from_slice(b"mn\r\n"),
+            }
+        }
+        if self.ops.iter().any(|op| matches!(op, MetaOp::Set { length, .. } if !matches!(length, Length::Exact | Length::Off(..=0)))) {
+            for _ in 0..56 {
+                bytes.extend_from_slice(b"\r\n");
+            }
+        }
+        if !bytes.is_empty() {
+            parts.push(Part::Bytes(bytes));
+        }
+        if touches {
+            parts.push(Part::TouchesItems);
+        }
+        apply_splits(parts, &self.splits)
+    }
+}
