@@ -261,77 +261,102 @@ fn parse_request<'a>(
     if tokens.len() >= MAX_TOKENS {
         return Err(ParseError::TooManyTokens);
     }
-    let flags = parse_flags(tokens.get(first_flag..).unwrap_or_default())?;
-    let key = if flags.base64_key {
-        let decoded = KEY_BASE64
-            .decode(key_token)
-            .map_err(|_| ParseError::KeyNotBase64)?;
-        if decoded.is_empty() {
-            return Err(ParseError::KeyNotBase64);
-        }
-        if decoded.len() > shared.limits.max_key {
-            return Err(ParseError::BadFormat);
-        }
-        Key {
+    let (flags, decoded) = parse_flags(tokens.get(first_flag..).unwrap_or_default(), key_token)?;
+    // Checked after the flags, as memcached does in each command's reply loop.
+    if flags.opaque.is_some_and(|o| o.len() > MAX_OPAQUE) {
+        return Err(ParseError::OpaqueTooLong);
+    }
+    let key = match decoded {
+        Some(decoded) => Key {
             bytes: Cow::Owned(decoded),
             binary: true,
-        }
-    } else {
-        if !shared.key_ok(key_token) {
-            return Err(ParseError::BadFormat);
-        }
-        Key {
-            bytes: Cow::Borrowed(key_token),
-            binary: false,
+        },
+        None => {
+            if !shared.key_ok(key_token) {
+                return Err(ParseError::BadFormat);
+            }
+            Key {
+                bytes: Cow::Borrowed(key_token),
+                binary: false,
+            }
         }
     };
     Ok(Request { key, flags })
 }
 
-/// Parses flag tokens: a letter, for some a token glued to it. As memcached, every
-/// command accepts every known letter; only the ones it uses have an effect.
-fn parse_flags<'a>(tokens: &[&'a [u8]]) -> Result<Flags<'a>, ParseError> {
+/// Parses flag tokens as memcached's `_meta_flag_preparse` does: a letter, for some a
+/// token glued to it; every command accepts every known letter (only the ones it uses
+/// have an effect). A repeated letter (or a byte above 126) and an unknown letter end
+/// the parse at once; a bad token is remembered and the parse goes on, the last such
+/// error being the one reported (a bad `F` keeps the error before it). `b` decodes the
+/// key (`key_token`) where it stands; the decoded key is returned with the flags.
+fn parse_flags<'a>(
+    tokens: &[&'a [u8]],
+    key_token: &[u8],
+) -> Result<(Flags<'a>, Option<Vec<u8>>), ParseError> {
     let mut flags = Flags::default();
     let mut seen = [false; 128];
+    let mut error = None;
+    let mut decoded = None;
     for &token in tokens {
         let Some((&letter, arg)) = token.split_first() else {
             continue;
         };
-        let Some(seen) = seen.get_mut(usize::from(letter)) else {
-            return Err(ParseError::DuplicateFlag);
-        };
-        if *seen {
+        if letter >= 127 || seen[usize::from(letter)] {
             return Err(ParseError::DuplicateFlag);
         }
-        *seen = true;
+        seen[usize::from(letter)] = true;
+        let mut fail = |e: ParseError| error = Some(e);
         match letter {
-            b'b' => flags.base64_key = true,
+            b'b' => {
+                flags.base64_key = true;
+                match KEY_BASE64.decode(key_token) {
+                    Ok(key) if !key.is_empty() => decoded = Some(key),
+                    _ => fail(ParseError::KeyNotBase64),
+                }
+            }
             b'q' => flags.quiet = true,
             b'v' => flags.value = true,
+            b'I' => flags.invalidate = true,
             // Reply-only letters, ignored proxy hints, and the flags Terrace accepts
             // without effect (see the module docs).
-            b'I' => flags.invalidate = true,
             b'k' | b's' | b't' | b'c' | b'f' | b'h' | b'l' | b'u' | b'P' | b'L' => {}
-            b'O' => {
-                if token.len() > MAX_OPAQUE {
-                    return Err(ParseError::OpaqueTooLong);
+            b'O' => flags.opaque = Some(token),
+            b'T' => match strtol(arg) {
+                Some(n) => flags.ttl = Some(n),
+                None => fail(ParseError::BadToken),
+            },
+            b'N' => match strtol(arg) {
+                Some(n) => flags.vivify = Some(n),
+                None => fail(ParseError::BadToken),
+            },
+            b'R' => match strtol(arg) {
+                Some(n) => flags.recache = Some(n),
+                None => fail(ParseError::BadToken),
+            },
+            b'C' => match strtoull(arg) {
+                Some(n) => flags.compare_cas = Some(n),
+                None => fail(ParseError::BadToken),
+            },
+            // memcached keeps the message of the error before (if any).
+            b'F' => match strtoull(arg) {
+                Some(n) => flags.client_flags = Some(n as u32),
+                None => {
+                    error.get_or_insert(ParseError::BadClientFlags);
                 }
-                flags.opaque = Some(token);
-            }
-            b'T' => flags.ttl = Some(parse_exptime(arg)?),
-            b'N' => flags.vivify = Some(parse_exptime(arg)?),
-            b'R' => flags.recache = Some(parse_exptime(arg)?),
-            b'C' => flags.compare_cas = Some(parse_u64(arg).ok_or(ParseError::BadToken)?),
-            b'F' => {
-                let value = parse_u64(arg).and_then(|n| u32::try_from(n).ok());
-                flags.client_flags = Some(value.ok_or(ParseError::BadClientFlags)?);
-            }
+            },
             b'M' => match arg {
                 [mode] => flags.mode = Some(*mode),
-                _ => return Err(ParseError::BadModeLength),
+                _ => fail(ParseError::BadModeLength),
             },
-            b'J' => flags.initial = Some(parse_u64(arg).ok_or(ParseError::BadInitial)?),
-            b'D' => flags.delta = Some(parse_u64(arg).ok_or(ParseError::BadDelta)?),
+            b'J' => match strtoull(arg) {
+                Some(n) => flags.initial = Some(n),
+                None => fail(ParseError::BadInitial),
+            },
+            b'D' => match strtoull(arg) {
+                Some(n) => flags.delta = Some(n),
+                None => fail(ParseError::BadDelta),
+            },
             _ => return Err(ParseError::InvalidFlag),
         }
         if let Some(slot) = flags.letters.get_mut(flags.count) {
@@ -339,19 +364,32 @@ fn parse_flags<'a>(tokens: &[&'a [u8]]) -> Result<Flags<'a>, ParseError> {
             flags.count += 1;
         }
     }
-    Ok(flags)
+    match error {
+        Some(e) => Err(e),
+        None => Ok((flags, decoded)),
+    }
 }
 
-/// A TTL token as memcached's `safe_strtol` reads it: an optional sign and decimal
-/// digits that fit a 64-bit `long`, then truncated to 32 bits (`T4294967296` is `T0`).
-fn parse_exptime(arg: &[u8]) -> Result<i64, ParseError> {
+/// A number as C's `strtol` reads it in memcached's `safe_strtol`: an optional sign and
+/// decimal digits within 64 bits, then truncated to 32 bits (`T4294967296` is `T0`).
+fn strtol(arg: &[u8]) -> Option<i64> {
     let digits = arg.strip_prefix(b"+").unwrap_or(arg);
     let n = if digits.first() == Some(&b'-') {
         parse_i64(digits)
     } else {
         parse_u64(digits).and_then(|n| i64::try_from(n).ok())
-    };
-    n.map(|n| i64::from(n as i32)).ok_or(ParseError::BadToken)
+    }?;
+    Some(i64::from(n as i32))
+}
+
+/// A number as memcached's `safe_strtoull` reads it: an optional sign and decimal
+/// digits within 64 bits; a minus sign is refused unless the value is 0 (`C-0` is 0).
+fn strtoull(arg: &[u8]) -> Option<u64> {
+    let digits = arg.strip_prefix(b"+").unwrap_or(arg);
+    match digits.strip_prefix(b"-") {
+        Some(negative) => parse_u64(negative).filter(|&n| n == 0),
+        None => parse_u64(digits),
+    }
 }
 
 /// Seconds until a found item stops being served (`-1`: never; `0`: now).
@@ -361,13 +399,24 @@ fn remaining_ttl(shared: &Shared, guard: &Guard<'_>) -> i64 {
         .map_or(-1, |at| (i64::from(at) - i64::from(shared.now())).max(0))
 }
 
-/// The remaining TTL an exptime gives an item written now (`-1`: none); `None` when it
-/// is already past.
-fn ttl_of(shared: &Shared, exptime: i64) -> Option<i64> {
+/// The remaining TTL an exptime gives an item written now (`-1`: none; `0`: already
+/// past).
+fn ttl_of(shared: &Shared, exptime: i64) -> i64 {
     match shared.expiry(exptime) {
-        Expiry::Ttl(0) => Some(-1),
-        Expiry::Ttl(secs) => Some(i64::from(secs)),
-        Expiry::Past => None,
+        Expiry::Ttl(0) => -1,
+        Expiry::Ttl(secs) => i64::from(secs),
+        Expiry::Past => 0,
+    }
+}
+
+/// Of `N` and `T`, the one given last: memcached applies each where it stands in the
+/// request, so the last one sets the TTL of an item the request creates.
+fn last_exptime(flags: &Flags<'_>) -> Option<i64> {
+    let at = |letter| flags.order().iter().position(|&l| l == letter);
+    match (flags.vivify, flags.ttl) {
+        (Some(_), Some(t)) if at(b'T') > at(b'N') => Some(t),
+        (Some(n), _) => Some(n),
+        (None, t) => t,
     }
 }
 
@@ -377,12 +426,33 @@ fn ttl_of(shared: &Shared, exptime: i64) -> Option<i64> {
 #[derive(Clone, Copy, Debug, Default)]
 struct Facts {
     size: Option<usize>,
+    /// The item's TTL before the request changed it (`t`); `T`, and `N` when it created
+    /// the item, change it where they stand in the request ([`Facts::ttl_at`]).
     ttl: Option<i64>,
+    /// The TTL `T` gave.
+    on_t: Option<i64>,
+    /// The TTL `N` gave the item it created.
+    on_n: Option<i64>,
     cas: Option<u64>,
     client_flags: Option<u32>,
     /// `h` and `l`: whether the item was read before this request, and the seconds
     /// since its last access (`None`: leave both out).
     access: Option<(bool, u64)>,
+}
+
+impl Facts {
+    /// The TTL in effect when memcached's reply loop reaches the `index`th flag.
+    fn ttl_at(&self, order: &[u8], index: usize) -> Option<i64> {
+        let mut ttl = self.ttl;
+        for &letter in &order[..index.min(order.len())] {
+            match letter {
+                b'T' if self.on_t.is_some() => ttl = self.on_t,
+                b'N' if self.on_n.is_some() => ttl = self.on_n,
+                _ => {}
+            }
+        }
+        ttl
+    }
 }
 
 /// Appends ` <letter><n>`.
@@ -414,7 +484,8 @@ fn push_key(out: &mut Vec<u8>, key: &Key<'_>) {
 
 /// Appends the returned flags the request asked for, in its order.
 fn push_flags(out: &mut Vec<u8>, request: &Request<'_>, facts: Facts) {
-    for &letter in request.flags.order() {
+    let order = request.flags.order();
+    for (index, &letter) in order.iter().enumerate() {
         match letter {
             b'O' => {
                 if let Some(opaque) = request.flags.opaque {
@@ -429,7 +500,7 @@ fn push_flags(out: &mut Vec<u8>, request: &Request<'_>, facts: Facts) {
                 }
             }
             b't' => {
-                if let Some(ttl) = facts.ttl {
+                if let Some(ttl) = facts.ttl_at(order, index) {
                     out.extend_from_slice(b" t");
                     push_ttl(out, ttl);
                 }
@@ -503,9 +574,8 @@ struct Hit<'g> {
     guard: Option<Guard<'g>>,
     cas: u64,
     client_flags: u32,
-    /// The TTL this request set (`T`, or `N` creating the item); else the reply reads the
-    /// item's remaining life, only if it asks for it (`t`).
-    ttl: Option<i64>,
+    /// The item's TTL before this request's `T` (`-1` for an item `N` created).
+    ttl: i64,
     /// This request created the item (`N`).
     created: bool,
     /// The item had been read before this request.
@@ -513,13 +583,16 @@ struct Hit<'g> {
 }
 
 impl Hit<'_> {
-    /// A found item; `ttl` when this request set it.
-    fn found(guard: Guard<'_>, ttl: Option<i64>) -> Hit<'_> {
+    /// A found item: `before`, what it was before this request's touch, if any (read
+    /// before, TTL).
+    fn found<'g>(shared: &Shared, guard: Guard<'g>, before: Option<(bool, i64)>) -> Hit<'g> {
+        let (read_before, ttl) =
+            before.unwrap_or_else(|| (guard.read_before(), remaining_ttl(shared, &guard)));
         Hit {
             cas: guard.cas(),
             client_flags: guard.client_flags(),
             ttl,
-            read_before: guard.read_before(),
+            read_before,
             guard: Some(guard),
             created: false,
         }
@@ -543,19 +616,29 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     let mut locked =
         (flags.vivify.is_some() || flags.recache.is_some() || !shared.marks.is_empty())
             .then(|| shared.marks.lock(key));
+    // `h` and the TTL `t` sees before `T` are the item's before the touch.
+    let before = match flags.ttl {
+        Some(_) => match shared.cache(key).peek(key) {
+            Ok(guard) => guard.map(|g| (g.read_before(), remaining_ttl(shared, &g))),
+            Err(e) => return push_failure(out, Failure::of(&e)),
+        },
+        None => None,
+    };
     let found = match (flags.ttl, locked.as_mut()) {
         (Some(exptime), Some(locked)) => shared.gat_marked(locked, key, exptime),
         (Some(exptime), None) => shared.gat_meta(key, exptime),
         (None, _) => shared.get_meta(key),
     };
     let hit = match found {
-        Ok(Some(guard)) => Hit::found(guard, flags.ttl.and_then(|e| ttl_of(shared, e))),
-        Ok(None) => match (flags.vivify, locked.as_mut()) {
-            (Some(exptime), Some(locked)) => match vivify_empty(shared, locked, key, exptime) {
-                Ok(Some(hit)) => hit,
-                Ok(None) => return push_miss(out, request),
-                Err(failure) => return push_failure(out, failure),
-            },
+        Ok(Some(guard)) => Hit::found(shared, guard, before),
+        Ok(None) => match (last_exptime(flags), locked.as_mut()) {
+            (Some(exptime), Some(locked)) if flags.vivify.is_some() => {
+                match vivify_empty(shared, locked, key, exptime) {
+                    Ok(Some(hit)) => hit,
+                    Ok(None) => return push_miss(out, request),
+                    Err(failure) => return push_failure(out, failure),
+                }
+            }
             _ => return push_miss(out, request),
         },
         Err(failure) => return push_failure(out, failure),
@@ -568,8 +651,21 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         Some(locked) if !hit.created => locked.get(hit.cas),
         _ => Mark::default(),
     };
-    let wins =
-        hit.created || (!mark.won && (mark.stale || recache_due(shared, flags.recache, &hit)));
+    let facts = Facts {
+        size: Some(hit.value().len()),
+        ttl: Some(hit.ttl),
+        on_t: flags.ttl.map(|e| ttl_of(shared, e)),
+        on_n: flags
+            .vivify
+            .filter(|_| hit.created)
+            .map(|e| ttl_of(shared, e)),
+        cas: Some(hit.cas),
+        client_flags: Some(hit.client_flags),
+        // Terrace keeps no per-item access time: `l` says 0.
+        access: Some((hit.read_before || mark.read_before, 0)),
+    };
+    let wins = hit.created
+        || (!mark.won && (mark.stale || recache_due(shared, flags, &facts, hit.created)));
     // The win is recorded only on the version still current, so one client wins it.
     let won = wins
         && (hit.created
@@ -588,21 +684,6 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     } else {
         out.extend_from_slice(b"HD");
     }
-    let ttl = hit.ttl.or_else(|| {
-        let guard = hit.guard.as_ref()?;
-        flags
-            .order()
-            .contains(&b't')
-            .then(|| remaining_ttl(shared, guard))
-    });
-    let facts = Facts {
-        size: Some(value.len()),
-        ttl,
-        cas: Some(hit.cas),
-        client_flags: Some(hit.client_flags),
-        // Terrace keeps no per-item access time: `l` says 0.
-        access: Some((hit.read_before || mark.read_before, 0)),
-    };
     push_flags(out, request, facts);
     if mark.won {
         out.extend_from_slice(b" Z");
@@ -620,31 +701,20 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     }
 }
 
-/// `R<secs>`: whether the item, which expires, has less than `secs` left (memcached
-/// compares its absolute expiry with the recache time).
-fn recache_due(shared: &Shared, recache: Option<i64>, hit: &Hit<'_>) -> bool {
-    let Some(exptime) = recache else {
+/// `R<secs>`: whether the item, which expires, has less than `secs` left when the
+/// request reaches `R` (memcached compares its absolute expiry with the recache time).
+fn recache_due(shared: &Shared, flags: &Flags<'_>, facts: &Facts, created: bool) -> bool {
+    let Some(exptime) = flags.recache else {
         return false;
     };
-    if hit.created {
-        return false;
-    }
-    let left = match hit.ttl {
-        Some(ttl) => ttl,
-        None => match hit.guard.as_ref() {
-            Some(guard) => remaining_ttl(shared, guard),
-            None => -1,
-        },
-    };
-    // -1: the item never expires.
-    if left < 0 {
-        return false;
-    }
-    match shared.expiry(exptime) {
-        Expiry::Ttl(0) => false,
-        Expiry::Ttl(secs) => left < i64::from(secs),
+    let order = flags.order();
+    let at = order.iter().position(|&l| l == b'R').unwrap_or(order.len());
+    match (created, facts.ttl_at(order, at), shared.expiry(exptime)) {
+        // Never expires (-1), or just created: no recache.
+        (true, _, _) | (_, None, _) => false,
+        (_, Some(left), Expiry::Ttl(secs)) => left >= 0 && secs != 0 && left < i64::from(secs),
         // A recache time already past is earlier than any expiry still ahead.
-        Expiry::Past => false,
+        (_, Some(_), Expiry::Past) => false,
     }
 }
 
@@ -671,7 +741,8 @@ fn vivify_empty<'s>(
                 guard: None,
                 cas,
                 client_flags: 0,
-                ttl: ttl_of(shared, exptime),
+                // memcached creates the item without a TTL; `N` then gives it one.
+                ttl: -1,
                 created: true,
                 read_before: false,
             }))
@@ -682,7 +753,7 @@ fn vivify_empty<'s>(
             .cache(key)
             .peek(key)
             .map_err(|e| Failure::of(&e))?
-            .map(|guard| Hit::found(guard, None))),
+            .map(|guard| Hit::found(shared, guard, None))),
     }
 }
 
@@ -746,7 +817,11 @@ fn meta_set(
         out.extend_from_slice(ParseError::TooManyTokens.message(b"ms"));
         return done;
     }
-    let Some(length) = parse_u64(length).filter(|&n| n <= MAX_DATALEN) else {
+    // Read as memcached's safe_strtol: truncated to 32 bits, then range-checked.
+    let Some(length) = strtol(length)
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|&n| n <= MAX_DATALEN)
+    else {
         out.extend_from_slice(BAD_FORMAT);
         return done;
     };
@@ -1008,12 +1083,17 @@ fn meta_arithmetic(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         Ok(outcome) => outcome,
         Err(failure) => return push_failure(out, failure),
     };
-    let (number, facts) = match outcome {
-        Arith::Done { number, facts } => (number, facts),
+    let (number, facts, created) = match outcome {
+        Arith::Done {
+            number,
+            facts,
+            created,
+        } => (number, facts, created),
         Arith::Refused(code) => return push_status(out, code, request, Facts::default()),
     };
-    // As memcached: quiet suppresses any success, the number included.
-    if request.flags.quiet {
+    // As memcached: quiet suppresses the success on an existing item, the number
+    // included; an item `N` created is answered.
+    if request.flags.quiet && !created {
         return;
     }
     let mut digits = Vec::with_capacity(20);
@@ -1037,6 +1117,8 @@ enum Arith {
     Done {
         number: u64,
         facts: Facts,
+        /// `N` created the item.
+        created: bool,
     },
     /// `NF`, `NS` or `EX`.
     Refused(&'static [u8]),
@@ -1049,16 +1131,14 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, way: Delta) -> Resul
     // As memcached, C0 asks for no check; a miss goes on to create or NF. The check is
     // atomic with the write.
     let if_cas = flags.compare_cas.filter(|&c| c != 0);
-    let mut created = None;
-    let mut written_cas = None;
-    let number = match shared.arith_checked(key, delta, way, if_cas)? {
-        Checked::Done((number, cas)) => {
-            written_cas = Some(cas);
-            number
-        }
+    let peek = |key: &[u8]| shared.cache(key).peek(key).map_err(|e| Failure::of(&e));
+    let mut created = false;
+    let mut ttl = None;
+    let (number, mut cas) = match shared.arith_checked(key, delta, way, if_cas)? {
+        Checked::Done((number, cas)) => (number, cas),
         Checked::Exists => return Ok(Arith::Refused(b"EX")),
         Checked::NotFound => {
-            let Some(exptime) = flags.vivify else {
+            let Some(exptime) = last_exptime(flags).filter(|_| flags.vivify.is_some()) else {
                 return Ok(Arith::Refused(b"NF"));
             };
             let initial = flags.initial.unwrap_or(0);
@@ -1066,54 +1146,41 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, way: Delta) -> Resul
             push_decimal(&mut text, initial);
             match shared.store_meta(StoreOp::Add, key, &text, 0, exptime)? {
                 Store::Stored { cas } => {
-                    created = Some((cas, ttl_of(shared, exptime)));
-                    initial
+                    created = true;
+                    // memcached creates it without a TTL; `N` and `T` then set one.
+                    ttl = Some(-1);
+                    (initial, cas)
                 }
                 // Created by another client in between: apply the delta to it.
                 _ => match shared.arith_checked(key, delta, way, if_cas)? {
-                    Checked::Done((number, cas)) => {
-                        written_cas = Some(cas);
-                        number
-                    }
+                    Checked::Done((number, cas)) => (number, cas),
                     Checked::Exists => return Ok(Arith::Refused(b"EX")),
                     Checked::NotFound => return Ok(Arith::Refused(b"NS")),
                 },
             }
         }
     };
-    let (cas, ttl) = match created {
-        Some((cas, ttl)) => (Some(cas), ttl),
-        None => {
-            let ttl = match flags.ttl {
-                Some(exptime) => {
-                    shared.touch(key, exptime)?;
-                    ttl_of(shared, exptime)
-                }
-                None if flags.order().contains(&b't') => shared
-                    .cache(key)
-                    .peek(key)
-                    .map_err(|e| Failure::of(&e))?
-                    .map(|guard| remaining_ttl(shared, &guard)),
-                None => None,
-            };
-            // The write's own CAS; after a touch (which gives a new one), read back.
-            let cas = if !flags.order().contains(&b'c') {
-                None
-            } else if flags.ttl.is_none() {
-                written_cas
-            } else {
-                current_cas(shared, key)?
-            };
-            (cas, ttl)
+    if !created {
+        ttl = peek(key)?.map(|guard| remaining_ttl(shared, &guard));
+        if let Some(exptime) = flags.ttl {
+            shared.touch(key, exptime)?;
+            // A touch gives the item a new CAS in Terrace: report the one it has now
+            // (none when the touch expired it).
+            if let Some(guard) = peek(key)? {
+                cas = guard.cas();
+            }
         }
-    };
+    }
     Ok(Arith::Done {
         number,
         facts: Facts {
             ttl,
-            cas,
+            on_t: flags.ttl.map(|e| ttl_of(shared, e)),
+            on_n: flags.vivify.filter(|_| created).map(|e| ttl_of(shared, e)),
+            cas: Some(cas),
             ..Facts::default()
         },
+        created,
     })
 }
 
@@ -1275,8 +1342,14 @@ mod tests {
             (left - 51..=left - 50).contains(&later),
             "t{later} after t{left}"
         );
-        // T touches, and then the TTL is the one just set.
-        assert_eq!(reply(&s, "mg foo t T0\r\n"), "HD t-1\r\n");
+        // T touches where it stands: a t before it shows the TTL before, one after it
+        // the TTL just set (as memcached's reply loop).
+        let before = t_of(&reply(&s, "mg foo t T100\r\n"));
+        assert!(
+            (later - 1..=later).contains(&before),
+            "t{before} after t{later}"
+        );
+        assert_eq!(reply(&s, "mg foo T0 t\r\n"), "HD t-1\r\n");
         assert_eq!(reply(&s, "mg foo t\r\n"), "HD t-1\r\n");
         s.pools.advance_clock(200);
         assert_eq!(reply(&s, "mg foo v\r\n"), "VA 2\r\nhi\r\n");
@@ -1473,9 +1546,11 @@ mod tests {
         // An empty value, and I (invalidate) storing as usual.
         assert_eq!(reply(&s, "ms e 0 I\r\n\r\n"), "HD\r\n");
         assert_eq!(reply(&s, "mg e s v\r\n"), "VA 0 s0\r\n\r\n");
-        // Flags above 32 bits.
+        // Flags above 32 bits are cut to 32, as memcached's strtoul does.
+        assert_eq!(reply(&s, "ms foo 1 F4294967297\r\nx\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg foo f\r\n"), "HD f1\r\n");
         assert_eq!(
-            reply(&s, "ms foo 1 F4294967296\r\nx\r\nmn\r\n"),
+            reply(&s, "ms foo 1 F-1\r\nx\r\nmn\r\n"),
             "CLIENT_ERROR bad command line format\r\nMN\r\n"
         );
     }
@@ -1703,7 +1778,8 @@ mod tests {
         let out = reply(&s, "ma n c k O1\r\n");
         assert_eq!(out, format!("HD c{} kn O1\r\n", cas_of(&s, b"n")));
         assert_eq!(reply(&s, "ma n t v\r\n"), "VA 1 t-1\r\n4\r\n");
-        assert_eq!(reply(&s, "ma n t T100 v\r\n"), "VA 1 t100\r\n5\r\n");
+        assert_eq!(reply(&s, "ma n t T100 v\r\n"), "VA 1 t-1\r\n5\r\n");
+        assert_eq!(reply(&s, "ma n T100 t\r\n"), "HD t100\r\n");
         let out = reply(&s, "ma n T0 t c\r\n");
         assert_eq!(out, format!("HD t-1 c{}\r\n", cas_of(&s, b"n")));
         // Autovivified items get N's TTL.
@@ -1713,7 +1789,7 @@ mod tests {
         // CAS compare.
         let cas = cas_of(&s, b"n");
         assert_eq!(reply(&s, &format!("ma n C{}\r\n", cas + 1)), "EX\r\n");
-        assert_eq!(reply(&s, &format!("ma n C{cas} v\r\n")), "VA 1\r\n7\r\n");
+        assert_eq!(reply(&s, &format!("ma n C{cas} v\r\n")), "VA 1\r\n8\r\n");
         assert_eq!(reply(&s, "ma nope C5\r\n"), "NF\r\n");
         // Errors.
         reply(&s, "ms t 3\r\nabc\r\n");
