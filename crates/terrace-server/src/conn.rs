@@ -6,8 +6,8 @@
 //!   ([`proto::MAX_LINE`]) or a body whose size the protocol vetted against the limits;
 //!   swallowed bodies pass through a fixed-size read window, never buffered whole;
 //! - replies are written when the input runs dry or the reply buffer passes
-//!   [`FLUSH_AT`], so pipelined and quiet requests share one `write`;
-//! - an idle connection keeps at most [`IDLE_KEEP`] bytes of buffers;
+//!   `FLUSH_AT`, so pipelined and quiet requests share one `write`;
+//! - an idle connection keeps at most `IDLE_KEEP` bytes of buffers;
 //! - the loop awaits only on reads and writes, never while a request is being handled:
 //!   at shutdown the worker drops the connection's task at one of those points, so no
 //!   request is ever half-applied (a reply may be cut, the connection closes anyway).

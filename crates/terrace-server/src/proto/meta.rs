@@ -10,16 +10,20 @@
 //!
 //! Invariants:
 //! - one call handles one request and never panics; `ms` asks for at most its line plus
-//!   `datalen + 2` bytes, and any `ms` refused once its length is known has its data
-//!   block swallowed unread ([`Step::Swallow`]), as memcached does;
-//! - `q` suppresses only the nominal reply (`EN` for `mg`, `HD` for `ms`/`md`, any
-//!   success for `ma`); errors and the other codes are always sent;
+//!   `datalen + 2` bytes, and an `ms` refused once its flags are parsed has its data
+//!   block swallowed unread ([`Step::Swallow`]); one refused before (key too long, too
+//!   many tokens, bad length) does not, and its data line is read as a command, as
+//!   memcached does;
+//! - flags parse as memcached's `_meta_flag_preparse` does (`parse_flags`), numbers as
+//!   its `safe_strto*` do (truncated to 32 bits where it stores 32);
+//! - `q` suppresses only the nominal reply (`EN` for `mg`, `HD` for `ms`/`md`, the
+//!   success of `ma` on an existing item); errors and the other codes are always sent;
 //! - `O` (opaque, at most [`MAX_OPAQUE`] bytes with its letter) and `k` are echoed on
 //!   every reply code, `EN`/`NF`/`NS`/`EX` included; a base64 key comes back base64 with
 //!   a trailing `b`;
-//! - `t` (and `me`'s `exp=`) reports the seconds left until the item expires (items
-//!   carry their own expiry); when this very request set the TTL (`T`, or `N` creating
-//!   the item) it reports that TTL as asked. `-1`: no expiry;
+//! - `t` (and `me`'s `exp=`) reports the seconds left until the item expires, `-1` for
+//!   none; like memcached's reply loop, `T` (and `N` on the item it creates, which starts
+//!   without a TTL) changes it where it stands in the request;
 //! - stale and win state follow memcached: `md I` keeps the item, stale, with a new CAS
 //!   (and `T`'s TTL); `ms I` with a CAS older than the item's stores a stale value that
 //!   keeps the old TTL and win token; `mg` answers `Z` once a win token was sent for the
@@ -27,17 +31,20 @@
 //!   it, `R` found less TTL left than asked, or it is stale) — after the requested flags,
 //!   in that order. The marks are [`crate::marks`]'s: they follow the item across tiers,
 //!   not across a restart;
-//! - `h` says whether the item was read before this request (the index's frequency: a
-//!   write over a read item keeps it, where memcached starts the new item unread).
+//! - `h` says whether the item was read before this request (before its touch, with
+//!   `T`).
 //!
 //! Where Terrace differs from memcached:
-//! - `l` (seconds since last access) is always `l0` and `me` says `la=0 fetch=no`: the
-//!   engine keeps no per-item access time; `u` (no LRU bump) is accepted and has no
-//!   effect;
-//! - CAS checks the engine cannot make atomically (`md C`, `ma C`, `ms C` in append or
-//!   prepend mode) read the item's CAS, then act: a write racing in between may slip by;
-//! - a base64 key may hold any bytes (it is what the binary protocol stores); `b` in a
-//!   reply reflects the request, not how the item was first stored.
+//! - `l` (seconds since last access) is always `l0` and `me` says `la=0`: the engine
+//!   keeps no per-item access time; `u` (no LRU bump) is accepted and has no effect;
+//! - `h` comes from the index's hit counter, which a write over a read item keeps
+//!   (memcached's new item starts unread);
+//! - `k` (and `me`) give the key as this request spelled it: memcached gives it base64
+//!   when the item was stored with `b`, a per-item bit Terrace does not keep;
+//! - `t` of a TTL already past says `t0` (memcached prints its expiry minus now as an
+//!   unsigned number); `me`'s `size` is the value's, and it adds `tier`;
+//! - CAS checks the engine cannot make atomically (`ma C`, `ms C` in append or prepend
+//!   mode) read the item's CAS, then act: a write racing in between may slip by.
 
 use std::borrow::Cow;
 
