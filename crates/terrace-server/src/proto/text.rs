@@ -55,12 +55,8 @@ pub fn handle(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
         Err(LineError::TooLong) => return long_line(shared, input, out),
     };
     // memcached reads the line as a C string.
-    let text = match line.text.iter().position(|&b| b == 0) {
-        Some(nul) => &line.text[..nul],
-        None => line.text,
-    };
     let line = Line {
-        text,
+        text: until_nul(line.text),
         consumed: line.consumed,
     };
     let cmd = Command::split(line.text);
@@ -263,30 +259,88 @@ fn long_line(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
     if let Some(nl) = input.iter().position(|&b| b == b'\n') {
         let text = &input[..nl];
         let text = text.strip_suffix(b"\r").unwrap_or(text);
+        let text = until_nul(text);
         let line = Line {
             text,
             consumed: nl + 1,
         };
         return retrieve(shared, line.text, keys_at, with_cas, None, Some(line), out);
     }
-    // Else the keys up to the last space are whole: handle them, keep the rest.
+    if let Some(nul) = input.iter().position(|&b| b == 0) {
+        // memcached would ignore the rest of the line; finding its end would mean
+        // buffering it: the keys before the NUL are answered, then the connection closes.
+        return match retrieve(shared, &input[..nul], keys_at, with_cas, None, None, out) {
+            Step::Resume { .. } if nul <= keys_at => close,
+            step @ Step::Resume { consumed, .. } if consumed < nul => step,
+            _ => close,
+        };
+    }
+    // Else the keys before the last space are whole, and the request goes on with at
+    // least one key (so that its end is answered END, as one line's would be): the
+    // partial key after the last space, or else the last whole key.
     let last_space = input.iter().rposition(|&b| b == b' ').unwrap_or(0);
-    if last_space <= keys_at {
-        // One key of MAX_LINE bytes: far too long, and the line cannot be resynchronised
-        // without buffering it.
+    let partial = &input[last_space + 1..];
+    if !partial.is_empty() && partial != b"\r" {
+        if last_space <= keys_at {
+            // One key of MAX_LINE bytes: far too long, and the line cannot be
+            // resynchronised without buffering it.
+            out.extend_from_slice(BAD_FORMAT);
+            out.extend_from_slice(b"\r\n");
+            return close;
+        }
+        return retrieve(
+            shared,
+            &input[..last_space],
+            keys_at,
+            with_cas,
+            None,
+            None,
+            out,
+        );
+    }
+    let region = &input[keys_at..last_space];
+    let Some(end) = region.iter().rposition(|&b| b != b' ') else {
+        // No key yet, only spaces: drop them.
+        return Step::Resume {
+            prefix: keys_at,
+            consumed: last_space,
+        };
+    };
+    let start = region[..end]
+        .iter()
+        .rposition(|&b| b == b' ')
+        .map_or(0, |i| i + 1);
+    let (start, end) = (keys_at + start, keys_at + end + 1);
+    if end - start > shared.limits.max_key {
         out.extend_from_slice(BAD_FORMAT);
         out.extend_from_slice(b"\r\n");
         return close;
     }
-    retrieve(
-        shared,
-        &input[..last_space],
-        keys_at,
-        with_cas,
-        None,
-        None,
-        out,
-    )
+    if start > keys_at + 1 {
+        // Whole keys (or spaces) before the last key: answer them, keep the last.
+        return retrieve(
+            shared,
+            &input[..start - 1],
+            keys_at,
+            with_cas,
+            None,
+            None,
+            out,
+        );
+    }
+    // The last key is the first: keep it, drop the spaces after it.
+    Step::Resume {
+        prefix: end,
+        consumed: last_space,
+    }
+}
+
+/// A line read as a C string: up to its first NUL byte.
+fn until_nul(text: &[u8]) -> &[u8] {
+    match text.iter().position(|&b| b == 0) {
+        Some(nul) => &text[..nul],
+        None => text,
+    }
 }
 
 /// `get|gets|bget <key>*` and `gat|gats <exptime> <key>*`, a whole line.
@@ -904,25 +958,12 @@ mod tests {
         assert!(matches!(handle(&s, &long, &mut out), Step::Close { .. }));
     }
 
-    /// A get line far longer than MAX_LINE, arriving in pieces as a connection reads
-    /// it: every value comes back, in order, and the unhandled input never grows past
-    /// about MAX_LINE and one read.
-    #[test]
-    fn long_get_lines_are_handled_a_chunk_of_keys_at_a_time() {
-        let s = test_shared();
-        for i in [3, 10_000, 19_999] {
-            assert_eq!(
-                reply(&s, &format!("set k{i} {i} 0 1\r\nv\r\n")),
-                "STORED\r\n"
-            );
-        }
-        let keys: Vec<String> = (0..20_000).map(|i| format!("k{i}")).collect();
-        let request = format!("get {}\r\nget k3\r\n", keys.join(" ")).into_bytes();
-        let read = 4096;
-        let (mut buffer, mut out, mut fed) = (Vec::new(), Vec::new(), 0);
-        let mut largest = 0;
+    /// Feeds `request` to the handler `read` bytes at a time, as a connection reads it;
+    /// the replies, and the most input ever held unhandled.
+    fn feed(s: &Shared, request: &[u8], read: usize) -> (String, usize) {
+        let (mut buffer, mut out, mut fed, mut largest) = (Vec::new(), Vec::new(), 0, 0);
         loop {
-            match handle(&s, &buffer, &mut out) {
+            match handle(s, &buffer, &mut out) {
                 Step::Done { consumed } => {
                     buffer.drain(..consumed);
                 }
@@ -939,15 +980,58 @@ mod tests {
             }
             largest = largest.max(buffer.len());
             if fed == request.len() && buffer.is_empty() {
-                break;
+                return (String::from_utf8(out).unwrap(), largest);
             }
         }
-        assert!(largest <= super::super::MAX_LINE + read, "{largest}");
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "VALUE k3 3 1\r\nv\r\nVALUE k10000 10000 1\r\nv\r\nVALUE k19999 19999 1\r\nv\r\nEND\r\n\
-             VALUE k3 3 1\r\nv\r\nEND\r\n"
-        );
+    }
+
+    /// A get line far longer than MAX_LINE, arriving in pieces as a connection reads
+    /// it: every value comes back, in order, and the unhandled input never grows past
+    /// about MAX_LINE and one read.
+    #[test]
+    fn long_get_lines_are_handled_a_chunk_of_keys_at_a_time() {
+        let s = test_shared();
+        for i in [3, 10_000, 19_999] {
+            assert_eq!(
+                reply(&s, &format!("set k{i} {i} 0 1\r\nv\r\n")),
+                "STORED\r\n"
+            );
+        }
+        let keys: Vec<String> = (0..20_000).map(|i| format!("k{i}")).collect();
+        let request = format!("get {}\r\nget k3\r\n", keys.join(" ")).into_bytes();
+        let v = |i: u32| format!("VALUE k{i} {i} 1\r\nv\r\n");
+        for read in [4096, 7, 20_000] {
+            let (out, largest) = feed(&s, &request, read);
+            assert!(largest <= super::super::MAX_LINE + read, "{largest}");
+            assert_eq!(
+                out,
+                format!("{}{}{}END\r\n{}END\r\n", v(3), v(10_000), v(19_999), v(3))
+            );
+        }
+        // Spaces where keys could be: the same answers, still bounded.
+        let spaces = " ".repeat(40_000);
+        for (request, want) in [
+            (
+                format!("get k3{spaces}k19999 \r\n"),
+                format!("{}{}END\r\n", v(3), v(19_999)),
+            ),
+            (format!("get k3{spaces}\r\n"), format!("{}END\r\n", v(3))),
+            (format!("get{spaces}k3 \r\n"), format!("{}END\r\n", v(3))),
+            (
+                format!("get{spaces}\r\nget k3\r\n"),
+                format!("ERROR\r\n{}END\r\n", v(3)),
+            ),
+            (
+                format!("gets {} \r\n", keys[..5_000].join(" ").replace('k', "x")),
+                "END\r\n".to_string(),
+            ),
+        ] {
+            for read in [4096, 1000, 16_383] {
+                let (out, largest) = feed(&s, request.as_bytes(), read);
+                assert!(largest <= super::super::MAX_LINE + read, "{largest}");
+                assert_eq!(out, want, "{read}");
+            }
+        }
         // Other long lines close without a reply, as memcached closes them.
         let mut out = Vec::new();
         let long = format!("gat 0 {}", keys.join(" "));
@@ -956,7 +1040,16 @@ mod tests {
             Step::Close { .. }
         ));
         assert!(out.is_empty());
-        // A key longer than a chunk cannot be resynchronised: an error, then close.
+        // A key longer than a chunk cannot be resynchronised: an error, then close; so
+        // does a NUL byte in a long line, after the keys before it.
+        let mut out = Vec::new();
+        let line = format!("get k3 {}\0 k3", keys.join(" "));
+        let step = handle(&s, line.as_bytes(), &mut out);
+        assert_eq!(step, Step::Close { consumed: line.len() });
+        assert_eq!(
+            String::from_utf8(std::mem::take(&mut out)).unwrap(),
+            format!("{}{}{}{}", v(3), v(3), v(10_000), v(19_999))
+        );
         let long = format!("get {}", "k".repeat(20_000));
         assert!(matches!(
             handle(&s, long.as_bytes(), &mut out),
