@@ -7,8 +7,15 @@
 //! A mark belongs to one version of an item: it is stored with the CAS of the item it
 //! describes, and any write that gives the key a new CAS (a set, an append, an incr, an
 //! eviction) leaves it behind, unread. A version keeps its CAS when the engine moves it
-//! between tiers, so marks survive demotion and promotion; they live in DRAM and do not
-//! survive a restart (after one, a stale item reads as fresh and anyone may win again).
+//! between tiers, so marks survive demotion and promotion. They live in DRAM; a clean
+//! shutdown saves them next to the tiers ([`Marks::save`], file [`FILE_NAME`]) and the
+//! next start loads them ([`Marks::load`]), so they survive a clean restart as the items
+//! do; after a crash they are lost (a stale item reads as fresh, anyone may win again).
+//!
+//! File format (version 1): the magic `TERRACE-MARKS-1\n`, then one record per marked
+//! version — key length (u16, little-endian), the key, the CAS (u64, little-endian), a
+//! bits byte (1: stale, 2: won, 4: read before; others must be zero) — and nothing
+//! after the last record. A file that does not parse is ignored whole.
 //!
 //! Invariants:
 //! - every change of a key's marks, and every write the server makes to set them (the
@@ -21,11 +28,18 @@
 //!   first, then arbitrary ones (a dropped mark reads as "fresh, nobody won").
 
 use std::collections::HashMap;
+use std::io;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Most marked item versions kept.
 pub const MAX_MARKS: usize = 1 << 20;
+
+/// The file a clean shutdown saves the marks to, in the data directory.
+pub const FILE_NAME: &str = "meta-marks";
+
+const MAGIC: &[u8] = b"TERRACE-MARKS-1\n";
 
 /// Lock shards.
 const SHARDS: usize = 64;
@@ -39,6 +53,20 @@ pub struct Mark {
     pub won: bool,
     /// Fetched before an invalidation rewrote it.
     pub read_before: bool,
+}
+
+impl Mark {
+    fn bits(self) -> u8 {
+        u8::from(self.stale) | u8::from(self.won) << 1 | u8::from(self.read_before) << 2
+    }
+
+    fn from_bits(bits: u8) -> Option<Mark> {
+        (bits & !0b111 == 0).then_some(Mark {
+            stale: bits & 1 != 0,
+            won: bits & 2 != 0,
+            read_before: bits & 4 != 0,
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -76,6 +104,64 @@ impl Marks {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             count: AtomicUsize::new(0),
         }
+    }
+
+    /// Writes every entry to `path` (through a temporary file renamed over it); returns
+    /// how many. Call it once no connection can change the marks.
+    pub fn save(&self, path: &Path) -> io::Result<usize> {
+        let mut bytes = MAGIC.to_vec();
+        let mut saved = 0;
+        for shard in self.shards.iter() {
+            let shard = shard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for (key, entry) in shard.iter() {
+                let Ok(len) = u16::try_from(key.len()) else {
+                    continue;
+                };
+                bytes.extend_from_slice(&len.to_le_bytes());
+                bytes.extend_from_slice(key);
+                bytes.extend_from_slice(&entry.cas.to_le_bytes());
+                bytes.push(entry.mark.bits());
+                saved += 1;
+            }
+        }
+        let temporary = path.with_extension("tmp");
+        std::fs::write(&temporary, &bytes)?;
+        std::fs::rename(&temporary, path)?;
+        Ok(saved)
+    }
+
+    /// The marks saved at `path`, and removes the file (marks saved before a crash must
+    /// not come back at a later start). No file: no marks; a file that does not parse:
+    /// an `InvalidData` error, and the file is removed all the same.
+    pub fn load(path: &Path) -> io::Result<Marks> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Marks::new()),
+            Err(e) => return Err(e),
+        };
+        std::fs::remove_file(path)?;
+        let marks = Marks::new();
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed meta marks file");
+        let mut rest = bytes.strip_prefix(MAGIC).ok_or_else(bad)?;
+        while !rest.is_empty() {
+            let (len, tail) = rest.split_first_chunk::<2>().ok_or_else(bad)?;
+            let len = usize::from(u16::from_le_bytes(*len));
+            if tail.len() < len + 9 {
+                return Err(bad());
+            }
+            let (key, tail) = tail.split_at(len);
+            let (cas, tail) = tail.split_first_chunk::<8>().ok_or_else(bad)?;
+            let (&bits, tail) = tail.split_first().ok_or_else(bad)?;
+            let mark = Mark::from_bits(bits).ok_or_else(bad)?;
+            if key.is_empty() || marks.count.load(Ordering::Relaxed) >= MAX_MARKS {
+                return Err(bad());
+            }
+            marks.lock(key).set(u64::from_le_bytes(*cas), mark);
+            rest = tail;
+        }
+        Ok(marks)
     }
 
     /// Whether no version is marked and no marking is in flight.
@@ -201,5 +287,44 @@ mod tests {
         marks.lock(b"k").set(9, stale);
         marks.lock(b"k").set(9, Mark::default());
         assert!(marks.is_empty());
+    }
+
+    #[test]
+    fn marks_round_trip_through_their_file_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        assert!(Marks::load(&path).unwrap().is_empty(), "no file: no marks");
+        let marks = Marks::new();
+        let won = Mark {
+            won: true,
+            read_before: true,
+            ..Mark::default()
+        };
+        marks.lock(b"a").set(1, won);
+        marks.lock(&[0, 255]).set(
+            u64::MAX,
+            Mark {
+                stale: true,
+                ..Mark::default()
+            },
+        );
+        assert_eq!(marks.save(&path).unwrap(), 2);
+        let loaded = Marks::load(&path).unwrap();
+        assert_eq!(loaded.get(b"a", 1), won);
+        assert!(loaded.get(&[0, 255], u64::MAX).stale);
+        assert!(!path.exists(), "loading removes the file");
+        // Damaged files are refused whole, and removed.
+        for bad in [
+            &b"TERRACE-MARKS-2\n"[..],
+            b"TERRACE-MARKS-1\n\x01\x00a",
+            b"TERRACE-MARKS-1\n\x01\x00a\x01\0\0\0\0\0\0\0\x08",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            assert_eq!(
+                Marks::load(&path).unwrap_err().kind(),
+                io::ErrorKind::InvalidData
+            );
+            assert!(!path.exists());
+        }
     }
 }

@@ -19,6 +19,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::config::ServerConfig;
+use crate::marks::{self, Marks};
 use crate::shared::{Limits, Routes, Shared};
 use crate::stats::{self, ListenFacts};
 use crate::workers::{Accepted, Workers};
@@ -112,6 +113,13 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
         config.threads,
     );
     shared.listen = ListenFacts::new(config.listen.as_deref(), config.unix.as_deref());
+    let marks_file = config.dir.join(marks::FILE_NAME);
+    if config.tiers.has_file() {
+        match Marks::load(&marks_file) {
+            Ok(marks) => shared.marks = marks,
+            Err(e) => tracing::warn!(error = %e, "meta marks not restored"),
+        }
+    }
     let shared = Arc::new(shared);
     // The acceptor, signals, metrics and timers run here; connections on the workers.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -137,6 +145,13 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
     }
     drop(movers);
     served?;
+    // The items of the tiers survive a clean restart; so do their meta marks.
+    if config.tiers.has_file() {
+        match shared.marks.save(&marks_file) {
+            Ok(n) => tracing::info!(marks = n, "meta marks saved"),
+            Err(e) => tracing::warn!(error = %e, "meta marks not saved"),
+        }
+    }
     drop(shared);
     match Arc::try_unwrap(pools) {
         Ok(pools) => {
