@@ -29,8 +29,8 @@
 //!   keeps the old TTL and win token; `mg` answers `Z` once a win token was sent for the
 //!   item, `X` while it is stale, and `W` to the one client that wins it (`N` created
 //!   it, `R` found less TTL left than asked, or it is stale) — after the requested flags,
-//!   in that order. The marks are [`crate::marks`]'s: they follow the item across tiers,
-//!   not across a restart;
+//!   in that order. The marks are [`crate::marks`]'s: they follow the item across tiers
+//!   and a clean restart, not a crash;
 //! - `h` says whether the item was read before this request (before its touch, with
 //!   `T`).
 //!
