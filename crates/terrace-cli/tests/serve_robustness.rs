@@ -474,7 +474,7 @@ fn overwrite_traffic_does_not_grow_memory() {
     let sets = TOTAL / VALUE;
     // Every 8th set is read back at once: hot items are demoted to the file tier, so the
     // movers work too, not only DRAM eviction.
-    let reread = |i: usize| i % 8 == 0;
+    let reread = |i: usize| i.is_multiple_of(8);
     let w = std::thread::spawn(move || {
         let mut batch = Vec::with_capacity(33 * (VALUE + 64));
         for i in 0..sets {

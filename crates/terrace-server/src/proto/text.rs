@@ -5,8 +5,9 @@
 //!
 //! The rules, as memcached's `proto_text.c` has them:
 //! - a line is read as a C string (a NUL byte ends it) and split on spaces into at most
-//!   [`MAX_TOKENS`] tokens; a command with a token count it does not take is `ERROR`,
-//!   and so is an unknown command or one shorter than two bytes;
+//!   `MAX_TOKENS` tokens; a command with a token count it does not take is `ERROR`,
+//!   and so is an unknown command or one shorter than two bytes (an unknown command
+//!   that ends in an `HTTP/` token closes the connection without a reply);
 //! - numbers are read by C's `strtoul`/`strtol` ([`strtoul32`], [`strtol32`],
 //!   [`strtoull`]), 32-bit fields truncated as memcached truncates them;
 //! - a command that takes `noreply` looks for it in its last token only, and once set it
@@ -17,10 +18,10 @@
 //!   `SERVER_ERROR object too large for cache` and its data swallowed unread, and a
 //!   `set` of it also removes the key's old value (so a failed set never leaves the
 //!   older value readable);
-//! - a line longer than [`MAX_LINE`](super::MAX_LINE) closes the connection without a reply, except a
-//!   `get`/`gets` line, which memcached accepts however long: Terrace handles such a
-//!   line a chunk of whole keys at a time, so it never buffers more than about
-//!   [`MAX_LINE`](super::MAX_LINE) of it.
+//! - a line longer than [`MAX_LINE`](super::MAX_LINE) closes the connection without a
+//!   reply, except a `get`/`gets` line, which memcached accepts however long: Terrace
+//!   handles such a line a chunk of whole keys at a time, so it never buffers more than
+//!   about [`MAX_LINE`](super::MAX_LINE) of it.
 //!
 //! Nothing here allocates more than the reply.
 
@@ -125,12 +126,33 @@ pub fn handle(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
             }
         }
         b"shutdown" => reply.line(b"ERROR: shutdown not enabled"),
+        _ if looks_like_http(&cmd) => {
+            // memcached's defence against cross-protocol requests: close, no reply.
+            shared.counters.add(Counter::ProtocolErrors, 1);
+            return Step::Close {
+                consumed: line.consumed,
+            };
+        }
         _ => {
             shared.counters.add(Counter::ProtocolErrors, 1);
             reply.line(ERROR);
         }
     }
     done(line)
+}
+
+/// An unknown command whose last token starts `HTTP/` (`GET / HTTP/1.1`): memcached
+/// closes such a connection. It checks only commands its dispatcher does not route by
+/// their first letter: `m` (two-byte meta commands), `g`, `s`, `a`, `c`, `i`, `d` and
+/// `t` commands it does not know are plain `ERROR`, so `get / HTTP/1.1` is a get.
+fn looks_like_http(cmd: &Command<'_>) -> bool {
+    let name = cmd.token(0);
+    let routed = match name.first() {
+        Some(b'm') => name.len() == 2,
+        Some(c) => b"gsacidt".contains(c),
+        None => true,
+    };
+    !routed && cmd.n > 0 && cmd.tokens[cmd.n - 1].starts_with(b"HTTP/")
 }
 
 fn done(line: Line<'_>) -> Step {
@@ -233,10 +255,10 @@ impl<'a> Iterator for Tokens<'a> {
     }
 }
 
-/// A line of [`MAX_LINE`](super::MAX_LINE) bytes or more with no `\n` yet: memcached closes the
-/// connection without a reply, unless the line is a `get`/`gets` (after at most
-/// [`MAX_LEADING_SPACES`] spaces), which it buffers whole however long. Terrace handles
-/// such a line a chunk of whole keys at a time instead.
+/// A line of [`MAX_LINE`](super::MAX_LINE) bytes or more with no `\n` yet: memcached
+/// closes the connection without a reply, unless the line is a `get`/`gets` (after at
+/// most [`MAX_LEADING_SPACES`] spaces), which it buffers whole however long. Terrace
+/// handles such a line a chunk of whole keys at a time instead.
 fn long_line(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
     let close = Step::Close {
         consumed: input.len(),
@@ -1045,7 +1067,12 @@ mod tests {
         let mut out = Vec::new();
         let line = format!("get k3 {}\0 k3", keys.join(" "));
         let step = handle(&s, line.as_bytes(), &mut out);
-        assert_eq!(step, Step::Close { consumed: line.len() });
+        assert_eq!(
+            step,
+            Step::Close {
+                consumed: line.len()
+            }
+        );
         assert_eq!(
             String::from_utf8(std::mem::take(&mut out)).unwrap(),
             format!("{}{}{}{}", v(3), v(3), v(10_000), v(19_999))
@@ -1056,6 +1083,22 @@ mod tests {
             Step::Close { .. }
         ));
         assert_eq!(out, b"CLIENT_ERROR bad command line format\r\n");
+    }
+
+    #[test]
+    fn http_request_lines_close_as_in_memcached() {
+        let s = test_shared();
+        assert_eq!(
+            run(&s, b"GET / HTTP/1.1\r\n").1,
+            Step::Close { consumed: 16 }
+        );
+        assert_eq!(run(&s, b"POST /x HTTP/1.0\r\n").0, "");
+        // Commands routed by their first letter stay ERROR; a get is a get.
+        assert_eq!(
+            reply(&s, "gx / HTTP/1.1\r\nmx HTTP/1.1\r\n"),
+            "ERROR\r\nERROR\r\n"
+        );
+        assert_eq!(reply(&s, "get / HTTP/1.1\r\n"), "END\r\n");
     }
 
     #[test]
