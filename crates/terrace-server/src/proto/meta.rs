@@ -1372,6 +1372,33 @@ mod tests {
         assert!(s.counters.get(Counter::CmdTouch) >= 4);
     }
 
+    /// Racing clients: exactly one wins each item version, whether the version was just
+    /// created (`N`) or invalidated (`md I`); the others see `Z`.
+    #[test]
+    fn one_client_wins_per_version() {
+        let s = test_shared();
+        for round in 0..20 {
+            let key = format!("race{round}");
+            let wins = |request: String| {
+                std::thread::scope(|scope| {
+                    let replies: Vec<_> = (0..8)
+                        .map(|_| scope.spawn(|| reply(&s, &request)))
+                        .collect();
+                    let replies: Vec<String> =
+                        replies.into_iter().map(|h| h.join().unwrap()).collect();
+                    for r in &replies {
+                        assert!(r.starts_with("HD"), "{r:?}");
+                    }
+                    replies.iter().filter(|r| r.contains(" W")).count()
+                })
+            };
+            assert_eq!(wins(format!("mg {key} N30\r\n")), 1, "vivify");
+            assert_eq!(reply(&s, &format!("md {key} I\r\n")), "HD\r\n");
+            assert_eq!(wins(format!("mg {key}\r\n")), 1, "invalidated");
+            assert_eq!(reply(&s, &format!("mg {key}\r\n")), "HD Z X\r\n");
+        }
+    }
+
     #[test]
     fn get_vivifies_on_miss_and_the_creator_wins() {
         let s = test_shared();
