@@ -1,10 +1,13 @@
-//! The meta protocol's stale-while-revalidate flows, compared with memcached 1.6.18
-//! itself: each flow's requests go, byte for byte, to a `memcached` started for the test
-//! and to `terrace serve`, and the replies must be equal once CAS values (which each
-//! server assigns its own way) are masked. Flows: `N` vivify (the creator wins `W`,
-//! later clients see `Z`), `md I` invalidation (the item stays, stale: `X`, and the
-//! first reader wins), `ms I` with an older CAS (a stale store keeps the win token),
-//! `R` recache (a win when the TTL left is below the threshold), and `h` (hit before).
+//! The meta protocol's stale-while-revalidate flows and the stats and hardening that
+//! came with them, compared with memcached 1.6.18 itself: each flow's requests go, byte
+//! for byte, to a `memcached` started for the test and to `terrace serve`, and the
+//! replies must be equal once CAS values (which each server assigns its own way) are
+//! masked. Flows: `N` vivify (the creator wins `W`, later clients see `Z`), `md I`
+//! invalidation (the item stays, stale: `X`, and the first reader wins), `ms I` with an
+//! older CAS (a stale store keeps the win token), `R` recache (a win when the TTL left
+//! is below the threshold), `h` (hit before), base64 keys; `stats detail` and the keys
+//! of `stats settings`; request lines that look like HTTP. Terrace-only: the marks
+//! survive demotion and a clean restart, not a crash.
 //!
 //! Skipped with a loud message when memcached is not installed, unless
 //! TERRACE_REQUIRE_TOOLS=1 (CI), which makes a missing tool a failure.
@@ -257,4 +260,108 @@ fn stats_settings_has_memcacheds_keys() {
     let ours = names(&mut terrace.connect());
     assert_eq!(theirs.len(), 76, "memcached 1.6.18 has 76 settings");
     assert_eq!(ours, theirs);
+}
+
+/// What a fresh connection gets back for `request`: the bytes until the server closes
+/// the connection or goes quiet for a moment, and whether it closed.
+fn first_reply(port: u16, request: &[u8]) -> (String, bool) {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("read timeout");
+    s.write_all(request).expect("sending the request");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            // A reset is a close too.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// memcached's defence against cross-protocol requests: a command line it does not know
+/// whose last token starts with `HTTP/` closes the connection without a reply; a known
+/// command with such a token is served as usual.
+#[test]
+fn http_request_lines_close_like_memcached() {
+    let Some(memcached) = start_memcached() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("creating a temporary directory");
+    let terrace = common::start(dir.path(), &[]);
+    for request in [
+        &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"POST /submit HTTP/1.0\r\n",
+        b"HEAD / HTTP/1.1\r\n",
+        b"get / HTTP/1.1\r\n",
+        b"BREW /pot HTTPS\r\n",
+    ] {
+        let want = first_reply(memcached.port, request);
+        let got = first_reply(terrace.port(), request);
+        assert_eq!(
+            got,
+            want,
+            "terrace serve and memcached answer {:?} differently",
+            String::from_utf8_lossy(request)
+        );
+    }
+    let (reply, closed) = first_reply(terrace.port(), b"GET / HTTP/1.1\r\n");
+    assert_eq!((reply.as_str(), closed), ("", true));
+}
+
+/// A stale item keeps its marks when the cache demotes it to the next tier (a move
+/// keeps the item's CAS, which the marks belong to).
+#[test]
+fn stale_marks_survive_demotion() {
+    let dir = tempfile::tempdir().expect("creating a temporary directory");
+    let terrace = common::start(dir.path(), &["--tiers", "dram:16MiB,file:64MiB"]);
+    let mut c = terrace.connect();
+    assert_eq!(exchange(&mut c, "ms stale 5\nhello\nmd stale I"), "HD\nHD");
+    let value = "x".repeat(4000);
+    let mut demoted = false;
+    for i in 0..20_000 {
+        c.send(format!("ms filler{i} {} q\r\n{value}\r\n", value.len()).as_bytes());
+        if i % 500 == 499 {
+            let me = exchange(&mut c, "me stale");
+            assert!(me.starts_with("ME stale "), "the stale item was lost: {me}");
+            if me.ends_with(" tier=1") {
+                demoted = true;
+                break;
+            }
+        }
+    }
+    assert!(demoted, "80 MB of writes never demoted the item");
+    assert_eq!(exchange(&mut c, "mg stale v s"), "VA 5 s5 X W\nhello");
+    assert_eq!(exchange(&mut c, "mg stale v"), "VA 5 Z X\nhello");
+}
+
+/// A clean restart keeps the stale and win marks with the items; a crash (SIGKILL) loses
+/// them: the item reads as fresh.
+#[test]
+fn stale_marks_survive_a_clean_restart_only() {
+    let dir = tempfile::tempdir().expect("creating a temporary directory");
+    let mut terrace = common::start(dir.path(), &[]);
+    let mut c = terrace.connect();
+    let setup = "ms stale 5\nhello\nmd stale I\nms won 1\nx\nmd won I\nmg won";
+    assert_eq!(exchange(&mut c, setup), "HD\nHD\nHD\nHD\nHD X W");
+    drop(c);
+    assert!(terrace.terminate().success(), "a clean stop");
+    let mut terrace = common::start(dir.path(), &[]);
+    let mut c = terrace.connect();
+    assert_eq!(exchange(&mut c, "mg stale v"), "VA 5 X W\nhello");
+    assert_eq!(exchange(&mut c, "mg won"), "HD Z X");
+    drop(c);
+    terrace.kill9();
+    let terrace = common::start(dir.path(), &[]);
+    let mut c = terrace.connect();
+    let after_crash = exchange(&mut c, "mg stale v");
+    assert!(
+        after_crash == "VA 5\nhello" || after_crash == "EN",
+        "after a crash: {after_crash:?}"
+    );
 }
