@@ -584,6 +584,16 @@ const CASES: &[Case] = &[
         };
         b(vec![binary_raw(h), key])
     }),
+    build_case!("regression_binary_key_judged_once_it_is_here", |_| {
+        let h = BinHeader {
+            opcode: 0x0d,
+            key_len: 2573,
+            extras_len: 10,
+            body_len: 0x0d0a_0d0a,
+            ..BinHeader::default()
+        };
+        b(vec![binary_raw(h), b"\r\n".repeat(40)])
+    }),
     build_case!("binary_bad_magic_first", |_| b(vec![vec![0x81; 24]])),
     build_case!("binary_bad_magic_later", |k| b(vec![
         bin(0x00, &[], &k.k(0), &[]),
@@ -861,6 +871,7 @@ const COVERAGE: &[(&str, &[&str])] = &[
             "binary_body_shorter_than_key",
             "binary_bad_magic_first",
             "binary_bad_magic_later",
+            "regression_binary_key_judged_once_it_is_here",
         ],
     ),
     (

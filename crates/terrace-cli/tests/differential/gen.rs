@@ -29,6 +29,9 @@ pub enum KeyRef {
     Plain(usize),
     /// The key padded to this many bytes (250 is the limit).
     Len(usize, usize),
+    /// The key with a control or high byte at its end (memcached takes any byte but
+    /// space and newline in a key).
+    Odd(usize, u8),
 }
 
 impl KeyRef {
@@ -36,11 +39,16 @@ impl KeyRef {
         match *self {
             KeyRef::Plain(i) => keys.k(i),
             KeyRef::Len(i, len) => keys.k_len(i, len),
+            KeyRef::Odd(i, b) => {
+                let mut k = keys.k(i);
+                k.push(b);
+                k
+            }
         }
     }
 
     fn plain(&self) -> bool {
-        matches!(self, KeyRef::Plain(_)) || matches!(self, KeyRef::Len(_, n) if *n <= 250)
+        !matches!(self, KeyRef::Len(_, n) if *n > 250)
     }
 }
 
@@ -49,6 +57,8 @@ fn key_ref() -> impl Strategy<Value = KeyRef> {
         24 => (0usize..4).prop_map(KeyRef::Plain),
         1 => (0usize..4, prop_oneof![Just(250usize), Just(251), Just(300), 16usize..252])
             .prop_map(|(i, l)| KeyRef::Len(i, l)),
+        1 => (0usize..4, select(b"\x01\t\x0b\x0c\r\x7f\x80\xff".to_vec()))
+            .prop_map(|(i, b)| KeyRef::Odd(i, b)),
     ]
 }
 
@@ -200,6 +210,8 @@ pub enum TextOp {
     Verbosity(Vec<String>),
     Version(Vec<String>),
     Garbage(Vec<String>),
+    /// Any bytes but `\n`, then `\r\n`.
+    Raw(Vec<u8>),
     /// Spaces before and after a well-formed get, and a bare `\n` ending.
     OddSpacing {
         before: usize,
@@ -301,6 +313,8 @@ fn text_op() -> impl Strategy<Value = TextOp> {
         .prop_map(TextOp::Verbosity),
         1 => proptest::collection::vec(number(), 0..2).prop_map(TextOp::Version),
         2 => proptest::collection::vec(word, 0..5).prop_map(TextOp::Garbage),
+        1 => proptest::collection::vec(any::<u8>().prop_filter("no newline", |&b| b != b'\n'), 0..40)
+            .prop_map(TextOp::Raw),
         1 => (0usize..4, 1usize..4, any::<bool>(), key_ref()).prop_map(
             |(before, between, bare_newline, key)| TextOp::OddSpacing {
                 before,
@@ -320,7 +334,7 @@ impl TextOp {
     /// is a number below 100, a store's is its data's plus at most 3.
     fn may_leave_a_block_open(&self) -> bool {
         match self {
-            TextOp::Garbage(_) => true,
+            TextOp::Garbage(_) | TextOp::Raw(_) => true,
             // An empty flags or exptime token shifts the length onto a later token.
             TextOp::Store {
                 length,
@@ -347,7 +361,7 @@ pub struct TextStream {
 
 pub fn text_stream() -> impl Strategy<Value = TextStream> {
     (
-        proptest::collection::vec(text_op(), 1..8),
+        proptest::collection::vec(text_op(), 1..12),
         prop::bool::weighted(0.05),
         proptest::collection::vec(any::<Index>(), 0..4),
     )
@@ -526,6 +540,11 @@ impl TextStream {
                     let words: Vec<&[u8]> = words.iter().map(|s| s.as_bytes()).collect();
                     bytes.extend(line(&words));
                     // A storage word may make the server read what follows as data.
+                    clean = false;
+                }
+                TextOp::Raw(b) => {
+                    bytes.extend_from_slice(b);
+                    bytes.extend_from_slice(b"\r\n");
                     clean = false;
                 }
                 TextOp::OddSpacing {

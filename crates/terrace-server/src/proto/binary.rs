@@ -321,9 +321,20 @@ pub fn handle(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
             total: Some(HEADER_LEN),
         };
     };
-    // memcached's order of checks (`dispatch_bin_command`): the lengths, the key's
-    // length, then the opcode. The data type is not checked (memcached ignores it).
+    // As memcached (`try_read_command_binary`, `dispatch_bin_command`): nothing is
+    // judged before the extras and key are all here (at most 255 + 65535 bytes); then
+    // the lengths, the key's length, then the opcode. The data type is not checked
+    // (memcached ignores it).
     let head_len = HEADER_LEN + header.extras_len + header.key_len;
+    if input.len() < head_len {
+        // The whole request, when its value is one the limits allow.
+        let whole = header.total_len();
+        let total = match whole.checked_sub(head_len) {
+            Some(value) if value <= shared.limits.max_value => whole,
+            _ => head_len,
+        };
+        return Step::NeedMore { total: Some(total) };
+    }
     let Some(value_len) = header.body_len.checked_sub(head_len - HEADER_LEN) else {
         return reject(shared, input, &header, Status::UnknownCommand, out);
     };
