@@ -1163,19 +1163,22 @@ impl Cache {
         }
     }
 
-    /// Gives the key a new TTL (re-appends it to a segment of the new TTL bucket).
-    /// Returns whether the key was there.
+    /// Gives the key a new TTL (re-appends it to a segment of the new TTL bucket; the
+    /// item keeps its CAS, as memcached's does). Returns whether the key was there.
     pub fn touch(&self, key: &[u8], ttl_secs: u32) -> Result<bool, CacheError> {
         self.check_key(key)?;
         loop {
             let Some((cur, value)) = self.current(key) else {
                 return Ok(false);
             };
-            let r = self.write(
+            // The new item keeps the CAS (as memcached's touch does): it is the same
+            // version of the key, with a new expiry.
+            let r = self.write_as(
                 key,
                 &[&value],
                 cur.client_flags,
                 self.expiry(ttl_secs),
+                Some(cur.cas),
                 Expect::At(cur.loc),
             )?;
             if r != Store::NotStored {
@@ -1242,11 +1245,26 @@ impl Cache {
         expires_at: u32,
         expect: Expect,
     ) -> Result<Store, CacheError> {
+        self.write_as(key, value, client_flags, expires_at, None, expect)
+    }
+
+    /// [`write`](Self::write), the new item carrying `origin_cas` as its CAS when given
+    /// (a touch: the same version with a new expiry), else the CAS of where it lands.
+    fn write_as(
+        &self,
+        key: &[u8],
+        value: &[&[u8]],
+        client_flags: u32,
+        expires_at: u32,
+        origin_cas: Option<u64>,
+        expect: Expect,
+    ) -> Result<Store, CacheError> {
         let value_len: usize = value.iter().map(|v| v.len()).sum();
         self.limits.check(key.len(), value_len)?;
         let spec = ItemSpec {
             client_flags,
             expires_at,
+            origin_cas,
             ..ItemSpec::new(key, value_len)
         };
         let capacity = (1u32 << self.shift) - HEADER_LEN as u32;
@@ -1318,11 +1336,13 @@ impl Cache {
             }
             drop(g);
             self.counters.sets.fetch_add(1, Ordering::Relaxed);
-            let cas = (self.meta[new.segment as usize]
-                .write_seq
-                .load(Ordering::Acquire)
-                << self.shift)
-                | u64::from(new.offset);
+            let cas = origin_cas.unwrap_or_else(|| {
+                (self.meta[new.segment as usize]
+                    .write_seq
+                    .load(Ordering::Acquire)
+                    << self.shift)
+                    | u64::from(new.offset)
+            });
             return Ok(Store::Stored { cas });
         }
     }

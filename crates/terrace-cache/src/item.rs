@@ -23,7 +23,8 @@ pub const STATE_LIVE: u8 = 0xA5;
 
 /// Kind bit: a client-flags varint follows the value length.
 pub const KIND_HAS_FLAGS: u8 = 0x01;
-/// Kind bit: an 8-byte origin CAS follows (the item was moved between segments).
+/// Kind bit: an 8-byte origin CAS follows (the item was moved between segments, or
+/// touched: a copy of an earlier version that keeps its CAS).
 pub const KIND_HAS_ORIGIN: u8 = 0x02;
 /// Kind bit: the item's own expiry follows the client flags, a non-zero varint of Unix
 /// seconds (format version 2; a version-1 item expires with its segment).
@@ -129,8 +130,8 @@ pub struct ItemSpec {
     pub client_flags: u32,
     /// When the item stops being served, Unix seconds; 0 (never) costs no bytes.
     pub expires_at: u32,
-    /// The CAS the item had before a mover copied it; `None` for a fresh write, whose CAS
-    /// is derived from where it lands.
+    /// The CAS the item had before a mover copied it (or a touch rewrote it); `None` for
+    /// a fresh write, whose CAS is derived from where it lands.
     pub origin_cas: Option<u64>,
 }
 

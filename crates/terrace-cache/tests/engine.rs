@@ -159,9 +159,15 @@ fn ttls_expire_lazily_and_touch_renews() {
     c.set(b"short", b"v", 0, 10).unwrap();
     c.set(b"long", b"v", 0, 1000).unwrap();
     c.set(b"forever", b"v", 0, 0).unwrap();
-    c.set(b"touched", b"v", 0, 10).unwrap();
+    let cas = c.set(b"touched", b"v", 0, 10).unwrap();
     assert!(c.touch(b"touched", 1000).unwrap());
     assert!(!c.touch(b"absent", 5).unwrap());
+    // A touch keeps the CAS (memcached's does): a cas write with it still succeeds.
+    assert_eq!(c.peek(b"touched").unwrap().unwrap().cas(), cas);
+    assert!(matches!(
+        c.cas(b"touched", b"v", 0, 1000, cas).unwrap(),
+        Store::Stored { .. }
+    ));
     assert!(c.get(b"short").unwrap().is_some());
     c.advance_clock(11);
     assert!(c.get(b"short").unwrap().is_none());

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use terrace_cache::{Cache, CacheError, Checked, Guard, Pools, Store};
 
-use crate::marks::{Locked, Marks};
+use crate::marks::Marks;
 use crate::stats::{Counter, Counters, DetailOp, ListenFacts};
 
 /// memcached treats an exptime above this many seconds (30 days) as a Unix time.
@@ -223,8 +223,7 @@ impl Shared {
     }
 
     /// Get-and-touch: gives a present key a new expiry, then reads it (counted as a touch
-    /// and a get). A touch gives the item a new CAS in Terrace; its meta marks move with
-    /// it.
+    /// and a get). The item keeps its CAS, and so its meta marks.
     pub fn gat(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
         let r = self.gat_meta(key, exptime)?;
         self.counters
@@ -235,48 +234,6 @@ impl Shared {
 
     /// [`gat`](Self::gat) without the `stats detail` tally.
     pub fn gat_meta(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
-        if self.marks.is_empty() {
-            return self.gat_unmarked(key, exptime);
-        }
-        self.gat_marked(&mut self.marks.lock(key), key, exptime)
-    }
-
-    /// [`gat`](Self::gat) under the key's marks lock, held by the caller.
-    pub fn gat_marked(
-        &self,
-        locked: &mut Locked<'_>,
-        key: &[u8],
-        exptime: i64,
-    ) -> Result<Option<Guard<'_>>, Failure> {
-        self.carrying_marks(locked, key, || self.gat_unmarked(key, exptime))
-    }
-
-    /// Runs `touch`, a rewrite of `key` that keeps its value, and gives the new version
-    /// the marks of the old.
-    fn carrying_marks<T>(
-        &self,
-        locked: &mut Locked<'_>,
-        key: &[u8],
-        touch: impl FnOnce() -> Result<T, Failure>,
-    ) -> Result<T, Failure> {
-        let peek_cas = || -> Result<Option<u64>, Failure> {
-            Ok(self
-                .cache(key)
-                .peek(key)
-                .map_err(|e| Failure::of(&e))?
-                .map(|g| g.cas()))
-        };
-        let before = peek_cas()?.map(|cas| locked.get(cas));
-        let r = touch()?;
-        if let (Some(mark), Some(cas)) = (before, peek_cas()?) {
-            if mark != crate::marks::Mark::default() {
-                locked.set(cas, mark);
-            }
-        }
-        Ok(r)
-    }
-
-    fn gat_unmarked(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
         self.counters.add(Counter::CmdTouch, 1);
         let touched = match self.expiry(exptime) {
             Expiry::Ttl(ttl) => self
@@ -465,17 +422,8 @@ impl Shared {
         Ok(r)
     }
 
-    /// Counted touch: whether the key was there (its meta marks move to the touched
-    /// version).
+    /// Counted touch: whether the key was there.
     pub fn touch(&self, key: &[u8], exptime: i64) -> Result<bool, Failure> {
-        if self.marks.is_empty() {
-            return self.touch_unmarked(key, exptime);
-        }
-        let mut locked = self.marks.lock(key);
-        self.carrying_marks(&mut locked, key, || self.touch_unmarked(key, exptime))
-    }
-
-    fn touch_unmarked(&self, key: &[u8], exptime: i64) -> Result<bool, Failure> {
         self.counters.add(Counter::CmdTouch, 1);
         let hit = match self.expiry(exptime) {
             Expiry::Ttl(ttl) => self

@@ -631,10 +631,9 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         },
         None => None,
     };
-    let found = match (flags.ttl, locked.as_mut()) {
-        (Some(exptime), Some(locked)) => shared.gat_marked(locked, key, exptime),
-        (Some(exptime), None) => shared.gat_meta(key, exptime),
-        (None, _) => shared.get_meta(key),
+    let found = match flags.ttl {
+        Some(exptime) => shared.gat_meta(key, exptime),
+        None => shared.get_meta(key),
     };
     let hit = match found {
         Ok(Some(guard)) => Hit::found(shared, guard, before),
@@ -1141,7 +1140,7 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, way: Delta) -> Resul
     let peek = |key: &[u8]| shared.cache(key).peek(key).map_err(|e| Failure::of(&e));
     let mut created = false;
     let mut ttl = None;
-    let (number, mut cas) = match shared.arith_checked(key, delta, way, if_cas)? {
+    let (number, cas) = match shared.arith_checked(key, delta, way, if_cas)? {
         Checked::Done((number, cas)) => (number, cas),
         Checked::Exists => return Ok(Arith::Refused(b"EX")),
         Checked::NotFound => {
@@ -1170,12 +1169,8 @@ fn apply_arithmetic(shared: &Shared, request: &Request<'_>, way: Delta) -> Resul
     if !created {
         ttl = peek(key)?.map(|guard| remaining_ttl(shared, &guard));
         if let Some(exptime) = flags.ttl {
+            // The touch keeps the CAS just written.
             shared.touch(key, exptime)?;
-            // A touch gives the item a new CAS in Terrace: report the one it has now
-            // (none when the touch expired it).
-            if let Some(guard) = peek(key)? {
-                cas = guard.cas();
-            }
         }
     }
     Ok(Arith::Done {
@@ -1284,7 +1279,7 @@ mod tests {
         reply(&s, "ms fresh 1\r\nx\r\n");
         assert_eq!(reply(&s, "mg fresh h\r\n"), "HD h0\r\n");
         assert_eq!(reply(&s, "mg fresh h\r\n"), "HD h1\r\n");
-        // No LRU bump and an explicit new CAS are accepted without effect.
+        // No LRU bump is accepted without effect.
         assert_eq!(reply(&s, "mg foo u v\r\n"), "VA 2\r\nhi\r\n");
         // memcached 1.6.18 knows neither E (client CAS) nor x (empty on delete).
         assert_eq!(reply(&s, "mg foo E99\r\n"), "CLIENT_ERROR invalid flag\r\n");
