@@ -365,3 +365,78 @@ fn stale_marks_survive_a_clean_restart_only() {
         "after a crash: {after_crash:?}"
     );
 }
+
+/// One binary request: opcode, key, extras, value (opaque 7, CAS 0).
+fn binary_request(opcode: u8, key: &[u8], extras: &[u8], value: &[u8]) -> Vec<u8> {
+    let body = (extras.len() + key.len() + value.len()) as u32;
+    let mut r = vec![0x80, opcode];
+    r.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    r.push(extras.len() as u8);
+    r.extend_from_slice(&[0, 0, 0]);
+    r.extend_from_slice(&body.to_be_bytes());
+    r.extend_from_slice(&7u32.to_be_bytes());
+    r.extend_from_slice(&0u64.to_be_bytes());
+    r.extend_from_slice(extras);
+    r.extend_from_slice(key);
+    r.extend_from_slice(value);
+    r
+}
+
+/// The binary replies to `requests`, up to and including the NOOP's: (opcode, status,
+/// key, value, whether the CAS is non-zero).
+fn binary_replies(port: u16, requests: &[Vec<u8>]) -> Vec<(u8, u16, Vec<u8>, Vec<u8>, bool)> {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut all: Vec<u8> = requests.concat();
+    all.extend_from_slice(&binary_request(0x0a, b"", b"", b""));
+    s.write_all(&all).expect("sending");
+    let mut replies = Vec::new();
+    loop {
+        let mut head = [0u8; 24];
+        s.read_exact(&mut head).expect("a reply header");
+        let key_len = usize::from(u16::from_be_bytes([head[2], head[3]]));
+        let extras = usize::from(head[4]);
+        let status = u16::from_be_bytes([head[6], head[7]]);
+        let body = u32::from_be_bytes([head[8], head[9], head[10], head[11]]) as usize;
+        let cas = u64::from_be_bytes(head[16..24].try_into().unwrap());
+        let mut bytes = vec![0u8; body];
+        s.read_exact(&mut bytes).expect("a reply body");
+        let key = bytes[extras..extras + key_len].to_vec();
+        let value = bytes[extras + key_len..].to_vec();
+        replies.push((head[1], status, key, value, cas != 0));
+        if head[1] == 0x0a {
+            return replies;
+        }
+    }
+}
+
+/// The binary STAT of `detail on`, `detail dump` (one `detailed` stat holding the dump)
+/// and an unknown `detail` key, as memcached answers them.
+#[test]
+fn binary_stats_detail_matches_memcached() {
+    let Some(memcached) = start_memcached() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("creating a temporary directory");
+    let terrace = common::start(dir.path(), &[]);
+    let requests = [
+        binary_request(0x10, b"detail on", b"", b""),
+        binary_request(0x01, b"b:k", &[0; 8], b"v"),
+        binary_request(0x00, b"b:k", b"", b""),
+        binary_request(0x00, b"b:missing", b"", b""),
+        binary_request(0x04, b"b:k", b"", b""),
+        binary_request(0x10, b"detail dump", b"", b""),
+        binary_request(0x10, b"detail bogus", b"", b""),
+        binary_request(0x10, b"detail off", b"", b""),
+    ];
+    let want = binary_replies(memcached.port, &requests);
+    let got = binary_replies(terrace.port(), &requests);
+    assert_eq!(got, want);
+    let dump = got
+        .iter()
+        .find(|r| r.2 == b"detailed")
+        .expect("a detailed stat");
+    assert_eq!(dump.3, b"PREFIX b get 2 hit 1 set 1 del 1\r\nEND\r\n");
+}
