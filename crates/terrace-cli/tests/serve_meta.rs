@@ -382,9 +382,11 @@ fn binary_request(opcode: u8, key: &[u8], extras: &[u8], value: &[u8]) -> Vec<u8
     r
 }
 
-/// The binary replies to `requests`, up to and including the NOOP's: (opcode, status,
-/// key, value, whether the CAS is non-zero).
-fn binary_replies(port: u16, requests: &[Vec<u8>]) -> Vec<(u8, u16, Vec<u8>, Vec<u8>, bool)> {
+/// A binary reply as compared: opcode, status, key, value, whether the CAS is non-zero.
+type BinaryReply = (u8, u16, Vec<u8>, Vec<u8>, bool);
+
+/// The binary replies to `requests`, up to and including the NOOP's.
+fn binary_replies(port: u16, requests: &[Vec<u8>]) -> Vec<BinaryReply> {
     use std::io::{Read, Write};
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
     s.set_read_timeout(Some(Duration::from_secs(10)))
