@@ -69,7 +69,7 @@ use differential::gen::{binary_stream, meta_stream, text_stream};
 use differential::{binary_raw, binary_request, template, BinHeader, Keys, Part, Servers};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-/// Generated streams per run, at least.
+/// Generated streams per run, at least (`TERRACE_DIFF_STREAMS` asks for more).
 const GENERATED: usize = 10_000;
 /// Streams run at once in one generated case (each against both servers).
 const BATCH: usize = 8;
@@ -1101,6 +1101,11 @@ fn terrace_answers_as_memcached_does() {
     eprintln!("table: {} cases in {:?}", CASES.len(), started.elapsed());
 
     // Generated streams.
+    let generated_target = std::env::var("TERRACE_DIFF_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(GENERATED)
+        .max(GENERATED);
     let generated = AtomicUsize::new(0);
     let run_batch = |streams: Vec<Vec<Part>>| -> Result<(), TestCaseError> {
         let named = streams
@@ -1117,7 +1122,7 @@ fn terrace_answers_as_memcached_does() {
         }
     };
     let config = Config {
-        cases: (GENERATED * 7 / 10).div_ceil(BATCH) as u32,
+        cases: (generated_target * 7 / 10).div_ceil(BATCH) as u32,
         failure_persistence: None,
         max_shrink_iters: 2_000,
         ..Config::default()
@@ -1131,7 +1136,7 @@ fn terrace_answers_as_memcached_does() {
         panic!("a generated ascii stream differs from memcached (shrunk):\n{e}");
     }
     let config = Config {
-        cases: (GENERATED * 3 / 10).div_ceil(BATCH) as u32,
+        cases: (generated_target * 3 / 10).div_ceil(BATCH) as u32,
         failure_persistence: None,
         max_shrink_iters: 2_000,
         ..Config::default()
@@ -1146,7 +1151,7 @@ fn terrace_answers_as_memcached_does() {
     }
     if std::env::var_os("TERRACE_DIFF_META").is_some() {
         let config = Config {
-            cases: (GENERATED / 10).div_ceil(BATCH) as u32,
+            cases: (generated_target / 10).div_ceil(BATCH) as u32,
             failure_persistence: None,
             max_shrink_iters: 2_000,
             ..Config::default()
@@ -1161,7 +1166,7 @@ fn terrace_answers_as_memcached_does() {
         }
     }
     let n = generated.load(Ordering::Relaxed);
-    assert!(n >= GENERATED, "only {n} generated streams ran");
+    assert!(n >= generated_target, "only {n} generated streams ran");
     eprintln!(
         "{n} generated streams (and shrinking) compared equal; {:?} in all",
         started.elapsed()

@@ -179,6 +179,8 @@ pub enum TextOp {
         cas: CasArg,
         noreply: bool,
         extra: Vec<String>,
+        /// A value of this many bytes instead, when the line is surely well formed.
+        big: Option<usize>,
     },
     SetCounter {
         value: String,
@@ -231,10 +233,13 @@ fn text_op() -> impl Strategy<Value = TextOp> {
         data(),
         prop_oneof![2 => Just(CasArg::Latest), 1 => number().prop_map(CasArg::Token)],
         prop::bool::weighted(0.2),
-        extras(),
+        (
+            extras(),
+            prop_oneof![20 => Just(None), 1 => (2_000usize..300_000).prop_map(Some)],
+        ),
     )
         .prop_map(
-            |(cmd, key, flags, exptime, length, data, cas, noreply, extra)| TextOp::Store {
+            |(cmd, key, flags, exptime, length, data, cas, noreply, (extra, big))| TextOp::Store {
                 cmd,
                 key,
                 flags,
@@ -244,12 +249,13 @@ fn text_op() -> impl Strategy<Value = TextOp> {
                 cas,
                 noreply,
                 extra,
+                big,
             },
         );
     let get = (
         select(vec!["get", "gets", "gat", "gats", "bget"]),
         exptime(),
-        proptest::collection::vec(key_ref(), 0..5),
+        prop_oneof![8 => proptest::collection::vec(key_ref(), 0..5), 1 => proptest::collection::vec(key_ref(), 20..40)],
     )
         .prop_map(|(cmd, exptime, keys)| TextOp::Get { cmd, exptime, keys });
     let arith = (
@@ -404,8 +410,25 @@ impl TextStream {
                     cas,
                     noreply,
                     extra,
+                    big,
                 } => {
                     let k = key.render(keys);
+                    let well_formed = key.plain()
+                        && matches!(length, Length::Exact)
+                        && flags.parse::<u32>().is_ok()
+                        && exptime.parse::<i32>().is_ok()
+                        && extra.is_empty();
+                    // A large value only where it is surely read as data: a refused line
+                    // would have it read as a command line over 2 KiB, which memcached
+                    // closes on or not depending on how it arrives.
+                    let large;
+                    let data = match big {
+                        Some(n) if clean && well_formed && *cmd != "cas" => {
+                            large = vec![b'v'; *n];
+                            &large
+                        }
+                        _ => data,
+                    };
                     let declared = match length {
                         Length::Exact => data.len().to_string(),
                         Length::Off(d) => (data.len() as i64 + i64::from(*d)).max(0).to_string(),
@@ -418,14 +441,9 @@ impl TextStream {
                         exptime.as_bytes(),
                         declared.as_bytes(),
                     ];
-                    let well_formed = key.plain()
-                        && matches!(length, Length::Exact)
-                        && flags.parse::<u32>().is_ok()
-                        && exptime.parse::<i32>().is_ok()
-                        && extra.is_empty();
                     if *cmd == "cas" {
                         match cas {
-                            CasArg::Latest if clean => {
+                            CasArg::Latest if clean && well_formed => {
                                 if !bytes.is_empty() {
                                     parts.push(Part::Bytes(std::mem::take(&mut bytes)));
                                 }
