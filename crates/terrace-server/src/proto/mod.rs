@@ -9,9 +9,10 @@
 //! Invariants every protocol keeps:
 //! - never panic, whatever the bytes (the fuzz tests feed garbage);
 //! - ask for more input only up to a bound: a command line is at most
-//!   [`MAX_LINE`] bytes, a request body at most what the limits allow; anything larger is
-//!   answered with an error and either swallowed without buffering ([`Step::Swallow`]) or
-//!   the connection is closed ([`Step::Close`]);
+//!   [`MAX_LINE`] bytes (a longer `get` line is handled a chunk of keys at a time,
+//!   [`Step::Resume`]), a request body at most what the limits allow; anything larger is
+//!   answered as memcached answers it and either swallowed without buffering
+//!   ([`Step::Swallow`]) or the connection is closed ([`Step::Close`]);
 //! - the first byte of a connection picks its protocol: `0x80` is binary, anything else
 //!   text (ascii and meta commands share the text protocol, as in memcached).
 
