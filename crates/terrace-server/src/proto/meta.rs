@@ -15,7 +15,9 @@
 //!   many tokens, bad length) does not, and its data line is read as a command, as
 //!   memcached does;
 //! - flags parse as memcached's `_meta_flag_preparse` does (`parse_flags`), numbers as
-//!   its `safe_strto*` do (truncated to 32 bits where it stores 32);
+//!   its `safe_strto*` do (`c_number`: white space around, a sign, truncated to 32 bits
+//!   where it stores 32); an opaque too long is found where memcached's reply loop finds
+//!   it (`md` before acting, `mg` and `ma` after, `ms` after its mode);
 //! - `q` suppresses only the nominal reply (`EN` for `mg`, `HD` for `ms`/`md`, the
 //!   success of `ma` on an existing item); errors and the other codes are always sent;
 //! - `O` (opaque, at most [`MAX_OPAQUE`] bytes with its letter) and `k` are echoed on
@@ -39,8 +41,9 @@
 //!   keeps no per-item access time; `u` (no LRU bump) is accepted and has no effect;
 //! - `h` comes from the index's hit counter, which a write over a read item keeps
 //!   (memcached's new item starts unread);
-//! - `k` (and `me`) give the key as this request spelled it: memcached gives it base64
-//!   when the item was stored with `b`, a per-item bit Terrace does not keep;
+//! - `k` (and `me`) give the key as this request spelled it (raw for an item this `mg N`
+//!   created, as memcached): memcached gives it base64 exactly when the item was stored
+//!   with `b`, a per-item bit Terrace does not keep;
 //! - `t` of a TTL already past says `t0` (memcached prints its expiry minus now as an
 //!   unsigned number); `me`'s `size` is the value's, and it adds `tier`;
 //! - CAS checks the engine cannot make atomically (`ma C`, `ms C` in append or prepend
@@ -53,7 +56,7 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
 use terrace_cache::{Checked, Guard, Store};
 
-use super::{data_block, parse_i64, parse_u64, push_decimal, BadChunk, Line, Step};
+use super::{data_block, push_decimal, BadChunk, Line, Step};
 use crate::marks::{Locked, Mark};
 use crate::shared::{Delta, Expiry, Failure, Shared, StoreOp};
 use crate::stats::Counter;
@@ -122,11 +125,32 @@ pub fn handle(shared: &Shared, line: Line<'_>, input: &[u8], out: &mut Vec<u8>) 
             return done;
         }
     };
+    // memcached checks the opaque's length in each command's reply loop: `md` before it
+    // does anything, `mg` and `ma` once they have (the item is read, created, touched,
+    // counted), and then sends the error instead of the reply.
+    let opaque_error = |out: &mut Vec<u8>, from: usize| {
+        out.truncate(from);
+        out.extend_from_slice(ParseError::OpaqueTooLong.message(command));
+    };
     match parsed {
         Ok(request) => match command {
-            b"mg" => meta_get(shared, &request, out),
+            b"mg" | b"ma" => {
+                let from = out.len();
+                if command == b"mg" {
+                    meta_get(shared, &request, out);
+                } else {
+                    meta_arithmetic(shared, &request, out);
+                }
+                // An error the command met first (a bad mode, a value that is not a
+                // number) stands, as memcached stops before its reply loop.
+                let failed = out[from..].starts_with(b"CLIENT_ERROR")
+                    || out[from..].starts_with(b"SERVER_ERROR");
+                if !request.opaque_fits() && !failed {
+                    opaque_error(out, from);
+                }
+            }
+            b"md" if !request.opaque_fits() => opaque_error(out, out.len()),
             b"md" => meta_delete(shared, &request, out),
-            b"ma" => meta_arithmetic(shared, &request, out),
             _ => meta_debug(shared, &request, out),
         },
         Err(e) => out.extend_from_slice(e.message(command)),
@@ -198,7 +222,7 @@ struct Key<'a> {
 /// The flags of one meta request. The reply-shaping letters (`k`, `O`, `s`, `t`, ...)
 /// are found in `letters`, which keeps every letter given in request order (each at
 /// most once); the rest is parsed into the fields below.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Flags<'a> {
     letters: [u8; MAX_TOKENS],
     /// How many of `letters` are set.
@@ -250,6 +274,11 @@ impl Request<'_> {
     fn key(&self) -> &[u8] {
         &self.key.bytes
     }
+
+    /// Whether `O` (if given) is at most [`MAX_OPAQUE`] bytes, its letter included.
+    fn opaque_fits(&self) -> bool {
+        self.flags.opaque.is_none_or(|o| o.len() <= MAX_OPAQUE)
+    }
 }
 
 /// Parses `tokens` (command, key, then flags from index `first_flag`).
@@ -269,10 +298,6 @@ fn parse_request<'a>(
         return Err(ParseError::TooManyTokens);
     }
     let (flags, decoded) = parse_flags(tokens.get(first_flag..).unwrap_or_default(), key_token)?;
-    // Checked after the flags, as memcached does in each command's reply loop.
-    if flags.opaque.is_some_and(|o| o.len() > MAX_OPAQUE) {
-        return Err(ParseError::OpaqueTooLong);
-    }
     let key = match decoded {
         Some(decoded) => Key {
             bytes: Cow::Owned(decoded),
@@ -377,25 +402,58 @@ fn parse_flags<'a>(
     }
 }
 
-/// A number as C's `strtol` reads it in memcached's `safe_strtol`: an optional sign and
-/// decimal digits within 64 bits, then truncated to 32 bits (`T4294967296` is `T0`).
+/// C's `isspace`.
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// A decimal number as C's `strtol` family scans it in memcached's `safe_strto*`:
+/// leading white space, an optional sign, at least one digit, then the end or white
+/// space (what follows that is ignored). The sign and the magnitude; `None` when the
+/// magnitude does not fit 64 bits (`ERANGE`) or the token is not such a number.
+fn c_number(arg: &[u8]) -> Option<(bool, u64)> {
+    let start = arg
+        .iter()
+        .position(|&b| !is_c_space(b))
+        .unwrap_or(arg.len());
+    let arg = &arg[start..];
+    let (negative, arg) = match arg.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, arg),
+    };
+    let end = arg
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(arg.len());
+    if end == 0 || arg.get(end).is_some_and(|&b| !is_c_space(b)) {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &digit in &arg[..end] {
+        n = n.checked_mul(10)?.checked_add(u64::from(digit - b'0'))?;
+    }
+    Some((negative, n))
+}
+
+/// A number as memcached's `safe_strtol` reads it: within a 64-bit `long`, then
+/// truncated to 32 bits (`T4294967296` is `T0`).
 fn strtol(arg: &[u8]) -> Option<i64> {
-    let digits = arg.strip_prefix(b"+").unwrap_or(arg);
-    let n = if digits.first() == Some(&b'-') {
-        parse_i64(digits)
-    } else {
-        parse_u64(digits).and_then(|n| i64::try_from(n).ok())
-    }?;
+    let n = match c_number(arg)? {
+        (false, n) => i64::try_from(n).ok()?,
+        (true, n) if n <= 1 << 63 => (n as i64).wrapping_neg(),
+        (true, _) => return None,
+    };
     Some(i64::from(n as i32))
 }
 
-/// A number as memcached's `safe_strtoull` reads it: an optional sign and decimal
-/// digits within 64 bits; a minus sign is refused unless the value is 0 (`C-0` is 0).
+/// A number as memcached's `safe_strtoull` (and, cut to 32 bits, `safe_strtoul`)
+/// reads it: a minus sign negates modulo 2^64, and is refused when the result reads as
+/// negative (`C-0` is 0, `-18446744073709551615` is 1, `-1` is refused).
 fn strtoull(arg: &[u8]) -> Option<u64> {
-    let digits = arg.strip_prefix(b"+").unwrap_or(arg);
-    match digits.strip_prefix(b"-") {
-        Some(negative) => parse_u64(negative).filter(|&n| n == 0),
-        None => parse_u64(digits),
+    match c_number(arg)? {
+        (false, n) => Some(n),
+        (true, n) => Some(n.wrapping_neg()).filter(|&v| (v as i64) >= 0),
     }
 }
 
@@ -442,6 +500,9 @@ struct Facts {
     on_n: Option<i64>,
     cas: Option<u64>,
     client_flags: Option<u32>,
+    /// `k` gives the key's bytes as they are, even when the request sent it in base64
+    /// (memcached: an item `mg N` created is not marked as having a binary key).
+    raw_key: bool,
     /// `h` and `l`: whether the item was read before this request, and the seconds
     /// since its last access (`None`: leave both out).
     access: Option<(bool, u64)>,
@@ -500,6 +561,13 @@ fn push_flags(out: &mut Vec<u8>, request: &Request<'_>, facts: Facts) {
                     out.extend_from_slice(opaque);
                 }
             }
+            b'k' if facts.raw_key => push_key(
+                out,
+                &Key {
+                    bytes: Cow::Borrowed(request.key()),
+                    binary: false,
+                },
+            ),
             b'k' => push_key(out, &request.key),
             b's' => {
                 if let Some(size) = facts.size {
@@ -617,7 +685,26 @@ impl Hit<'_> {
 /// is stale; once per item version).
 fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     let key = request.key();
-    let flags = &request.flags;
+    // With an opaque too long, memcached's reply loop stops at `O` (the caller sends the
+    // error): the `T` and `N` after it never apply.
+    let cut;
+    let flags = if request.opaque_fits() {
+        &request.flags
+    } else {
+        let order = request.flags.order();
+        let at = order.iter().position(|&l| l == b'O').unwrap_or(order.len());
+        let before = |letter| order[..at].contains(&letter);
+        cut = Flags {
+            ttl: request.flags.ttl.filter(|_| before(b'T')),
+            // The item is created all the same, without a TTL.
+            vivify: request
+                .flags
+                .vivify
+                .map(|n| if before(b'N') { n } else { 0 }),
+            ..request.flags.clone()
+        };
+        &cut
+    };
     // The key's marks are read and set under its shard lock whenever they may matter;
     // `locked` is taken before the lookup when this request may win or marks exist.
     let mut locked =
@@ -639,7 +726,7 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         Ok(Some(guard)) => Hit::found(shared, guard, before),
         Ok(None) => match (last_exptime(flags), locked.as_mut()) {
             (Some(exptime), Some(locked)) if flags.vivify.is_some() => {
-                match vivify_empty(shared, locked, key, exptime) {
+                match vivify_empty(shared, locked, key, exptime, request.opaque_fits()) {
                     Ok(Some(hit)) => hit,
                     Ok(None) => return push_miss(out, request),
                     Err(failure) => return push_failure(out, failure),
@@ -669,11 +756,14 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         client_flags: Some(hit.client_flags),
         // Terrace keeps no per-item access time: `l` says 0.
         access: Some((hit.read_before || mark.read_before, 0)),
+        raw_key: hit.created,
     };
     let wins = hit.created
         || (!mark.won && (mark.stale || recache_due(shared, flags, &facts, hit.created)));
     // The win is recorded only on the version still current, so one client wins it.
+    // A request that fails (an opaque too long) wins nothing, as in memcached.
     let won = wins
+        && request.opaque_fits()
         && (hit.created
             || match locked.as_mut() {
                 Some(locked) if current_cas(shared, key).ok().flatten() == Some(hit.cas) => {
@@ -724,21 +814,24 @@ fn recache_due(shared: &Shared, flags: &Flags<'_>, facts: &Facts, created: bool)
     }
 }
 
-/// `mg N`: creates the missing key with an empty value, marked won by this client, under
-/// the key's shard lock. `None` when it vanished again.
+/// `mg N`: creates the missing key with an empty value, marked won by this client when
+/// `replied` (the request is answered), under the key's shard lock. `None` when it
+/// vanished again.
 fn vivify_empty<'s>(
     shared: &'s Shared,
     locked: &mut Locked<'_>,
     key: &[u8],
     exptime: i64,
+    replied: bool,
 ) -> Result<Option<Hit<'s>>, Failure> {
     match shared.store_meta(StoreOp::Add, key, b"", 0, exptime)? {
         Store::Stored { cas } => {
-            // memcached counts the creator's fetch: the next client sees `h1`.
+            // memcached counts the creator's fetch: the next client sees `h1`. The win
+            // is recorded with the reply that sends it (none when the request fails).
             locked.set(
                 cas,
                 Mark {
-                    won: true,
+                    won: replied,
                     read_before: true,
                     ..Mark::default()
                 },
@@ -849,6 +942,10 @@ fn meta_set(
         out.extend_from_slice(b"CLIENT_ERROR invalid mode for ms M token\r\n");
         return swallow;
     };
+    if !request.opaque_fits() {
+        out.extend_from_slice(ParseError::OpaqueTooLong.message(b"ms"));
+        return swallow;
+    }
     if length > shared.limits.max_value {
         out.extend_from_slice(TOO_LARGE);
         // As memcached: a write that cannot be honoured must not leave the old value.
@@ -1553,6 +1650,62 @@ mod tests {
         );
         assert_eq!(reply(&s, "md\r\n"), "ERROR\r\n");
         assert_eq!(reply(&s, "mx foo\r\n"), "ERROR\r\n");
+    }
+
+    #[test]
+    fn numbers_read_as_memcacheds_strtol_family() {
+        assert_eq!(strtol(b"5"), Some(5));
+        assert_eq!(strtol(b"\t+5"), Some(5));
+        assert_eq!(strtol(b"5\tjunk"), Some(5));
+        assert_eq!(strtol(b"-5"), Some(-5));
+        assert_eq!(strtol(b"4294967297"), Some(1));
+        assert_eq!(strtol(b"2147483648"), Some(-2_147_483_648));
+        assert_eq!(strtol(b"99999999999999999999"), None);
+        assert_eq!(strtol(b"5x"), None);
+        assert_eq!(strtol(b""), None);
+        assert_eq!(strtol(b"-"), None);
+        assert_eq!(strtoull(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(strtoull(b"-0"), Some(0));
+        assert_eq!(strtoull(b"-1"), None);
+        assert_eq!(strtoull(b"-18446744073709551615"), Some(1));
+        assert_eq!(strtoull(b"18446744073709551616"), None);
+    }
+
+    #[test]
+    fn an_overlong_opaque_is_found_where_memcached_finds_it() {
+        let s = test_shared();
+        let long = format!("O{}", "x".repeat(MAX_OPAQUE));
+        // ma: a bad mode is reported first; otherwise the increment happens, then the
+        // opaque error replaces the reply (even under q).
+        assert_eq!(
+            reply(&s, &format!("ma n Mx {long}\r\n")),
+            "CLIENT_ERROR invalid mode for ma M token\r\n"
+        );
+        reply(&s, "ms n 1\r\n5\r\n");
+        assert_eq!(
+            reply(&s, &format!("ma n q {long}\r\n")),
+            "CLIENT_ERROR opaque token too long\r\n"
+        );
+        assert_eq!(reply(&s, "mg n v\r\n"), "VA 1\r\n6\r\n");
+        // mg: N creates the item, but a TTL after the opaque never applies.
+        assert_eq!(
+            reply(&s, &format!("mg new {long} N30 t\r\n")),
+            "CLIENT_ERROR opaque token too long\r\n"
+        );
+        assert_eq!(reply(&s, "mg new t\r\n"), "HD t-1\r\n");
+        // ms: the mode first, then the opaque; the data is swallowed either way.
+        assert_eq!(
+            reply(&s, &format!("ms m 1 MZ {long}\r\nx\r\nmn\r\n")),
+            "CLIENT_ERROR invalid mode for ms M token\r\nMN\r\n"
+        );
+        // md: before anything is done.
+        assert_eq!(
+            reply(&s, &format!("md n {long}\r\n")),
+            "CLIENT_ERROR opaque token too long\r\n"
+        );
+        assert_eq!(reply(&s, "mg n v\r\n"), "VA 1\r\n6\r\n");
+        // An item mg N created gives its key back raw, even when asked in base64.
+        assert_eq!(reply(&s, "mg YWJj b N30 k\r\n"), "HD kabc W\r\n");
     }
 
     #[test]
