@@ -501,7 +501,16 @@ impl TextStream {
                     if cmd.starts_with("gat") {
                         words.push(exptime.as_bytes());
                     }
-                    words.extend(rendered.iter().map(|k| k.as_slice()));
+                    // At most 2,000 bytes: memcached may close on a longer line that
+                    // arrives in pieces (a case of the table covers long get lines).
+                    let mut len = words.iter().map(|w| w.len() + 1).sum::<usize>();
+                    for k in &rendered {
+                        len += k.len() + 1;
+                        if len > 2_000 {
+                            break;
+                        }
+                        words.push(k);
+                    }
                     bytes.extend(line(&words));
                 }
                 TextOp::Delete { key, extra } => {
