@@ -114,6 +114,10 @@ pub struct Shared {
     flush_at: AtomicU64,
     /// The meta protocol's stale and win marks.
     pub marks: Marks,
+    /// The next CAS for a store whose item is already expired: counted down from
+    /// `u64::MAX`, far above any CAS the engine hands out (a write sequence times the
+    /// segment size, plus an offset), so it never matches a live item's.
+    expired_cas: AtomicU64,
     /// Where the server listens (for `stats settings`); set by the server after `new`.
     pub listen: ListenFacts,
 }
@@ -153,6 +157,7 @@ impl Shared {
             threads,
             flush_at: AtomicU64::new(0),
             marks: Marks::new(),
+            expired_cas: AtomicU64::new(u64::MAX),
             listen: ListenFacts::default(),
         }
     }
@@ -381,9 +386,13 @@ impl Shared {
             (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => Store::NotStored,
             (StoreOp::Cas(_), None) => Store::NotFound,
             (StoreOp::Cas(want), Some(have)) if want != have => Store::Exists,
-            _ => Store::Stored { cas: 0 },
+            // As memcached, the store succeeds and has a CAS of its own, though nothing
+            // can read it back.
+            _ => Store::Stored {
+                cas: self.expired_cas.fetch_sub(1, Ordering::Relaxed),
+            },
         };
-        if r == (Store::Stored { cas: 0 }) {
+        if matches!(r, Store::Stored { .. }) {
             cache.delete(key).map_err(|e| Failure::of(&e))?;
         }
         Ok(r)

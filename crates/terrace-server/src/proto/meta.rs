@@ -1722,9 +1722,16 @@ mod tests {
         reply(&s, "ms ttl 1 T1\r\nx\r\n");
         s.pools.advance_clock(2);
         assert_eq!(reply(&s, "mg ttl v\r\n"), "EN\r\n");
-        // A negative TTL leaves nothing behind.
+        // A negative TTL leaves nothing behind; the store still has a CAS of its own.
         assert_eq!(reply(&s, "ms foo 1 T-1\r\nx\r\n"), "HD\r\n");
         assert_eq!(reply(&s, "mg foo v\r\n"), "EN\r\n");
+        let first = reply(&s, "ms foo 1 T-1 c\r\nx\r\n");
+        let second = reply(&s, "ms foo 1 T-1 c\r\nx\r\n");
+        assert!(
+            first.starts_with("HD c") && first != "HD c0\r\n",
+            "{first:?}"
+        );
+        assert_ne!(first, second);
         // An empty value, and I (invalidate) storing as usual.
         assert_eq!(reply(&s, "ms e 0 I\r\n\r\n"), "HD\r\n");
         assert_eq!(reply(&s, "mg e s v\r\n"), "VA 0 s0\r\n\r\n");
