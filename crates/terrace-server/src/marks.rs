@@ -24,8 +24,10 @@
 //!   that found a new version after such a write sees its marks;
 //! - [`Marks::is_empty`] is exact between operations and counts an operation in flight,
 //!   so readers that find it zero skip the lock without missing a mark being set;
-//! - at most [`MAX_MARKS`] entries: beyond it, entries whose version is gone are dropped
-//!   first, then arbitrary ones (a dropped mark reads as "fresh, nobody won").
+//! - about [`MAX_MARKS`] entries at most: an insert beyond it first drops a quarter of
+//!   its shard's entries, whatever they mark (a dropped mark reads as "fresh, nobody
+//!   won"); an entry whose version is gone is dropped when its key is marked again or
+//!   read by `mg`.
 
 use std::collections::HashMap;
 use std::io;
@@ -33,8 +35,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// Most marked item versions kept.
-pub const MAX_MARKS: usize = 1 << 20;
+/// Most marked item versions kept (with keys of 250 bytes, about 80 MB).
+pub const MAX_MARKS: usize = 1 << 18;
 
 /// The file a clean shutdown saves the marks to, in the data directory.
 pub const FILE_NAME: &str = "meta-marks";
@@ -220,6 +222,11 @@ impl Locked<'_> {
                 self.marks.count.fetch_add(1, Ordering::AcqRel);
             }
         }
+    }
+
+    /// Whether the key has marks, for a version other than `cas`.
+    pub fn marks_other_than(&self, cas: u64) -> bool {
+        self.shard.get(self.key).is_some_and(|e| e.cas != cas)
     }
 
     /// Forgets the marks of the key when they belong to a version other than `cas`

@@ -740,8 +740,17 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     if locked.is_none() && !shared.marks.is_empty() {
         locked = Some(shared.marks.lock(key));
     }
-    let mark = match &locked {
-        Some(locked) if !hit.created => locked.get(hit.cas),
+    let mark = match locked.as_mut() {
+        Some(locked) if !hit.created => {
+            // Marks of a version that is gone are dropped here (only when the version
+            // read is still the current one: a newer one may be what they mark).
+            if locked.marks_other_than(hit.cas)
+                && current_cas(shared, key).ok().flatten() == Some(hit.cas)
+            {
+                locked.forget_unless(hit.cas);
+            }
+            locked.get(hit.cas)
+        }
         _ => Mark::default(),
     };
     let facts = Facts {
@@ -1489,6 +1498,23 @@ mod tests {
             assert_eq!(wins(format!("mg {key}\r\n")), 1, "invalidated");
             assert_eq!(reply(&s, &format!("mg {key}\r\n")), "HD Z X\r\n");
         }
+    }
+
+    /// A write gives the key a new version: the stale mark stays behind, unread, and the
+    /// next `mg` drops it.
+    #[test]
+    fn a_new_version_is_fresh_and_its_old_marks_go() {
+        let s = test_shared();
+        reply(&s, "ms k 1\r\na\r\n");
+        assert_eq!(reply(&s, "md k I\r\n"), "HD\r\n");
+        assert!(!s.marks.is_empty());
+        assert_eq!(reply(&s, "ms k 1\r\nb\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "mg k v\r\n"), "VA 1\r\nb\r\n");
+        assert!(s.marks.is_empty());
+        // A touch keeps the version, and its marks.
+        assert_eq!(reply(&s, "md k I\r\n"), "HD\r\n");
+        assert_eq!(reply(&s, "touch k 100\r\n"), "TOUCHED\r\n");
+        assert_eq!(reply(&s, "mg k T200 v\r\n"), "VA 1 X W\r\nb\r\n");
     }
 
     #[test]
