@@ -346,6 +346,22 @@ pub fn cpu_times() -> (std::time::Duration, std::time::Duration) {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn cpu_times_never_go_backwards() {
+        let (user, system) = super::cpu_times();
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let (user2, system2) = super::cpu_times();
+        assert!(user2 >= user && system2 >= system);
+        assert!(
+            user2 + system2 > std::time::Duration::ZERO,
+            "this process has run"
+        );
+    }
+
+    #[test]
     fn the_coarse_clock_reads_the_wall_clock_to_the_second() {
         let fine = || {
             std::time::SystemTime::now()
