@@ -601,13 +601,6 @@ impl TextStream {
         if !bytes.is_empty() {
             parts.push(Part::Bytes(bytes));
         }
-        if self.ops.iter().any(|op| match op {
-            TextOp::Touch { .. } => true,
-            TextOp::Get { cmd, .. } => cmd.starts_with("gat"),
-            _ => false,
-        }) {
-            parts.push(Part::TouchesItems);
-        }
         apply_splits(parts, &self.splits)
     }
 }
@@ -837,7 +830,6 @@ fn blank_op() -> BinOp {
 impl BinaryStream {
     pub fn render(&self, keys: &Keys) -> Vec<Part> {
         let mut parts = Vec::new();
-        let mut touched = false;
         for op in &self.ops {
             let (with_key, with_value) = takes(op.opcode);
             let numeric = matches!(op.opcode, 0x05 | 0x06 | 0x15 | 0x16);
@@ -871,10 +863,7 @@ impl BinaryStream {
                 cas: 0,
                 ..BinHeader::default()
             };
-            // Not after a touch: a touched item's CAS is Terrace's own (intended
-            // difference 6), and one use of it was seen refused under load (reported).
-            let latest = matches!(op.cas, BinCas::Latest) && !touched;
-            touched |= matches!(op.opcode, 0x1c | 0x1d | 0x1e | 0x23 | 0x24);
+            let latest = matches!(op.cas, BinCas::Latest);
             if matches!(op.cas, BinCas::Bogus) {
                 header.cas = 0x0123_4567_89ab;
             }
@@ -952,13 +941,6 @@ impl BinaryStream {
                 parts.push(Part::Sync);
             }
             parts.push(Part::Bytes(last));
-        }
-        if self
-            .ops
-            .iter()
-            .any(|op| matches!(op.opcode, 0x1c | 0x1d | 0x1e | 0x23 | 0x24))
-        {
-            parts.push(Part::TouchesItems);
         }
         apply_splits(parts, &self.splits)
     }
@@ -1126,7 +1108,6 @@ impl MetaStream {
         let mut parts = Vec::new();
         let mut bytes = Vec::new();
         let mut clean = true;
-        let mut touches = false;
         let flag_words = |flags: &[MetaFlag]| -> Vec<Vec<u8>> {
             flags
                 .iter()
@@ -1148,7 +1129,6 @@ impl MetaStream {
                     base64: b64,
                     flags,
                 } => {
-                    touches |= flags.iter().any(|f| f.0 == 'T');
                     let k = key_of(key, *b64);
                     let mut words = vec![b"mg".to_vec(), k];
                     if *b64 {
@@ -1254,9 +1234,6 @@ impl MetaStream {
         }
         if !bytes.is_empty() {
             parts.push(Part::Bytes(bytes));
-        }
-        if touches {
-            parts.push(Part::TouchesItems);
         }
         apply_splits(parts, &self.splits)
     }
