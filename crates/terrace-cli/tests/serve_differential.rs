@@ -6,17 +6,18 @@
 //! Three parts:
 //! - [`CASES`]: a table of named streams, every command and flag of memcached's
 //!   `protocol.txt` and their error paths; [`COVERAGE`] maps each command and flag to
-//!   the cases that exercise it (a test checks that every name it lists exists);
+//!   the cases that exercise it (a test checks that every name it lists exists, and
+//!   that every case is listed);
 //! - property-based streams ([`differential::gen`]): at least [`GENERATED`] streams per
-//!   run, ascii and binary, shrunk to a minimal stream on failure;
-//! - regression cases (names starting `regression_`): each difference the generators or
-//!   the table found, kept once fixed.
+//!   run (ascii 60%, binary 25%, meta 15%), shrunk to a minimal stream on failure;
+//! - regression cases (names starting `regression_`): differences the generators found,
+//!   kept once fixed (the table's own cases pin the ones it found).
 //!
 //! Intended differences: the comparison applies exactly these, nothing else
 //! (`differential::normalise`):
 //! 1. CAS values: each server numbers its own; they are compared by order of first
-//!    appearance within a stream (`cas#1`, `cas#2`...), so "the same item has the same CAS"
-//!    and "a write changes the CAS" are still checked.
+//!    appearance within a stream (`cas#1`, `cas#2`...), so "the same item has the same
+//!    CAS" and "a write changes the CAS" are still checked.
 //! 2. `version` / binary VERSION: Terrace says `1.6.18-terrace-<its version>`.
 //! 3. `stats` values and keys, ascii and binary: each server reports its own counters
 //!    (only the framing is compared: a run of `STAT` lines then `END`).
@@ -25,15 +26,17 @@
 //!    size with item header; Terrace's tier).
 //! 5. The close: a connection reset and an orderly close both count as "closed".
 //!
-//! And what the streams avoid, because the two differ for reasons of design or
-//! timing, each with its reason (cases marked below check the parts that do agree):
+//! And what the streams steer clear of, because the two differ by design (memcached's
+//! behaviour there is a bug, depends on timing or memory layout, or describes what
+//! Terrace does not have); the generators' module lists how:
 //! - memcached's slab, LRU and log admin commands (`slabs`, `lru`, `lru_crawler`,
 //!   `watch`, `cache_memlimit`, `stats items|slabs|sizes|cachedump|conns`) describe a
 //!   slab allocator Terrace does not have: Terrace answers `ERROR` (or an empty list);
 //! - the largest storable value: memcached's is 1 MiB less its item header (which
 //!   depends on the key's length), Terrace's exactly `--max-item-size`;
-//! - a refusal of an over-large body: memcached holds its reply until the body has been
-//!   swallowed, Terrace sends it at once (the bytes agree once the body is sent);
+//! - a refusal of an over-large body, or any reply followed by an incomplete data
+//!   block: memcached sends it only once the body has been read, Terrace at once (the
+//!   bytes agree once the body is sent);
 //! - a non-`get` line longer than 2 KiB whose end arrives in a later read: memcached
 //!   closes the connection, Terrace handles lines up to 16 KiB (memcached's read buffer)
 //!   however they arrive;
@@ -41,19 +44,26 @@
 //!   buffers the whole line and answers only `CLIENT_ERROR`; Terrace handles such a line
 //!   a chunk of keys at a time, so values before the bad key are already sent, and closes
 //!   (memcached's unbounded buffering is what Terrace will not copy);
-//! - a get with an over-long key: memcached drops every reply not yet sent on the
-//!   connection, earlier pipelined commands' replies included (which ones depends on
-//!   what it had written); Terrace drops only the get's own values;
+//! - a get with an over-long key, an HTTP request line, a bad binary magic byte: memcached
+//!   drops every reply not yet sent on the connection, earlier pipelined commands'
+//!   replies included (which ones depends on what it had written); Terrace sends them;
 //! - binary VERBOSITY, and unknown opcodes whose request has extras or a key: memcached
 //!   1.6 no longer knows VERBOSITY, and its "unknown command" path skips the body length
 //!   again after the extras and key, misframing the stream; Terrace answers VERBOSITY
 //!   with success and skips an unknown request's body once;
+//! - incr/decr of a stored number of 2^63 or more: memcached looks for a minus sign with
+//!   `strchr` on the unterminated value, past its end;
+//! - meta `k` of a base64 key (memcached keeps a per-item "stored with b" bit), `h` after
+//!   an overwrite (Terrace's eviction policy counts it as an access), `t` of a TTL
+//!   already past (memcached prints the negative difference as unsigned): documented
+//!   in the README and `meta.rs`.
 //!
 //! Differences found and not fixed here, because they are not in the protocol layers
 //! (ignored test `engine_differences_pending`): incr/decr on a value whose new number is
 //! shorter than the old one (memcached pads it with spaces, in place), and numbers
 //! stored with leading white space, a `+` or trailing junk after a space (memcached's
-//! `strtoull` reads them).
+//! `strtoull` reads them). [`PENDING`] lists table cases whose difference is being
+//! fixed elsewhere.
 
 mod common;
 mod differential;
@@ -394,6 +404,8 @@ const CASES: &[Case] = &[
     text_case!("meta_delete", "md {k0}\r\nmd {k0} q\r\nms {k0} 1\r\na\r\nmd {k0} k O1\r\nms {k0} 1\r\na\r\nmd {k0} C1\r\nmd {k0} I T30\r\nmg {k0} v c\r\nmd {k0} q\r\nmn\r\n"),
     text_case!("meta_delete_invalidate", "ms {k0} 1\r\na\r\nmd {k0} I\r\nmg {k0} v\r\nmg {k0} v\r\nms {k0} 1\r\nb\r\nmg {k0} v\r\n"),
     text_case!("meta_arith", "ma {k0}\r\nma {k0} N0 J10\r\nma {k0} v\r\nma {k0} MD D5 v\r\nma {k0} MI D100 v t c\r\nma {k0} q\r\nma {k0} O7 k\r\nma {k0} C1\r\nma {k0} Dx\r\nma {k0} Mx\r\nmn\r\n"),
+    text_case!("meta_arith_error_after_vivify", "ma {k0} O012345678901234567890123456789012 N-1\r\nma {k0}\r\nmg {k1} O012345678901234567890123456789012 N0 v\r\nmg {k1} v\r\n"),
+    text_case!("meta_get_u_keeps_hit_before", "ms {k0} 1\r\na\r\nmg {k0} u\r\nmg {k0} h\r\nmg {k0} h\r\n"),
     text_case!("meta_arith_non_numeric", "ms {k0} 1\r\na\r\nma {k0}\r\nma {k0} q\r\nmn\r\n"),
     text_case!("meta_debug", "me {k0}\r\nms {k0} 1\r\na\r\nme {k0}\r\nme\r\n"),
     text_case!("meta_no_key", "mg\r\nms\r\nmd\r\nma\r\nme\r\n"),
@@ -796,6 +808,7 @@ const COVERAGE: &[(&str, &[&str])] = &[
         &[
             "meta_get_flags",
             "meta_get_hit_last_access",
+            "meta_get_u_keeps_hit_before",
             "meta_get_base64",
         ],
     ),
@@ -823,7 +836,7 @@ const COVERAGE: &[(&str, &[&str])] = &[
     ),
     (
         "ma flags b C N J D T M q t c v O k",
-        &["meta_arith", "meta_arith_non_numeric"],
+        &["meta_arith", "meta_arith_non_numeric", "meta_arith_error_after_vivify"],
     ),
     ("me", &["meta_debug"]),
     (
@@ -942,7 +955,12 @@ fn long_lines_of_each_command() -> Vec<(String, Vec<Part>)> {
 }
 
 /// Cases whose difference is known and owned elsewhere: reported, not failed.
-const PENDING: &[&str] = &[];
+const PENDING: &[&str] = &[
+    // meta.rs (in progress elsewhere): memcached vivifies before it reports a bad
+    // token, and `u` leaves hit-before unset.
+    "meta_arith_error_after_vivify",
+    "meta_get_u_keeps_hit_before",
+];
 
 fn case_named(name: &str) -> Option<&'static Case> {
     CASES.iter().find(|c| c.name == name)
@@ -1107,49 +1125,33 @@ fn terrace_answers_as_memcached_does() {
             Err(TestCaseError::fail(failures.join("\n\n")))
         }
     };
-    let config = Config {
-        cases: (generated_target * 7 / 10).div_ceil(BATCH) as u32,
-        failure_persistence: None,
-        max_shrink_iters: 2_000,
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new(config);
-    let text = proptest::collection::vec(text_stream(), BATCH);
-    let result = runner.run(&text, |batch| {
-        run_batch(batch.iter().map(|s| s.render(&Keys::fresh())).collect())
-    });
-    if let Err(e) = result {
-        panic!("a generated ascii stream differs from memcached (shrunk):\n{e}");
-    }
-    let config = Config {
-        cases: (generated_target * 3 / 10).div_ceil(BATCH) as u32,
-        failure_persistence: None,
-        max_shrink_iters: 2_000,
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new(config);
-    let binary = proptest::collection::vec(binary_stream(), BATCH);
-    let result = runner.run(&binary, |batch| {
-        run_batch(batch.iter().map(|s| s.render(&Keys::fresh())).collect())
-    });
-    if let Err(e) = result {
-        panic!("a generated binary stream differs from memcached (shrunk):\n{e}");
-    }
-    if std::env::var_os("TERRACE_DIFF_META").is_some() {
-        let config = Config {
-            cases: (generated_target / 10).div_ceil(BATCH) as u32,
+    // Each generator's share of the streams, and its runner: a failure is shrunk to a
+    // minimal batch (the failing stream, the others reduced to one command each).
+    let runner = |share: usize| {
+        TestRunner::new(Config {
+            cases: (generated_target * share / 100).div_ceil(BATCH) as u32,
             failure_persistence: None,
             max_shrink_iters: 2_000,
             ..Config::default()
-        };
-        let mut runner = TestRunner::new(config);
-        let meta = proptest::collection::vec(meta_stream(), BATCH);
-        let result = runner.run(&meta, |batch| {
-            run_batch(batch.iter().map(|s| s.render(&Keys::fresh())).collect())
-        });
-        if let Err(e) = result {
-            panic!("a generated meta stream differs from memcached (shrunk):\n{e}");
-        }
+        })
+    };
+    let text = proptest::collection::vec(text_stream(), BATCH);
+    if let Err(e) = runner(60).run(&text, |batch| {
+        run_batch(batch.iter().map(|s| s.render(&Keys::fresh())).collect())
+    }) {
+        panic!("a generated ascii stream differs from memcached (shrunk):\n{e}");
+    }
+    let binary = proptest::collection::vec(binary_stream(), BATCH);
+    if let Err(e) = runner(25).run(&binary, |batch| {
+        run_batch(batch.iter().map(|s| s.render(&Keys::fresh())).collect())
+    }) {
+        panic!("a generated binary stream differs from memcached (shrunk):\n{e}");
+    }
+    let meta = proptest::collection::vec(meta_stream(), BATCH);
+    if let Err(e) = runner(15).run(&meta, |batch| {
+        run_batch(batch.iter().map(|s| s.render(&Keys::fresh())).collect())
+    }) {
+        panic!("a generated meta stream differs from memcached (shrunk):\n{e}");
     }
     let n = generated.load(Ordering::Relaxed);
     assert!(n >= generated_target, "only {n} generated streams ran");
