@@ -30,7 +30,8 @@
 //!   opened; it orders segments by age and is the high part of every CAS. Never reused,
 //!   even across restarts ([`seqmark`]).
 //! - **CAS**: memcached's 64-bit unique, not stored but derived: the item's log position
-//!   `write_seq << size_shift | offset`, or the *origin CAS* a moved item carries.
+//!   `write_seq << size_shift | offset`, or the *origin CAS* a moved or touched item
+//!   carries.
 //! - **TTL bucket**: the group of remaining lifetimes a segment is opened for; a segment's
 //!   expiry is no earlier than any of its items'.
 //! - **location**: where an item lives, a segment id and an offset ([`Location`]).
