@@ -149,7 +149,7 @@ impl SegmentHeader {
         (self.write_seq << self.size_shift) | u64::from(offset)
     }
 
-    /// The CAS of `item`: its origin CAS when it was moved, else where it lives.
+    /// The CAS of `item`: its origin CAS when it was moved or touched, else where it lives.
     pub fn cas_of(&self, item: &ItemRef<'_>) -> u64 {
         item.origin_cas.unwrap_or_else(|| self.cas_at(item.offset))
     }
