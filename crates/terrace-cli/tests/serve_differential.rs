@@ -1171,7 +1171,6 @@ fn engine_differences_pending() {
     let Some(servers) = Servers::start() else {
         return;
     };
-    let k = Keys::fresh();
     let streams = [
         "set {k0} 0 0 3\r\n100\r\ndecr {k0} 95\r\nget {k0}\r\n",
         "set {k0} 0 0 4\r\n10 x\r\nincr {k0} 1\r\nget {k0}\r\n",
@@ -1186,7 +1185,6 @@ fn engine_differences_pending() {
             .collect(),
         1,
     );
-    let _ = k;
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
