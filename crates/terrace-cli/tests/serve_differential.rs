@@ -152,6 +152,10 @@ fn with_latest_cas(request: Vec<u8>) -> Vec<Part> {
     ]
 }
 
+fn show_key(k: &Keys, i: usize) -> String {
+    String::from_utf8(k.k(i)).expect("keys are ascii")
+}
+
 fn long_get(k: &Keys, n: usize, with_cas: bool) -> Vec<u8> {
     let mut line = if with_cas {
         b"gets".to_vec()
@@ -360,6 +364,30 @@ const CASES: &[Case] = &[
                     s.push(Part::Bytes(chunk.to_vec()));
                     s.push(Part::Split);
                 }
+            }
+            s
+        },
+    },
+    Case {
+        name: "long_get_with_large_replies",
+        alone: false,
+        // Values past the reply budget inside a line past MAX_LINE: both resumptions
+        // at once.
+        build: |k| {
+            let mut s = Vec::new();
+            let value = vec![b'v'; 3_000];
+            let mut sets = Vec::new();
+            for i in (0..3_000).step_by(7) {
+                sets.extend(format!("set {} {i} 0 3000 noreply\r\n", show_key(k, i)).bytes());
+                sets.extend_from_slice(&value);
+                sets.extend_from_slice(b"\r\n");
+            }
+            s.push(Part::Bytes(sets));
+            s.push(Part::Sync);
+            let line = long_get(k, 3_000, true);
+            for chunk in line.chunks(5_000) {
+                s.push(Part::Bytes(chunk.to_vec()));
+                s.push(Part::Split);
             }
             s
         },
@@ -717,6 +745,7 @@ const COVERAGE: &[(&str, &[&str])] = &[
             "long_get_split_across_reads",
             "long_get_leading_spaces",
             "regression_long_get_line_of_spaces",
+            "long_get_with_large_replies",
         ],
     ),
     ("bget", &["bget"]),
