@@ -19,8 +19,9 @@
 //!   2,000 bytes;
 //! - a CAS from an earlier reply anywhere but in a well-formed line (where the two
 //!   servers' different CAS values would be read as a length, they rightly part ways);
-//! - meta: `k` with a base64 key, `h`, `u`, an over-long opaque with `N`, and `I` with a
-//!   CAS from an earlier reply (see `MetaStream::render`).
+//! - meta: `k` with a base64 key, `h`, `u`, an over-long opaque with `N`, `I` with a CAS
+//!   from an earlier reply, and `T` that expires the item now with `R` (see
+//!   `MetaStream::render`).
 
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
@@ -1137,11 +1138,17 @@ impl MetaStream {
         // created (the per-item bit of the documented k/b difference); and `h`, which
         // Terrace sets after an overwrite (documented: its eviction policy counts an
         // overwrite as an access).
+        // Also pending: T that expires the item now together with R
+        // (meta_get_expire_and_recache).
         let flag_words = |flags: &[MetaFlag], b64: bool| -> Vec<Vec<u8>> {
             let vivifies = flags.iter().any(|f| f.0 == 'N');
+            let recache = flags.iter().any(|f| f.0 == 'R');
+            let expires_now =
+                |f: &MetaFlag| f.0 == 'T' && ["-1", "2147483648"].contains(&f.1.as_str());
             flags
                 .iter()
                 .filter(|f| f.0 != 'u' && f.0 != 'h' && !(b64 && f.0 == 'k'))
+                .filter(|f| !(recache && expires_now(f)))
                 .map(|MetaFlag(c, t)| {
                     let t = if *c == 'O' && vivifies {
                         &t[..t.len().min(31)]
