@@ -10,6 +10,11 @@
 //! (timed as a set); otherwise it is a set. Each key's value size (uniform in MIN-MAX over
 //! keys) and contents are derived from the key, and every hit's length and first 8 bytes
 //! are checked. One JSON object is printed at the end.
+//!
+//! Modules: `args` (parsers of the command line's values), `workload` (a key's bytes,
+//! value size and contents, all derived from its id), `engines` (Terrace, foyer and moka
+//! behind one trait), `windows` (the hit ratio per window of operations); this file runs
+//! the threads and prints the report.
 
 #![forbid(unsafe_code)]
 

@@ -13,6 +13,10 @@
 //!   point runs under [`error::boundary`], so a panic (a bug) is the error value its
 //!   header documents, with `errno` `EIO`, never an unwind into C;
 //! - freeing a pointer no kind owns (foreign, or from a destroyed kind) does nothing.
+//!
+//! Modules: [`native`] (`terrace.h`), [`memkind`] (`memkind.h`), [`pmemobj`]
+//! (`libpmemobj.h`), [`pool`] (`terrace_pool.h`), [`handle`] (kind handles), [`error`]
+//! (the thread's last error, `errno`, the panic boundary).
 
 pub mod error;
 pub mod handle;

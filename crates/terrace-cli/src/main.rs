@@ -12,6 +12,9 @@
 //!
 //! - `terrace serve [FLAGS]`: the memcached-compatible tiered cache server (see
 //!   `serve.rs` and the terrace-server crate).
+//!
+//! Modules: one per subcommand — `info`, `bench` (`bench kinds`), `pool`, `serve`; this
+//! file only parses the command line and dispatches.
 
 #![forbid(unsafe_code)]
 

@@ -9,7 +9,8 @@
 //! formatters, one module per protocol) → `shared` (memcached semantics over the cache:
 //! expiry rules, counted operations) → `terrace-cache`. `config` turns flags and a TOML
 //! file into a [`config::ServerConfig`]; `stats` renders memcached's stat names and the
-//! Prometheus text format.
+//! Prometheus text format; `marks` keeps the meta protocol's per-item stale and win
+//! marks, which the engine does not store.
 
 #![forbid(unsafe_code)]
 
