@@ -55,6 +55,7 @@ use crate::tier::{self, Tier, TierConfig, TierStats};
 use terrace_media::Durability;
 
 mod evict;
+mod number;
 mod promote;
 mod recover;
 mod saved;
@@ -1123,7 +1124,9 @@ impl Cache {
 
     /// Moves a decimal value by `delta` the `way` [`incr`](Self::incr) or
     /// [`decr`](Self::decr) does; with `if_cas`, only the item of that CAS. Returns the new
-    /// value and the new item's CAS.
+    /// value and the new item's CAS. The number is read and written back as memcached
+    /// does (`cache/number.rs`): a new number not longer than the old value is padded
+    /// with spaces to its length.
     pub fn arith(
         &self,
         key: &[u8],
@@ -1143,15 +1146,12 @@ impl Cache {
             if if_cas.is_some_and(|want| want != cur.cas) {
                 return Ok(Checked::Exists);
             }
-            let n: u64 = std::str::from_utf8(&value)
-                .ok()
-                .and_then(|s| s.trim_end().parse().ok())
-                .ok_or(CacheError::NotANumber)?;
+            let n = number::read(&value).ok_or(CacheError::NotANumber)?;
             let next = op(n);
-            let text = next.to_string();
+            let text = number::rewrite(next, value.len());
             match self.write(
                 key,
-                &[text.as_bytes()],
+                &[&text],
                 cur.client_flags,
                 cur.expires_at,
                 Expect::At(cur.loc),

@@ -58,12 +58,7 @@
 //!   already past (memcached prints the negative difference as unsigned): documented
 //!   in the README and `meta.rs`.
 //!
-//! Differences found and not fixed here, because they are not in the protocol layers
-//! (ignored test `engine_differences_pending`): incr/decr on a value whose new number is
-//! shorter than the old one (memcached pads it with spaces, in place), and numbers
-//! stored with leading white space, a `+` or trailing junk after a space (memcached's
-//! `strtoull` reads them). [`PENDING`] lists table cases whose difference is being
-//! fixed elsewhere.
+//! [`PENDING`] lists table cases whose difference is being fixed elsewhere.
 
 mod common;
 mod differential;
@@ -235,6 +230,10 @@ const CASES: &[Case] = &[
     text_case!("incr_decr", "incr {k0} 1\r\nset {k0} 0 0 2\r\n10\r\nincr {k0} 5\r\ndecr {k0} 3\r\ndecr {k0} 100\r\nincr {k0} 4611686018427387904\r\ndecr {k0} 1\r\nincr {k0} 18446744073709551616\r\n"),
     text_case!("incr_large", "set {k0} 0 0 19\r\n9223372036854775806\r\nincr {k0} 1\r\n"),
     text_case!("incr_grows_value", "set {k0} 0 0 2\r\n99\r\nincr {k0} 1\r\nget {k0}\r\n"),
+    // A number not longer than the old value is written over it, padded with spaces.
+    text_case!("incr_decr_in_place", "set {k0} 0 0 3\r\n100\r\ndecr {k0} 95\r\nget {k0}\r\nincr {k0} 10\r\nget {k0}\r\nincr {k0} 1000\r\nget {k0}\r\nset {k1} 0 0 5\r\n00007\r\nincr {k1} 1\r\ngets {k1}\r\n"),
+    // The stored number is read as strtoull reads it.
+    text_case!("incr_reads_like_strtoull", "set {k0} 0 0 4\r\n10 x\r\nincr {k0} 1\r\nget {k0}\r\nset {k1} 0 0 3\r\n 10\r\nincr {k1} 1\r\nget {k1}\r\nset {k2} 0 0 3\r\n+10\r\ndecr {k2} 1\r\nget {k2}\r\nset {k3} 0 0 4\r\n5\t\n\r\r\nincr {k3} 1\r\nset {k4} 0 0 2\r\n-0\r\nincr {k4} 1\r\nget {k4}\r\nset {k5} 0 0 3\r\n1+1\r\nincr {k5} 1\r\n"),
     text_case!("incr_noreply", "set {k0} 0 0 1\r\n1\r\nincr {k0} 1 noreply\r\ndecr {k0} 1 noreply\r\nincr {k1} 1 noreply\r\nincr {k0} x noreply\r\nincr {k0} 0\r\n"),
     text_case!("incr_bad_delta", "set {k0} 0 0 1\r\n1\r\nincr {k0} x\r\nincr {k0} -1\r\nincr {k0} 18446744073709551616\r\nincr {k0} +2\r\nincr {k0} 01\r\n"),
     text_case!("incr_non_numeric", "set {k0} 0 0 2\r\nab\r\nincr {k0} 1\r\nset {k1} 0 0 0\r\n\r\nincr {k1} 1\r\nset {k2} 0 0 20\r\n18446744073709551616\r\nincr {k2} 1\r\n"),
@@ -431,6 +430,7 @@ const CASES: &[Case] = &[
     text_case!("meta_set_bad", "ms {k0}\r\nms {k0} x\r\nms {k0} -1\r\na\r\nms {k0:251} 1\r\na\r\nms {k0} 1 Fx\r\na\r\nms {k0} 2\r\nabc\r\nmn\r\n"),
     text_case!("meta_delete", "md {k0}\r\nmd {k0} q\r\nms {k0} 1\r\na\r\nmd {k0} k O1\r\nms {k0} 1\r\na\r\nmd {k0} C1\r\nmd {k0} I T30\r\nmg {k0} v c\r\nmd {k0} q\r\nmn\r\n"),
     text_case!("meta_delete_invalidate", "ms {k0} 1\r\na\r\nmd {k0} I\r\nmg {k0} v\r\nmg {k0} v\r\nms {k0} 1\r\nb\r\nmg {k0} v\r\n"),
+    text_case!("meta_arith_in_place", "ms {k0} 3\r\n100\r\nma {k0} MD D95 v\r\nmg {k0} v s\r\nms {k1} 4\r\n10 x\r\nma {k1} v\r\nmg {k1} v\r\n"),
     text_case!("meta_arith", "ma {k0}\r\nma {k0} N0 J10\r\nma {k0} v\r\nma {k0} MD D5 v\r\nma {k0} MI D100 v t c\r\nma {k0} q\r\nma {k0} O7 k\r\nma {k0} C1\r\nma {k0} Dx\r\nma {k0} Mx\r\nmn\r\n"),
     text_case!("meta_arith_error_after_vivify", "ma {k0} O012345678901234567890123456789012 N-1\r\nma {k0}\r\nmg {k1} O012345678901234567890123456789012 N0 v\r\nmg {k1} v\r\n"),
     text_case!("meta_get_expire_and_recache", "ms {k0} 0\r\n\r\nmg {k0} T-1 R1000\r\nmg {k0} R1000\r\nms {k1} 0\r\n\r\nmg {k1} T2147483648 R100000\r\n"),
@@ -488,6 +488,15 @@ const CASES: &[Case] = &[
         bin(0x14, &[], &k.k(0), &[]),
         bin(0x14, &[], &k.k(0), &[]),
         bin(0x0a, &[], &[], &[]),
+    ])),
+    // A shorter number is written in place, padded; the stored number read as strtoull.
+    build_case!("binary_incr_in_place", |k| b(vec![
+        bin(0x01, &store_extras(0, 0), &k.k(0), b"100"),
+        bin(0x06, &arith_extras(95, 0, 0), &k.k(0), &[]),
+        bin(0x00, &[], &k.k(0), &[]),
+        bin(0x01, &store_extras(0, 0), &k.k(1), b" 10 x"),
+        bin(0x05, &arith_extras(1, 0, 0), &k.k(1), &[]),
+        bin(0x00, &[], &k.k(1), &[]),
     ])),
     build_case!("binary_incr_decr", |k| b(vec![
         bin(0x05, &arith_extras(1, 5, 0), &k.k(0), &[]),
@@ -760,6 +769,8 @@ const COVERAGE: &[(&str, &[&str])] = &[
             "incr_decr",
             "incr_large",
             "incr_grows_value",
+            "incr_decr_in_place",
+            "incr_reads_like_strtoull",
             "incr_noreply",
             "incr_bad_delta",
             "incr_non_numeric",
@@ -866,7 +877,12 @@ const COVERAGE: &[(&str, &[&str])] = &[
     ),
     (
         "ma flags b C N J D T M q t c v O k",
-        &["meta_arith", "meta_arith_non_numeric", "meta_arith_error_after_vivify"],
+        &[
+            "meta_arith",
+            "meta_arith_in_place",
+            "meta_arith_non_numeric",
+            "meta_arith_error_after_vivify",
+        ],
     ),
     ("me", &["meta_debug"]),
     (
@@ -880,7 +896,10 @@ const COVERAGE: &[(&str, &[&str])] = &[
     ),
     ("binary CAS field", &["binary_cas", "binary_set_expired"]),
     ("binary DELETE DELETEQ", &["binary_delete", "binary_cas"]),
-    ("binary INCREMENT(Q) DECREMENT(Q)", &["binary_incr_decr"]),
+    (
+        "binary INCREMENT(Q) DECREMENT(Q)",
+        &["binary_incr_decr", "binary_incr_in_place"],
+    ),
     ("binary APPEND(Q) PREPEND(Q)", &["binary_append_prepend"]),
     ("binary TOUCH GAT GATQ GATK GATKQ", &["binary_touch_gat"]),
     ("binary NOOP VERSION STAT", &["binary_noop_version_stat"]),
@@ -1192,32 +1211,6 @@ fn terrace_answers_as_memcached_does() {
         started.elapsed()
     );
     servers.check_alive();
-}
-
-/// Differences in the cache engine's arithmetic (not the protocol layers): memcached
-/// rewrites a number in place, padded with spaces, when it does not grow, and reads a
-/// stored number as `strtoull` does. Run with `--ignored` to see them.
-#[test]
-#[ignore = "engine differences, owned outside the protocol layers"]
-fn engine_differences_pending() {
-    let Some(servers) = Servers::start() else {
-        return;
-    };
-    let streams = [
-        "set {k0} 0 0 3\r\n100\r\ndecr {k0} 95\r\nget {k0}\r\n",
-        "set {k0} 0 0 4\r\n10 x\r\nincr {k0} 1\r\nget {k0}\r\n",
-        "set {k0} 0 0 3\r\n 10\r\nincr {k0} 1\r\n",
-        "set {k0} 0 0 3\r\n+10\r\nincr {k0} 1\r\nget {k0}\r\n",
-    ];
-    let failures = run_all(
-        &servers,
-        streams
-            .iter()
-            .map(|t| (t.to_string(), template(&Keys::fresh(), t)))
-            .collect(),
-        1,
-    );
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
 /// Survey: generated meta streams run without stopping at the first difference, every

@@ -70,7 +70,8 @@ fn exercise_ascii(c: &mut Conn, tag: &str) {
         "0",
         "decr stops at 0"
     );
-    assert_eq!(c.get(&k("n")).as_deref(), Some(&b"0"[..]));
+    // The shorter number is written over "12" in place, padded (as memcached does).
+    assert_eq!(c.get(&k("n")).as_deref(), Some(&b"0 "[..]));
     assert_eq!(c.set(&k("n"), b"18446744073709551615"), "STORED");
     assert_eq!(
         c.cmd(&format!("incr {} 1", k("n"))),

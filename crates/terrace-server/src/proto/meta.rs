@@ -1988,7 +1988,8 @@ mod tests {
         );
         // Quiet hides any success.
         assert_eq!(reply(&s, "ma n q v\r\nmn\r\n"), "MN\r\n");
-        assert_eq!(reply(&s, "mg n v\r\n"), "VA 1\r\n2\r\n");
+        // A shorter number is written over the old one, padded (as memcached does).
+        assert_eq!(reply(&s, "mg n v\r\n"), "VA 2\r\n2 \r\n");
         // Returned flags.
         let out = reply(&s, "ma n c k O1\r\n");
         assert_eq!(out, format!("HD c{} kn O1\r\n", cas_of(&s, b"n")));
