@@ -214,8 +214,21 @@ impl Shared {
     /// [`get`](Self::get) without the `stats detail` tally (memcached does not count
     /// the meta commands there; the same holds for every `_meta` operation).
     pub fn get_meta(&self, key: &[u8]) -> Result<Option<Guard<'_>>, Failure> {
+        self.get_meta_bumping(key, true)
+    }
+
+    /// [`get_meta`](Self::get_meta); without `bump` the read is not recorded as an
+    /// access (meta `u`, memcached's "no LRU bump": the item stays unread for `h`, and
+    /// the read does not count toward its promotion), counted the same.
+    pub fn get_meta_bumping(&self, key: &[u8], bump: bool) -> Result<Option<Guard<'_>>, Failure> {
         self.counters.add(Counter::CmdGet, 1);
-        let r = self.cache(key).get(key).map_err(|e| Failure::of(&e))?;
+        let cache = self.cache(key);
+        let r = if bump {
+            cache.get(key)
+        } else {
+            cache.peek(key)
+        }
+        .map_err(|e| Failure::of(&e))?;
         self.counters.add(
             if r.is_some() {
                 Counter::GetHits
@@ -239,6 +252,17 @@ impl Shared {
 
     /// [`gat`](Self::gat) without the `stats detail` tally.
     pub fn gat_meta(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
+        self.gat_meta_bumping(key, exptime, true)
+    }
+
+    /// [`gat_meta`](Self::gat_meta); without `bump` the read is not recorded as an
+    /// access (as [`get_meta_bumping`](Self::get_meta_bumping)).
+    pub fn gat_meta_bumping(
+        &self,
+        key: &[u8],
+        exptime: i64,
+        bump: bool,
+    ) -> Result<Option<Guard<'_>>, Failure> {
         self.counters.add(Counter::CmdTouch, 1);
         let touched = match self.expiry(exptime) {
             Expiry::Ttl(ttl) => self
@@ -247,7 +271,7 @@ impl Shared {
                 .map_err(|e| Failure::of(&e))?,
             Expiry::Past => {
                 // The item is returned once more, then gone (memcached returns it too).
-                let hit = self.get_meta(key)?;
+                let hit = self.get_meta_bumping(key, bump)?;
                 if hit.is_some() {
                     self.counters.add(Counter::TouchHits, 1);
                     let guard = hit;
@@ -271,7 +295,7 @@ impl Shared {
             self.counters.add(Counter::GetMisses, 1);
             return Ok(None);
         }
-        self.get_meta(key)
+        self.get_meta_bumping(key, bump)
     }
 
     /// A storage command: `Store::Stored` carries the new CAS.

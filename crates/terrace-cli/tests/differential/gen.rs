@@ -1130,33 +1130,15 @@ impl MetaStream {
         let mut parts = Vec::new();
         let mut bytes = Vec::new();
         let mut clean = true;
-        // Pending in meta.rs (table cases of the same names): memcached vivifies (N)
-        // before it reports an over-long opaque (meta_arith_error_after_vivify), and `u`
-        // leaves hit-before unset (meta_get_u_keeps_hit_before); the generator steers
-        // clear of both.
-        // And `k` of a base64 key: memcached answers it decoded for an item that mg N
-        // created (the per-item bit of the documented k/b difference); and `h`, which
-        // Terrace sets after an overwrite (documented: its eviction policy counts an
-        // overwrite as an access).
-        // Also pending: T that expires the item now together with R
-        // (meta_get_expire_and_recache).
+        // The generator steers clear of `k` of a base64 key: memcached answers it
+        // decoded for an item that mg N created (the per-item bit of the documented k/b
+        // difference); and of `h`, which Terrace sets after an overwrite (documented: its
+        // eviction policy counts an overwrite, a touch included, as an access).
         let flag_words = |flags: &[MetaFlag], b64: bool| -> Vec<Vec<u8>> {
-            let vivifies = flags.iter().any(|f| f.0 == 'N');
-            let recache = flags.iter().any(|f| f.0 == 'R');
-            let expires_now =
-                |f: &MetaFlag| f.0 == 'T' && ["-1", "2147483648"].contains(&f.1.as_str());
             flags
                 .iter()
-                .filter(|f| f.0 != 'u' && f.0 != 'h' && !(b64 && f.0 == 'k'))
-                .filter(|f| !(recache && expires_now(f)))
-                .map(|MetaFlag(c, t)| {
-                    let t = if *c == 'O' && vivifies {
-                        &t[..t.len().min(31)]
-                    } else {
-                        t
-                    };
-                    format!("{c}{t}").into_bytes()
-                })
+                .filter(|f| f.0 != 'h' && !(b64 && f.0 == 'k'))
+                .map(|MetaFlag(c, t)| format!("{c}{t}").into_bytes())
                 .collect()
         };
         let key_of = |key: &KeyRef, b64: bool| {

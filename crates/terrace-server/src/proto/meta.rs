@@ -38,9 +38,10 @@
 //!
 //! Where Terrace differs from memcached:
 //! - `l` (seconds since last access) is always `l0` and `me` says `la=0`: the engine
-//!   keeps no per-item access time; `u` (no LRU bump) is accepted and has no effect;
+//!   keeps no per-item access time; `u` (no LRU bump) reads without recording an access
+//!   (the item stays unread for `h`, and the read does not count toward promotion);
 //! - `h` comes from the index's hit counter, which a write over a read item keeps
-//!   (memcached's new item starts unread);
+//!   (memcached's new item starts unread) and a touch raises, `mg T u` included;
 //! - `k` (and `me`) give the key as this request spelled it (raw for an item this `mg N`
 //!   created, as memcached): memcached gives it base64 exactly when the item was stored
 //!   with `b`, a per-item bit Terrace does not keep;
@@ -718,15 +719,18 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
         },
         None => None,
     };
+    // `u`: the read is not recorded as an access (memcached's no LRU bump), so the
+    // item stays unread for the next `h`.
+    let bump = !flags.order().contains(&b'u');
     let found = match flags.ttl {
-        Some(exptime) => shared.gat_meta(key, exptime),
-        None => shared.get_meta(key),
+        Some(exptime) => shared.gat_meta_bumping(key, exptime, bump),
+        None => shared.get_meta_bumping(key, bump),
     };
     let hit = match found {
         Ok(Some(guard)) => Hit::found(shared, guard, before),
         Ok(None) => match (last_exptime(flags), locked.as_mut()) {
             (Some(exptime), Some(locked)) if flags.vivify.is_some() => {
-                match vivify_empty(shared, locked, key, exptime, request.opaque_fits()) {
+                match vivify_empty(shared, locked, key, exptime, request.opaque_fits(), bump) {
                     Ok(Some(hit)) => hit,
                     Ok(None) => return push_miss(out, request),
                     Err(failure) => return push_failure(out, failure),
@@ -770,10 +774,15 @@ fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     let wins = hit.created
         || (!mark.won && (mark.stale || recache_due(shared, flags, &facts, hit.created)));
     // The win is recorded only on the version still current, so one client wins it.
-    // A request that fails (an opaque too long) wins nothing, as in memcached.
+    // A request that fails (an opaque too long) wins nothing, as in memcached. A `T`
+    // that expired the item now leaves nothing to record: the win is this client's.
+    let expired_now = flags
+        .ttl
+        .is_some_and(|e| matches!(shared.expiry(e), Expiry::Past));
     let won = wins
         && request.opaque_fits()
         && (hit.created
+            || expired_now
             || match locked.as_mut() {
                 Some(locked) if current_cas(shared, key).ok().flatten() == Some(hit.cas) => {
                     locked.set(hit.cas, Mark { won: true, ..mark });
@@ -824,24 +833,26 @@ fn recache_due(shared: &Shared, flags: &Flags<'_>, facts: &Facts, created: bool)
 }
 
 /// `mg N`: creates the missing key with an empty value, marked won by this client when
-/// `replied` (the request is answered), under the key's shard lock. `None` when it
-/// vanished again.
+/// `replied` (the request is answered) and read when `bump` (no `u`), under the key's
+/// shard lock. `None` when it vanished again.
 fn vivify_empty<'s>(
     shared: &'s Shared,
     locked: &mut Locked<'_>,
     key: &[u8],
     exptime: i64,
     replied: bool,
+    bump: bool,
 ) -> Result<Option<Hit<'s>>, Failure> {
     match shared.store_meta(StoreOp::Add, key, b"", 0, exptime)? {
         Store::Stored { cas } => {
-            // memcached counts the creator's fetch: the next client sees `h1`. The win
-            // is recorded with the reply that sends it (none when the request fails).
+            // memcached counts the creator's fetch (unless `u`): the next client sees
+            // `h1`. The win is recorded with the reply that sends it (none when the
+            // request fails).
             locked.set(
                 cas,
                 Mark {
                     won: replied,
-                    read_before: true,
+                    read_before: bump,
                     ..Mark::default()
                 },
             );
@@ -1191,7 +1202,29 @@ fn meta_arithmetic(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
             return;
         }
     };
-    let outcome = match apply_arithmetic(shared, request, way) {
+    // With an opaque too long, memcached's reply loop stops at `O` (the caller sends the
+    // error): a `T` or `N` after it never sets the TTL, and an item created on a miss
+    // stays without one (it is created all the same).
+    let cut;
+    let flags = if request.opaque_fits() {
+        &request.flags
+    } else {
+        let order = request.flags.order();
+        let at = order.iter().position(|&l| l == b'O').unwrap_or(order.len());
+        let before = |letter| order[..at].contains(&letter);
+        let ttl = request.flags.ttl.filter(|_| before(b'T'));
+        cut = Flags {
+            ttl,
+            // `N` after the opaque: the item keeps what `T` before it gave, if anything.
+            vivify: request
+                .flags
+                .vivify
+                .map(|n| if before(b'N') { n } else { ttl.unwrap_or(0) }),
+            ..request.flags.clone()
+        };
+        &cut
+    };
+    let outcome = match apply_arithmetic(shared, request.key(), flags, way) {
         Ok(outcome) => outcome,
         Err(failure) => return push_failure(out, failure),
     };
@@ -1236,9 +1269,12 @@ enum Arith {
     Refused(&'static [u8]),
 }
 
-fn apply_arithmetic(shared: &Shared, request: &Request<'_>, way: Delta) -> Result<Arith, Failure> {
-    let key = request.key();
-    let flags = &request.flags;
+fn apply_arithmetic(
+    shared: &Shared,
+    key: &[u8],
+    flags: &Flags<'_>,
+    way: Delta,
+) -> Result<Arith, Failure> {
     let delta = flags.delta.unwrap_or(1);
     // As memcached, C0 asks for no check; a miss goes on to create or NF. The check is
     // atomic with the write.
@@ -1695,6 +1731,27 @@ mod tests {
         assert_eq!(strtoull(b"-1"), None);
         assert_eq!(strtoull(b"-18446744073709551615"), Some(1));
         assert_eq!(strtoull(b"18446744073709551616"), None);
+    }
+
+    #[test]
+    fn u_reads_leave_the_item_unread_and_an_expiring_t_hands_out_the_win() {
+        let s = test_shared();
+        reply(&s, "ms k 1\r\na\r\n");
+        assert_eq!(reply(&s, "mg k u\r\nmg k h\r\n"), "HD\r\nHD h0\r\n");
+        assert_eq!(reply(&s, "mg k h\r\n"), "HD h1\r\n");
+        assert_eq!(
+            reply(&s, "mg new N30 u\r\nmg new h\r\n"),
+            "HD W\r\nHD h0 Z\r\n"
+        );
+        // R compares with the TTL the T before it just set: expired now, so it wins.
+        reply(&s, "ms e 0\r\n\r\n");
+        assert_eq!(reply(&s, "mg e T-1 R1000\r\nmg e\r\n"), "HD W\r\nEN\r\n");
+        // ma: an N after an opaque too long still creates the item, without a TTL.
+        let long = format!("O{}", "x".repeat(MAX_OPAQUE));
+        assert_eq!(
+            reply(&s, &format!("ma n {long} N30\r\nma n t v\r\n")),
+            "CLIENT_ERROR opaque token too long\r\nVA 1 t-1\r\n1\r\n"
+        );
     }
 
     #[test]
