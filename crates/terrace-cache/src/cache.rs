@@ -55,7 +55,7 @@ use crate::tier::{self, Tier, TierConfig, TierStats};
 use terrace_media::Durability;
 
 mod evict;
-mod number;
+pub mod number;
 mod promote;
 mod recover;
 mod saved;
@@ -1146,7 +1146,7 @@ impl Cache {
             if if_cas.is_some_and(|want| want != cur.cas) {
                 return Ok(Checked::Exists);
             }
-            let n = number::read(&value).ok_or(CacheError::NotANumber)?;
+            let n = number::strtoull(&value).ok_or(CacheError::NotANumber)?;
             let next = op(n);
             let text = number::rewrite(next, value.len());
             match self.write(

@@ -1,6 +1,8 @@
-//! The decimal number [`Cache::arith`](super::Cache::arith) reads from a value and the
-//! value it writes back, by memcached's `do_add_delta` rules (so every protocol's
-//! incr/decr agrees with memcached's byte for byte):
+//! Decimal numbers as memcached reads them: the C `strtoull` scan its `safe_strto*`
+//! helpers share ([`strto`], [`strtoull`], which the protocol parsers build on too), and
+//! the number [`Cache::arith`](super::Cache::arith) reads from a value and the value it
+//! writes back, by memcached's `do_add_delta` rules (so every protocol's incr/decr agrees
+//! with memcached's byte for byte):
 //! - the stored number is read as `safe_strtoull` reads it: leading C white space, an
 //!   optional sign, decimal digits, then the end of the value, white space or a NUL (the
 //!   rest is ignored); no digits, other junk after them, or more than `u64::MAX` is not a
@@ -9,34 +11,41 @@
 //!   spaces to the old length (memcached's in-place rewrite); otherwise the value is the
 //!   bare digits.
 
-/// The number `value` holds, read as memcached's `safe_strtoull` reads the item data
-/// (which memcached always follows with `\r\n`, so the end of the value ends the digits).
-pub(super) fn read(value: &[u8]) -> Option<u64> {
-    let mut i = value.iter().take_while(|&&c| is_c_space(c)).count();
+/// What C's `strtoull`/`strtoll` (base 10) scan at the start of `b`, as memcached's
+/// `safe_strto*` helpers check it: leading C white space, an optional sign, decimal
+/// digits, then the end, white space or a NUL (the rest is ignored). `None`: no digits,
+/// other junk after them, or a magnitude over `u64::MAX` (`ERANGE`). The sign and the
+/// magnitude; the protocol parsers build their 32- and 64-bit readers on this.
+pub fn strto(b: &[u8]) -> Option<(bool, u64)> {
+    let mut i = b.iter().take_while(|&&c| is_c_space(c)).count();
     let mut negative = false;
-    if let Some(&sign @ (b'+' | b'-')) = value.get(i) {
+    if let Some(&sign @ (b'+' | b'-')) = b.get(i) {
         negative = sign == b'-';
         i += 1;
     }
-    let digits = value[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let digits = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
     if digits == 0 {
         return None;
     }
-    match value.get(i + digits) {
+    match b.get(i + digits) {
         Some(&c) if c != 0 && !is_c_space(c) => return None,
         _ => {}
     }
     let mut n: u64 = 0;
-    for &c in &value[i..i + digits] {
+    for &c in &b[i..i + digits] {
         n = n.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
     }
-    if negative {
-        n = n.wrapping_neg();
-        if (n as i64) < 0 {
-            return None;
-        }
+    Some((negative, n))
+}
+
+/// memcached's `safe_strtoull`: [`strto`], a minus sign negating modulo 2^64 and
+/// refused only when the result has its top bit set (`-0` is 0,
+/// `-18446744073709551615` is 1, `-1` is refused).
+pub fn strtoull(b: &[u8]) -> Option<u64> {
+    match strto(b)? {
+        (false, n) => Some(n),
+        (true, n) => Some(n.wrapping_neg()).filter(|&v| (v as i64) >= 0),
     }
-    Some(n)
 }
 
 /// The value that holds `n` after an incr/decr of an `old_len`-byte value: the digits,
@@ -79,7 +88,12 @@ mod tests {
             (b"+", None),
             (b"+ 1", None),
         ] {
-            assert_eq!(read(value), want, "{:?}", String::from_utf8_lossy(value));
+            assert_eq!(
+                strtoull(value),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(value)
+            );
         }
     }
 

@@ -15,7 +15,7 @@
 //!   many tokens, bad length) does not, and its data line is read as a command, as
 //!   memcached does;
 //! - flags parse as memcached's `_meta_flag_preparse` does (`parse_flags`), numbers as
-//!   its `safe_strto*` do (`c_number`: white space around, a sign, truncated to 32 bits
+//!   its `safe_strto*` do (`strtoull`, `strtol32`: white space around, a sign, truncated to 32 bits
 //!   where it stores 32); an opaque too long is found where memcached's reply loop finds
 //!   it (`md` before acting, `mg` and `ma` after, `ms` after its mode);
 //! - `q` suppresses only the nominal reply (`EN` for `mg`, `HD` for `ms`/`md`, the
@@ -57,7 +57,7 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
 use terrace_cache::{Checked, Guard, Store};
 
-use super::{data_block, push_decimal, BadChunk, Line, Step};
+use super::{data_block, push_decimal, strtol32, strtoull, BadChunk, Line, Step};
 use crate::marks::{Locked, Mark};
 use crate::shared::{Delta, Expiry, Failure, Shared, StoreOp};
 use crate::stats::Counter;
@@ -403,59 +403,10 @@ fn parse_flags<'a>(
     }
 }
 
-/// C's `isspace`.
-fn is_c_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
-}
-
-/// A decimal number as C's `strtol` family scans it in memcached's `safe_strto*`:
-/// leading white space, an optional sign, at least one digit, then the end or white
-/// space (what follows that is ignored). The sign and the magnitude; `None` when the
-/// magnitude does not fit 64 bits (`ERANGE`) or the token is not such a number.
-fn c_number(arg: &[u8]) -> Option<(bool, u64)> {
-    let start = arg
-        .iter()
-        .position(|&b| !is_c_space(b))
-        .unwrap_or(arg.len());
-    let arg = &arg[start..];
-    let (negative, arg) = match arg.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        Some((b'+', rest)) => (false, rest),
-        _ => (false, arg),
-    };
-    let end = arg
-        .iter()
-        .position(|b| !b.is_ascii_digit())
-        .unwrap_or(arg.len());
-    if end == 0 || arg.get(end).is_some_and(|&b| !is_c_space(b)) {
-        return None;
-    }
-    let mut n: u64 = 0;
-    for &digit in &arg[..end] {
-        n = n.checked_mul(10)?.checked_add(u64::from(digit - b'0'))?;
-    }
-    Some((negative, n))
-}
-
-/// A number as memcached's `safe_strtol` reads it: within a 64-bit `long`, then
-/// truncated to 32 bits (`T4294967296` is `T0`).
+/// A number as memcached's `safe_strtol` reads it ([`strtol32`]: within a 64-bit
+/// `long`, then truncated to 32 bits, so `T4294967296` is `T0`), widened for the flags.
 fn strtol(arg: &[u8]) -> Option<i64> {
-    let n = match c_number(arg)? {
-        (false, n) => i64::try_from(n).ok()?,
-        (true, n) if n <= 1 << 63 => (n as i64).wrapping_neg(),
-        (true, _) => return None,
-    };
-    Some(i64::from(n as i32))
-}
-
-/// A number as memcached's `safe_strtoull` (and, cut to 32 bits, `safe_strtoul`)
-/// reads it: a minus sign negates modulo 2^64, and is refused when the result reads as
-/// negative (`C-0` is 0, `-18446744073709551615` is 1, `-1` is refused).
-fn strtoull(arg: &[u8]) -> Option<u64> {
-    match c_number(arg)? {
-        (false, n) => Some(n),
-        (true, n) => Some(n.wrapping_neg()).filter(|&v| (v as i64) >= 0),
-    }
+    strtol32(arg).map(i64::from)
 }
 
 /// Seconds until a found item stops being served (`-1`: never; `0`: now).

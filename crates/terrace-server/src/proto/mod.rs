@@ -21,6 +21,7 @@ pub mod meta;
 pub mod text;
 
 use crate::shared::Shared;
+use terrace_cache::cache::number;
 
 /// Longest text command line accepted, `\r\n` included: memcached's read buffer (16 KiB),
 /// the longest line memcached can ever act on (it closes the connection, without a
@@ -179,55 +180,11 @@ pub fn parse_i64(b: &[u8]) -> Option<i64> {
     }
 }
 
-/// What C's `strtoull`/`strtoll` (base 10) read at the start of a token, as memcached's
-/// `safe_strto*` helpers call them: leading white space, an optional sign, digits; the
-/// digits must end the token or be followed by white space. `Err(())`: no digits, junk
-/// after them, or out of range (`ERANGE`). `Ok((negative, magnitude))`, magnitude at
-/// most `u64::MAX`.
-fn c_strto(b: &[u8]) -> Result<(bool, u64), ()> {
-    let mut i = b.iter().take_while(|&&c| is_c_space(c)).count();
-    let mut negative = false;
-    if let Some(&sign @ (b'+' | b'-')) = b.get(i) {
-        negative = sign == b'-';
-        i += 1;
-    }
-    let digits = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
-    if digits == 0 {
-        return Err(());
-    }
-    let mut n: u64 = 0;
-    let mut overflow = false;
-    for &c in &b[i..i + digits] {
-        match n
-            .checked_mul(10)
-            .and_then(|n| n.checked_add(u64::from(c - b'0')))
-        {
-            Some(m) => n = m,
-            None => overflow = true,
-        }
-    }
-    match b.get(i + digits) {
-        Some(&c) if !is_c_space(c) => Err(()),
-        _ if overflow => Err(()),
-        _ => Ok((negative, n)),
-    }
-}
-
-/// C's `isspace` in the C locale.
-fn is_c_space(c: u8) -> bool {
-    matches!(c, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
-}
-
-/// memcached's `safe_strtoull`: `strtoull`, a negative sign refused only when the
-/// wrapped result has its top bit set (so `-0` is 0, and `-1` is refused).
-pub fn strtoull(b: &[u8]) -> Option<u64> {
-    let (negative, n) = c_strto(b).ok()?;
-    let n = if negative { n.wrapping_neg() } else { n };
-    if negative && (n as i64) < 0 {
-        return None;
-    }
-    Some(n)
-}
+/// memcached's `safe_strtoull` (the one C `strtoull` reading the cache's incr/decr
+/// uses too): leading white space, an optional sign, digits, then the end of the token,
+/// white space or a NUL; a minus sign is refused only when the wrapped result has its
+/// top bit set (so `-0` is 0, and `-1` is refused).
+pub use terrace_cache::cache::number::strtoull;
 
 /// memcached's `safe_strtoul` into a `uint32_t`: [`strtoull`] on a 64-bit `long`, then
 /// truncated to 32 bits (so `4294967296` reads as 0, as memcached 1.6 stores it).
@@ -238,7 +195,7 @@ pub fn strtoul32(b: &[u8]) -> Option<u32> {
 /// memcached's `safe_strtol` into an `int32_t`: `strtol` on a 64-bit `long` (range
 /// checked there), then truncated to 32 bits (so `2147483648` reads as `-2147483648`).
 pub fn strtol32(b: &[u8]) -> Option<i32> {
-    let (negative, n) = c_strto(b).ok()?;
+    let (negative, n) = number::strto(b)?;
     let n: i64 = if negative {
         if n > i64::MAX as u64 + 1 {
             return None;
@@ -336,6 +293,9 @@ mod tests {
         assert_eq!(strtoull(b"-18446744073709551615"), Some(1));
         assert_eq!(strtoull(b""), None);
         assert_eq!(strtoull(b"-"), None);
+        // A NUL ends the C string memcached scans, as white space does.
+        assert_eq!(strtoull(b"5\0x"), Some(5));
+        assert_eq!(strtol32(b"-5\0x"), Some(-5));
         assert_eq!(strtoul32(b"4294967296"), Some(0));
         assert_eq!(strtoul32(b"4294967295"), Some(u32::MAX));
         assert_eq!(strtol32(b"2147483648"), Some(i32::MIN));
