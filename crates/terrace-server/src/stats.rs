@@ -206,10 +206,16 @@ impl Detail {
         };
         let prefix = &key[..end];
         let mut prefixes = self.prefixes.lock().unwrap_or_else(|p| p.into_inner());
-        if !prefixes.contains_key(prefix) && prefixes.len() >= MAX_PREFIXES {
-            return;
+        // The prefix is copied only the first time it is seen.
+        if !prefixes.contains_key(prefix) {
+            if prefixes.len() >= MAX_PREFIXES {
+                return;
+            }
+            prefixes.insert(prefix.to_vec(), [0; 4]);
         }
-        let counts = prefixes.entry(prefix.to_vec()).or_default();
+        let Some(counts) = prefixes.get_mut(prefix) else {
+            return;
+        };
         match op {
             DetailOp::Get { hit } => {
                 counts[0] += 1;
@@ -294,6 +300,22 @@ pub fn detail_binary(shared: &Shared, rest: &[u8]) -> Option<Vec<(String, Value)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn detail_keeps_at_most_max_prefixes() {
+        let detail = Detail::default();
+        detail.set_on(true);
+        for i in 0..MAX_PREFIXES {
+            detail.record(format!("{i}:k").as_bytes(), DetailOp::Set);
+        }
+        // A new prefix is not counted once the table is full; a known one still is.
+        detail.record(b"new:k", DetailOp::Set);
+        detail.record(b"0:k", DetailOp::Delete);
+        let dump = String::from_utf8(detail.dump()).unwrap();
+        assert_eq!(dump.lines().count(), MAX_PREFIXES + 1);
+        assert!(!dump.contains("PREFIX new "));
+        assert!(dump.starts_with("PREFIX 0 get 0 hit 0 set 1 del 1\r\n"));
+    }
 
     #[test]
     fn detail_counts_per_prefix_only_while_on() {
