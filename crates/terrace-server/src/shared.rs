@@ -204,7 +204,7 @@ impl Shared {
 
     /// A counted get (cmd_get, get_hits, get_misses, and `stats detail`).
     pub fn get(&self, key: &[u8]) -> Result<Option<Guard<'_>>, Failure> {
-        let r = self.get_meta(key)?;
+        let r = self.get_meta_bumping(key, true)?;
         self.counters
             .detail
             .record(key, DetailOp::Get { hit: r.is_some() });
@@ -212,14 +212,10 @@ impl Shared {
     }
 
     /// [`get`](Self::get) without the `stats detail` tally (memcached does not count
-    /// the meta commands there; the same holds for every `_meta` operation).
-    pub fn get_meta(&self, key: &[u8]) -> Result<Option<Guard<'_>>, Failure> {
-        self.get_meta_bumping(key, true)
-    }
-
-    /// [`get_meta`](Self::get_meta); without `bump` the read is not recorded as an
-    /// access (meta `u`, memcached's "no LRU bump": the item stays unread for `h`, and
-    /// the read does not count toward its promotion), counted the same.
+    /// the meta commands there; the same holds for every `_meta` operation); without
+    /// `bump` the read is not recorded as an access (meta `u`, memcached's "no LRU
+    /// bump": the item stays unread for `h`, and the read does not count toward its
+    /// promotion), counted the same.
     pub fn get_meta_bumping(&self, key: &[u8], bump: bool) -> Result<Option<Guard<'_>>, Failure> {
         self.counters.add(Counter::CmdGet, 1);
         let cache = self.cache(key);
@@ -243,20 +239,15 @@ impl Shared {
     /// Get-and-touch: gives a present key a new expiry, then reads it (counted as a touch
     /// and a get). The item keeps its CAS, and so its meta marks.
     pub fn gat(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
-        let r = self.gat_meta(key, exptime)?;
+        let r = self.gat_meta_bumping(key, exptime, true)?;
         self.counters
             .detail
             .record(key, DetailOp::Get { hit: r.is_some() });
         Ok(r)
     }
 
-    /// [`gat`](Self::gat) without the `stats detail` tally.
-    pub fn gat_meta(&self, key: &[u8], exptime: i64) -> Result<Option<Guard<'_>>, Failure> {
-        self.gat_meta_bumping(key, exptime, true)
-    }
-
-    /// [`gat_meta`](Self::gat_meta); without `bump` the read is not recorded as an
-    /// access (as [`get_meta_bumping`](Self::get_meta_bumping)).
+    /// [`gat`](Self::gat) without the `stats detail` tally; without `bump` the read is
+    /// not recorded as an access (as [`get_meta_bumping`](Self::get_meta_bumping)).
     pub fn gat_meta_bumping(
         &self,
         key: &[u8],
