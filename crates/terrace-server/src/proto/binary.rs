@@ -58,7 +58,6 @@ struct Header {
     opcode: u8,
     key_len: usize,
     extras_len: usize,
-    data_type: u8,
     body_len: usize,
     opaque: [u8; 4],
     cas: u64,
@@ -72,8 +71,8 @@ impl Header {
         Some(Header {
             opcode: h[1],
             key_len: usize::from(u16::from_be_bytes(field(h, 2))),
+            // h[5], the data type, is ignored, as memcached ignores it.
             extras_len: usize::from(h[4]),
-            data_type: h[5],
             body_len: usize::try_from(u32::from_be_bytes(field(h, 8))).unwrap_or(usize::MAX),
             opaque: field(h, 12),
             cas: u64::from_be_bytes(field(h, 16)),
