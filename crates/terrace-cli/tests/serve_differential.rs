@@ -21,9 +21,11 @@
 //! 2. `version` / binary VERSION: Terrace says `1.6.18-terrace-<its version>`.
 //! 3. `stats` values and keys, ascii and binary: each server reports its own counters
 //!    (only the framing is compared: a run of `STAT` lines then `END`).
-//! 4. meta `t` (remaining TTL) values and the fields of `me` (meta debug): a second may
-//!    tick between the two servers, and `me`'s fields are the engine's (slab class,
-//!    size with item header; Terrace's tier).
+//! 4. meta `t` (remaining TTL) and `l` (seconds since the last access) values, and the
+//!    fields of `me` (meta debug): a second may tick between the two servers (or, for
+//!    `l`, between memcached's write and read; Terrace keeps no access time and says 0),
+//!    and `me`'s fields are the engine's (slab class, size with item header; Terrace's
+//!    tier).
 //! 5. The close: a connection reset and an orderly close both count as "closed".
 //!
 //! And what the streams steer clear of, because the two differ by design (memcached's

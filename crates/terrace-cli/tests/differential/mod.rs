@@ -518,7 +518,7 @@ fn is_meta_reply(line: &[u8]) -> bool {
 
 /// A reply with the intended differences (the list at the top of the test file)
 /// rewritten to one form: CAS values numbered in order of appearance, the version
-/// string, the `STAT` lines of a stats reply, the remaining TTL of meta's `t` flag.
+/// string, the `STAT` lines of a stats reply, the seconds of meta's `t` and `l` flags.
 pub fn normalise(reply: &[u8], binary: bool) -> String {
     let mut numbering: HashMap<u64, usize> = HashMap::new();
     let mut cas = |v: u64| {
@@ -578,6 +578,7 @@ pub fn normalise(reply: &[u8], binary: bool) -> String {
                     out.push_str(&cas(v));
                 }
                 (Some(b't'), _, Some(_)) if meta && i > 0 => out.push_str("t<ttl>"),
+                (Some(b'l'), _, Some(_)) if meta && i > 0 => out.push_str("l<secs>"),
                 _ => out.push_str(&show(t)),
             }
         }
