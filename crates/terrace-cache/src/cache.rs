@@ -223,7 +223,7 @@ pub struct Stats {
 }
 
 #[derive(Debug, Default)]
-struct Counters {
+struct EngineCounters {
     hits: AtomicU64,
     misses: AtomicU64,
     sets: AtomicU64,
@@ -323,12 +323,12 @@ enum Expect {
 }
 
 impl Expect {
-    fn met_by(self, found: Found) -> bool {
+    fn met_by(self, found: FoundEntry) -> bool {
         match (self, found) {
             (Expect::Any, _) => true,
-            (Expect::Absent, Found::Live(_)) => false,
+            (Expect::Absent, FoundEntry::Live(_)) => false,
             (Expect::Absent, _) => true,
-            (Expect::At(at), Found::Live(cur)) => cur.loc == at,
+            (Expect::At(at), FoundEntry::Live(cur)) => cur.loc == at,
             (Expect::At(_), _) => false,
         }
     }
@@ -518,7 +518,7 @@ pub struct Cache {
     promote: bool,
     /// Promotions asked for and not yet done (`cache/promote.rs`).
     promotions: Mutex<Vec<(u64, Location)>>,
-    counters: Counters,
+    counters: EngineCounters,
 }
 
 impl std::fmt::Debug for Cache {
@@ -722,7 +722,7 @@ impl Cache {
             clock_offset: AtomicI64::new(0),
             promote: config.promote,
             promotions: Mutex::new(Vec::new()),
-            counters: Counters::default(),
+            counters: EngineCounters::default(),
         };
         cache.index_recovered(live, &mut report)?;
         Ok((cache, report))
@@ -911,7 +911,7 @@ impl Cache {
 
     /// The key's live, unexpired item, under its bucket lock; also any expired or other
     /// entry of the key (to be replaced).
-    fn find_locked(&self, guard: &BucketGuard<'_>, key: &[u8], now: u32) -> Found {
+    fn find_locked(&self, guard: &BucketGuard<'_>, key: &[u8], now: u32) -> FoundEntry {
         for loc in guard.candidates() {
             let Some((_, pin)) = self.pin(loc.segment) else {
                 continue;
@@ -924,16 +924,16 @@ impl Cache {
             }
             let expires_at = self.item_expiry(loc.segment, &item);
             if item.state == ItemState::Live && !past(expires_at, now) {
-                return Found::Live(Current {
+                return FoundEntry::Live(Current {
                     loc,
                     cas: self.cas_of(loc.segment, &item),
                     client_flags: item.client_flags,
                     expires_at,
                 });
             }
-            return Found::Stale(loc);
+            return FoundEntry::Stale(loc);
         }
-        Found::None
+        FoundEntry::None
     }
 
     /// The key's current item (for read-modify-write operations), without touching it.
@@ -1205,12 +1205,12 @@ impl Cache {
         let now = self.now();
         let mut g = self.index.lock(hash);
         let (loc, was_live) = match self.find_locked(&g, key, now) {
-            Found::Live(cur) if if_cas.is_some_and(|want| want != cur.cas) => {
+            FoundEntry::Live(cur) if if_cas.is_some_and(|want| want != cur.cas) => {
                 return Ok(Checked::Exists)
             }
-            Found::Live(cur) => (cur.loc, true),
-            Found::Stale(loc) => (loc, false),
-            Found::None => return Ok(Checked::NotFound),
+            FoundEntry::Live(cur) => (cur.loc, true),
+            FoundEntry::Stale(loc) => (loc, false),
+            FoundEntry::None => return Ok(Checked::NotFound),
         };
         self.unlink(&mut g, loc)?;
         drop(g);
@@ -1286,7 +1286,7 @@ impl Cache {
             if !expect.met_by(found) {
                 return Ok(Store::NotStored);
             }
-            if let Found::Live(Current { loc, .. }) | Found::Stale(loc) = found {
+            if let FoundEntry::Live(Current { loc, .. }) | FoundEntry::Stale(loc) = found {
                 self.unlink(&mut g, loc)?;
             }
             return Ok(Store::Stored { cas: 0 });
@@ -1305,9 +1305,9 @@ impl Cache {
                 continue;
             }
             let old = match found {
-                Found::Live(cur) => Some(cur.loc),
-                Found::Stale(loc) => Some(loc),
-                Found::None => None,
+                FoundEntry::Live(cur) => Some(cur.loc),
+                FoundEntry::Stale(loc) => Some(loc),
+                FoundEntry::None => None,
             };
             // E4: LIVE, then publish, then kill the old item — so that a current entry
             // never points at a DEAD item and readers never see a hole. A crash between
@@ -1635,7 +1635,7 @@ impl Cache {
 }
 
 #[derive(Clone, Copy)]
-enum Found {
+enum FoundEntry {
     Live(Current),
     /// An entry of the key whose item is expired or not LIVE (to be replaced).
     Stale(Location),

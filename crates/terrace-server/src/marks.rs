@@ -72,17 +72,17 @@ impl Mark {
 }
 
 #[derive(Debug)]
-struct Entry {
+struct MarkedVersion {
     cas: u64,
     mark: Mark,
 }
 
-type Shard = HashMap<Box<[u8]>, Entry>;
+type MarkShard = HashMap<Box<[u8]>, MarkedVersion>;
 
 /// The marks of every marked item version, by key.
 #[derive(Debug)]
 pub struct Marks {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Mutex<MarkShard>]>,
     /// Entries plus operations in flight.
     count: AtomicUsize,
 }
@@ -96,7 +96,7 @@ impl Default for Marks {
 /// A key's shard, locked: reads and changes its marks.
 pub struct Locked<'m> {
     marks: &'m Marks,
-    shard: MutexGuard<'m, Shard>,
+    shard: MutexGuard<'m, MarkShard>,
     key: &'m [u8],
 }
 
@@ -213,12 +213,13 @@ impl Locked<'_> {
             return;
         }
         match self.shard.get_mut(self.key) {
-            Some(entry) => *entry = Entry { cas, mark },
+            Some(entry) => *entry = MarkedVersion { cas, mark },
             None => {
                 if self.marks.count.load(Ordering::Acquire) > MAX_MARKS {
                     self.make_room();
                 }
-                self.shard.insert(self.key.into(), Entry { cas, mark });
+                self.shard
+                    .insert(self.key.into(), MarkedVersion { cas, mark });
                 self.marks.count.fetch_add(1, Ordering::AcqRel);
             }
         }
