@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use terrace_cache::cache::number;
 use terrace_cache::{
     Cache, CacheConfig, CacheError, Checked, Delta, Side, Store, TierConfig, TierSize,
 };
@@ -799,14 +800,21 @@ fn check_against_model(
                     }
                 }
                 Op::Incr(k, d) => {
-                    let numeric = model
-                        .get(&k)
-                        .and_then(|(v, _)| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+                    // memcached's rules: the stored number is read as strtoull reads it
+                    // (unit-tested in cache::number), and a result no longer than the
+                    // old value is written over it, padded with spaces.
+                    let old_value = model.get(&k).map(|(v, _)| v.clone());
+                    let numeric = old_value.as_deref().and_then(number::strtoull);
                     match (c.incr(&key(k), u64::from(d)), numeric) {
                         (Ok(Some(n)), Some(old)) => {
                             prop_assert_eq!(n, old.wrapping_add(u64::from(d)));
                             let cas = c.get(&key(k)).unwrap().map_or(0, |g| g.cas());
-                            model.insert(k, (n.to_string().into_bytes(), cas));
+                            let old_len = old_value.map_or(0, |v| v.len());
+                            let mut v = n.to_string().into_bytes();
+                            if v.len() <= old_len {
+                                v.resize(old_len, b' ');
+                            }
+                            model.insert(k, (v, cas));
                         }
                         (Ok(None), _) => {
                             model.remove(&k);
