@@ -11,15 +11,20 @@
 //! keys) and contents are derived from the key, and every hit's length and first 8 bytes
 //! are checked. One JSON object is printed at the end.
 //!
+//! `terrace-bench net-fill|net-probe|net-stats --addr HOST:PORT ...`: clients of a
+//! memcached-compatible server (`terrace serve`, memcached) for server-level benchmarks
+//! such as `bench/restart-at-scale.sh`; see the `net` module.
+//!
 //! Modules: `args` (parsers of the command line's values), `workload` (a key's bytes,
 //! value size and contents, all derived from its id), `engines` (Terrace, foyer and moka
-//! behind one trait), `windows` (the hit ratio per window of operations); this file runs
-//! the threads and prints the report.
+//! behind one trait), `windows` (the hit ratio per window of operations), `net` (the
+//! network clients); this file runs the threads and prints the report.
 
 #![forbid(unsafe_code)]
 
 mod args;
 mod engines;
+mod net;
 mod windows;
 mod workload;
 
@@ -55,6 +60,14 @@ struct Cli {
 enum Command {
     /// Look-aside cache workload (cachebench-style) against one engine.
     Cache(CacheArgs),
+    /// Store items 0..N in a memcached-compatible server (keys `key:<id>`, values derived
+    /// from the id), pipelined over several connections.
+    NetFill(net::FillArgs),
+    /// Time a (re)starting server's first connection and first hit, then read back the
+    /// items `net-fill` stored and count hits, misses and wrong values.
+    NetProbe(net::ProbeArgs),
+    /// Print a server's `stats`, optionally once they stop changing.
+    NetStats(net::StatsArgs),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -439,10 +452,25 @@ fn print_result(out: &Value, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Runs a `net-*` command: prints its report, then fails if the run did.
+fn run_net(outcome: Result<net::Outcome>, json: bool) -> Result<()> {
+    let outcome = outcome?;
+    print_result(&outcome.report, json)?;
+    match outcome.failure {
+        Some(why) => bail!("{why}"),
+        None => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Command::Cache(a) = cli.command;
-    match run(&a).and_then(|out| print_result(&out, a.json)) {
+    let result = match &cli.command {
+        Command::Cache(a) => run(a).and_then(|out| print_result(&out, a.json)),
+        Command::NetFill(a) => run_net(net::fill(a), a.json),
+        Command::NetProbe(a) => run_net(net::probe(a), a.json),
+        Command::NetStats(a) => run_net(net::stats(a), a.json),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("terrace-bench: {e:#}");
