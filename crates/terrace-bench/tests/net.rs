@@ -130,6 +130,17 @@ fn fill_then_probe_finds_every_item_and_flags_a_wrong_one() {
     assert!(got.ends_with(b"\r\nEN\r\nMN\r\n"), "{got:?}");
     assert_eq!(got.len(), b"VA 100\r\n".len() + 102 + b"EN\r\nMN\r\n".len());
 
+    // Filling again with --touch rewrites the same values and reads each item once.
+    let fill = bench(&[
+        "net-fill", "--addr", a, "--items", "5000", "--touch", "--batch", "100", "--json",
+    ]);
+    assert!(fill.status.success(), "{fill:?}");
+    let f = json_of(&fill);
+    assert_eq!(
+        (f["stored"].clone(), f["touched"].clone()),
+        (5000.into(), 5000.into())
+    );
+
     let stats = bench(&["net-stats", "--addr", a, "--settle-secs", "5", "--json"]);
     assert!(stats.status.success(), "{stats:?}");
     let s = json_of(&stats);
@@ -229,7 +240,7 @@ fn nonsense_replies_are_clear_errors() {
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("expected MN or an error line"), "{err}");
+    assert!(err.contains("expected MN, HD, EN or an error line"), "{err}");
     let out = bench(&["net-probe", "--addr", &addr, "--items", "10"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -6,6 +6,9 @@
 //! - `net-fill` stores items `0..N` (keys and values from [`scheme`]) as pipelined quiet
 //!   meta sets (`ms <key> <len> q`), each batch ended by `mn` so the replies say when the
 //!   server has handled it; ids are split into contiguous ranges, one per connection.
+//!   With `--touch`, each batch also reads its items back once (`mg <key>`), so a cache
+//!   that keeps only items with a hit (Terrace's tier 0 demotes those, drops the rest)
+//!   keeps them when they leave its first tier.
 //! - `net-probe` times, from `--since` (the restart's exec) or its own start, the first
 //!   accepted TCP connection and the first hit, then reads back all N items (or an evenly
 //!   spaced sample) with pipelined `mg <key> v` and counts hits, misses and wrong values.
@@ -59,6 +62,10 @@ pub struct FillArgs {
     /// Sets per pipelined batch (each batch ends with `mn`).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     batch: u32,
+    /// Read each batch's items once right after storing them (`mg <key>`, no value), so
+    /// each has one hit.
+    #[arg(long)]
+    touch: bool,
     /// Seconds a connect, write or reply may take before the run fails.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout_secs: u64,
@@ -225,10 +232,12 @@ fn per_connection<T: Send>(
     })
 }
 
-/// One connection's fill: sets that failed, and the first failure's reply.
+/// One connection's fill: sets that failed, the first failure's reply, and the touches
+/// that found their item.
 struct FillPart {
     failed: u64,
     first_failure: Option<String>,
+    touched: u64,
 }
 
 fn fill_range(addr: SocketAddr, ids: Range<u64>, a: &FillArgs) -> Result<FillPart> {
@@ -255,6 +264,13 @@ fn fill_range(addr: SocketAddr, ids: Range<u64>, a: &FillArgs) -> Result<FillPar
                 buf.extend_from_slice(&value);
                 buf.extend_from_slice(b"\r\n");
             }
+            if a.touch {
+                for i in id..end {
+                    buf.extend_from_slice(b"mg ");
+                    scheme::push_key(&mut buf, i);
+                    buf.extend_from_slice(b"\r\n");
+                }
+            }
             buf.extend_from_slice(b"mn\r\n");
             w.write_all(&buf).context("sending sets")?;
             id = end;
@@ -265,11 +281,17 @@ fn fill_range(addr: SocketAddr, ids: Range<u64>, a: &FillArgs) -> Result<FillPar
         let mut part = FillPart {
             failed: 0,
             first_failure: None,
+            touched: 0,
         };
         let mut synced = 0;
         while synced < batches {
             match r.sync().context("reading the replies to sets")? {
                 SyncReply::Synced => synced += 1,
+                SyncReply::Found if a.touch => part.touched += 1,
+                SyncReply::NotFound if a.touch => {}
+                SyncReply::Found | SyncReply::NotFound => {
+                    bail!("the server answered a get this fill did not send")
+                }
                 SyncReply::Failed(line) => {
                     part.failed += 1;
                     part.first_failure.get_or_insert(line);
@@ -296,12 +318,14 @@ pub fn fill(a: &FillArgs) -> Result<Outcome> {
     let seconds = start.elapsed().as_secs_f64();
     let failed: u64 = parts.iter().map(|p| p.failed).sum();
     let first_failure = parts.iter().find_map(|p| p.first_failure.clone());
+    let touched: u64 = parts.iter().map(|p| p.touched).sum();
     let report = json!({
         "addr": a.addr,
         "items": a.items,
         "stored": a.items - failed,
         "failed": failed,
         "first_failure": first_failure,
+        "touched": a.touch.then_some(touched),
         "value_size": a.value_size,
         "connections": a.connections,
         "seconds": seconds,

@@ -97,11 +97,16 @@ pub enum Got {
     Miss,
 }
 
-/// What came back for one part of a pipeline of quiet meta sets ended by `mn`.
+/// What came back for one part of a pipeline of quiet meta sets and flagless meta gets
+/// (`mg <key>`), ended by `mn`.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SyncReply {
     /// `MN`: every request before it was answered.
     Synced,
+    /// `HD`: a flagless meta get found its item.
+    Found,
+    /// `EN`: a flagless meta get did not.
+    NotFound,
     /// An error line for one request (`NS`, `SERVER_ERROR ...`): that set failed.
     Failed(String),
 }
@@ -135,16 +140,21 @@ impl<R: Read> Replies<R> {
         Ok(&self.line[..self.line.len() - 2])
     }
 
-    /// The answer to a quiet meta set or to `mn`, in a pipeline of both.
+    /// The answer to a quiet meta set, a flagless meta get or `mn`, in a pipeline of
+    /// them.
     pub fn sync(&mut self) -> Result<SyncReply, ReplyError> {
         let line = self.next_line()?;
         if line == b"MN" {
             Ok(SyncReply::Synced)
+        } else if line == b"HD" {
+            Ok(SyncReply::Found)
+        } else if line == b"EN" {
+            Ok(SyncReply::NotFound)
         } else if is_error_line(line) {
             Ok(SyncReply::Failed(shown(line)))
         } else {
             Err(ReplyError::Unexpected {
-                wanted: "MN or an error line",
+                wanted: "MN, HD, EN or an error line",
                 got: shown(line),
             })
         }
@@ -259,10 +269,14 @@ mod tests {
 
     #[test]
     fn syncs_and_failures() {
-        let mut r = replies(b"MN\r\nSERVER_ERROR out of memory storing object\r\nMN\r\nVA 1\r\n");
+        let mut r = replies(
+            b"MN\r\nSERVER_ERROR out of memory storing object\r\nMN\r\nHD\r\nEN\r\nVA 1\r\n",
+        );
         assert_eq!(r.sync().unwrap(), SyncReply::Synced);
         assert!(matches!(r.sync().unwrap(), SyncReply::Failed(s) if s.contains("out of memory")));
         assert_eq!(r.sync().unwrap(), SyncReply::Synced);
+        assert_eq!(r.sync().unwrap(), SyncReply::Found);
+        assert_eq!(r.sync().unwrap(), SyncReply::NotFound);
         assert!(matches!(r.sync(), Err(ReplyError::Unexpected { .. })));
     }
 
