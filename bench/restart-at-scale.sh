@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # How fast a server comes back after a stop, and what it brings back, at scale.
 #
-# For each N in SIZES and each mode in MODES, `terrace serve` (tiers dram:1,file:3 of
-# CAP, file tier in DIR) is filled with N items of VALUE_SIZE bytes by
-# `terrace-bench net-fill` (keys key:<id>, values derived from the id), left to go idle
-# (`net-stats --settle-secs`), then stopped:
+# For each N in SIZES and each mode in MODES, `terrace serve` (TIERS of CAP, file tier
+# in DIR) is filled with N items of VALUE_SIZE bytes by `terrace-bench net-fill` (keys
+# key:<id>, values derived from the id; with TOUCH=1 each item is also read once right
+# after it is stored: Terrace's first tier demotes only items that had a hit and drops
+# the others, so without it a fill-only load never reaches the file tier), left to go
+# idle (`net-stats --settle-secs`), then stopped:
 #   clean   SIGTERM; "stop s" is the time until the process has exited (it saves its
 #           index on the way out)
 #   crash   SIGKILL; the DRAM tier's items are lost by design (it is volatile), so items
 #           back counts what the file tier kept: reported, not a failure (with the
-#           default CAP, 2 GiB of DRAM holds all of 10M items of 100 B, so little or
-#           nothing comes back; a smaller CAP puts most items in the file tier)
+#           default CAP, 2 GiB of DRAM holds all of 10M items of 100 B, so nothing
+#           comes back; CAP=2GiB puts most of 10M items in the file tier)
 # and restarted with the same flags, while `net-probe` measures from the restart's exec
 # the first accepted connection and the first hit, then reads every item back (or SAMPLE
 # of them): items back = hits / N, and any wrong value (a hit whose bytes are not the
@@ -26,7 +28,8 @@
 #
 # Usage: bench/restart-at-scale.sh [DIR]     (DIR: file tier directory, default /dev/shm)
 # Env:   SIZES ("1000000 10000000"), MODES ("clean crash"), MC_MODES ("clean"; "" skips
-#        memcached), THREADS (2), CAP (8GiB), VALUE_SIZE (100), CONNS (2: fill and check
+#        memcached), THREADS (2), CAP (8GiB), TIERS (dram:1,file:3), TOUCH (1),
+#        VALUE_SIZE (100), CONNS (2: fill and check
 #        connections), SAMPLE (all N), WAIT (300: seconds any start, stop or connect may
 #        take), HIT_WAIT (10: seconds after connecting to look for a first hit), SETTLE
 #        (60), PORT (21311), MC_DIR (/dev/shm), RESULTS (a file: one JSON row per run),
@@ -41,6 +44,8 @@ MODES=${MODES-"clean crash"}
 MC_MODES=${MC_MODES-"clean"}
 THREADS=${THREADS:-2}
 CAP=${CAP:-8GiB}
+TIERS=${TIERS:-dram:1,file:3}
+TOUCH=${TOUCH:-1}
 VALUE_SIZE=${VALUE_SIZE:-100}
 CONNS=${CONNS:-2}
 SAMPLE=${SAMPLE:-}
@@ -64,6 +69,8 @@ TARGET=${CARGO_TARGET_DIR:-target}
 TERRACE=$TARGET/release/terrace
 BENCH=$TARGET/release/terrace-bench
 ADDR=127.0.0.1:$PORT
+TOUCH_ARG=()
+[ "$TOUCH" = 1 ] && TOUCH_ARG=(--touch)
 
 WORK=$(mktemp -d "$DIR/terrace-restart-bench.XXXXXX")
 MC_WORK=$(mktemp -d "$MC_DIR/terrace-restart-mc.XXXXXX")
@@ -120,7 +127,7 @@ start_server() {
   local server=$1 log=$2
   case $server in
     terrace)
-      "$TERRACE" serve --listen "$ADDR" --threads "$THREADS" --tiers dram:1,file:3 \
+      "$TERRACE" serve --listen "$ADDR" --threads "$THREADS" --tiers "$TIERS" \
         --capacity "$CAP" --dir "$WORK/data" --max-connections 4096 >>"$log" 2>&1 &
       ;;
     memcached)
@@ -156,7 +163,7 @@ run() {
   start_server "$server" "$log"
   wait_port
   fill=$("$BENCH" net-fill --addr "$ADDR" --items "$n" --value-size "$VALUE_SIZE" \
-    --connections "$CONNS" --timeout-secs "$WAIT" --json)
+    --connections "$CONNS" --timeout-secs "$WAIT" ${TOUCH_ARG[@]+"${TOUCH_ARG[@]}"} --json)
   settle=$("$BENCH" net-stats --addr "$ADDR" --settle-secs "$SETTLE" --json)
   before=$(jq -r '.curr_items' <<<"$settle")
   stop_server "$server" "$mode"
@@ -214,7 +221,8 @@ for row in "${ROWS[@]}"; do
   jq -r '"| \(.server) | \(.n) | \(.mode) | \(.fill_seconds * 1000 | round / 1000) | \(.items_before) | \(.stop_seconds) | \(.connect_seconds * 1000 | round / 1000) | \(if .first_hit_seconds == null then "none" else (.first_hit_seconds * 1000 | round / 1000 | tostring) end) | \(.items_back)/\(.checked) (\(if .checked > 0 then (.items_back * 1000 / .checked | round / 10) else 0 end)%) | \(.wrong) | \(.curr_items_after)\(if .note != "" then " " + .note else "" end) |"' <<<"$row"
 done
 echo
-echo "DIR=$DIR CAP=$CAP THREADS=$THREADS VALUE_SIZE=$VALUE_SIZE CONNS=$CONNS; times from the restart's exec; items back = hits among the items checked"
+echo "DIR=$DIR CAP=$CAP TIERS=$TIERS THREADS=$THREADS VALUE_SIZE=$VALUE_SIZE CONNS=$CONNS TOUCH=$TOUCH;"
+echo "times from the restart's exec; items back = hits among the items checked"
 if [ "$FAILED" != 0 ]; then
   echo "FAILED: some server returned wrong values (see above)" >&2
   exit 1
