@@ -232,8 +232,8 @@ fn per_connection<T: Send>(
     })
 }
 
-/// One connection's fill: sets that failed, the first failure's reply, and the touches
-/// that found their item.
+/// One connection's fill: requests that failed (sets, or with `--touch` also their gets),
+/// the first failure's reply, and the touches that found their item.
 struct FillPart {
     failed: u64,
     first_failure: Option<String>,
@@ -322,7 +322,7 @@ pub fn fill(a: &FillArgs) -> Result<Outcome> {
     let report = json!({
         "addr": a.addr,
         "items": a.items,
-        "stored": a.items - failed,
+        "stored": a.items.saturating_sub(failed),
         "failed": failed,
         "first_failure": first_failure,
         "touched": a.touch.then_some(touched),
@@ -333,7 +333,7 @@ pub fn fill(a: &FillArgs) -> Result<Outcome> {
     });
     let failure = (failed > 0).then(|| {
         format!(
-            "{failed} of {} sets failed; the first answer was {:?}",
+            "{failed} requests failed (of {} sets); the first answer was {:?}",
             a.items,
             first_failure.unwrap_or_default()
         )
