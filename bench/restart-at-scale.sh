@@ -72,6 +72,10 @@ ADDR=127.0.0.1:$PORT
 TOUCH_ARG=()
 [ "$TOUCH" = 1 ] && TOUCH_ARG=(--touch)
 
+# Timings mean little while another server works on this machine.
+if pgrep -x terrace >/dev/null || pgrep -x memcached >/dev/null; then
+  echo "warning: another terrace or memcached process is running: $(pgrep -x -d ' ' 'terrace|memcached')" >&2
+fi
 WORK=$(mktemp -d "$DIR/terrace-restart-bench.XXXXXX")
 MC_WORK=$(mktemp -d "$MC_DIR/terrace-restart-mc.XXXXXX")
 # memcached drops to nobody when started as root; it opens its memory file after that.
