@@ -98,12 +98,18 @@ trap cleanup EXIT
 # Seconds between two $EPOCHREALTIME readings.
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 
+# Whether the server process $SERVER still runs (not exited, not a zombie).
+alive() {
+  local state
+  state=$(awk '{ print $3 }' "/proc/$SERVER/stat" 2>/dev/null || echo gone)
+  [ "$state" != gone ] && [ "$state" != Z ]
+}
+
 # Waits until the server process $SERVER has exited (at most WAIT seconds), reaps it.
 wait_exit() {
-  local start=$EPOCHREALTIME state
+  local start=$EPOCHREALTIME
   while :; do
-    state=$(awk '{ print $3 }' "/proc/$SERVER/stat" 2>/dev/null || echo gone)
-    { [ "$state" = gone ] || [ "$state" = Z ]; } && break
+    alive || break
     if awk -v a="$start" -v b="$EPOCHREALTIME" -v w="$WAIT" 'BEGIN { exit !(b - a > w) }'; then
       echo "server $SERVER did not exit within $WAIT s" >&2
       return 1
@@ -118,17 +124,23 @@ wait_exit() {
 wait_port() {
   local start=$EPOCHREALTIME
   until (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; do
-    if ! kill -0 "$SERVER" 2>/dev/null; then echo "the server exited while starting" >&2; return 1; fi
+    if ! alive; then echo "the server exited while starting" >&2; return 1; fi
     if awk -v a="$start" -v b="$EPOCHREALTIME" -v w="$WAIT" 'BEGIN { exit !(b - a > w) }'; then
       echo "server on port $PORT did not start within $WAIT s" >&2
       return 1
     fi
     sleep 0.01
   done
+  if ! alive; then echo "the server exited while starting" >&2; return 1; fi
 }
 
 start_server() {
   local server=$1 log=$2
+  # Anything else listening on the port would answer in the server's place.
+  if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
+    echo "port $PORT is already in use; set PORT to a free one" >&2
+    exit 1
+  fi
   case $server in
     terrace)
       "$TERRACE" serve --listen "$ADDR" --threads "$THREADS" --tiers "$TIERS" \
