@@ -11,7 +11,8 @@
 //!   keeps them when they leave its first tier.
 //! - `net-probe` times, from `--since` (the restart's exec) or its own start, the first
 //!   accepted TCP connection and the first hit, then reads back all N items (or an evenly
-//!   spaced sample) with pipelined `mg <key> v` and counts hits, misses and wrong values.
+//!   spaced sample) with pipelined `mg <key> v` and counts hits, misses and wrong values
+//!   (`wrong` also counts any wrong value seen while looking for the first hit).
 //! - `net-stats` prints the server's `stats`, optionally once they have stopped changing.
 //!
 //! Invariants: every connection has read and write timeouts, so a silent server fails a
