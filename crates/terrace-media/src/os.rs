@@ -209,6 +209,19 @@ pub fn fallocate(fd: BorrowedFd<'_>, mode: libc::c_int, offset: u64, len: u64) -
     }
 }
 
+/// The offset of the first hole at or after `from` (`lseek(SEEK_HOLE)`; the file's size
+/// when there is none). A file system may report allocated but unwritten blocks as a
+/// hole, never the reverse.
+pub fn first_hole(fd: BorrowedFd<'_>, from: u64) -> io::Result<u64> {
+    // SAFETY: lseek only reads its scalar arguments; it moves the descriptor's offset,
+    // which no caller relies on (all file I/O here is positioned or mapped).
+    let at = unsafe { libc::lseek(fd.as_raw_fd(), from as libc::off_t, libc::SEEK_HOLE) };
+    if at < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(at as u64)
+}
+
 /// Deallocates the file blocks behind `[offset, offset+len)` keeping the file size.
 pub fn punch_hole(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
     fallocate(

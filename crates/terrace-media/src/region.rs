@@ -370,6 +370,24 @@ impl Region {
         let Some(backing) = &self.file else {
             return Ok(());
         };
+        // A range already backed (a reopened file) is not asked for again: that walks
+        // every page of it, most of a second for a large tier. Backed: the whole file
+        // asked for and as many bytes allocated as it is long (tmpfs and others report
+        // reserved but unwritten pages as holes, yet count them), or no hole in it.
+        let end = offset as u64 + len as u64;
+        let whole_file_allocated = || {
+            use std::os::unix::fs::MetadataExt;
+            backing.file.metadata().is_ok_and(|m| {
+                offset == 0 && m.len() == end && m.blocks().saturating_mul(512) >= m.len()
+            })
+        };
+        if len > 0
+            && (whole_file_allocated()
+                || os::first_hole(backing.file.as_fd(), offset as u64).is_ok_and(|h| h >= end))
+        {
+            self.reserved.fetch_add(len as u64, Ordering::Relaxed);
+            return Ok(());
+        }
         os::fallocate(backing.file.as_fd(), 0, offset as u64, len as u64).map_err(|source| {
             match source.raw_os_error() {
                 Some(libc::ENOSPC) | Some(libc::EFBIG) | Some(libc::EDQUOT) => {
