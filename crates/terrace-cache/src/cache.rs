@@ -540,6 +540,7 @@ impl Cache {
     /// Opens a cache: maps every tier, and on file tiers that already exist rebuilds the
     /// index by scanning their segments (see `docs/cache-format.md`, "Restart").
     pub fn open(config: CacheConfig) -> Result<(Cache, RestartReport), CacheError> {
+        let started = std::time::Instant::now();
         config.limits.validate()?;
         if config.tiers.is_empty() {
             return Err(CacheError::Config { why: "no tiers" });
@@ -605,7 +606,7 @@ impl Cache {
             config.stripes
         }
         .min((areas[0].0.count() / 4).max(1) as usize);
-        let index = Index::new(&IndexConfig {
+        let mut index = Index::new(&IndexConfig {
             seed: config.seed,
             ..IndexConfig::new(
                 index_items(expected_items, &areas, stripes),
@@ -623,10 +624,18 @@ impl Cache {
             Some(dir) => Some(SeqMark::open(dir)?),
             None => None,
         };
+        let mut report = RestartReport::default();
         let saved = match (&first_file_dir, &mark) {
-            (Some(dir), Some((_, bound))) => saved::take(dir, shift, total_segments, *bound),
+            (Some(dir), Some((_, bound))) => {
+                saved::take(dir, shift, total_segments, *bound, &mut index)
+            }
             _ => None,
-        };
+        }
+        .map(|(saved, loaded)| {
+            report.items = loaded;
+            report.loaded_from_saved_index = loaded;
+            saved
+        });
         // Page-cache tiers written before a system restart, with no clean shutdown since,
         // hold whatever pages reached the disk: never scanned (`bootmark`).
         let page_cache = areas.iter().any(|(a, _, _)| a.region().is_page_cached());
@@ -638,8 +647,8 @@ impl Cache {
             saved.is_none()
                 && (boot.is_none() || bootmark::recorded(dir).as_deref() != boot.as_deref())
         });
-        let mut report = RestartReport::default();
-        let mut live: HashMap<Vec<u8>, Vec<(Location, u8)>> = HashMap::new();
+        let mut found = Vec::new();
+        let mut from_saved = vec![false; total_segments as usize];
         let mut max_seq = 0;
         let now = system_now() as u32;
         let saved_bound = saved.as_ref().and(mark.as_ref()).map(|(_, bound)| *bound);
@@ -662,8 +671,10 @@ impl Cache {
                     shift,
                     now,
                     &meta,
-                    &mut live,
+                    &index,
+                    &mut found,
                     &mut kept,
+                    &mut from_saved,
                     &mut max_seq,
                     &mut report,
                     saved.as_ref(),
@@ -724,7 +735,11 @@ impl Cache {
             promotions: Mutex::new(Vec::new()),
             counters: EngineCounters::default(),
         };
-        cache.index_recovered(live, &mut report)?;
+        if let Some(saved) = &saved {
+            cache.forget_unrestored(saved, &from_saved, &mut report);
+        }
+        cache.index_found(found, &mut report)?;
+        report.duration = started.elapsed();
         Ok((cache, report))
     }
 
@@ -1564,6 +1579,12 @@ impl Cache {
     }
 
     /// Counters and per-tier state.
+    /// Each tier's shape and counters, without the sweeps [`Cache::stats`] makes for item
+    /// counts and live and dead bytes (those read 0 here): cheap at any size.
+    pub fn tier_overview(&self) -> Vec<TierStats> {
+        self.tiers.iter().map(|t| t.stats()).collect()
+    }
+
     pub fn stats(&self) -> Stats {
         let c = &self.counters;
         let mut tier_items = vec![0u64; self.tiers.len()];

@@ -430,6 +430,87 @@ impl Index {
     }
 }
 
+/// The raw table, for the saved index of a clean shutdown (`crate::cache::saved`): the
+/// entries of all buckets in order, [`SLOTS`] per bucket, as little-endian `u64`s, cut
+/// into chunks of whole buckets.
+impl Index {
+    /// The seed of the key hash (a saved table is usable only under the same seed).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Bytes of the raw table.
+    pub fn table_bytes(&self) -> usize {
+        self.buckets.len() * SLOTS * 8
+    }
+
+    /// Chunk `chunk` of `chunk_bytes` (a multiple of a bucket's bytes) of the raw table,
+    /// into `out` (replacing its contents; the last chunk may be shorter). A lock-free
+    /// read: call it when nothing writes (a shutdown).
+    pub fn export_chunk(&self, chunk: usize, chunk_bytes: usize, out: &mut Vec<u8>) {
+        let per_chunk = (chunk_bytes / (SLOTS * 8)).max(1);
+        out.clear();
+        let first = chunk.saturating_mul(per_chunk).min(self.buckets.len());
+        let end = first.saturating_add(per_chunk).min(self.buckets.len());
+        for bucket in &self.buckets[first..end] {
+            for slot in &bucket.slots {
+                out.extend_from_slice(&slot.load(Ordering::Acquire).to_le_bytes());
+            }
+        }
+    }
+
+    /// Replaces the whole table, chunk by chunk of `chunk_bytes` (a multiple of a
+    /// bucket's bytes) on all cores: `fill(chunk, bytes)` writes the raw chunk into
+    /// `bytes` and says whether it is sound. Returns the occupied entries loaded, or
+    /// `None` (with the table left empty) if any chunk is not. Under `&mut self`: before
+    /// the index is shared.
+    pub fn import_chunks(
+        &mut self,
+        chunk_bytes: usize,
+        fill: impl Fn(usize, &mut [u8]) -> bool + Sync,
+    ) -> Option<usize> {
+        let per_chunk = (chunk_bytes / (SLOTS * 8)).max(1);
+        let layout = self.layout;
+        let chunks: Vec<(usize, &mut [Bucket])> =
+            self.buckets.chunks_mut(per_chunk).enumerate().collect();
+        let counts = crate::parallel::map_parts(chunks, |part| {
+            let mut bytes = vec![0u8; per_chunk * SLOTS * 8];
+            let mut entries = 0usize;
+            for (c, buckets) in part {
+                let bytes = &mut bytes[..buckets.len() * SLOTS * 8];
+                if !fill(c, bytes) {
+                    return None;
+                }
+                let slots = buckets.iter_mut().flat_map(|b| b.slots.iter_mut());
+                for (slot, raw) in slots.zip(bytes.chunks_exact(8)) {
+                    let mut word = [0u8; 8];
+                    word.copy_from_slice(raw);
+                    let entry = u64::from_le_bytes(word);
+                    entries += usize::from(layout.tag_of_entry(entry) != 0);
+                    *slot.get_mut() = entry;
+                }
+            }
+            Some(entries)
+        });
+        let loaded = counts.into_iter().sum::<Option<usize>>();
+        if loaded.is_none() {
+            for slot in self.buckets.iter_mut().flat_map(|b| b.slots.iter_mut()) {
+                *slot.get_mut() = 0;
+            }
+        }
+        loaded
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Bucket>() == SLOTS * 8);
+
+impl Layout {
+    /// The location and frequency of a raw entry; `None` for an empty slot.
+    pub fn decode_entry(&self, entry: u64) -> Option<(Location, u8)> {
+        (self.tag_of_entry(entry) != 0).then(|| (self.location(entry), freq_count(entry)))
+    }
+}
+
 /// What a [`Index::sweep`] visitor decides for one entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sweep {

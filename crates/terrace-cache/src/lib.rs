@@ -116,6 +116,7 @@ pub mod index;
 pub mod item;
 #[allow(unsafe_code)]
 mod mem;
+mod parallel;
 pub mod pools;
 pub mod seglog;
 pub mod segment;

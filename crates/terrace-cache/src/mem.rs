@@ -303,6 +303,20 @@ impl SegmentArea {
         Some(unsafe { std::slice::from_raw_parts_mut(self.seg_ptr(seg), self.size()) })
     }
 
+    /// Every segment, each as its own slice, in slot order: for restart work spread over
+    /// threads (each slice to one thread). `&mut self`, as for [`exclusive`](Self::exclusive).
+    pub fn all_exclusive(&mut self) -> Vec<&mut [u8]> {
+        let len = (self.count as usize) << self.shift;
+        if self.count == 0 {
+            return Vec::new();
+        }
+        // SAFETY: `count << shift` bytes from the base lie inside the live mapping the
+        // region owns (`new` cut `count` whole segments out of it); `&mut self` means no
+        // `Pin` (which borrows `&self`) exists and no other slice of this area is live.
+        let all = unsafe { std::slice::from_raw_parts_mut(self.seg_ptr(0), len) };
+        all.chunks_mut(self.size()).collect()
+    }
+
     /// Zeroes segment `seg`'s header during restart, so that no scan finds its items;
     /// returns whether it held anything (false also for a slot out of range).
     pub fn clear_header(&mut self, seg: u32) -> bool {

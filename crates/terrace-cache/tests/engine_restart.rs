@@ -850,11 +850,13 @@ fn a_torn_or_foreign_dram_snapshot_is_ignored() {
         let present = filled_and_shut_down(dir.path());
         let snap = dir.path().join("dram0.snapshot");
         let mut bytes = std::fs::read(&snap).unwrap();
-        // Rewrites the trailing CRC, so that only the field changed can refuse the file.
+        // Rewrites the head's CRC (after the fixed part and one 8-byte record per
+        // segment), so that only the field changed can refuse the file.
         let recrc = |bytes: &mut Vec<u8>| {
-            let body = bytes.len() - 4;
+            let segments = u32::from_le_bytes(bytes[24..28].try_into().unwrap()) as usize;
+            let body = 28 + 8 * segments;
             let crc = crc32fast::hash(&bytes[..body]);
-            bytes[body..].copy_from_slice(&crc.to_le_bytes());
+            bytes[body..body + 4].copy_from_slice(&crc.to_le_bytes());
         };
         match damage {
             "truncate" => bytes.truncate(bytes.len() / 2),
@@ -1017,4 +1019,99 @@ fn a_clean_restart_keeps_what_the_policy_knew_of_each_item() {
         "items read before the restart were dropped: {read} of 500 kept"
     );
     assert!(unread < 50, "items never read were kept: {unread} of 500");
+}
+
+/// Opens `config` over a filled, cleanly shut down [`dram_and_file`] cache and checks
+/// that every key either hits with the value it had or misses, never another value;
+/// returns the report and the keys that hit.
+fn reopen_and_check(
+    config: CacheConfig,
+    present: &Present,
+) -> (terrace_cache::RestartReport, usize) {
+    let (c, report) = Cache::open(config).unwrap();
+    let mut hits = 0;
+    for (key, (v, _)) in present {
+        if let Some(g) = c.get(key).unwrap() {
+            assert_eq!(g.value(), &v[..], "{}", String::from_utf8_lossy(key));
+            hits += 1;
+        }
+    }
+    assert_eq!(c.stats().items, report.items, "{report:?}");
+    (report, hits)
+}
+
+#[test]
+fn a_clean_restart_loads_the_saved_index_as_it_lay() {
+    let dir = tier_dir();
+    let present = filled_and_shut_down(dir.path());
+    let (report, hits) = reopen_and_check(dram_and_file(dir.path()), &present);
+    assert_eq!(hits, present.len());
+    assert_eq!(report.loaded_from_saved_index, present.len(), "{report:?}");
+    assert_eq!(report.scanned, 0, "{report:?}");
+}
+
+#[test]
+fn a_saved_index_of_another_geometry_is_read_item_by_item() {
+    // Another expected item count sizes another table: its entries cannot be loaded as
+    // they lie, but every item still comes back, decoded from the saved locations.
+    let dir = tier_dir();
+    let present = filled_and_shut_down(dir.path());
+    let config = CacheConfig {
+        expected_items: Some(50_000),
+        ..dram_and_file(dir.path())
+    };
+    let (report, hits) = reopen_and_check(config, &present);
+    assert_eq!(hits, present.len(), "{report:?}");
+    assert_eq!(report.loaded_from_saved_index, 0, "{report:?}");
+    assert!(
+        report.from_saved_index > 0 && report.scanned == 0,
+        "{report:?}"
+    );
+}
+
+#[test]
+fn a_corrupt_chunk_of_the_saved_table_makes_the_open_scan() {
+    for damage in ["flip", "truncate"] {
+        let dir = tier_dir();
+        let present = filled_and_shut_down(dir.path());
+        let path = dir.path().join("terrace.index");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let len = bytes.len();
+        match damage {
+            // The table is the file's tail; its last chunk holds entries of a full index.
+            "flip" => bytes[len - 9] ^= 0x10,
+            _ => bytes.truncate(len - 8),
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let (report, hits) = reopen_and_check(dram_and_file(dir.path()), &present);
+        // Without a trusted saved index the DRAM snapshot is refused too; the file tier
+        // is scanned and all of it comes back.
+        assert_eq!(report.from_saved_index, 0, "{damage}: {report:?}");
+        assert!(report.scanned > 0, "{damage}: {report:?}");
+        assert_eq!(
+            hits,
+            keys_in_tier(&present, 1).len(),
+            "{damage}: {report:?}"
+        );
+    }
+}
+
+#[test]
+fn a_saved_segment_whose_header_is_damaged_loses_its_entries() {
+    let dir = tier_dir();
+    let present = filled_and_shut_down(dir.path());
+    // Damage the header of the file tier's first written segment (segments are 32 KiB
+    // in these tests; see `common::config`).
+    let path = tier_path(dir.path(), 1);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let seg = bytes
+        .chunks(1 << 15)
+        .position(|s| s[..64].iter().any(|&b| b != 0))
+        .unwrap();
+    bytes[(seg << 15) + 1] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    let (report, hits) = reopen_and_check(dram_and_file(dir.path()), &present);
+    assert_eq!(report.dropped.len(), 1, "{report:?}");
+    assert!(hits < present.len(), "{report:?}");
+    assert_eq!(hits, report.items, "{report:?}");
 }

@@ -1,24 +1,26 @@
-//! The restart scan: reopened file tiers are walked segment by segment (single-threaded,
-//! before the cache is shared), their LIVE items collected and indexed. What it trusts
-//! and drops is argued in `docs/cache-format.md` ("What a crash can leave"); in short, only
-//! segments whose header validates, that belong at their slot, scan clean up to their
-//! commit word and have not expired contribute items, and a key with two LIVE items gets
-//! neither.
+//! The restart scan: reopened tiers are walked segment by segment, on all cores, before
+//! the cache is shared. After a clean shutdown the saved index already sits in the DRAM
+//! index (`cache/saved.rs`) and only segment headers are read; otherwise every segment is
+//! checked and its LIVE items collected and indexed. What it trusts and drops is argued
+//! in `docs/cache-format.md` ("What a crash can leave"); in short, only segments whose
+//! header validates, that belong at their slot, scan clean up to their commit word (or
+//! were saved by a clean shutdown as this incarnation) and have not expired contribute
+//! items, and a key with two LIVE items gets neither.
 //!
 //! Invariant on return: every indexed item is the only LIVE item of its key on any file
 //! tier, in a `Sealed` segment listed in its tier's queue — the main queue in the last
 //! tier, the FIFO in others — oldest write sequence first, with its dead bytes counted;
 //! every other slot is `Free` and in the free list.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use super::saved::Saved;
+use super::saved::{Saved, SavedSegment};
 use super::{Cache, SegMeta};
 use crate::error::{CacheError, HeaderError};
-use crate::index::Location;
+use crate::index::{Index, Location, Sweep};
 use crate::item::{self, ItemState};
 use crate::mem::{SegState, SegmentArea};
+use crate::parallel;
 use crate::segment::{self, SegmentHeader, SegmentReader};
 
 /// Why a segment found at restart was not trusted.
@@ -56,6 +58,12 @@ pub struct RestartReport {
     /// Segments of page-cache tiers left unscanned and wiped because the system restarted
     /// since they were written without a clean shutdown (`crate::bootmark`).
     pub untrusted_after_reboot: usize,
+    /// Segments checked and walked item by item (no saved index covered them).
+    pub scanned: usize,
+    /// Items the saved index put back as it lay (part of `items`).
+    pub loaded_from_saved_index: usize,
+    /// How long [`Cache::open`] took, from its call until the index was complete.
+    pub duration: std::time::Duration,
 }
 
 /// The longest chain of moves a restart tries to free a slot for an item (see
@@ -68,6 +76,45 @@ const ROOM_SEARCH_VISITS: usize = 4096;
 /// hold them all, and searching for each one that does not fit would make the restart
 /// take hours instead of dropping them.
 const ROOM_SEARCH_VISITS_PER_ITEM: usize = 16;
+
+/// A LIVE item a scan found, to be indexed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Found {
+    hash: u64,
+    loc: Location,
+    /// Hits recorded for it before a clean shutdown.
+    frequency: u8,
+}
+
+/// What the scan made of one slot.
+enum Outcome {
+    /// Nothing was ever written there, or nothing of it is kept (retired, empty).
+    Nothing {
+        write_seq: Option<u64>,
+    },
+    Dropped {
+        reason: DropReason,
+        retire: bool,
+    },
+    Expired {
+        write_seq: u64,
+    },
+    Kept {
+        header: SegmentHeader,
+        dead: u32,
+        items: Vec<Found>,
+        from_saved: bool,
+    },
+}
+
+/// Where an insertion of a found item ended.
+enum Placed {
+    Inserted,
+    /// Another LIVE item of the same key is indexed.
+    Conflict,
+    /// Both buckets are full.
+    Full,
+}
 
 impl Cache {
     /// Zeroes the header of every written segment of a reopened tier (so no later scan
@@ -83,8 +130,11 @@ impl Cache {
         Ok(wiped)
     }
 
-    /// Scans one reopened file tier (single-threaded, `&mut` area): validates headers,
-    /// collects the LIVE items of segments that scan clean and have not expired.
+    /// Scans one reopened tier on all cores (`&mut` area: nothing else reads it): validates
+    /// headers; takes the segments a trusted saved index recorded as they are (their
+    /// entries already loaded, or listed), marking them in `from_saved` (by segment id);
+    /// checks the others up to their commit word and collects their LIVE items into
+    /// `found`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn scan_tier(
         t: usize,
@@ -93,118 +143,190 @@ impl Cache {
         shift: u8,
         now: u32,
         meta: &[SegMeta],
-        live: &mut HashMap<Vec<u8>, Vec<(Location, u8)>>,
+        index: &Index,
+        found: &mut Vec<Found>,
         kept: &mut Vec<(u64, u32)>,
+        from_saved: &mut [bool],
         max_seq: &mut u64,
         report: &mut RestartReport,
         saved: Option<&Saved>,
     ) -> Result<(), CacheError> {
-        for slot in 0..area.count() {
-            let Some(bytes) = area.exclusive(slot) else {
-                continue;
-            };
-            let reader = match SegmentReader::open(bytes) {
-                Ok(r) => r,
-                Err(HeaderError::Unwritten) => continue,
-                Err(e) => {
-                    report.dropped.push((t, slot, DropReason::Header(e)));
-                    continue;
-                }
-            };
-            let header = *reader.header();
-            if header.slot != slot || header.tier as usize != t || header.size_shift != shift {
-                report.dropped.push((
-                    t,
-                    slot,
-                    DropReason::Misplaced {
-                        slot: header.slot,
-                        tier: header.tier,
-                        size_shift: header.size_shift,
-                    },
-                ));
-                continue;
-            }
-            *max_seq = (*max_seq).max(header.write_seq);
-            if reader.is_retired() || reader.commit().committed == 0 {
-                continue;
-            }
-            if super::past(header.expires_at, now) {
-                report.expired_segments += 1;
-                continue;
-            }
+        let slots: Vec<(u32, &mut [u8])> = area
+            .all_exclusive()
+            .into_iter()
+            .enumerate()
+            .map(|(slot, bytes)| (slot as u32, bytes))
+            .collect();
+        let outcomes = parallel::map_parts(slots, |part| {
+            part.into_iter()
+                .map(|(slot, bytes)| {
+                    let outcome =
+                        Self::scan_segment(t, slot, base + slot, bytes, shift, now, index, saved);
+                    (slot, outcome)
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut outcomes: Vec<(u32, Outcome)> = outcomes.into_iter().flatten().collect();
+        outcomes.sort_unstable_by_key(|&(slot, _)| slot);
+        for (slot, outcome) in outcomes {
             let id = base + slot;
-            if let Some(offsets) = saved.and_then(|s| s.offsets_for(id, header.write_seq)) {
-                // Clean shutdown: the saved items only, no checksum pass (see `saved`).
-                let end = reader.committed_end() as usize;
-                let mut live_bytes = 0u32;
-                for &(offset, frequency) in offsets
-                    .iter()
-                    .filter(|&&(o, _)| o as usize >= segment::HEADER_LEN)
-                {
-                    match item::decode(bytes, offset, end) {
-                        Ok(i) if i.state == ItemState::Live => {
-                            live_bytes = live_bytes.saturating_add(i.len);
-                            let loc = Location {
-                                segment: id,
-                                offset,
-                            };
-                            live.entry(i.key.to_vec())
-                                .or_default()
-                                .push((loc, frequency));
-                        }
-                        _ => {}
+            let seq = match &outcome {
+                Outcome::Nothing { write_seq } => *write_seq,
+                Outcome::Expired { write_seq } => Some(*write_seq),
+                Outcome::Kept { header, .. } => Some(header.write_seq),
+                Outcome::Dropped { .. } => None,
+            };
+            if let Some(seq) = seq {
+                *max_seq = (*max_seq).max(seq);
+            }
+            match outcome {
+                Outcome::Nothing { .. } => {}
+                Outcome::Expired { .. } => report.expired_segments += 1,
+                Outcome::Dropped { reason, retire } => {
+                    report.dropped.push((t, slot, reason));
+                    if retire {
+                        area.persist_exclusive(slot, segment::COMMIT_WORD_OFFSET, 8)?;
                     }
                 }
-                report.from_saved_index += 1;
-                let dead = reader.commit().committed.saturating_sub(live_bytes);
-                Self::keep_segment(area, slot, &header, &meta[id as usize], dead, kept, report);
-                continue;
-            }
-            let end = reader.verify();
-            if !end.is_complete() {
-                report.dropped.push((t, slot, DropReason::Scan(end)));
-                if segment::retire(bytes) {
-                    area.persist_exclusive(slot, segment::COMMIT_WORD_OFFSET, 8)?;
+                Outcome::Kept {
+                    header,
+                    dead,
+                    items,
+                    from_saved: saved_one,
+                } => {
+                    report.from_saved_index += usize::from(saved_one);
+                    report.scanned += usize::from(!saved_one);
+                    from_saved[id as usize] = saved_one;
+                    found.extend(items);
+                    let m = &meta[id as usize];
+                    m.write_seq.store(header.write_seq, Ordering::Relaxed);
+                    m.expires_at.store(header.expires_at, Ordering::Relaxed);
+                    m.dead_bytes.store(dead, Ordering::Relaxed);
+                    area.set_state_exclusive(slot, SegState::Sealed);
+                    kept.push((header.write_seq, slot));
+                    report.segments += 1;
                 }
-                continue;
             }
-            let mut dead = 0u32;
-            for item in reader.items() {
-                if item.state != ItemState::Live {
-                    dead = dead.saturating_add(item.len);
-                    continue;
-                }
-                let loc = Location {
-                    segment: id,
-                    offset: item.offset,
-                };
-                live.entry(item.key.to_vec()).or_default().push((loc, 0));
-            }
-            Self::keep_segment(area, slot, &header, &meta[id as usize], dead, kept, report);
         }
         Ok(())
     }
 
-    /// Records a segment whose items are kept: `Sealed`, queued by write sequence,
-    /// with `dead` bytes of items that are not LIVE.
-    fn keep_segment(
-        area: &mut SegmentArea,
+    /// What one segment holds (one thread of the scan).
+    #[allow(clippy::too_many_arguments)]
+    fn scan_segment(
+        t: usize,
         slot: u32,
-        header: &SegmentHeader,
-        m: &SegMeta,
-        dead: u32,
-        kept: &mut Vec<(u64, u32)>,
-        report: &mut RestartReport,
-    ) {
-        m.write_seq.store(header.write_seq, Ordering::Relaxed);
-        m.expires_at.store(header.expires_at, Ordering::Relaxed);
-        m.dead_bytes.store(dead, Ordering::Relaxed);
-        area.set_state_exclusive(slot, SegState::Sealed);
-        kept.push((header.write_seq, slot));
-        report.segments += 1;
+        id: u32,
+        bytes: &mut [u8],
+        shift: u8,
+        now: u32,
+        index: &Index,
+        saved: Option<&Saved>,
+    ) -> Outcome {
+        let reader = match SegmentReader::open(bytes) {
+            Ok(r) => r,
+            Err(HeaderError::Unwritten) => return Outcome::Nothing { write_seq: None },
+            Err(e) => {
+                return Outcome::Dropped {
+                    reason: DropReason::Header(e),
+                    retire: false,
+                }
+            }
+        };
+        let header = *reader.header();
+        if header.slot != slot || header.tier as usize != t || header.size_shift != shift {
+            return Outcome::Dropped {
+                reason: DropReason::Misplaced {
+                    slot: header.slot,
+                    tier: header.tier,
+                    size_shift: header.size_shift,
+                },
+                retire: false,
+            };
+        }
+        let write_seq = header.write_seq;
+        if reader.is_retired() || reader.commit().committed == 0 {
+            return Outcome::Nothing {
+                write_seq: Some(write_seq),
+            };
+        }
+        if super::past(header.expires_at, now) {
+            return Outcome::Expired { write_seq };
+        }
+        let committed = reader.commit().committed;
+        match saved.and_then(|s| s.segment(id, write_seq)) {
+            Some(SavedSegment::Indexed { dead_bytes }) => {
+                // Clean shutdown, table loaded: the header is all there is to read.
+                return Outcome::Kept {
+                    header,
+                    dead: dead_bytes.min(committed),
+                    items: Vec::new(),
+                    from_saved: true,
+                };
+            }
+            Some(SavedSegment::Items(offsets)) => {
+                // Clean shutdown, another geometry: the saved items only, no checksum pass.
+                let end = reader.committed_end() as usize;
+                let mut live_bytes = 0u32;
+                let mut items = Vec::with_capacity(offsets.len());
+                for &(offset, frequency) in offsets
+                    .iter()
+                    .filter(|&&(o, _)| o as usize >= segment::HEADER_LEN)
+                {
+                    if let Ok(i) = item::decode(bytes, offset, end) {
+                        if i.state == ItemState::Live {
+                            live_bytes = live_bytes.saturating_add(i.len);
+                            items.push(Found {
+                                hash: index.hash_key(i.key),
+                                loc: Location {
+                                    segment: id,
+                                    offset,
+                                },
+                                frequency,
+                            });
+                        }
+                    }
+                }
+                return Outcome::Kept {
+                    header,
+                    dead: committed.saturating_sub(live_bytes),
+                    items,
+                    from_saved: true,
+                };
+            }
+            None => {}
+        }
+        let end = reader.verify();
+        if !end.is_complete() {
+            return Outcome::Dropped {
+                reason: DropReason::Scan(end),
+                retire: segment::retire(bytes),
+            };
+        }
+        let mut dead = 0u32;
+        let mut items = Vec::new();
+        for item in reader.items() {
+            if item.state != ItemState::Live {
+                dead = dead.saturating_add(item.len);
+                continue;
+            }
+            items.push(Found {
+                hash: index.hash_key(item.key),
+                loc: Location {
+                    segment: id,
+                    offset: item.offset,
+                },
+                frequency: 0,
+            });
+        }
+        Outcome::Kept {
+            header,
+            dead,
+            items,
+            from_saved: false,
+        }
     }
 
-    /// Indexes the items the scan found (single-threaded: no reader exists yet).
     /// Both of `hash`'s buckets are full: frees a slot in one of them by moving entries
     /// to their other buckets along the shortest chain (at most [`ROOM_SEARCH_DEPTH`]
     /// moves, cuckoo hashing's breadth-first search) that ends in a bucket with room. The
@@ -250,55 +372,188 @@ impl Cache {
         false
     }
 
-    /// The index hash of the key of the item at `loc` (a restart: segments are sealed).
-    fn key_hash_at(&self, loc: Location) -> Option<u64> {
+    /// The key of the item at `loc` (a restart: segments are sealed), handed to `f`.
+    fn with_key_at<R>(&self, loc: Location, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let (t, slot) = self.locate(loc.segment)?;
         let pin = self.tiers[t].area.pin(slot)?;
         let item = pin.indexed_item(loc.offset).ok()?;
-        Some(self.index.hash_key(item.key))
+        Some(f(item.key))
     }
 
-    pub(super) fn index_recovered(
+    /// The index hash of the key of the item at `loc` (a restart: segments are sealed).
+    fn key_hash_at(&self, loc: Location) -> Option<u64> {
+        self.with_key_at(loc, |key| self.index.hash_key(key))
+    }
+
+    /// Indexes `f` unless another item of its key is indexed (compared by key at every
+    /// candidate whose tag matches) or both its buckets are full.
+    fn place_found(&self, f: &Found) -> Placed {
+        let mut guard = self.index.lock(f.hash);
+        let same_key = |other: Location| {
+            self.with_key_at(f.loc, |key| self.with_key_at(other, |k| k == key))
+                .flatten()
+                .unwrap_or(false)
+        };
+        if guard.candidates().any(same_key) {
+            return Placed::Conflict;
+        }
+        if guard.insert(f.loc).is_err() {
+            return Placed::Full;
+        }
+        // The hits it had before a clean shutdown (saved with the index).
+        if f.frequency > 0 {
+            guard.set_frequency(f.loc, f.frequency);
+        }
+        Placed::Inserted
+    }
+
+    /// Kills the item at `loc` (a LIVE item the restart does not index).
+    fn kill_found(&self, loc: Location) -> Result<(), CacheError> {
+        let Some((t, slot)) = self.locate(loc.segment) else {
+            return Ok(());
+        };
+        if let Some(pin) = self.tiers[t].area.pin(slot) {
+            self.kill(&pin, loc)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the loaded entries of every segment the scan did not take from the saved
+    /// index (`from_saved`, by segment id): a tier not reopened, a snapshot refused, a
+    /// segment that failed its header checks or expired.
+    pub(super) fn forget_unrestored(
         &mut self,
-        live: HashMap<Vec<u8>, Vec<(Location, u8)>>,
+        saved: &Saved,
+        from_saved: &[bool],
+        report: &mut RestartReport,
+    ) {
+        let lost =
+            |id: u32| saved.is_saved(id) && !from_saved.get(id as usize).copied().unwrap_or(false);
+        if !saved.is_loaded() || !(0..from_saved.len() as u32).any(lost) {
+            return;
+        }
+        let mut removed = 0;
+        self.index.sweep(0..self.index.bucket_count(), |loc, _| {
+            if lost(loc.segment) {
+                removed += 1;
+                Sweep::Remove
+            } else {
+                Sweep::Keep
+            }
+        });
+        report.items = report.items.saturating_sub(removed);
+        report.loaded_from_saved_index = report.loaded_from_saved_index.saturating_sub(removed);
+    }
+
+    /// Indexes the items the scan found, on all cores (no reader exists yet): first each
+    /// where it fits; then, one at a time, those whose buckets were full; last, every key
+    /// found twice loses all its items — only then, so that no copy inserted after the
+    /// conflict was seen survives.
+    pub(super) fn index_found(
+        &mut self,
+        found: Vec<Found>,
         report: &mut RestartReport,
     ) -> Result<(), CacheError> {
-        let mut budget = live
+        let mut budget = found
             .len()
             .saturating_mul(ROOM_SEARCH_VISITS_PER_ITEM)
             .max(ROOM_SEARCH_VISITS);
-        for (key, locs) in live {
-            let keep = match locs.as_slice() {
-                &[(one, frequency)] => {
-                    let hash = self.index.hash_key(&key);
-                    let inserted = self.index.lock(hash).insert(one).is_ok()
-                        || (self.make_room_before_sharing(hash, &mut budget)
-                            && self.index.lock(hash).insert(one).is_ok());
-                    if inserted {
-                        // The hits it had before a clean shutdown (saved with the index).
-                        if frequency > 0 {
-                            self.index.lock(hash).set_frequency(one, frequency);
-                        }
-                        report.items += 1;
-                        continue;
-                    }
+        let this = &*self;
+        let placed = parallel::map_parts(found, |part| {
+            let mut left = (0usize, Vec::new(), Vec::new());
+            for f in part {
+                match this.place_found(&f) {
+                    Placed::Inserted => left.0 += 1,
+                    Placed::Conflict => left.1.push(f),
+                    Placed::Full => left.2.push(f),
+                }
+            }
+            left
+        });
+        let mut conflicts = Vec::new();
+        let mut full = Vec::new();
+        for (inserted, c, f) in placed {
+            report.items += inserted;
+            conflicts.extend(c);
+            full.extend(f);
+        }
+        for f in full {
+            let mut placed = self.place_found(&f);
+            if matches!(placed, Placed::Full) && self.make_room_before_sharing(f.hash, &mut budget)
+            {
+                placed = self.place_found(&f);
+            }
+            match placed {
+                Placed::Inserted => report.items += 1,
+                Placed::Conflict => conflicts.push(f),
+                Placed::Full => {
                     report.index_full += 1;
-                    vec![one]
-                }
-                many => {
-                    report.conflicts += 1;
-                    many.iter().map(|&(loc, _)| loc).collect()
-                }
-            };
-            for loc in keep {
-                let Some((t, slot)) = self.locate(loc.segment) else {
-                    continue;
-                };
-                if let Some(pin) = self.tiers[t].area.pin(slot) {
-                    self.kill(&pin, loc)?;
+                    self.kill_found(f.loc)?;
                 }
             }
         }
+        for f in conflicts {
+            let indexed: Vec<Location> = {
+                let guard = self.index.lock(f.hash);
+                guard
+                    .candidates()
+                    .filter(|&other| {
+                        self.with_key_at(f.loc, |key| self.with_key_at(other, |k| k == key))
+                            .flatten()
+                            .unwrap_or(false)
+                    })
+                    .collect()
+            };
+            for other in indexed {
+                if self.index.remove(f.hash, other) {
+                    report.items = report.items.saturating_sub(1);
+                    report.conflicts += 1;
+                }
+                self.kill_found(other)?;
+            }
+            self.kill_found(f.loc)?;
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::item::ItemState;
+    use crate::{Cache, CacheConfig, TierConfig, TierSize};
+
+    #[test]
+    fn a_key_found_live_twice_after_a_crash_keeps_neither() {
+        // A crash between a new item's LIVE flip and the old one's DEAD flip leaves two
+        // LIVE items of a key; which is newer cannot be told, so neither may come back.
+        let dir = tempfile::tempdir().unwrap();
+        let config = || CacheConfig {
+            segment_shift: Some(15),
+            limits: crate::item::ItemLimits {
+                max_key_len: 250,
+                max_value_len: 8 << 10,
+            },
+            stripes: 1,
+            ..CacheConfig::new(vec![TierConfig::file(dir.path(), TierSize::Bytes(1 << 20))])
+        };
+        {
+            let (c, _) = Cache::open(config()).unwrap();
+            c.set(b"a", b"one", 0, 0).unwrap();
+            let hash = c.index.hash_key(b"a");
+            let first = c.index.lookup(hash).next().unwrap().location();
+            c.set(b"a", b"two", 0, 0).unwrap();
+            c.set(b"b", b"other", 0, 0).unwrap();
+            let (_, pin) = c.pin(first.segment).unwrap();
+            assert!(pin.set_state(first.offset, ItemState::Live).unwrap());
+        } // Dropped without a shutdown: a crash.
+        let (c, report) = Cache::open(config()).unwrap();
+        assert_eq!((report.conflicts, report.items), (1, 1), "{report:?}");
+        assert!(c.get(b"a").unwrap().is_none());
+        assert_eq!(c.get(b"b").unwrap().unwrap().value(), b"other");
+        drop(c);
+        // Both copies were killed on the media: they stay gone.
+        let (c, report) = Cache::open(config()).unwrap();
+        assert_eq!((report.conflicts, report.items), (0, 1), "{report:?}");
+        assert!(c.get(b"a").unwrap().is_none());
     }
 }

@@ -1,40 +1,51 @@
 //! The saved index of a clean shutdown ([`Cache::shutdown`]): `terrace.index` beside the
-//! first file tier, listing where every item of the file tiers and of the volatile tiers
-//! saved in DRAM snapshots (`cache/snapshot.rs`) lives, so that the next
-//! [`Cache::open`] reads only those items' headers and keys instead of scanning and
-//! checksumming every segment.
+//! first file tier. It holds the DRAM index itself — the raw table, bucket by bucket — and
+//! per segment the write sequence and dead bytes, so that the next [`Cache::open`] reads
+//! the table straight into its index (in parallel, a checksum per chunk) and touches only
+//! segment headers: no item is decoded, hashed or re-inserted. A restart with another
+//! index geometry (another capacity, item count or seed) decodes the saved entries and
+//! re-inserts them item by item instead.
 //!
-//! Format, little-endian: magic `"TRCIDX\0\0"`, version `u16` (2), `size_shift: u8`, one
-//! zero byte, `segments: u32`, `seq_bound: u64`, `entries: u64`; then one `u64` write
-//! sequence per segment id (0: not a saved segment, or not written); then `entries`
-//! records `(segment: u32, offset: u32, frequency: u8)` — the frequency the item's index
-//! entry had (0..=3), so that the restart keeps what the policy knew of it; version 1
-//! had no frequency (read as 0); then the CRC-32 of everything before it.
+//! Format (version 3), little-endian. The head: magic `"TRCIDX\0\0"`, version `u16`,
+//! `size_shift: u8`, one zero byte, `segments: u32`, `seq_bound: u64`, `buckets: u64`,
+//! `tag_bits, segment_bits, offset_bits: u8`, one zero byte, `chunk_bytes: u32`,
+//! `seed: u64`, `entries: u64`; then per segment id `(write_seq: u64, dead_bytes: u32)`
+//! (write sequence 0: not a saved segment); then one CRC-32 per chunk of the table; then
+//! the CRC-32 of the head before it. Then the table: `buckets * SLOTS` entries, `u64`
+//! each, in `chunk_bytes` chunks (the last may be shorter). Entries of segments that are
+//! not saved are zero. Versions 1 and 2 (a list of `(segment, offset[, frequency])`
+//! records after the per-segment write sequences) are still read.
 //!
 //! When it is trusted (invariants the restart relies on):
-//! - its CRC matches (a save torn by a crash is ignored), and its `seq_bound` equals the
-//!   bound the write-sequence mark holds now: every open reserves a new bound, so a saved
-//!   index is used at most by the first open after the shutdown that wrote it, and never
-//!   after any other open — whatever that open did to the tiers;
+//! - its head CRC matches and its `seq_bound` equals the bound the write-sequence mark
+//!   holds now: every open reserves a new bound, so a saved index is used at most by the
+//!   first open after the shutdown that wrote it, and never after any other open —
+//!   whatever that open did to the tiers;
+//! - the table only if every chunk's CRC matches (a save torn by a crash is not used at
+//!   all: every segment is then scanned);
 //! - per segment: only if the segment's header carries the write sequence recorded here
-//!   (the same incarnation, so every saved offset is an item start in it); other segments
-//!   are scanned in full. A saved item is indexed only if it decodes and is LIVE.
+//!   (the same incarnation, so every saved entry names an item start in it). A saved
+//!   segment that fails this loses its entries (a sweep of the loaded table); the
+//!   item-by-item path indexes a saved item only if it decodes and is LIVE.
 //!
 //! At shutdown every LIVE item of a durable tier is indexed (E2), and every LIVE item of
 //! a snapshot is (nothing runs between the sweep and the save), so the saved entries are
-//! all of them. The file is removed at open whether or not it was used.
+//! all of them, and the segments not saved hold no LIVE item. The file is removed at open
+//! whether or not it was used.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::{snapshot, Cache};
 use crate::error::CacheError;
-use crate::index::{Location, Sweep};
-use crate::synced::write_synced;
+use crate::index::{Index, Layout, Sweep, SLOTS};
 
 const MAGIC: [u8; 8] = *b"TRCIDX\0\0";
-const VERSION: u16 = 2;
-/// Bytes of an entry record, by version.
+const VERSION: u16 = 3;
+/// Bytes of an entry record in versions 1 and 2.
 const fn entry_len(version: u16) -> usize {
     if version >= 2 {
         9
@@ -42,28 +53,83 @@ const fn entry_len(version: u16) -> usize {
         8
     }
 }
-const FIXED: usize = 8 + 2 + 1 + 1 + 4 + 8 + 8;
+/// The fixed part of versions 1 and 2.
+const FIXED_V2: usize = 8 + 2 + 1 + 1 + 4 + 8 + 8;
+/// The fixed part of version 3.
+const FIXED: usize = 8 + 2 + 1 + 1 + 4 + 8 + 8 + 4 + 4 + 8 + 8;
+/// Bytes of a version-3 segment record.
+const SEGMENT_RECORD: usize = 12;
+/// Bytes of the table one CRC covers: big enough that the CRCs are a small part of the
+/// head, small enough that the chunks spread evenly over the cores.
+const CHUNK_BYTES: usize = 1 << 20;
 
 /// The file's name in its directory.
 pub fn saved_path(dir: &Path) -> PathBuf {
     dir.join("terrace.index")
 }
 
+/// What a clean shutdown recorded of one segment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SegmentRecord {
+    /// 0: not saved.
+    write_seq: u64,
+    dead_bytes: u32,
+}
+
+/// A saved segment, as [`Saved::segment`] finds it.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum SavedSegment<'a> {
+    /// Its entries are already in the index (loaded with the table); these bytes of it are
+    /// dead.
+    Indexed { dead_bytes: u32 },
+    /// Its saved items, `(offset, frequency)`, to be decoded and indexed one by one.
+    Items(&'a [(u32, u8)]),
+}
+
 /// A saved index that passed its checks.
 #[derive(Debug, Default)]
 pub(super) struct Saved {
-    seqs: Vec<u64>,
+    segments: Vec<SegmentRecord>,
+    /// How the items come back.
+    form: Form,
+}
+
+#[derive(Debug, Default)]
+enum Form {
+    /// The table is in the index: `entries` of them.
+    #[default]
+    Loaded,
     /// Per segment id: the saved items' offsets and index frequencies.
-    offsets: HashMap<u32, Vec<(u32, u8)>>,
+    Items(HashMap<u32, Vec<(u32, u8)>>),
 }
 
 impl Saved {
-    /// The saved item offsets of segment `id` if it is still the incarnation with write
-    /// sequence `seq`.
-    pub(super) fn offsets_for(&self, id: u32, seq: u64) -> Option<&[(u32, u8)]> {
-        let saved_seq = *self.seqs.get(id as usize)?;
-        (saved_seq != 0 && saved_seq == seq)
-            .then(|| self.offsets.get(&id).map_or(&[][..], |v| v.as_slice()))
+    /// Segment `id` as saved, if it is still the incarnation with write sequence `seq`.
+    pub(super) fn segment(&self, id: u32, seq: u64) -> Option<SavedSegment<'_>> {
+        let record = self.segments.get(id as usize)?;
+        if record.write_seq == 0 || record.write_seq != seq {
+            return None;
+        }
+        Some(match &self.form {
+            Form::Loaded => SavedSegment::Indexed {
+                dead_bytes: record.dead_bytes,
+            },
+            Form::Items(items) => {
+                SavedSegment::Items(items.get(&id).map_or(&[][..], |v| v.as_slice()))
+            }
+        })
+    }
+
+    /// Whether the table was loaded into the index as it lay (no item to insert).
+    pub(super) fn is_loaded(&self) -> bool {
+        matches!(self.form, Form::Loaded)
+    }
+
+    /// Whether segment `id` has saved entries (loaded or listed).
+    pub(super) fn is_saved(&self, id: u32) -> bool {
+        self.segments
+            .get(id as usize)
+            .is_some_and(|r| r.write_seq != 0)
     }
 }
 
@@ -76,35 +142,171 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// Reads and removes the saved index in `dir`; `None` unless it is present, intact and
-/// written for this configuration (`shift`, `segments`) and mark `bound`.
-pub(super) fn take(dir: &Path, shift: u8, segments: u32, bound: u64) -> Option<Saved> {
+/// written for this configuration (`shift`, `segments`) and mark `bound`. A version-3
+/// table of `index`'s geometry is read straight into `index` (which must be empty);
+/// on any failure `index` is left empty. Returns the saved index and the entries loaded.
+pub(super) fn take(
+    dir: &Path,
+    shift: u8,
+    segments: u32,
+    bound: u64,
+    index: &mut Index,
+) -> Option<(Saved, usize)> {
     let path = saved_path(dir);
-    let bytes = std::fs::read(&path).ok()?;
+    let mut file = File::open(&path).ok()?;
     // Removed before use; if removal fails the bound check still keeps it from a second use.
     let _ = std::fs::remove_file(&path);
+    let file_len = file.metadata().ok()?.len();
+    let mut fixed = [0u8; FIXED];
+    file.read_exact(&mut fixed[..10]).ok()?;
+    if fixed[0..8] != MAGIC {
+        return None;
+    }
+    let version = u16::from_le_bytes([fixed[8], fixed[9]]);
+    if version < 3 {
+        let mut bytes = fixed[..10].to_vec();
+        file.read_to_end(&mut bytes).ok()?;
+        return take_v2(&bytes, shift, segments, bound).map(|s| (s, 0));
+    }
+    if version != VERSION {
+        return None;
+    }
+    file.read_exact(&mut fixed[10..]).ok()?;
+    if fixed[10] != shift || u32_at(&fixed, 12)? != segments || u64_at(&fixed, 16)? != bound {
+        return None;
+    }
+    let buckets = usize::try_from(u64_at(&fixed, 24)?).ok()?;
+    let layout = Layout {
+        tag_bits: u32::from(fixed[32]),
+        segment_bits: u32::from(fixed[33]),
+        offset_bits: u32::from(fixed[34]),
+    };
+    let chunk_bytes = u32_at(&fixed, 36)? as usize;
+    let seed = u64_at(&fixed, 40)?;
+    let table_len = buckets.checked_mul(SLOTS * 8)?;
+    if chunk_bytes == 0
+        || !chunk_bytes.is_multiple_of(SLOTS * 8)
+        || layout.tag_bits + layout.segment_bits + layout.offset_bits + crate::index::FREQ_BITS
+            != 64
+    {
+        return None;
+    }
+    let chunks = table_len.div_ceil(chunk_bytes);
+    let head_len = FIXED
+        .checked_add((segments as usize).checked_mul(SEGMENT_RECORD)?)?
+        .checked_add(chunks.checked_mul(4)?)?
+        .checked_add(4)?;
+    if file_len != (head_len as u64).checked_add(table_len as u64)? {
+        return None;
+    }
+    let mut head = fixed.to_vec();
+    head.resize(head_len, 0);
+    file.read_exact(&mut head[FIXED..]).ok()?;
+    let body = head_len - 4;
+    if u32_at(&head, body)? != crc32fast::hash(&head[..body]) {
+        return None;
+    }
+    let records: Vec<SegmentRecord> = (0..segments as usize)
+        .map(|i| {
+            let at = FIXED + SEGMENT_RECORD * i;
+            Some(SegmentRecord {
+                write_seq: u64_at(&head, at)?,
+                dead_bytes: u32_at(&head, at + 8)?,
+            })
+        })
+        .collect::<Option<_>>()?;
+    let crc_start = FIXED + SEGMENT_RECORD * segments as usize;
+    let crcs: Vec<u32> = (0..chunks)
+        .map(|c| u32_at(&head, crc_start + 4 * c))
+        .collect::<Option<_>>()?;
+    if buckets == index.bucket_count() && layout == index.layout() && seed == index.seed() {
+        let loaded = load_table(&file, head_len as u64, chunk_bytes, &crcs, index);
+        let entries = loaded?;
+        return Some((
+            Saved {
+                segments: records,
+                form: Form::Loaded,
+            },
+            entries,
+        ));
+    }
+    // Another geometry: the entries, decoded with the saved layout, go in one by one.
+    let mut table = vec![0u8; table_len];
+    file.read_exact_at(&mut table, head_len as u64).ok()?;
+    let intact = table
+        .chunks(chunk_bytes)
+        .zip(&crcs)
+        .all(|(chunk, &crc)| crc32fast::hash(chunk) == crc);
+    if !intact {
+        return None;
+    }
+    let mut items: HashMap<u32, Vec<(u32, u8)>> = HashMap::new();
+    for entry in table.chunks_exact(8) {
+        let entry = u64::from_le_bytes(entry.try_into().ok()?);
+        if let Some((loc, frequency)) = layout.decode_entry(entry) {
+            items
+                .entry(loc.segment)
+                .or_default()
+                .push((loc.offset, frequency));
+        }
+    }
+    Some((
+        Saved {
+            segments: records,
+            form: Form::Items(items),
+        },
+        0,
+    ))
+}
+
+/// Reads the table at `at` in `file` into `index`, chunk by chunk on all cores, each
+/// checked against its CRC; the entries loaded, or `None` (and an empty index) if a chunk
+/// is short or corrupt.
+fn load_table(
+    file: &File,
+    at: u64,
+    chunk_bytes: usize,
+    crcs: &[u32],
+    index: &mut Index,
+) -> Option<usize> {
+    if index.table_bytes().div_ceil(chunk_bytes) != crcs.len() {
+        return None;
+    }
+    index.import_chunks(chunk_bytes, |c, bytes| {
+        let offset = at + (c * chunk_bytes) as u64;
+        file.read_exact_at(bytes, offset).is_ok() && crc32fast::hash(bytes) == crcs[c]
+    })
+}
+
+/// Versions 1 and 2: the per-segment write sequences, then one record per item.
+fn take_v2(bytes: &[u8], shift: u8, segments: u32, bound: u64) -> Option<Saved> {
     let body_len = bytes.len().checked_sub(4)?;
     let (body, crc) = bytes.split_at(body_len);
     if u32_at(crc, 0)? != crc32fast::hash(body) || body.get(0..8)? != MAGIC {
         return None;
     }
     let version = u16::from_le_bytes(body.get(8..10)?.try_into().ok()?);
-    if !(1..=VERSION).contains(&version) || *body.get(10)? != shift || u32_at(body, 12)? != segments
-    {
+    if !(1..=2).contains(&version) || *body.get(10)? != shift || u32_at(body, 12)? != segments {
         return None;
     }
     if u64_at(body, 16)? != bound {
         return None;
     }
     let entries = usize::try_from(u64_at(body, 24)?).ok()?;
-    let seq_end = FIXED.checked_add((segments as usize).checked_mul(8)?)?;
+    let seq_end = FIXED_V2.checked_add((segments as usize).checked_mul(8)?)?;
     let record = entry_len(version);
     if body.len() != seq_end.checked_add(entries.checked_mul(record)?)? {
         return None;
     }
-    let seqs = (0..segments as usize)
-        .map(|i| u64_at(body, FIXED + 8 * i))
-        .collect::<Option<Vec<u64>>>()?;
-    let mut offsets: HashMap<u32, Vec<(u32, u8)>> = HashMap::new();
+    let segments = (0..segments as usize)
+        .map(|i| {
+            Some(SegmentRecord {
+                write_seq: u64_at(body, FIXED_V2 + 8 * i)?,
+                dead_bytes: 0,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let mut items: HashMap<u32, Vec<(u32, u8)>> = HashMap::new();
     for i in 0..entries {
         let at = seq_end + record * i;
         let frequency = if record > 8 {
@@ -112,12 +314,15 @@ pub(super) fn take(dir: &Path, shift: u8, segments: u32, bound: u64) -> Option<S
         } else {
             0
         };
-        offsets
+        items
             .entry(u32_at(body, at)?)
             .or_default()
             .push((u32_at(body, at + 4)?, frequency));
     }
-    Some(Saved { seqs, offsets })
+    Some(Saved {
+        segments,
+        form: Form::Items(items),
+    })
 }
 
 impl Cache {
@@ -162,7 +367,7 @@ impl Cache {
             t.area.region().sync()?;
         }
         let segments = self.meta.len();
-        let mut seqs = vec![0u64; segments];
+        let mut records = vec![SegmentRecord::default(); segments];
         for (t, _) in self
             .tiers
             .iter()
@@ -170,43 +375,84 @@ impl Cache {
             .filter(|&(t, &snapshotted)| t.durable || snapshotted)
         {
             for slot in 0..t.area.count() {
-                let id = t.base + slot;
+                let id = (t.base + slot) as usize;
                 if t.area.state(slot) == crate::mem::SegState::Sealed {
-                    seqs[id as usize] = self.meta[id as usize]
-                        .write_seq
-                        .load(std::sync::atomic::Ordering::Acquire);
+                    let meta = &self.meta[id];
+                    records[id] = SegmentRecord {
+                        write_seq: meta.write_seq.load(std::sync::atomic::Ordering::Acquire),
+                        dead_bytes: meta.dead_bytes.load(std::sync::atomic::Ordering::Acquire),
+                    };
                 }
             }
         }
-        let mut entries: Vec<(Location, u8)> = Vec::new();
-        self.index
-            .sweep(0..self.index.bucket_count(), |loc, frequency| {
-                if seqs.get(loc.segment as usize).is_some_and(|&s| s != 0) {
-                    entries.push((loc, frequency));
-                }
+        // Entries of segments not saved (a volatile tier whose snapshot failed) go: the
+        // cache is being dropped, its index may be changed in place.
+        let mut entries = 0u64;
+        self.index.sweep(0..self.index.bucket_count(), |loc, _| {
+            if records
+                .get(loc.segment as usize)
+                .is_some_and(|r| r.write_seq != 0)
+            {
+                entries += 1;
                 Sweep::Keep
-            });
-        let record = entry_len(VERSION);
-        let mut out = Vec::with_capacity(FIXED + 8 * segments + record * entries.len() + 4);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.push(self.shift);
-        out.push(0);
-        out.extend_from_slice(&(segments as u32).to_le_bytes());
-        out.extend_from_slice(&bound.to_le_bytes());
-        out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-        for s in &seqs {
-            out.extend_from_slice(&s.to_le_bytes());
-        }
-        for (loc, frequency) in &entries {
-            out.extend_from_slice(&loc.segment.to_le_bytes());
-            out.extend_from_slice(&loc.offset.to_le_bytes());
-            out.push(*frequency);
-        }
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
+            } else {
+                Sweep::Remove
+            }
+        });
+        let layout = self.index.layout();
+        let buckets = self.index.bucket_count() as u64;
+        let seed = self.index.seed();
+        let chunks = self.index.table_bytes().div_ceil(CHUNK_BYTES);
+        let head_len = FIXED + SEGMENT_RECORD * segments + 4 * chunks + 4;
         let path = saved_path(&dir);
-        write_synced(&path, &out).map_err(|source| CacheError::SavedIndex { path, source })?;
+        let saved_error = |source| CacheError::SavedIndex {
+            path: path.clone(),
+            source,
+        };
+        // The table first, after the head's place, then the head with the chunks' CRCs;
+        // then one fsync. A crash before it completes leaves a file whose CRCs fail.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(saved_error)?;
+        let mut crcs = Vec::with_capacity(chunks);
+        let mut chunk = Vec::with_capacity(CHUNK_BYTES);
+        for c in 0..chunks {
+            self.index.export_chunk(c, CHUNK_BYTES, &mut chunk);
+            crcs.push(crc32fast::hash(&chunk));
+            file.write_all_at(&chunk, (head_len + c * CHUNK_BYTES) as u64)
+                .map_err(saved_error)?;
+        }
+        let mut head = Vec::with_capacity(head_len);
+        head.extend_from_slice(&MAGIC);
+        head.extend_from_slice(&VERSION.to_le_bytes());
+        head.push(shift);
+        head.push(0);
+        head.extend_from_slice(&(segments as u32).to_le_bytes());
+        head.extend_from_slice(&bound.to_le_bytes());
+        head.extend_from_slice(&buckets.to_le_bytes());
+        head.extend_from_slice(&[
+            layout.tag_bits as u8,
+            layout.segment_bits as u8,
+            layout.offset_bits as u8,
+            0,
+        ]);
+        head.extend_from_slice(&(CHUNK_BYTES as u32).to_le_bytes());
+        head.extend_from_slice(&seed.to_le_bytes());
+        head.extend_from_slice(&entries.to_le_bytes());
+        for r in &records {
+            head.extend_from_slice(&r.write_seq.to_le_bytes());
+            head.extend_from_slice(&r.dead_bytes.to_le_bytes());
+        }
+        for crc in &crcs {
+            head.extend_from_slice(&crc.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&head);
+        head.extend_from_slice(&crc.to_le_bytes());
+        file.write_all_at(&head, 0).map_err(saved_error)?;
+        file.sync_all().map_err(saved_error)?;
         snapshot_error.map_or(Ok(()), Err)
     }
 }
@@ -214,8 +460,9 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::IndexConfig;
 
-    /// A saved index as version `version` writes it: two segments, one entry.
+    /// A saved index as version `version` (1 or 2) writes it: two segments, one entry.
     fn file(version: u16, frequency: u8) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC);
@@ -236,31 +483,43 @@ mod tests {
         out
     }
 
+    fn index() -> Index {
+        Index::new(&IndexConfig::new(100, 2, 15)).unwrap()
+    }
+
     #[test]
-    fn both_versions_are_read_and_only_for_their_configuration() {
+    fn older_versions_are_read_and_only_for_their_configuration() {
         let dir = tempfile::tempdir().unwrap();
         for (version, frequency, expect) in [(1u16, 9u8, 0u8), (2, 2, 2), (2, 9, 3)] {
             std::fs::write(saved_path(dir.path()), file(version, frequency)).unwrap();
-            let saved = take(dir.path(), 15, 2, 7).expect("trusted");
-            assert_eq!(saved.offsets_for(0, 5), Some(&[(64, expect)][..]));
-            assert_eq!(saved.offsets_for(0, 6), None, "another incarnation");
-            assert_eq!(saved.offsets_for(1, 0), None, "not saved");
+            let (saved, loaded) = take(dir.path(), 15, 2, 7, &mut index()).expect("trusted");
+            assert_eq!(loaded, 0);
+            assert!(!saved.is_loaded());
+            assert_eq!(
+                saved.segment(0, 5),
+                Some(SavedSegment::Items(&[(64, expect)][..]))
+            );
+            assert_eq!(saved.segment(0, 6), None, "another incarnation");
+            assert_eq!(saved.segment(1, 0), None, "not saved");
             assert!(!saved_path(dir.path()).exists(), "used once");
         }
         for (shift, segments, bound) in [(16, 2, 7), (15, 3, 7), (15, 2, 8)] {
             std::fs::write(saved_path(dir.path()), file(2, 1)).unwrap();
-            assert!(take(dir.path(), shift, segments, bound).is_none());
+            assert!(take(dir.path(), shift, segments, bound, &mut index()).is_none());
         }
         let mut torn = file(2, 1);
         torn[20] ^= 1;
         std::fs::write(saved_path(dir.path()), torn).unwrap();
-        assert!(take(dir.path(), 15, 2, 7).is_none());
-        let mut v3 = file(2, 1);
-        v3[8] = 3;
-        let body = v3.len() - 4;
-        let crc = crc32fast::hash(&v3[..body]);
-        v3[body..].copy_from_slice(&crc.to_le_bytes());
-        std::fs::write(saved_path(dir.path()), v3).unwrap();
-        assert!(take(dir.path(), 15, 2, 7).is_none(), "a newer version");
+        assert!(take(dir.path(), 15, 2, 7, &mut index()).is_none());
+        let mut v9 = file(2, 1);
+        v9[8] = 9;
+        let body = v9.len() - 4;
+        let crc = crc32fast::hash(&v9[..body]);
+        v9[body..].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(saved_path(dir.path()), v9).unwrap();
+        assert!(
+            take(dir.path(), 15, 2, 7, &mut index()).is_none(),
+            "a newer version"
+        );
     }
 }

@@ -4,10 +4,12 @@
 //! like a file tier's — every item of the cache is a hit after a clean restart, not only
 //! those the file tiers had room for.
 //!
-//! Format, little-endian: magic `"TRCDRAM\0"`, version `u16` (1), `tier: u8`,
+//! Format (version 2), little-endian: magic `"TRCDRAM\0"`, version `u16`, `tier: u8`,
 //! `size_shift: u8`, `slots: u32` (the tier's segment count), `seq_bound: u64`,
-//! `segments: u32`; then `segments` records `(slot: u32, the segment's bytes)`; then the
-//! CRC-32 of everything before it.
+//! `segments: u32`; then `segments` records `(slot: u32, crc: u32)` (the CRC-32 of that
+//! segment's bytes); then the CRC-32 of this head. Then the segments' bytes, whole, in
+//! record order. Each segment is written and read on its own (all cores share the work)
+//! and checked by its own CRC.
 //!
 //! When it is trusted (the saved index's rules, `cache/saved.rs`):
 //! - only together with a saved index that is trusted, and only if its `seq_bound` is
@@ -23,14 +25,17 @@
 //! snapshot (or a torn temporary, ignored and removed at the next open).
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::mem::{SegState, SegmentArea};
+use crate::parallel;
 
 const MAGIC: [u8; 8] = *b"TRCDRAM\0";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 const FIXED: usize = 8 + 2 + 1 + 1 + 4 + 8 + 4;
+const RECORD: usize = 8;
 
 /// The snapshot file of volatile tier `tier` in `dir`.
 pub fn snapshot_path(dir: &Path, tier: usize) -> PathBuf {
@@ -50,35 +55,52 @@ pub(super) fn save(
     shift: u8,
     seq_bound: u64,
 ) -> std::io::Result<()> {
-    let sealed: Vec<u32> = (0..area.count())
-        .filter(|&slot| area.state(slot) == SegState::Sealed)
+    let sealed: Vec<bool> = (0..area.count())
+        .map(|slot| area.state(slot) == SegState::Sealed)
         .collect();
+    let slots = area.count();
+    let segments: Vec<(u32, &mut [u8])> = area
+        .all_exclusive()
+        .into_iter()
+        .enumerate()
+        .filter(|&(slot, _)| sealed[slot])
+        .map(|(slot, bytes)| (slot as u32, bytes))
+        .collect();
+    let head_len = FIXED + RECORD * segments.len() + 4;
     let tmp = temp_path(dir, tier);
     let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(&tmp)?;
-    let mut out = HashingWriter {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        crc: crc32fast::Hasher::new(),
-    };
-    out.write_all(&MAGIC)?;
-    out.write_all(&VERSION.to_le_bytes())?;
-    out.write_all(&[tier as u8, shift])?;
-    out.write_all(&area.count().to_le_bytes())?;
-    out.write_all(&seq_bound.to_le_bytes())?;
-    out.write_all(&(sealed.len() as u32).to_le_bytes())?;
-    for &slot in &sealed {
-        out.write_all(&slot.to_le_bytes())?;
-        if let Some(bytes) = area.exclusive(slot) {
-            out.write_all(bytes)?;
-        }
+    let mut head = Vec::with_capacity(head_len);
+    head.extend_from_slice(&MAGIC);
+    head.extend_from_slice(&VERSION.to_le_bytes());
+    head.extend_from_slice(&[tier as u8, shift]);
+    head.extend_from_slice(&slots.to_le_bytes());
+    head.extend_from_slice(&seq_bound.to_le_bytes());
+    head.extend_from_slice(&(segments.len() as u32).to_le_bytes());
+    // The segments' CRCs on all cores; then the segments, one after another from this
+    // thread (parallel writes into one file contend on it), the head with the CRCs, one
+    // fsync and the rename.
+    let crcs = parallel::map_parts(segments.iter().enumerate().collect(), |part| {
+        part.into_iter()
+            .map(|(i, (slot, bytes))| (i, *slot, crc32fast::hash(bytes)))
+            .collect::<Vec<_>>()
+    });
+    let mut records: Vec<(usize, u32, u32)> = crcs.into_iter().flatten().collect();
+    let size = 1usize << shift;
+    for (i, (_, bytes)) in segments.iter().enumerate() {
+        file.write_all_at(bytes, (head_len + i * size) as u64)?;
     }
-    let crc = out.crc.clone().finalize();
-    let mut inner = out.inner;
-    inner.write_all(&crc.to_le_bytes())?;
-    let file = inner.into_inner().map_err(|e| e.into_error())?;
+    records.sort_unstable_by_key(|&(i, _, _)| i);
+    for (_, slot, crc) in records {
+        head.extend_from_slice(&slot.to_le_bytes());
+        head.extend_from_slice(&crc.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&head);
+    head.extend_from_slice(&crc.to_le_bytes());
+    file.write_all_at(&head, 0)?;
     file.sync_all()?;
     std::fs::rename(&tmp, snapshot_path(dir, tier))?;
     File::open(dir)?.sync_all()?;
@@ -145,89 +167,63 @@ pub(super) fn restore(
     !restored.is_empty()
 }
 
-/// Reads a snapshot into `area`, pushing each slot written to `restored`; `None` at the
-/// first mismatch (the caller undoes what was written).
+/// Reads a snapshot into `area`, pushing each slot it may have written to `restored`;
+/// `None` at the first mismatch (the caller undoes what was written).
 fn read_into(
-    file: File,
+    mut file: File,
     tier: usize,
     area: &mut SegmentArea,
     shift: u8,
     bound: u64,
     restored: &mut Vec<u32>,
 ) -> Option<()> {
-    let mut input = HashingReader {
-        inner: BufReader::with_capacity(1 << 20, file),
-        crc: crc32fast::Hasher::new(),
-    };
     let mut fixed = [0u8; FIXED];
-    input.read_exact(&mut fixed).ok()?;
+    file.read_exact(&mut fixed).ok()?;
     let u32_at =
-        |at: usize| u32::from_le_bytes([fixed[at], fixed[at + 1], fixed[at + 2], fixed[at + 3]]);
+        |b: &[u8], at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
     let version = u16::from_le_bytes([fixed[8], fixed[9]]);
     let stored_bound = u64::from_le_bytes(fixed[16..24].try_into().ok()?);
     if fixed[0..8] != MAGIC
         || version != VERSION
         || usize::from(fixed[10]) != tier
         || fixed[11] != shift
-        || u32_at(12) != area.count()
+        || u32_at(&fixed, 12)? != area.count()
         || stored_bound != bound
     {
         return None;
     }
-    let segments = u32_at(24);
-    if segments > area.count() {
+    let segments = u32_at(&fixed, 24)? as usize;
+    if segments > area.count() as usize {
         return None;
     }
-    let mut seen = vec![false; area.count() as usize];
-    for _ in 0..segments {
-        let mut slot = [0u8; 4];
-        input.read_exact(&mut slot).ok()?;
-        let slot = u32::from_le_bytes(slot);
-        if std::mem::replace(seen.get_mut(slot as usize)?, true) {
-            return None;
-        }
-        let bytes = area.exclusive(slot)?;
+    let head_len = FIXED + RECORD * segments + 4;
+    let size = 1usize << shift;
+    let file_len = file.metadata().ok()?.len();
+    if file_len != (head_len as u64).checked_add((segments as u64).checked_mul(size as u64)?)? {
+        return None;
+    }
+    let mut head = fixed.to_vec();
+    head.resize(head_len, 0);
+    file.read_exact(&mut head[FIXED..]).ok()?;
+    let body = head_len - 4;
+    if u32_at(&head, body)? != crc32fast::hash(&head[..body]) {
+        return None;
+    }
+    let mut slices: Vec<Option<&mut [u8]>> = area.all_exclusive().into_iter().map(Some).collect();
+    let mut work = Vec::with_capacity(segments);
+    for i in 0..segments {
+        let slot = u32_at(&head, FIXED + RECORD * i)?;
+        let crc = u32_at(&head, FIXED + RECORD * i + 4)?;
+        // A slot named twice (or out of range) refuses the file.
+        let bytes = slices.get_mut(slot as usize)?.take()?;
         restored.push(slot);
-        input.read_exact(bytes).ok()?;
+        work.push(((head_len + i * size) as u64, crc, bytes));
     }
-    let computed = input.crc.clone().finalize();
-    let mut stored = [0u8; 4];
-    input.inner.read_exact(&mut stored).ok()?;
-    let mut rest = [0u8; 1];
-    if input.inner.read(&mut rest).ok()? != 0 {
-        return None;
-    }
-    (u32::from_le_bytes(stored) == computed).then_some(())
-}
-
-/// A writer that checksums what passes through it.
-struct HashingWriter<W: Write> {
-    inner: W,
-    crc: crc32fast::Hasher,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.crc.update(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// A reader that checksums what passes through it.
-struct HashingReader<R: Read> {
-    inner: R,
-    crc: crc32fast::Hasher,
-}
-
-impl<R: Read> Read for HashingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.crc.update(&buf[..n]);
-        Ok(n)
-    }
+    let file = &file;
+    let intact = parallel::map_parts(work, |part| {
+        part.into_iter().all(|(at, crc, bytes)| {
+            file.read_exact_at(bytes, at).is_ok() && crc32fast::hash(bytes) == crc
+        })
+    });
+    intact.into_iter().all(|ok| ok).then_some(())
 }
