@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use crate::config::ServerConfig;
 use crate::marks::{self, Marks};
 use crate::shared::{Limits, Routes, Shared};
-use crate::stats::{self, ListenFacts};
+use crate::stats::{self, ListenFacts, RestartFacts};
 use crate::workers::{Accepted, Workers};
 
 /// How long the movers sleep between rounds (they also run when a writer runs low).
@@ -91,13 +91,19 @@ pub fn open_pools(
 /// Runs the server until SIGTERM or SIGINT; returns after a clean shutdown.
 pub fn run(config: ServerConfig) -> Result<(), ServeError> {
     let (pools, routes, recovery) = open_pools(&config)?;
-    for ((name, cache), recovery) in pools.iter().zip(&recovery) {
+    for ((name, _), recovery) in pools.iter().zip(&recovery) {
         tracing::info!(
             pool = name,
-            items = cache.stats().items,
-            recovery = ?recovery,
+            items = recovery.items,
+            seconds = recovery.duration.as_secs_f64(),
+            from_saved_index = recovery.loaded_from_saved_index,
+            scanned_segments = recovery.scanned,
+            dropped_segments = recovery.dropped.len(),
             "cache opened"
         );
+        if !recovery.dropped.is_empty() {
+            tracing::debug!(pool = name, dropped = ?recovery.dropped, "segments dropped at open");
+        }
     }
     describe_tiers(&config, &pools);
     let movers = pools.start_movers(MOVER_INTERVAL);
@@ -113,6 +119,7 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
         config.threads,
     );
     shared.listen = ListenFacts::new(config.listen.as_deref(), config.unix.as_deref());
+    shared.restart = RestartFacts::of(&recovery);
     let marks_file = config.dir.join(marks::FILE_NAME);
     if config.tiers.has_file() {
         match Marks::load(&marks_file) {
@@ -166,14 +173,29 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
 }
 
 fn describe_tiers(config: &ServerConfig, pools: &Pools) {
-    let per_pool = pools.stats();
-    let stats = terrace_cache::Stats::combined(per_pool.iter().map(|(_, s)| s));
+    // Shapes only: counting items would sweep every index before the first connection.
+    let per_pool: Vec<(&str, Vec<terrace_cache::TierStats>)> = pools
+        .iter()
+        .map(|(name, cache)| (name, cache.tier_overview()))
+        .collect();
     let segment = pools.default_pool().segment_size() as u64;
-    for (i, (tier, t)) in config
+    let tiers: Vec<(u32, Option<Durability>, bool)> = (0..config.tiers.configs(&config.dir).len())
+        .map(|i| {
+            let mut segments = 0;
+            let (mut durability, mut flushed) = (None, false);
+            for (_, t) in per_pool.iter().filter_map(|(n, ts)| Some((n, ts.get(i)?))) {
+                segments += t.segments;
+                durability = t.durability;
+                flushed = t.flushed_at_shutdown;
+            }
+            (segments, durability, flushed)
+        })
+        .collect();
+    for (i, (tier, &(segments, durability, flushed_at_shutdown))) in config
         .tiers
         .configs(&config.dir)
         .iter()
-        .zip(&stats.tiers)
+        .zip(&tiers)
         .enumerate()
     {
         let medium = match &tier.medium {
@@ -181,10 +203,10 @@ fn describe_tiers(config: &ServerConfig, pools: &Pools) {
             Medium::File { dir } => format!("file in {}", dir.display()),
             Medium::Numa { node } => format!("numa node {node}"),
         };
-        let bytes = u64::from(t.segments) * segment;
-        tracing::info!(tier = i, medium = %medium, bytes, durability = ?t.durability, "tier");
-        let survives = match t.durability {
-            Some(Durability::Power) if t.flushed_at_shutdown => {
+        let bytes = u64::from(segments) * segment;
+        tracing::info!(tier = i, medium = %medium, bytes, durability = ?durability, "tier");
+        let survives = match durability {
+            Some(Durability::Power) if flushed_at_shutdown => {
                 "survives a process crash, and a power loss after a clean stop"
             }
             Some(Durability::Power) => "survives a crash and a power loss",
@@ -196,9 +218,8 @@ fn describe_tiers(config: &ServerConfig, pools: &Pools) {
             bytes >> 20
         );
     }
-    for (pool, (name, s)) in config.pools.iter().zip(per_pool.iter().skip(1)) {
-        let sizes: Vec<String> = s
-            .tiers
+    for (pool, (name, tiers)) in config.pools.iter().zip(per_pool.iter().skip(1)) {
+        let sizes: Vec<String> = tiers
             .iter()
             .map(|t| format!("{} MiB", (u64::from(t.segments) * segment) >> 20))
             .collect();

@@ -15,7 +15,7 @@ use std::time::Instant;
 use terrace_cache::{Cache, CacheError, Checked, Guard, Pools, Store};
 
 use crate::marks::Marks;
-use crate::stats::{Counter, Counters, DetailOp, ListenFacts};
+use crate::stats::{Counter, Counters, DetailOp, ListenFacts, RestartFacts};
 
 /// memcached treats an exptime above this many seconds (30 days) as a Unix time.
 pub const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
@@ -120,6 +120,8 @@ pub struct Shared {
     expired_cas: AtomicU64,
     /// Where the server listens (for `stats settings`); set by the server after `new`.
     pub listen: ListenFacts,
+    /// What the start found in the tiers; set by the server after `new`.
+    pub restart: RestartFacts,
 }
 
 impl std::fmt::Debug for Shared {
@@ -159,6 +161,7 @@ impl Shared {
             marks: Marks::new(),
             expired_cas: AtomicU64::new(u64::MAX),
             listen: ListenFacts::default(),
+            restart: RestartFacts::default(),
         }
     }
 

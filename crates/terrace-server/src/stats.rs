@@ -538,6 +538,25 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
         Value::Float(cache.index_bytes_per_item),
     );
     put("terrace_segment_bytes", Value::Int(segment_size));
+    let restart = &shared.restart;
+    put("terrace_restart_items", Value::Int(restart.items));
+    put(
+        "terrace_restart_items_from_saved_index",
+        Value::Int(restart.items_from_saved_index),
+    );
+    put("terrace_restart_seconds", Value::Float(restart.seconds));
+    put(
+        "terrace_restart_saved_segments",
+        Value::Int(restart.saved_segments),
+    );
+    put(
+        "terrace_restart_scanned_segments",
+        Value::Int(restart.scanned_segments),
+    );
+    put(
+        "terrace_restart_dropped_segments",
+        Value::Int(restart.dropped_segments),
+    );
     for (i, t) in cache.tiers.iter().enumerate() {
         let seg = segment_size;
         let mut tier = |name: &str, v: u64| out.push((format!("tier_{i}_{name}"), Value::Int(v)));
@@ -707,6 +726,40 @@ pub fn settings(shared: &Shared) -> Vec<(String, Value)> {
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
         .collect()
+}
+
+/// What the last start found in the tiers, all pools together, for `stats`: the cache
+/// is open and whole before the server accepts its first connection, so these are
+/// final when any client can read them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RestartFacts {
+    /// Items indexed at open.
+    pub items: u64,
+    /// Of them, put back from a clean shutdown's saved index as it lay.
+    pub items_from_saved_index: u64,
+    /// Seconds the open took (pools opened one after another, summed).
+    pub seconds: f64,
+    /// Segments taken from the saved index, and scanned item by item.
+    pub saved_segments: u64,
+    pub scanned_segments: u64,
+    /// Segments found damaged or misplaced and dropped.
+    pub dropped_segments: u64,
+}
+
+impl RestartFacts {
+    /// The facts of every pool's open together.
+    pub fn of(reports: &[terrace_cache::RestartReport]) -> RestartFacts {
+        let mut facts = RestartFacts::default();
+        for r in reports {
+            facts.items += r.items as u64;
+            facts.items_from_saved_index += r.loaded_from_saved_index as u64;
+            facts.seconds += r.duration.as_secs_f64();
+            facts.saved_segments += r.from_saved_index as u64;
+            facts.scanned_segments += r.scanned as u64;
+            facts.dropped_segments += r.dropped.len() as u64;
+        }
+        facts
+    }
 }
 
 /// Where the server listens, for `stats settings`.
