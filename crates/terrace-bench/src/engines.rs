@@ -35,10 +35,15 @@ pub trait Engine: Send + Sync {
     fn extra(&self) -> Value {
         Value::Null
     }
-    /// A clean restart after the run (`--restart`): stop, reopen, and check that every
-    /// one of keys `0..keys` present before is a hit with its value after. An error for an
-    /// engine without one (the command line refuses that before the run).
-    fn restart(self: Box<Self>, _keys: u64, _sizes: SizeRange) -> Result<Value> {
+    /// A restart after the run (`--restart`): stop as `mode` says, reopen, and check each
+    /// of keys `0..keys` present before: a hit with its value, or (after a crash) a miss.
+    /// An error for an engine without one (the command line refuses that before the run).
+    fn restart(
+        self: Box<Self>,
+        _keys: u64,
+        _sizes: SizeRange,
+        _mode: RestartMode,
+    ) -> Result<Value> {
         anyhow::bail!("this engine has no restart")
     }
 }
@@ -186,7 +191,7 @@ impl Engine for Terrace {
         })
     }
 
-    fn restart(self: Box<Self>, keys: u64, sizes: SizeRange) -> Result<Value> {
+    fn restart(self: Box<Self>, keys: u64, sizes: SizeRange, mode: RestartMode) -> Result<Value> {
         let Terrace {
             movers,
             cache,
@@ -214,7 +219,10 @@ impl Engine for Terrace {
         let cache = Arc::try_unwrap(cache)
             .map_err(|_| anyhow::anyhow!("the cache is still shared after the run"))?;
         let start = std::time::Instant::now();
-        cache.shutdown().context("clean shutdown")?;
+        match mode {
+            RestartMode::Clean => cache.shutdown().context("clean shutdown")?,
+            RestartMode::Crash => drop(cache),
+        }
         let shutdown_seconds = start.elapsed().as_secs_f64();
         let start = std::time::Instant::now();
         let (cache, report) = Cache::open(config).context("reopening the Terrace cache")?;
@@ -236,6 +244,7 @@ impl Engine for Terrace {
             }
         }
         Ok(json!({
+            "mode": mode.as_str(),
             "items_before": items_before,
             "keys_present_before": before.len(),
             "items_after_open": report.items,
@@ -243,9 +252,30 @@ impl Engine for Terrace {
             "wrong_after": wrong,
             "index_full": report.index_full,
             "segments_from_saved_index": report.from_saved_index,
+            "segments_scanned": report.scanned,
+            "items_from_saved_index": report.loaded_from_saved_index,
+            "conflicts": report.conflicts,
             "shutdown_seconds": shutdown_seconds,
             "open_seconds": open_seconds,
         }))
+    }
+}
+
+/// How `--restart` stops the cache.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartMode {
+    /// A clean shutdown (`Cache::shutdown`): the saved index and DRAM snapshots.
+    Clean,
+    /// Dropped without a shutdown, as a crash leaves it: the next open scans.
+    Crash,
+}
+
+impl RestartMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            RestartMode::Clean => "clean",
+            RestartMode::Crash => "crash",
+        }
     }
 }
 

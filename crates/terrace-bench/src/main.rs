@@ -149,10 +149,13 @@ struct CacheArgs {
     /// in the warm-up or in steady state.
     #[arg(long, value_parser = args::parse_count)]
     window: Option<u64>,
-    /// Terrace, with a file tier: after the run, shut down cleanly, reopen, and check that
-    /// every key present before is a hit with its value after ("restart" in the JSON).
-    #[arg(long)]
-    restart: bool,
+    /// Terrace, with a file tier: after the run, stop, reopen, and check every key present
+    /// before ("restart" in the JSON). `clean` (the default): a clean shutdown, after which
+    /// every key must be a hit with its value. `crash`: the cache is dropped without one
+    /// (the next open scans the file tiers; DRAM items are lost by design), and no key
+    /// may come back with another value.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "clean")]
+    restart: Option<engines::RestartMode>,
 }
 
 /// One thread's results.
@@ -317,7 +320,7 @@ fn run(a: &CacheArgs) -> Result<Value> {
     if a.engine != EngineName::Terrace && a.tiers.to_string() != "dram:1" {
         bail!("--tiers applies to --engine terrace only");
     }
-    if a.restart && (a.engine != EngineName::Terrace || !a.tiers.has_file()) {
+    if a.restart.is_some() && (a.engine != EngineName::Terrace || !a.tiers.has_file()) {
         bail!("--restart applies to --engine terrace with a file tier (--tiers ...,file:N)");
     }
     let zipf = Zipf::new(a.keys as f64, a.zipf)
@@ -424,8 +427,8 @@ fn run(a: &CacheArgs) -> Result<Value> {
     if let Some(w) = &windows {
         out["windows"] = w.report(ops);
     }
-    if a.restart {
-        out["restart"] = engine.restart(a.keys, a.value_size)?;
+    if let Some(mode) = a.restart {
+        out["restart"] = engine.restart(a.keys, a.value_size, mode)?;
     } else {
         drop(engine);
     }
