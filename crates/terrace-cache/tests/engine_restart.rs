@@ -1115,3 +1115,22 @@ fn a_saved_segment_whose_header_is_damaged_loses_its_entries() {
     assert!(hits < present.len(), "{report:?}");
     assert_eq!(hits, report.items, "{report:?}");
 }
+
+#[test]
+fn a_restart_with_another_dram_size_keeps_the_file_tier_and_never_a_wrong_value() {
+    // Segment ids move with the DRAM tier's size, so the saved index (and with it the
+    // snapshot) is refused and the file tier scanned: all of its items come back, the
+    // DRAM tier's are gone, and nothing else.
+    let dir = tier_dir();
+    let present = filled_and_shut_down(dir.path());
+    // (Tiers are whole 2 MiB granules: a larger DRAM tier, since a smaller one would
+    // round up to the same size.)
+    let other_dram = config(vec![
+        TierConfig::dram(TierSize::Bytes(4 * MIB)),
+        TierConfig::file(dir.path(), TierSize::Bytes(4 * MIB)),
+    ]);
+    let (report, hits) = reopen_and_check(other_dram, &present);
+    assert_eq!(hits, keys_in_tier(&present, 1).len(), "{report:?}");
+    assert_eq!(report.from_saved_index, 0, "{report:?}");
+    assert!(report.scanned > 0, "{report:?}");
+}
