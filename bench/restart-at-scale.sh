@@ -219,7 +219,8 @@ run() {
       first_hit_seconds: $probe.first_hit_seconds, checked: $probe.checked,
       items_back: $probe.hits, misses: $probe.misses, wrong: $probe.wrong,
       curr_items_after: $probe.curr_items, check_seconds: $probe.check_seconds, note: $note,
-      server_said: $said}')
+      server_open_seconds: ($probe.restart_stats.terrace_restart_seconds // null | if . == null then null else tonumber end),
+      restart_stats: $probe.restart_stats, server_said: $said}')
   ROWS+=("$row")
   [ -n "$RESULTS" ] && echo "$row" >>"$RESULTS"
   echo "$row" >&2
@@ -231,14 +232,15 @@ for n in $SIZES; do
 done
 
 echo
-echo "| server | N | mode | fill s | items before | stop s | connect s | first hit s | items back | wrong | curr_items after |"
-echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| server | N | mode | fill s | items before | stop s | open s | connect s | first hit s | items back | wrong | curr_items after |"
+echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for row in "${ROWS[@]}"; do
-  jq -r '"| \(.server) | \(.n) | \(.mode) | \(.fill_seconds * 1000 | round / 1000) | \(.items_before) | \(.stop_seconds) | \(.connect_seconds * 1000 | round / 1000) | \(if .first_hit_seconds == null then "none" else (.first_hit_seconds * 1000 | round / 1000 | tostring) end) | \(.items_back)/\(.checked) (\(if .checked > 0 then (.items_back * 1000 / .checked | round / 10) else 0 end)%) | \(.wrong) | \(.curr_items_after)\(if .note != "" then " " + .note else "" end) |"' <<<"$row"
+  jq -r '"| \(.server) | \(.n) | \(.mode) | \(.fill_seconds * 1000 | round / 1000) | \(.items_before) | \(.stop_seconds) | \(if .server_open_seconds == null then "-" else (.server_open_seconds * 1000 | round / 1000 | tostring) end) | \(.connect_seconds * 1000 | round / 1000) | \(if .first_hit_seconds == null then "none" else (.first_hit_seconds * 1000 | round / 1000 | tostring) end) | \(.items_back)/\(.checked) (\(if .checked > 0 then (.items_back * 1000 / .checked | round / 10) else 0 end)%) | \(.wrong) | \(.curr_items_after)\(if .note != "" then " " + .note else "" end) |"' <<<"$row"
 done
 echo
 echo "DIR=$DIR CAP=$CAP TIERS=$TIERS THREADS=$THREADS VALUE_SIZE=$VALUE_SIZE CONNS=$CONNS TOUCH=$TOUCH;"
-echo "times from the restart's exec; items back = hits among the items checked"
+echo "connect and first hit: seconds from the restart's exec; open: the server's own restart time"
+echo "(terrace_restart_seconds in its stats); items back: hits among the items checked"
 if [ "$FAILED" != 0 ]; then
   echo "FAILED: some server returned wrong values (see above)" >&2
   exit 1

@@ -590,6 +590,12 @@ pub fn probe(a: &ProbeArgs) -> Result<Outcome> {
         "first_wrong": checked.first_wrong.as_ref().map(|(id, v)| format!("key:{id}: {v}")),
         "check_seconds": check_seconds,
         "curr_items": stat_u64(&stats, "curr_items"),
+        // What a Terrace server says about its own restart (absent elsewhere).
+        "restart_stats": stats
+            .iter()
+            .filter(|(k, _)| k.starts_with("terrace_restart_"))
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect::<Map<String, Value>>(),
     });
     let failure = (checked.wrong > 0).then(|| {
         format!(
