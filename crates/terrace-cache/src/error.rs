@@ -123,6 +123,9 @@ pub enum IndexError {
     /// A capacity of zero items or segments.
     #[error("invalid index size: {why}")]
     BadSize { why: &'static str },
+    /// The table's memory could not be mapped.
+    #[error("cannot map {bytes} bytes for the index table: {reason}")]
+    Memory { bytes: usize, reason: String },
 }
 
 /// Why a cache operation (or opening the cache) failed. Misses and unmet conditions

@@ -27,6 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::mem::AtomicTable;
+
 use crate::error::IndexError;
 
 /// Slots per bucket: two 64-byte cache lines of `u64`s. Sixteen rather than eight because
@@ -183,15 +185,13 @@ impl IndexConfig {
     }
 }
 
-#[repr(align(128))]
-#[derive(Default)]
-struct Bucket {
-    slots: [AtomicU64; SLOTS],
-}
+/// One bucket: [`SLOTS`] slots, 128-byte aligned (the table is 2 MiB aligned).
+type Bucket = [AtomicU64; SLOTS];
 
 /// The DRAM index. See the module docs for its invariants.
 pub struct Index {
-    buckets: Box<[Bucket]>,
+    /// `bucket_count * SLOTS` slots, bucket after bucket.
+    table: AtomicTable,
     /// One writer lock per bucket (a byte each); readers never take them.
     locks: Box<[Mutex<()>]>,
     layout: Layout,
@@ -201,7 +201,7 @@ pub struct Index {
 impl std::fmt::Debug for Index {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Index")
-            .field("buckets", &self.buckets.len())
+            .field("buckets", &self.bucket_count())
             .field("layout", &self.layout)
             .finish()
     }
@@ -238,8 +238,12 @@ impl Index {
                 why: "more than 2^32 buckets",
             });
         }
+        let table = AtomicTable::new(buckets * SLOTS).map_err(|e| IndexError::Memory {
+            bytes: buckets * SLOTS * 8,
+            reason: e.to_string(),
+        })?;
         Ok(Index {
-            buckets: (0..buckets).map(|_| Bucket::default()).collect(),
+            table,
             locks: (0..buckets).map(|_| Mutex::new(())).collect(),
             layout,
             seed: config.seed,
@@ -250,18 +254,26 @@ impl Index {
         self.layout
     }
 
+    fn buckets(&self) -> &[Bucket] {
+        self.table.as_slice().as_chunks::<SLOTS>().0
+    }
+
+    fn buckets_mut(&mut self) -> &mut [Bucket] {
+        self.table.as_mut_slice().as_chunks_mut::<SLOTS>().0
+    }
+
     pub fn bucket_count(&self) -> usize {
-        self.buckets.len()
+        self.buckets().len()
     }
 
     /// Total slots (the most entries the index can ever hold).
     pub fn slot_count(&self) -> usize {
-        self.buckets.len() * SLOTS
+        self.buckets().len() * SLOTS
     }
 
     /// Bytes of DRAM the index occupies (buckets and locks), for metadata statistics.
     pub fn memory_bytes(&self) -> usize {
-        self.buckets.len() * (std::mem::size_of::<Bucket>() + std::mem::size_of::<Mutex<()>>())
+        self.buckets().len() * (std::mem::size_of::<Bucket>() + std::mem::size_of::<Mutex<()>>())
     }
 
     /// The hash the index uses for `key` (XXH3-64 with the configured seed).
@@ -272,7 +284,7 @@ impl Index {
     /// Lock-free, wait-free lookup: the occupied entries of the hash's two buckets whose
     /// tag matches, home bucket first. Candidates only: the caller verifies the key.
     pub fn lookup(&self, hash: u64) -> Lookup<'_> {
-        let (b1, b2) = bucket_pair(hash, self.buckets.len());
+        let (b1, b2) = bucket_pair(hash, self.buckets().len());
         Lookup {
             index: self,
             tag: self.layout.tag_of_hash(hash),
@@ -284,7 +296,7 @@ impl Index {
 
     /// Locks the hash's two buckets for writing (lower index first).
     pub fn lock(&self, hash: u64) -> BucketGuard<'_> {
-        let (b1, b2) = bucket_pair(hash, self.buckets.len());
+        let (b1, b2) = bucket_pair(hash, self.buckets().len());
         let (lo, hi) = (b1.min(b2), b1.max(b2));
         let first = self.locks[lo].lock();
         let second = (hi != lo).then(|| self.locks[hi].lock());
@@ -298,16 +310,15 @@ impl Index {
 
     /// The two buckets `hash` may live in (equal when the table has one bucket).
     pub fn buckets_of(&self, hash: u64) -> (usize, usize) {
-        bucket_pair(hash, self.buckets.len())
+        bucket_pair(hash, self.buckets().len())
     }
 
     /// The locations of bucket `bucket`'s occupied entries (a restart's search for room,
     /// with [`relocate_before_sharing`](Self::relocate_before_sharing)).
     pub fn bucket_locations(&self, bucket: usize) -> Vec<Location> {
         let layout = self.layout;
-        self.buckets.get(bucket).map_or_else(Vec::new, |b| {
-            b.slots
-                .iter()
+        self.buckets().get(bucket).map_or_else(Vec::new, |b| {
+            b.iter()
                 .map(|s| s.load(Ordering::Relaxed))
                 .filter(|&e| layout.tag_of_entry(e) != 0)
                 .map(|e| layout.location(e))
@@ -323,9 +334,8 @@ impl Index {
     /// The first free slot of bucket `bucket`, if any.
     fn free_slot(&self, bucket: usize) -> Option<usize> {
         let layout = self.layout;
-        self.buckets
+        self.buckets()
             .get(bucket)?
-            .slots
             .iter()
             .position(|s| layout.tag_of_entry(s.load(Ordering::Relaxed)) == 0)
     }
@@ -340,15 +350,14 @@ impl Index {
         if !layout.fits(loc) {
             return false;
         }
-        let (b1, b2) = bucket_pair(hash, self.buckets.len());
+        let (b1, b2) = bucket_pair(hash, self.buckets().len());
         if b1 == b2 {
             return false;
         }
         let entry_of = |s: &AtomicU64| s.load(Ordering::Relaxed);
         let want = layout.pack(layout.tag_of_hash(hash), loc);
         let holds = |b: usize| {
-            self.buckets[b]
-                .slots
+            self.buckets()[b]
                 .iter()
                 .position(|s| entry_of(s) & !FREQ_MASK == want)
         };
@@ -360,9 +369,9 @@ impl Index {
         let Some(free) = self.free_slot(to) else {
             return false;
         };
-        let entry = entry_of(&self.buckets[from].slots[at]);
-        self.buckets[to].slots[free].store(entry, Ordering::Relaxed);
-        self.buckets[from].slots[at].store(0, Ordering::Relaxed);
+        let entry = entry_of(&self.buckets()[from][at]);
+        self.buckets()[to][free].store(entry, Ordering::Relaxed);
+        self.buckets()[from][at].store(0, Ordering::Relaxed);
         true
     }
 
@@ -388,10 +397,10 @@ impl Index {
         range: std::ops::Range<usize>,
         mut visit: impl FnMut(Location, u8) -> Sweep,
     ) {
-        let end = range.end.min(self.buckets.len());
+        let end = range.end.min(self.buckets().len());
         for b in range.start.min(end)..end {
             let _lock = self.locks[b].lock();
-            for slot in &self.buckets[b].slots {
+            for slot in &self.buckets()[b] {
                 let entry = slot.load(Ordering::Acquire);
                 if self.layout.tag_of_entry(entry) == 0 {
                     continue;
@@ -411,7 +420,7 @@ impl Index {
     /// table (O(slots); for statistics, not hot paths: entries changing meanwhile may be
     /// seen or not).
     pub fn for_each_location(&self, mut f: impl FnMut(Location)) {
-        for s in self.buckets.iter().flat_map(|b| b.slots.iter()) {
+        for s in self.buckets().iter().flat_map(|b| b.iter()) {
             let entry = s.load(Ordering::Relaxed);
             if self.layout.tag_of_entry(entry) != 0 {
                 f(self.layout.location(entry));
@@ -422,9 +431,9 @@ impl Index {
     /// Occupied entries, counted by a lock-free pass over the table (O(slots); for tests
     /// and statistics, not hot paths).
     pub fn count(&self) -> usize {
-        self.buckets
+        self.buckets()
             .iter()
-            .flat_map(|b| b.slots.iter())
+            .flat_map(|b| b.iter())
             .filter(|s| self.layout.tag_of_entry(s.load(Ordering::Relaxed)) != 0)
             .count()
     }
@@ -441,7 +450,7 @@ impl Index {
 
     /// Bytes of the raw table.
     pub fn table_bytes(&self) -> usize {
-        self.buckets.len() * SLOTS * 8
+        self.buckets().len() * SLOTS * 8
     }
 
     /// Chunk `chunk` of `chunk_bytes` (a multiple of a bucket's bytes) of the raw table,
@@ -450,59 +459,47 @@ impl Index {
     pub fn export_chunk(&self, chunk: usize, chunk_bytes: usize, out: &mut Vec<u8>) {
         let per_chunk = (chunk_bytes / (SLOTS * 8)).max(1);
         out.clear();
-        let first = chunk.saturating_mul(per_chunk).min(self.buckets.len());
-        let end = first.saturating_add(per_chunk).min(self.buckets.len());
-        for bucket in &self.buckets[first..end] {
-            for slot in &bucket.slots {
+        let first = chunk.saturating_mul(per_chunk).min(self.buckets().len());
+        let end = first.saturating_add(per_chunk).min(self.buckets().len());
+        for bucket in &self.buckets()[first..end] {
+            for slot in bucket {
                 out.extend_from_slice(&slot.load(Ordering::Acquire).to_le_bytes());
             }
         }
     }
 
-    /// Replaces the whole table, chunk by chunk of `chunk_bytes` (a multiple of a
-    /// bucket's bytes) on all cores: `fill(chunk, bytes)` writes the raw chunk into
-    /// `bytes` and says whether it is sound. Returns the occupied entries loaded, or
-    /// `None` (with the table left empty) if any chunk is not. Under `&mut self`: before
-    /// the index is shared.
+    /// Fills the whole table, chunk by chunk of `chunk_bytes` (a multiple of a bucket's
+    /// bytes) on all cores: `fill(chunk, slots)` sets the chunk's occupied slots (all are
+    /// empty before) and returns how many, or `None` if the chunk is not sound. Returns
+    /// the entries loaded, or `None` (with the table left empty) if any chunk failed.
+    /// Under `&mut self`: before the index is shared.
     pub fn import_chunks(
         &mut self,
         chunk_bytes: usize,
-        fill: impl Fn(usize, &mut [u8]) -> bool + Sync,
+        fill: impl Fn(usize, &mut ChunkSlots<'_>) -> Option<usize> + Sync,
     ) -> Option<usize> {
         let per_chunk = (chunk_bytes / (SLOTS * 8)).max(1);
-        let layout = self.layout;
-        let chunks: Vec<(usize, &mut [Bucket])> =
-            self.buckets.chunks_mut(per_chunk).enumerate().collect();
+        let chunks: Vec<(usize, &mut [Bucket])> = self
+            .buckets_mut()
+            .chunks_mut(per_chunk)
+            .enumerate()
+            .collect();
         let counts = crate::parallel::map_parts(chunks, |part| {
-            let mut bytes = vec![0u8; per_chunk * SLOTS * 8];
             let mut entries = 0usize;
             for (c, buckets) in part {
-                let bytes = &mut bytes[..buckets.len() * SLOTS * 8];
-                if !fill(c, bytes) {
-                    return None;
-                }
-                let slots = buckets.iter_mut().flat_map(|b| b.slots.iter_mut());
-                for (slot, raw) in slots.zip(bytes.chunks_exact(8)) {
-                    let mut word = [0u8; 8];
-                    word.copy_from_slice(raw);
-                    let entry = u64::from_le_bytes(word);
-                    entries += usize::from(layout.tag_of_entry(entry) != 0);
-                    *slot.get_mut() = entry;
-                }
+                entries += fill(c, &mut ChunkSlots { buckets })?;
             }
             Some(entries)
         });
         let loaded = counts.into_iter().sum::<Option<usize>>();
         if loaded.is_none() {
-            for slot in self.buckets.iter_mut().flat_map(|b| b.slots.iter_mut()) {
+            for slot in self.buckets_mut().iter_mut().flat_map(|b| b.iter_mut()) {
                 *slot.get_mut() = 0;
             }
         }
         loaded
     }
 }
-
-const _: () = assert!(std::mem::size_of::<Bucket>() == SLOTS * 8);
 
 impl Layout {
     /// The location and frequency of a raw entry; `None` for an empty slot.
@@ -542,7 +539,7 @@ impl<'a> Iterator for Lookup<'a> {
                 }
             }
             let b = *self.buckets.get(self.bucket)?;
-            let slot = &self.index.buckets[b].slots[self.slot];
+            let slot = &self.index.buckets()[b][self.slot];
             self.slot += 1;
             let entry = slot.load(Ordering::Acquire);
             if self.index.layout.tag_of_entry(entry) == self.tag {
@@ -676,7 +673,7 @@ impl<'a> BucketGuard<'a> {
         let index = self.index;
         self.distinct_buckets()
             .iter()
-            .flat_map(move |&b| index.buckets[b].slots.iter())
+            .flat_map(move |&b| index.buckets()[b].iter())
     }
 
     fn find(&self, loc: Location) -> Option<&'a AtomicU64> {
@@ -737,8 +734,7 @@ impl<'a> BucketGuard<'a> {
             return Err(Full);
         }
         let occupied = |b: usize| {
-            self.index.buckets[b]
-                .slots
+            self.index.buckets()[b]
                 .iter()
                 .filter(|s| layout.tag_of_entry(s.load(Ordering::Relaxed)) != 0)
                 .count()
@@ -752,7 +748,7 @@ impl<'a> BucketGuard<'a> {
         let entry = layout.pack(self.tag, loc);
         for b in order {
             if let Some(slot) = self.index.free_slot(b) {
-                self.index.buckets[b].slots[slot].store(entry, Ordering::Release);
+                self.index.buckets()[b][slot].store(entry, Ordering::Release);
                 return Ok(());
             }
         }
@@ -816,10 +812,36 @@ impl<'a> BucketGuard<'a> {
     }
 }
 
-const _: () = {
-    assert!(std::mem::size_of::<Bucket>() == 8 * SLOTS);
-    assert!(std::mem::align_of::<Bucket>() == 8 * SLOTS);
-};
+/// The slots of one chunk of the table being loaded ([`Index::import_chunks`]).
+pub struct ChunkSlots<'a> {
+    buckets: &'a mut [Bucket],
+}
+
+impl ChunkSlots<'_> {
+    /// Slots in the chunk.
+    pub fn len(&self) -> usize {
+        self.buckets.len() * SLOTS
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+
+    /// Sets slot `i` of the chunk to raw entry `entry`; `false` if `i` is out of range.
+    pub fn set(&mut self, i: usize, entry: u64) -> bool {
+        match self.buckets.get_mut(i / SLOTS) {
+            Some(bucket) => {
+                *bucket[i % SLOTS].get_mut() = entry;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+// A bucket is two cache lines, and buckets start at multiples of 128 bytes of the
+// 2 MiB-aligned table: the aligned pair the hardware fetches together.
+const _: () = assert!(std::mem::size_of::<Bucket>() == 8 * SLOTS);
 
 #[cfg(test)]
 mod tests {
@@ -878,7 +900,7 @@ mod tests {
                 }
                 let l = loc(placed.len() as u32, 64);
                 let entry = i.layout.pack(i.layout.tag_of_hash(h), l);
-                i.buckets[bucket].slots[slot].store(entry, Ordering::Relaxed);
+                i.buckets()[bucket][slot].store(entry, Ordering::Relaxed);
                 placed.push((h, l));
                 slot += 1;
             }

@@ -46,6 +46,40 @@ use crate::error::EncodeError;
 use crate::item::{self, ItemLimits, ItemRef, ItemSpec, ItemState, MAX_HEADER_LEN};
 use crate::segment::{Commit, SegmentHeader, COMMIT_WORD_OFFSET, HEADER_LEN};
 
+/// `len` `AtomicU64`s, all zero at first, in anonymous memory of their own on huge pages
+/// where the kernel offers them: the DRAM index's table. Fresh anonymous memory reads as
+/// zero with nothing written, so a table about to be loaded from a saved index is written
+/// once, not zeroed first; and random lookups over hundreds of megabytes miss the TLB far
+/// less on 2 MiB pages. Pages are committed on first touch.
+pub struct AtomicTable {
+    region: Region,
+    len: usize,
+}
+
+impl AtomicTable {
+    pub fn new(len: usize) -> Result<AtomicTable, MediaError> {
+        let bytes = len.checked_mul(8).ok_or(MediaError::InvalidSize {
+            size: usize::MAX,
+            why: "larger than the address space",
+        })?;
+        let region = Region::dram(bytes.max(1), terrace_media::PageSize::Base)?;
+        Ok(AtomicTable { region, len })
+    }
+
+    pub fn as_slice(&self) -> &[AtomicU64] {
+        // SAFETY: the region is a live anonymous mapping of at least `len * 8` bytes
+        // (checked at `new`), aligned to 2 MiB (so to 8), owned by `self` for the
+        // lifetime of the borrow; anonymous memory starts zeroed, and zero (like any bit
+        // pattern) is a valid `AtomicU64`; all access goes through atomics or `&mut`.
+        unsafe { std::slice::from_raw_parts(self.region.base().as_ptr().cast(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [AtomicU64] {
+        // SAFETY: as in `as_slice`; `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.region.base().as_ptr().cast(), self.len) }
+    }
+}
+
 /// Lifecycle of a segment slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SegState {

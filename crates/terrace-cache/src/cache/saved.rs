@@ -6,15 +6,20 @@
 //! index geometry (another capacity, item count or seed) decodes the saved entries and
 //! re-inserts them item by item instead.
 //!
-//! Format (version 3), little-endian. The head: magic `"TRCIDX\0\0"`, version `u16`,
+//! Format (version 4), little-endian. The head: magic `"TRCIDX\0\0"`, version `u16`,
 //! `size_shift: u8`, one zero byte, `segments: u32`, `seq_bound: u64`, `buckets: u64`,
 //! `tag_bits, segment_bits, offset_bits: u8`, one zero byte, `chunk_bytes: u32`,
 //! `seed: u64`, `entries: u64`; then per segment id `(write_seq: u64, dead_bytes: u32)`
-//! (write sequence 0: not a saved segment); then one CRC-32 per chunk of the table; then
-//! the CRC-32 of the head before it. Then the table: `buckets * SLOTS` entries, `u64`
-//! each, in `chunk_bytes` chunks (the last may be shorter). Entries of segments that are
-//! not saved are zero. Versions 1 and 2 (a list of `(segment, offset[, frequency])`
-//! records after the per-segment write sequences) are still read.
+//! (write sequence 0: not a saved segment); then per chunk of the table `(len: u32,
+//! crc: u32, form: u8, three zero bytes)`; then the CRC-32 of the head before it. Then
+//! the chunks, back to back, each `len` bytes with CRC-32 `crc`. The table is
+//! `buckets * SLOTS` entries cut into chunks of `chunk_bytes` (the last may be shorter);
+//! a chunk is stored *dense* (form 0: its entries, `u64` each) or, when less than a sixth
+//! of its slots are occupied, *sparse* (form 1: `(slot in the chunk: u32, entry: u64)`
+//! per occupied slot, slots increasing). Entries of segments that are not saved are zero.
+//! Versions 1 and 2 (a list of `(segment, offset[, frequency])` records after the
+//! per-segment write sequences) are still read; version 3 (every chunk dense) is not, and
+//! the open scans.
 //!
 //! When it is trusted (invariants the restart relies on):
 //! - its head CRC matches and its `seq_bound` equals the bound the write-sequence mark
@@ -44,7 +49,7 @@ use crate::error::CacheError;
 use crate::index::{Index, Layout, Sweep, SLOTS};
 
 const MAGIC: [u8; 8] = *b"TRCIDX\0\0";
-const VERSION: u16 = 3;
+const VERSION: u16 = 4;
 /// Bytes of an entry record in versions 1 and 2.
 const fn entry_len(version: u16) -> usize {
     if version >= 2 {
@@ -55,13 +60,82 @@ const fn entry_len(version: u16) -> usize {
 }
 /// The fixed part of versions 1 and 2.
 const FIXED_V2: usize = 8 + 2 + 1 + 1 + 4 + 8 + 8;
-/// The fixed part of version 3.
+/// The fixed part of version 4.
 const FIXED: usize = 8 + 2 + 1 + 1 + 4 + 8 + 8 + 4 + 4 + 8 + 8;
 /// Bytes of a version-3 segment record.
 const SEGMENT_RECORD: usize = 12;
-/// Bytes of the table one CRC covers: big enough that the CRCs are a small part of the
-/// head, small enough that the chunks spread evenly over the cores.
+/// Bytes of the table one chunk covers: big enough that the chunk records are a small part
+/// of the head, small enough that the chunks spread evenly over the cores.
 const CHUNK_BYTES: usize = 1 << 20;
+/// Bytes of a chunk record in the head.
+const CHUNK_RECORD: usize = 12;
+/// A chunk stored as its entries.
+const DENSE: u8 = 0;
+/// A chunk stored as `(slot, entry)` records of its occupied slots.
+const SPARSE: u8 = 1;
+/// Bytes of a sparse record.
+const SPARSE_RECORD: usize = 12;
+
+/// Where a chunk lies in the file and how it is stored.
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    at: u64,
+    len: usize,
+    crc: u32,
+    form: u8,
+    /// Slots of the table it covers.
+    slots: usize,
+}
+
+/// Calls `each(slot in the chunk, entry)` for every occupied slot of a chunk's bytes;
+/// `false` if they do not decode as `chunk` says (a slot out of range or out of order).
+fn decode_chunk(chunk: &Chunk, bytes: &[u8], mut each: impl FnMut(usize, u64)) -> bool {
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+    match chunk.form {
+        DENSE if bytes.len() == chunk.slots * 8 => {
+            for (i, e) in bytes.chunks_exact(8).enumerate() {
+                let entry = word(e);
+                if entry != 0 {
+                    each(i, entry);
+                }
+            }
+            true
+        }
+        SPARSE if bytes.len().is_multiple_of(SPARSE_RECORD) => {
+            let mut next = 0usize;
+            for record in bytes.chunks_exact(SPARSE_RECORD) {
+                let slot = u32::from_le_bytes(record[..4].try_into().unwrap_or([0; 4])) as usize;
+                if slot < next || slot >= chunk.slots {
+                    return false;
+                }
+                next = slot + 1;
+                each(slot, word(&record[4..]));
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A chunk's bytes as stored: sparse when that is less than half the dense size.
+fn encode_chunk(dense: &[u8], out: &mut Vec<u8>) -> u8 {
+    let occupied = dense
+        .chunks_exact(8)
+        .filter(|e| e.iter().any(|&b| b != 0))
+        .count();
+    out.clear();
+    if occupied * SPARSE_RECORD * 2 >= dense.len() {
+        out.extend_from_slice(dense);
+        return DENSE;
+    }
+    for (i, e) in dense.chunks_exact(8).enumerate() {
+        if e.iter().any(|&b| b != 0) {
+            out.extend_from_slice(&(i as u32).to_le_bytes());
+            out.extend_from_slice(e);
+        }
+    }
+    SPARSE
+}
 
 /// The file's name in its directory.
 pub fn saved_path(dir: &Path) -> PathBuf {
@@ -191,12 +265,12 @@ pub(super) fn take(
     {
         return None;
     }
-    let chunks = table_len.div_ceil(chunk_bytes);
+    let chunk_count = table_len.div_ceil(chunk_bytes);
     let head_len = FIXED
         .checked_add((segments as usize).checked_mul(SEGMENT_RECORD)?)?
-        .checked_add(chunks.checked_mul(4)?)?
+        .checked_add(chunk_count.checked_mul(CHUNK_RECORD)?)?
         .checked_add(4)?;
-    if file_len != (head_len as u64).checked_add(table_len as u64)? {
+    if file_len < head_len as u64 {
         return None;
     }
     let mut head = fixed.to_vec();
@@ -215,13 +289,44 @@ pub(super) fn take(
             })
         })
         .collect::<Option<_>>()?;
-    let crc_start = FIXED + SEGMENT_RECORD * segments as usize;
-    let crcs: Vec<u32> = (0..chunks)
-        .map(|c| u32_at(&head, crc_start + 4 * c))
-        .collect::<Option<_>>()?;
+    let chunk_start = FIXED + SEGMENT_RECORD * segments as usize;
+    let mut at = head_len as u64;
+    let mut chunks = Vec::with_capacity(chunk_count);
+    for c in 0..chunk_count {
+        let record = chunk_start + CHUNK_RECORD * c;
+        let len = u32_at(&head, record)? as usize;
+        chunks.push(Chunk {
+            at,
+            len,
+            crc: u32_at(&head, record + 4)?,
+            form: *head.get(record + 8)?,
+            slots: (table_len - c * chunk_bytes).min(chunk_bytes) / 8,
+        });
+        at = at.checked_add(len as u64)?;
+    }
+    if file_len != at {
+        return None;
+    }
+    let read = |chunk: &Chunk| -> Option<Vec<u8>> {
+        let mut bytes = vec![0u8; chunk.len];
+        file.read_exact_at(&mut bytes, chunk.at).ok()?;
+        (crc32fast::hash(&bytes) == chunk.crc).then_some(bytes)
+    };
     if buckets == index.bucket_count() && layout == index.layout() && seed == index.seed() {
-        let loaded = load_table(&file, head_len as u64, chunk_bytes, &crcs, index);
-        let entries = loaded?;
+        // The table as it lay, chunk by chunk on all cores (`Index::import_chunks`).
+        let entries = index.import_chunks(chunk_bytes, |c, slots| {
+            let chunk = chunks.get(c)?;
+            if slots.len() != chunk.slots {
+                return None;
+            }
+            let bytes = read(chunk)?;
+            let (mut entries, mut fits) = (0usize, true);
+            let sound = decode_chunk(chunk, &bytes, |i, entry| {
+                fits &= slots.set(i, entry);
+                entries += usize::from(layout.decode_entry(entry).is_some());
+            });
+            (sound && fits).then_some(entries)
+        })?;
         return Some((
             Saved {
                 segments: records,
@@ -231,23 +336,19 @@ pub(super) fn take(
         ));
     }
     // Another geometry: the entries, decoded with the saved layout, go in one by one.
-    let mut table = vec![0u8; table_len];
-    file.read_exact_at(&mut table, head_len as u64).ok()?;
-    let intact = table
-        .chunks(chunk_bytes)
-        .zip(&crcs)
-        .all(|(chunk, &crc)| crc32fast::hash(chunk) == crc);
-    if !intact {
-        return None;
-    }
     let mut items: HashMap<u32, Vec<(u32, u8)>> = HashMap::new();
-    for entry in table.chunks_exact(8) {
-        let entry = u64::from_le_bytes(entry.try_into().ok()?);
-        if let Some((loc, frequency)) = layout.decode_entry(entry) {
-            items
-                .entry(loc.segment)
-                .or_default()
-                .push((loc.offset, frequency));
+    for chunk in &chunks {
+        let bytes = read(chunk)?;
+        let sound = decode_chunk(chunk, &bytes, |_, entry| {
+            if let Some((loc, frequency)) = layout.decode_entry(entry) {
+                items
+                    .entry(loc.segment)
+                    .or_default()
+                    .push((loc.offset, frequency));
+            }
+        });
+        if !sound {
+            return None;
         }
     }
     Some((
@@ -257,25 +358,6 @@ pub(super) fn take(
         },
         0,
     ))
-}
-
-/// Reads the table at `at` in `file` into `index`, chunk by chunk on all cores, each
-/// checked against its CRC; the entries loaded, or `None` (and an empty index) if a chunk
-/// is short or corrupt.
-fn load_table(
-    file: &File,
-    at: u64,
-    chunk_bytes: usize,
-    crcs: &[u32],
-    index: &mut Index,
-) -> Option<usize> {
-    if index.table_bytes().div_ceil(chunk_bytes) != crcs.len() {
-        return None;
-    }
-    index.import_chunks(chunk_bytes, |c, bytes| {
-        let offset = at + (c * chunk_bytes) as u64;
-        file.read_exact_at(bytes, offset).is_ok() && crc32fast::hash(bytes) == crcs[c]
-    })
 }
 
 /// Versions 1 and 2: the per-segment write sequences, then one record per item.
@@ -403,13 +485,13 @@ impl Cache {
         let buckets = self.index.bucket_count() as u64;
         let seed = self.index.seed();
         let chunks = self.index.table_bytes().div_ceil(CHUNK_BYTES);
-        let head_len = FIXED + SEGMENT_RECORD * segments + 4 * chunks + 4;
+        let head_len = FIXED + SEGMENT_RECORD * segments + CHUNK_RECORD * chunks + 4;
         let path = saved_path(&dir);
         let saved_error = |source| CacheError::SavedIndex {
             path: path.clone(),
             source,
         };
-        // The table first, after the head's place, then the head with the chunks' CRCs;
+        // The table first, after the head's place, then the head with the chunk records;
         // then one fsync. A crash before it completes leaves a file whose CRCs fail.
         let file = std::fs::OpenOptions::new()
             .write(true)
@@ -417,13 +499,15 @@ impl Cache {
             .truncate(true)
             .open(&path)
             .map_err(saved_error)?;
-        let mut crcs = Vec::with_capacity(chunks);
-        let mut chunk = Vec::with_capacity(CHUNK_BYTES);
+        let mut chunk_records = Vec::with_capacity(chunks);
+        let (mut dense, mut stored) = (Vec::with_capacity(CHUNK_BYTES), Vec::new());
+        let mut at = head_len as u64;
         for c in 0..chunks {
-            self.index.export_chunk(c, CHUNK_BYTES, &mut chunk);
-            crcs.push(crc32fast::hash(&chunk));
-            file.write_all_at(&chunk, (head_len + c * CHUNK_BYTES) as u64)
-                .map_err(saved_error)?;
+            self.index.export_chunk(c, CHUNK_BYTES, &mut dense);
+            let form = encode_chunk(&dense, &mut stored);
+            file.write_all_at(&stored, at).map_err(saved_error)?;
+            chunk_records.push((stored.len() as u32, crc32fast::hash(&stored), form));
+            at += stored.len() as u64;
         }
         let mut head = Vec::with_capacity(head_len);
         head.extend_from_slice(&MAGIC);
@@ -446,8 +530,10 @@ impl Cache {
             head.extend_from_slice(&r.write_seq.to_le_bytes());
             head.extend_from_slice(&r.dead_bytes.to_le_bytes());
         }
-        for crc in &crcs {
+        for (len, crc, form) in &chunk_records {
+            head.extend_from_slice(&len.to_le_bytes());
             head.extend_from_slice(&crc.to_le_bytes());
+            head.extend_from_slice(&[*form, 0, 0, 0]);
         }
         let crc = crc32fast::hash(&head);
         head.extend_from_slice(&crc.to_le_bytes());
@@ -485,6 +571,51 @@ mod tests {
 
     fn index() -> Index {
         Index::new(&IndexConfig::new(100, 2, 15)).unwrap()
+    }
+
+    #[test]
+    fn chunks_round_trip_dense_and_sparse() {
+        let entries = |occupied: &[(usize, u64)], slots: usize| {
+            let mut dense = vec![0u8; slots * 8];
+            for &(i, e) in occupied {
+                dense[i * 8..i * 8 + 8].copy_from_slice(&e.to_le_bytes());
+            }
+            dense
+        };
+        let slots = 64;
+        let few = [(3usize, 7u64), (40, u64::MAX)];
+        let many: Vec<(usize, u64)> = (0..40).map(|i| (i, i as u64 + 1)).collect();
+        for (occupied, expect_form) in [(&few[..], SPARSE), (&many[..], DENSE)] {
+            let mut stored = Vec::new();
+            let form = encode_chunk(&entries(occupied, slots), &mut stored);
+            assert_eq!(form, expect_form);
+            let chunk = Chunk {
+                at: 0,
+                len: stored.len(),
+                crc: 0,
+                form,
+                slots,
+            };
+            let mut seen = Vec::new();
+            assert!(decode_chunk(&chunk, &stored, |i, e| seen.push((i, e))));
+            assert_eq!(seen, occupied);
+        }
+        // A sparse chunk naming a slot out of range or out of order does not decode.
+        let record = |slot: u32, e: u64| {
+            let mut r = slot.to_le_bytes().to_vec();
+            r.extend_from_slice(&e.to_le_bytes());
+            r
+        };
+        for bad in [record(64, 1), [record(5, 1), record(5, 2)].concat()] {
+            let chunk = Chunk {
+                at: 0,
+                len: bad.len(),
+                crc: 0,
+                form: SPARSE,
+                slots,
+            };
+            assert!(!decode_chunk(&chunk, &bad, |_, _| {}));
+        }
     }
 
     #[test]
