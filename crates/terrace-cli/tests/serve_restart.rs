@@ -40,15 +40,14 @@ fn clean_args(data: &str) -> [&str; 6] {
     ]
 }
 
-/// The RestartReport's `from_saved_index` of the server's "cache opened" log line.
-fn from_saved_index(log: &str) -> Option<u64> {
-    let line = log.lines().find(|l| l.contains("cache opened"))?;
-    let at = line.find("from_saved_index: ")? + "from_saved_index: ".len();
-    line[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
+/// What `stats` says the server's start found: segments taken from a clean shutdown's
+/// saved index, and items indexed; the restart items must be what the cache holds before
+/// anything is written.
+fn restart_stats(c: &mut Conn) -> (u64, u64) {
+    let stats = c.stats();
+    let items = stat_u64(&stats, "terrace_restart_items");
+    assert_eq!(items, stat_u64(&stats, "curr_items"), "{stats:?}");
+    (stat_u64(&stats, "terrace_restart_saved_segments"), items)
 }
 
 /// Sets `keys` (pipelined) to their versions in `model`, then reads them back once (a hit
@@ -160,12 +159,12 @@ fn clean_restart_is_warm_and_never_stale() {
 
     let mut server = common::start(dir.path(), &args);
     let log = std::fs::read_to_string(&server.log).expect("reading the server log");
-    let warm = from_saved_index(&log);
-    assert!(
-        warm.is_some_and(|n| n > 0),
-        "the restart after a clean shutdown must use the saved index (from_saved_index > 0), got {warm:?}\n{log}"
-    );
     let mut c = server.connect();
+    let (warm, _) = restart_stats(&mut c);
+    assert!(
+        warm > 0,
+        "the restart after a clean shutdown must use the saved index, got {warm} segments\n{log}"
+    );
     let items_after = stat_u64(&c.stats(), "curr_items");
 
     let mut hits = 0u64;
@@ -231,12 +230,12 @@ fn clean_restart_is_warm_and_never_stale() {
     drop(server);
     let server = common::start(dir.path(), &args);
     let log = std::fs::read_to_string(&server.log).expect("reading the server log");
+    let mut c = server.connect();
     assert_eq!(
-        from_saved_index(&log),
-        Some(0),
+        restart_stats(&mut c).0,
+        0,
         "a start after SIGKILL must not use the saved index of an earlier clean stop\n{log}"
     );
-    let mut c = server.connect();
     let mut problems = Vec::new();
     let mut hits = 0;
     for batch in all.chunks(100) {
@@ -314,12 +313,12 @@ fn sigint_with_open_connections_is_a_clean_shutdown() {
 
     let server = common::start(dir.path(), &args);
     let log = std::fs::read_to_string(&server.log).expect("reading the server log");
-    let warm = from_saved_index(&log);
-    assert!(
-        warm.is_some_and(|n| n > 0),
-        "the restart after SIGINT must be warm, got {warm:?}\n{log}"
-    );
     let mut c = server.connect();
+    let (warm, _) = restart_stats(&mut c);
+    assert!(
+        warm > 0,
+        "the restart after SIGINT must be warm, got {warm} saved segments\n{log}"
+    );
     assert_eq!(
         c.get("int:partial"),
         None,
