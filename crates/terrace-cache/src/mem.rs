@@ -337,6 +337,16 @@ impl SegmentArea {
         Some(unsafe { std::slice::from_raw_parts_mut(self.seg_ptr(seg), self.size()) })
     }
 
+    /// Starts reading `len` bytes of segment `seg` from `offset` into memory, where the
+    /// tier is a file read through the page cache (see `Region::will_need`); a hint.
+    pub fn will_need(&self, seg: u32, offset: usize, len: usize) {
+        if seg < self.count && self.region.is_page_cached() {
+            let at = ((seg as usize) << self.shift) + offset;
+            self.region
+                .will_need(at, len.min(self.size().saturating_sub(offset)));
+        }
+    }
+
     /// Every segment, each as its own slice, in slot order: for restart work spread over
     /// threads (each slice to one thread). `&mut self`, as for [`exclusive`](Self::exclusive).
     pub fn all_exclusive(&mut self) -> Vec<&mut [u8]> {

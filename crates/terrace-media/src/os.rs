@@ -246,6 +246,23 @@ pub unsafe fn madvise(addr: *mut u8, len: usize, advice: libc::c_int) -> io::Res
     }
 }
 
+/// Asks the kernel to start reading the pages covering `[addr, addr + len)` (part of a
+/// file mapping) into memory now (`MADV_WILLNEED`), so that touching them later does not
+/// wait for the disk page by page. Only the kernel sees the address, which may name
+/// anything: a range that is not mapped is an error, ignored like every other (a hint);
+/// anonymous memory is not affected.
+pub fn will_need(addr: *const u8, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let page = page_size();
+    let start = addr as usize & !(page - 1);
+    let end = (addr as usize).saturating_add(len);
+    // SAFETY: madvise(WILLNEED) reads no memory of this process and changes none; for an
+    // address that is not mapped it fails with ENOMEM, which is ignored.
+    let _ = unsafe { madvise(start as *mut u8, end - start, libc::MADV_WILLNEED) };
+}
+
 /// `msync(addr, len, MS_SYNC)` on the pages covering the range.
 ///
 /// # Safety

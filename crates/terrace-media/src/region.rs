@@ -404,6 +404,16 @@ impl Region {
         Ok(())
     }
 
+    /// Asks the kernel to start reading `[offset, offset+len)` of a file-backed region
+    /// into memory now (see [`os::will_need`]): for scans of a disk-backed file. A hint;
+    /// a range outside the region or anonymous memory is left alone.
+    pub fn will_need(&self, offset: usize, len: usize) {
+        if self.file.is_none() || self.check_range(offset, len).is_err() {
+            return;
+        }
+        os::will_need(self.base.as_ptr().wrapping_add(offset), len);
+    }
+
     /// Gives the memory behind `[offset, offset+len)` back: anonymous pages are dropped
     /// (they read as zero afterwards); file blocks are punched out only when hole punching
     /// was chosen. Returns whether anything was released (so the caller knows whether the

@@ -151,20 +151,33 @@ impl Cache {
         report: &mut RestartReport,
         saved: Option<&Saved>,
     ) -> Result<(), CacheError> {
+        // On a disk, every header read would wait for its own page: ask for them all at
+        // once, so the kernel reads them with a deep queue.
+        let page_cached = area.region().is_page_cached();
+        for slot in 0..area.count() {
+            area.will_need(slot, 0, segment::HEADER_LEN);
+        }
         let slots: Vec<(u32, &mut [u8])> = area
             .all_exclusive()
             .into_iter()
             .enumerate()
             .map(|(slot, bytes)| (slot as u32, bytes))
             .collect();
+        // Without a saved index every written segment is read whole: each thread asks for
+        // its next segment while it checks this one.
+        let read_ahead = saved.is_none() && page_cached;
         let outcomes = parallel::map_parts(slots, |part| {
-            part.into_iter()
-                .map(|(slot, bytes)| {
-                    let outcome =
-                        Self::scan_segment(t, slot, base + slot, bytes, shift, now, index, saved);
-                    (slot, outcome)
-                })
-                .collect::<Vec<_>>()
+            let mut outcomes = Vec::with_capacity(part.len());
+            let mut part = part.into_iter().peekable();
+            while let Some((slot, bytes)) = part.next() {
+                if let Some((_, next)) = part.peek().filter(|_| read_ahead) {
+                    terrace_media::os::will_need(next.as_ptr(), next.len());
+                }
+                let outcome =
+                    Self::scan_segment(t, slot, base + slot, bytes, shift, now, index, saved);
+                outcomes.push((slot, outcome));
+            }
+            outcomes
         });
         let mut outcomes: Vec<(u32, Outcome)> = outcomes.into_iter().flatten().collect();
         outcomes.sort_unstable_by_key(|&(slot, _)| slot);
