@@ -294,6 +294,16 @@ impl Index {
         }
     }
 
+    /// Hints the CPU to fetch the lines a [`lock`](Self::lock) and insert of `hash` will
+    /// touch (both buckets and their locks): for loops over many keys, a few keys ahead.
+    pub fn prefetch(&self, hash: u64) {
+        let (b1, b2) = bucket_pair(hash, self.buckets().len());
+        for b in [b1, b2] {
+            terrace_media::os::prefetch(self.buckets()[b].as_ptr().cast());
+            terrace_media::os::prefetch((&self.locks[b] as *const Mutex<()>).cast());
+        }
+    }
+
     /// Locks the hash's two buckets for writing (lower index first).
     pub fn lock(&self, hash: u64) -> BucketGuard<'_> {
         let (b1, b2) = bucket_pair(hash, self.buckets().len());

@@ -474,11 +474,16 @@ impl Cache {
         let this = &*self;
         let placed = parallel::map_parts(found, |part| {
             let mut left = (0usize, Vec::new(), Vec::new());
-            for f in part {
-                match this.place_found(&f) {
+            // The buckets are scattered: fetch a few items ahead.
+            const AHEAD: usize = 8;
+            for (i, f) in part.iter().enumerate() {
+                if let Some(next) = part.get(i + AHEAD) {
+                    this.index.prefetch(next.hash);
+                }
+                match this.place_found(f) {
                     Placed::Inserted => left.0 += 1,
-                    Placed::Conflict => left.1.push(f),
-                    Placed::Full => left.2.push(f),
+                    Placed::Conflict => left.1.push(*f),
+                    Placed::Full => left.2.push(*f),
                 }
             }
             left
