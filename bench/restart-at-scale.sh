@@ -208,9 +208,9 @@ run() {
     [ "$server" = memcached ] && note="EMPTY: memcached discarded its state ($(sed -n '/^-- restart/,$p' "$log" | grep '^\[restart\]' | tr '\n' ' ' || true))"
     echo "$server N=$n $mode: $note" >&2
   fi
-  # What the server said about its restart (terrace: its recovery report).
+  # What the server said about its restart (terrace: its "cache opened" log line).
   local said row
-  said=$(sed -n '/^-- restart/,$p' "$log" | grep -o -e 'recovery=.*' -e '^\[restart\].*' | tr '\n' ' ' || true)
+  said=$(sed -n '/^-- restart/,$p' "$log" | grep -o -e 'cache opened.*' -e '^\[restart\].*' | tr '\n' ' ' || true)
   [ -n "$said" ] && echo "  $server: $said" >&2
   row=$(jq -c -n --arg server "$server" --argjson n "$n" --arg mode "$mode" --arg note "$note" --arg said "$said" \
     --argjson fill "$fill" --argjson before "$before" --argjson stop "$stop" --argjson probe "$probe" \
