@@ -38,7 +38,7 @@
 //! [`begin_evict`]: SegmentArea::begin_evict
 //! [`try_free`]: SegmentArea::try_free
 
-use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 use terrace_media::{MediaError, Region};
 
@@ -135,6 +135,8 @@ pub struct SegmentArea {
     shift: u8,
     count: u32,
     control: Box<[AtomicU64]>,
+    /// Per segment: whether it still shows a restored image ([`SegmentArea::map_image`]).
+    imaged: Box<[AtomicBool]>,
     id: u64,
 }
 
@@ -158,6 +160,7 @@ impl SegmentArea {
         }
         Some(SegmentArea {
             control: (0..count).map(|_| AtomicU64::new(0)).collect(),
+            imaged: (0..count).map(|_| AtomicBool::new(false)).collect(),
             region,
             shift,
             count,
@@ -295,6 +298,18 @@ impl SegmentArea {
         if !won {
             return Ok(None);
         }
+        // A segment still showing a restored image is rewritten now: its image pages go,
+        // so they do not stay in memory beside the new ones (a hint: on failure they only
+        // stay until the tier is dropped).
+        if self
+            .imaged
+            .get(seg as usize)
+            .is_some_and(|i| i.swap(false, Ordering::Relaxed))
+        {
+            let _ = self
+                .region
+                .forget_image((seg as usize) << self.shift, self.size());
+        }
         // SAFETY: the segment is `Opening` and this thread won it: no pin can succeed, no
         // appender exists (invariants 1 and 3), so nobody else reads or writes these 64
         // bytes, which lie inside the segment (seg < count, checked by `ctl`).
@@ -345,6 +360,29 @@ impl SegmentArea {
             self.region
                 .will_need(at, len.min(self.size().saturating_sub(offset)));
         }
+    }
+
+    /// Shows `file`'s first `count << shift` bytes as this (volatile, anonymous) area's
+    /// segments, read in place (`Region::map_image`): segment `slot` is the file's bytes
+    /// at `slot << shift`. `slots` are the segments the image holds; each gives its image
+    /// pages back when it is next opened for writing. At restart only (`&mut self`).
+    pub fn map_image(&mut self, file: std::fs::File, slots: &[u32]) -> Result<(), MediaError> {
+        let len = (self.count as usize) << self.shift;
+        self.region.map_image(file, len)?;
+        for &slot in slots {
+            if let Some(i) = self.imaged.get(slot as usize) {
+                i.store(true, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes [`map_image`](Self::map_image): the area is fresh zeroed memory again.
+    pub fn drop_image(&mut self) -> Result<(), MediaError> {
+        for i in self.imaged.iter() {
+            i.store(false, Ordering::Relaxed);
+        }
+        self.region.drop_image()
     }
 
     /// Every segment, each as its own slice, in slot order: for restart work spread over

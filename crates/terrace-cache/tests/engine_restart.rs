@@ -850,30 +850,34 @@ fn a_torn_or_foreign_dram_snapshot_is_ignored() {
         let present = filled_and_shut_down(dir.path());
         let snap = dir.path().join("dram0.snapshot");
         let mut bytes = std::fs::read(&snap).unwrap();
+        // The file mirrors the 2 MiB DRAM tier; its head follows at 2 MiB.
+        let head = 2 << 20;
         // Rewrites the head's CRC (after the fixed part and one 8-byte record per
         // segment), so that only the field changed can refuse the file.
         let recrc = |bytes: &mut Vec<u8>| {
-            let segments = u32::from_le_bytes(bytes[24..28].try_into().unwrap()) as usize;
-            let body = 28 + 8 * segments;
-            let crc = crc32fast::hash(&bytes[..body]);
+            let segments =
+                u32::from_le_bytes(bytes[head + 24..head + 28].try_into().unwrap()) as usize;
+            let body = head + 28 + 8 * segments;
+            let crc = crc32fast::hash(&bytes[head..body]);
             bytes[body..body + 4].copy_from_slice(&crc.to_le_bytes());
         };
         match damage {
-            "truncate" => bytes.truncate(bytes.len() / 2),
+            "truncate" => bytes.truncate(bytes.len() - 1),
             "flip" => {
-                let at = bytes.len() / 3;
-                bytes[at] ^= 0x40;
+                // Inside the first segment the snapshot holds.
+                let slot = u32::from_le_bytes(bytes[head + 28..head + 32].try_into().unwrap());
+                bytes[((slot as usize) << 15) + 100] ^= 0x40;
             }
             "other-tier" => {
-                bytes[10] = 1;
+                bytes[head + 10] = 1;
                 recrc(&mut bytes);
             }
             "other-bound" => {
-                bytes[16] ^= 1;
+                bytes[head + 16] ^= 1;
                 recrc(&mut bytes);
             }
             _ => {
-                bytes[11] += 1; // segment size
+                bytes[head + 11] += 1; // segment size
                 recrc(&mut bytes);
             }
         }
@@ -1133,4 +1137,36 @@ fn a_restart_with_another_dram_size_keeps_the_file_tier_and_never_a_wrong_value(
     assert_eq!(hits, keys_in_tier(&present, 1).len(), "{report:?}");
     assert_eq!(report.from_saved_index, 0, "{report:?}");
     assert!(report.scanned > 0, "{report:?}");
+}
+
+#[test]
+fn a_restored_dram_tier_is_rewritten_correctly() {
+    // The DRAM tier comes back as the snapshot mapped in place; writing past its size
+    // reuses every restored segment (each giving its image pages back first). New and old
+    // keys must read exactly what was last written, or miss.
+    let dir = tier_dir();
+    let present = filled_and_shut_down(dir.path());
+    let (c, report) = Cache::open(dram_and_file(dir.path())).unwrap();
+    assert_eq!(report.items, present.len(), "{report:?}");
+    let fresh = |k: u32| format!("{k}-fresh-").repeat(1000 / 12).into_bytes();
+    for k in 0..6000u32 {
+        c.set(format!("n{k}").as_bytes(), &fresh(k), 0, 0).unwrap();
+    }
+    let mut new_hits = 0;
+    for k in 0..6000u32 {
+        if let Some(g) = c.get(format!("n{k}").as_bytes()).unwrap() {
+            assert_eq!(g.value(), &fresh(k)[..], "n{k}");
+            new_hits += 1;
+        }
+    }
+    assert!(new_hits > 1000, "{new_hits}");
+    for (key, (v, _)) in &present {
+        if let Some(g) = c.get(key).unwrap() {
+            assert_eq!(g.value(), &v[..], "{}", String::from_utf8_lossy(key));
+        }
+    }
+    assert!(
+        c.stats().tiers[0].segments_evicted > 0,
+        "no restored segment was reused"
+    );
 }

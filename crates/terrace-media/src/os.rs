@@ -150,6 +150,35 @@ pub unsafe fn map_file_fixed(
     Ok(())
 }
 
+/// Maps `len` bytes of `fd` from offset 0 *private* and read-write over `[addr,
+/// addr+len)`: reads see the file's pages (shared with the page cache, nothing copied),
+/// the first write to a page copies it into anonymous memory of this process, and the
+/// file never changes.
+///
+/// # Safety
+/// As for [`map_anonymous_fixed`].
+pub unsafe fn map_private_file_fixed(
+    addr: NonNull<u8>,
+    len: usize,
+    fd: BorrowedFd<'_>,
+) -> io::Result<()> {
+    // SAFETY: the caller owns the range (function contract); the fd is open.
+    let raw = unsafe {
+        libc::mmap(
+            addr.as_ptr().cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Whether `fd` can be mapped with `MAP_SYNC` (a file on DAX), found by mapping its first
 /// page at an address the kernel chooses and unmapping it again. The probe is needed
 /// because a failed `MAP_FIXED` attempt is not harmless: on ext4 or xfs without DAX the

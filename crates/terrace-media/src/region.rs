@@ -122,9 +122,19 @@ pub struct Region {
     /// rely on the page cache ([`Region::persist_through_page_cache`]).
     persist_level: Durability,
     file: Option<FileBacking>,
+    /// An anonymous region's *image*: a file mapped privately over its first bytes
+    /// ([`Region::map_image`]), read in place and copied page by page on first write.
+    image: Option<Image>,
     registered: Option<NonZeroU32>,
     /// Bytes currently reserved in the backing file (statistics only).
     reserved: AtomicU64,
+}
+
+/// The file behind an anonymous region's image, kept open to give its pages back.
+#[derive(Debug)]
+struct Image {
+    file: File,
+    len: usize,
 }
 
 // SAFETY: a Region is an owned address range plus a file descriptor; the raw base pointer
@@ -211,6 +221,7 @@ impl Region {
             durability: Durability::None,
             persist_level: Durability::None,
             file: None,
+            image: None,
             registered: None,
             reserved: AtomicU64::new(0),
         }
@@ -303,6 +314,7 @@ impl Region {
                 dax,
                 hole_punching,
             }),
+            image: None,
             registered: None,
             reserved: AtomicU64::new(0),
         })
@@ -414,6 +426,56 @@ impl Region {
         os::will_need(self.base.as_ptr().wrapping_add(offset), len);
     }
 
+    /// Maps the first `len` bytes of `file` privately over the first `len` bytes of this
+    /// anonymous region (volatile memory: DRAM, not a NUMA binding, which the file's pages
+    /// would not follow): the region then reads the file's bytes where it had zeros,
+    /// without copying them, and a write copies only the page it lands on. The file is
+    /// never written. For putting a saved image of volatile memory back at once; see
+    /// [`forget_image`](Self::forget_image) and [`drop_image`](Self::drop_image).
+    pub fn map_image(&mut self, file: File, len: usize) -> Result<()> {
+        if self.file.is_some() || self.image.is_some() || len == 0 || len > self.len {
+            return Err(MediaError::InvalidSize {
+                size: len,
+                why: "an image goes over the start of an anonymous region without one",
+            });
+        }
+        // SAFETY: `[base, base+len)` lies in this region's own anonymous mapping (len <=
+        // self.len), which `&mut self` shows nobody else uses; MAP_FIXED replaces just it.
+        unsafe { os::map_private_file_fixed(self.base, len, file.as_fd()) }
+            .map_err(|source| MediaError::Map { size: len, source })?;
+        self.image = Some(Image { file, len });
+        Ok(())
+    }
+
+    /// Gives back the image's pages under `[offset, offset+len)` (the file's, by punching
+    /// them out of it; pages already copied by a write stay): bytes there not yet written
+    /// read as zero afterwards. For a range about to be rewritten, so that the image's
+    /// copy of it does not stay in memory beside the new one. No-op without an image.
+    pub fn forget_image(&self, offset: usize, len: usize) -> Result<()> {
+        let Some(image) = &self.image else {
+            return Ok(());
+        };
+        if offset >= image.len {
+            return Ok(());
+        }
+        let len = len.min(image.len - offset);
+        os::punch_hole(image.file.as_fd(), offset as u64, len as u64)
+            .map_err(|source| MediaError::Map { size: len, source })
+    }
+
+    /// Replaces the image with fresh anonymous memory (zeros), as if it was never mapped.
+    pub fn drop_image(&mut self) -> Result<()> {
+        let Some(image) = self.image.take() else {
+            return Ok(());
+        };
+        // SAFETY: the image covers the start of this region's own mapping; `&mut self`
+        // shows nobody else uses it; MAP_FIXED replaces just that range.
+        unsafe { os::map_anonymous_fixed(self.base, image.len) }.map_err(|source| MediaError::Map {
+            size: image.len,
+            source,
+        })
+    }
+
     /// Gives the memory behind `[offset, offset+len)` back: anonymous pages are dropped
     /// (they read as zero afterwards); file blocks are punched out only when hole punching
     /// was chosen. Returns whether anything was released (so the caller knows whether the
@@ -422,6 +484,8 @@ impl Region {
         self.check_range(offset, len)?;
         match &self.file {
             None => {
+                // Under an image, dropped pages would read the file again: out of it first.
+                self.forget_image(offset, len)?;
                 // SAFETY: the range lies in this region's anonymous mapping (checked above);
                 // the caller no longer uses its contents.
                 unsafe { os::madvise(self.base.as_ptr().add(offset), len, libc::MADV_DONTNEED) }
@@ -812,6 +876,53 @@ mod tests {
             Region::dram(usize::MAX, PageSize::Base),
             Err(MediaError::InvalidSize { .. })
         ));
+    }
+
+    #[test]
+    fn an_image_reads_in_place_copies_on_write_and_can_be_forgotten() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
+        let path = dir.path().join("image");
+        let page = os::page_size();
+        let pattern: Vec<u8> = (0..4 * page).map(|i| (i % 251) as u8 + 1).collect();
+        std::fs::write(&path, &pattern).unwrap();
+        let mut region = Region::dram(GRANULE, PageSize::Base).unwrap();
+        let file = File::options().read(true).write(true).open(&path).unwrap();
+        region.map_image(file, pattern.len()).unwrap();
+        let at = |r: &Region, i: usize| {
+            // SAFETY: i < 4 pages <= GRANULE: inside the region's live mapping.
+            unsafe { r.base().as_ptr().add(i).read() }
+        };
+        let set = |r: &Region, i: usize, v: u8| {
+            // SAFETY: as above; the test owns the region and no other view of it exists.
+            unsafe { r.base().as_ptr().add(i).write(v) }
+        };
+        assert!((0..pattern.len()).all(|i| at(&region, i) == pattern[i]));
+        assert_eq!(at(&region, pattern.len()), 0, "past the image: zeros");
+        set(&region, 10, 0xEE);
+        let mut on_file = vec![0u8; pattern.len()];
+        File::open(&path)
+            .unwrap()
+            .read_exact_at(&mut on_file, 0)
+            .unwrap();
+        assert_eq!(on_file, pattern, "a write never reaches the file");
+        // Forgetting the first two pages: the written page stays as written, the other
+        // reads as zero; the rest of the image is still there.
+        region.forget_image(0, 2 * page).unwrap();
+        assert_eq!((at(&region, 10), at(&region, 11)), (0xEE, pattern[11]));
+        assert_eq!(at(&region, page + 5), 0);
+        assert_eq!(at(&region, 2 * page + 5), pattern[2 * page + 5]);
+        // Released memory reads as zero, image or not.
+        assert!(region.release(0, page).unwrap());
+        assert_eq!(at(&region, 10), 0);
+        region.drop_image().unwrap();
+        assert!((0..pattern.len()).all(|i| at(&region, i) == 0));
+        assert!(Region::dram(GRANULE, PageSize::Base)
+            .unwrap()
+            .map_image(File::open(&path).unwrap(), 2 * GRANULE)
+            .is_err());
     }
 
     #[test]

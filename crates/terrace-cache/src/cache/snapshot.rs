@@ -4,12 +4,19 @@
 //! like a file tier's — every item of the cache is a hit after a clean restart, not only
 //! those the file tiers had room for.
 //!
-//! Format (version 2), little-endian: magic `"TRCDRAM\0"`, version `u16`, `tier: u8`,
-//! `size_shift: u8`, `slots: u32` (the tier's segment count), `seq_bound: u64`,
-//! `segments: u32`; then `segments` records `(slot: u32, crc: u32)` (the CRC-32 of that
-//! segment's bytes); then the CRC-32 of this head. Then the segments' bytes, whole, in
-//! record order. Each segment is written and read on its own (all cores share the work)
-//! and checked by its own CRC.
+//! Format (version 3), little-endian. The file mirrors the tier: segment `slot` at
+//! offset `slot << size_shift` (slots not saved are holes), so that a DRAM tier can map
+//! it in place. Then, at `head_at` = the tier's bytes rounded up to 2 MiB, the head:
+//! magic `"TRCDRAM\0"`, version `u16`, `tier: u8`, `size_shift: u8`, `slots: u32` (the
+//! tier's segment count), `seq_bound: u64`, `segments: u32`; then `segments` records
+//! `(slot: u32, crc: u32)` (the CRC-32 of that segment's bytes); then the CRC-32 of the
+//! head. The file ends there.
+//!
+//! Restoring a DRAM tier maps the file privately over the tier's memory
+//! (`SegmentArea::map_image`): nothing is copied, the segments' CRCs are checked in
+//! place on all cores, and a segment's image pages go back to the system when it is
+//! first rewritten. A NUMA tier, whose pages must stay on its node, reads its segments
+//! into its memory instead, on all cores.
 //!
 //! When it is trusted (the saved index's rules, `cache/saved.rs`):
 //! - only together with a saved index that is trusted, and only if its `seq_bound` is
@@ -25,7 +32,6 @@
 //! snapshot (or a torn temporary, ignored and removed at the next open).
 
 use std::fs::{File, OpenOptions};
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -33,9 +39,11 @@ use crate::mem::{SegState, SegmentArea};
 use crate::parallel;
 
 const MAGIC: [u8; 8] = *b"TRCDRAM\0";
-const VERSION: u16 = 2;
+const VERSION: u16 = 3;
 const FIXED: usize = 8 + 2 + 1 + 1 + 4 + 8 + 4;
 const RECORD: usize = 8;
+/// The head starts at the tier's bytes rounded up to this (a multiple of any page size).
+const HEAD_ALIGN: u64 = 2 << 20;
 
 /// The snapshot file of volatile tier `tier` in `dir`.
 pub fn snapshot_path(dir: &Path, tier: usize) -> PathBuf {
@@ -44,6 +52,11 @@ pub fn snapshot_path(dir: &Path, tier: usize) -> PathBuf {
 
 fn temp_path(dir: &Path, tier: usize) -> PathBuf {
     dir.join(format!("dram{tier}.snapshot.tmp"))
+}
+
+/// Where the head of a snapshot of `slots` segments of `1 << shift` bytes starts.
+fn head_at(slots: u32, shift: u8) -> u64 {
+    (u64::from(slots) << shift).next_multiple_of(HEAD_ALIGN)
 }
 
 /// Writes the sealed segments of `area` (volatile tier `tier`) to its snapshot, synced;
@@ -66,41 +79,39 @@ pub(super) fn save(
         .filter(|&(slot, _)| sealed[slot])
         .map(|(slot, bytes)| (slot as u32, bytes))
         .collect();
-    let head_len = FIXED + RECORD * segments.len() + 4;
     let tmp = temp_path(dir, tier);
     let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(&tmp)?;
-    let mut head = Vec::with_capacity(head_len);
+    // The segments' CRCs on all cores; then the segments at their places from this
+    // thread (parallel writes into one file contend on it), the head, one fsync and the
+    // rename.
+    let crcs = parallel::map_parts(segments.iter().collect(), |part| {
+        part.into_iter()
+            .map(|(slot, bytes)| (*slot, crc32fast::hash(bytes)))
+            .collect::<Vec<_>>()
+    });
+    let mut records: Vec<(u32, u32)> = crcs.into_iter().flatten().collect();
+    records.sort_unstable();
+    for (slot, bytes) in &segments {
+        file.write_all_at(bytes, u64::from(*slot) << shift)?;
+    }
+    let mut head = Vec::with_capacity(FIXED + RECORD * records.len() + 4);
     head.extend_from_slice(&MAGIC);
     head.extend_from_slice(&VERSION.to_le_bytes());
     head.extend_from_slice(&[tier as u8, shift]);
     head.extend_from_slice(&slots.to_le_bytes());
     head.extend_from_slice(&seq_bound.to_le_bytes());
-    head.extend_from_slice(&(segments.len() as u32).to_le_bytes());
-    // The segments' CRCs on all cores; then the segments, one after another from this
-    // thread (parallel writes into one file contend on it), the head with the CRCs, one
-    // fsync and the rename.
-    let crcs = parallel::map_parts(segments.iter().enumerate().collect(), |part| {
-        part.into_iter()
-            .map(|(i, (slot, bytes))| (i, *slot, crc32fast::hash(bytes)))
-            .collect::<Vec<_>>()
-    });
-    let mut records: Vec<(usize, u32, u32)> = crcs.into_iter().flatten().collect();
-    let size = 1usize << shift;
-    for (i, (_, bytes)) in segments.iter().enumerate() {
-        file.write_all_at(bytes, (head_len + i * size) as u64)?;
-    }
-    records.sort_unstable_by_key(|&(i, _, _)| i);
-    for (_, slot, crc) in records {
+    head.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for (slot, crc) in records {
         head.extend_from_slice(&slot.to_le_bytes());
         head.extend_from_slice(&crc.to_le_bytes());
     }
     let crc = crc32fast::hash(&head);
     head.extend_from_slice(&crc.to_le_bytes());
-    file.write_all_at(&head, 0)?;
+    file.write_all_at(&head, head_at(slots, shift))?;
     file.sync_all()?;
     std::fs::rename(&tmp, snapshot_path(dir, tier))?;
     File::open(dir)?.sync_all()?;
@@ -132,8 +143,7 @@ pub(super) fn remove_temp(dir: &Path, tier: usize) {
 /// Puts the snapshot of volatile tier `tier` back into `area` (fresh, zeroed memory) if
 /// it is present, intact and written for this configuration and `seq_bound`; removes it
 /// either way (a torn temporary goes with [`remove_leftovers`]). Returns whether it
-/// restored any segment; on any mismatch, none, with what was copied given back or its
-/// headers zeroed.
+/// restored any segment; on any mismatch, none, with the area zeroed again.
 pub(super) fn restore(
     dir: &Path,
     tier: usize,
@@ -142,43 +152,68 @@ pub(super) fn restore(
     seq_bound: Option<u64>,
 ) -> bool {
     let path = snapshot_path(dir, tier);
-    let file = File::open(&path);
+    // Read-write: a mapped image gives its pages back by punching them out of the file.
+    let file = OpenOptions::new().read(true).write(true).open(&path);
     // Removed before use (the open file stays readable): never used twice.
     let _ = std::fs::remove_file(&path);
     let (Ok(file), Some(bound)) = (file, seq_bound) else {
         return false;
     };
-    let mut restored = Vec::new();
-    if read_into(file, tier, area, shift, bound, &mut restored).is_none() {
-        // Undo: the pages go back to the system (reading as zero), or where that cannot
-        // be done (segments smaller than a page) the headers are zeroed, so no segment
-        // of a refused image is ever read.
-        for &slot in &restored {
-            let released = area
-                .region()
-                .release((slot as usize) << shift, 1 << shift)
-                .unwrap_or(false);
-            if !released {
+    let Some(records) = read_head(&file, tier, area.count(), shift, bound) else {
+        return false;
+    };
+    if records.is_empty() {
+        return false;
+    }
+    let slots: Vec<u32> = records.iter().map(|&(slot, _)| slot).collect();
+    let in_place = area.region().medium() == terrace_media::MediumKind::Dram;
+    if in_place {
+        if area.map_image(file, &slots).is_err() {
+            return false;
+        }
+        if check_in_place(area, &records) {
+            return true;
+        }
+        // Refused: the tier is fresh zeroed memory again; if even that fails, no header
+        // of the image may be read.
+        if area.drop_image().is_err() {
+            for &slot in &slots {
                 area.clear_header(slot);
             }
         }
         return false;
     }
-    !restored.is_empty()
+    if read_into(&file, area, shift, &records) {
+        return true;
+    }
+    // Undo: the pages go back to the system (reading as zero), or where that cannot be
+    // done (segments smaller than a page) the headers are zeroed, so no segment of a
+    // refused image is ever read.
+    for &slot in &slots {
+        let released = area
+            .region()
+            .release((slot as usize) << shift, 1 << shift)
+            .unwrap_or(false);
+        if !released {
+            area.clear_header(slot);
+        }
+    }
+    false
 }
 
-/// Reads a snapshot into `area`, pushing each slot it may have written to `restored`;
-/// `None` at the first mismatch (the caller undoes what was written).
-fn read_into(
-    mut file: File,
+/// The head of a snapshot, checked against this tier (`tier`, `slots` segments of
+/// `1 << shift` bytes) and `bound`: its `(slot, crc)` records, each slot once and in
+/// range; `None` if anything does not match.
+fn read_head(
+    file: &File,
     tier: usize,
-    area: &mut SegmentArea,
+    slots: u32,
     shift: u8,
     bound: u64,
-    restored: &mut Vec<u32>,
-) -> Option<()> {
+) -> Option<Vec<(u32, u32)>> {
+    let at = head_at(slots, shift);
     let mut fixed = [0u8; FIXED];
-    file.read_exact(&mut fixed).ok()?;
+    file.read_exact_at(&mut fixed, at).ok()?;
     let u32_at =
         |b: &[u8], at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
     let version = u16::from_le_bytes([fixed[8], fixed[9]]);
@@ -187,43 +222,73 @@ fn read_into(
         || version != VERSION
         || usize::from(fixed[10]) != tier
         || fixed[11] != shift
-        || u32_at(&fixed, 12)? != area.count()
+        || u32_at(&fixed, 12)? != slots
         || stored_bound != bound
     {
         return None;
     }
     let segments = u32_at(&fixed, 24)? as usize;
-    if segments > area.count() as usize {
+    if segments > slots as usize {
         return None;
     }
     let head_len = FIXED + RECORD * segments + 4;
-    let size = 1usize << shift;
-    let file_len = file.metadata().ok()?.len();
-    if file_len != (head_len as u64).checked_add((segments as u64).checked_mul(size as u64)?)? {
+    if file.metadata().ok()?.len() != at.checked_add(head_len as u64)? {
         return None;
     }
     let mut head = fixed.to_vec();
     head.resize(head_len, 0);
-    file.read_exact(&mut head[FIXED..]).ok()?;
+    file.read_exact_at(&mut head[FIXED..], at + FIXED as u64)
+        .ok()?;
     let body = head_len - 4;
     if u32_at(&head, body)? != crc32fast::hash(&head[..body]) {
         return None;
     }
-    let mut slices: Vec<Option<&mut [u8]>> = area.all_exclusive().into_iter().map(Some).collect();
-    let mut work = Vec::with_capacity(segments);
-    for i in 0..segments {
-        let slot = u32_at(&head, FIXED + RECORD * i)?;
-        let crc = u32_at(&head, FIXED + RECORD * i + 4)?;
-        // A slot named twice (or out of range) refuses the file.
-        let bytes = slices.get_mut(slot as usize)?.take()?;
-        restored.push(slot);
-        work.push(((head_len + i * size) as u64, crc, bytes));
-    }
-    let file = &file;
-    let intact = parallel::map_parts(work, |part| {
-        part.into_iter().all(|(at, crc, bytes)| {
-            file.read_exact_at(bytes, at).is_ok() && crc32fast::hash(bytes) == crc
+    let mut seen = vec![false; slots as usize];
+    (0..segments)
+        .map(|i| {
+            let slot = u32_at(&head, FIXED + RECORD * i)?;
+            let crc = u32_at(&head, FIXED + RECORD * i + 4)?;
+            // A slot named twice (or out of range) refuses the file.
+            (!std::mem::replace(seen.get_mut(slot as usize)?, true)).then_some((slot, crc))
         })
-    });
-    intact.into_iter().all(|ok| ok).then_some(())
+        .collect()
+}
+
+/// Whether every recorded segment of a mapped image matches its CRC (on all cores).
+fn check_in_place(area: &mut SegmentArea, records: &[(u32, u32)]) -> bool {
+    let mut slices: Vec<Option<&mut [u8]>> = area.all_exclusive().into_iter().map(Some).collect();
+    let work: Option<Vec<(u32, &mut [u8])>> = records
+        .iter()
+        .map(|&(slot, crc)| Some((crc, slices.get_mut(slot as usize)?.take()?)))
+        .collect();
+    let Some(work) = work else {
+        return false;
+    };
+    parallel::map_parts(work, |part| {
+        part.into_iter()
+            .all(|(crc, bytes)| crc32fast::hash(bytes) == crc)
+    })
+    .into_iter()
+    .all(|ok| ok)
+}
+
+/// Reads the recorded segments of a snapshot into `area` (on all cores), each checked
+/// against its CRC; whether all were.
+fn read_into(file: &File, area: &mut SegmentArea, shift: u8, records: &[(u32, u32)]) -> bool {
+    let mut slices: Vec<Option<&mut [u8]>> = area.all_exclusive().into_iter().map(Some).collect();
+    let work: Option<Vec<(u32, u32, &mut [u8])>> = records
+        .iter()
+        .map(|&(slot, crc)| Some((slot, crc, slices.get_mut(slot as usize)?.take()?)))
+        .collect();
+    let Some(work) = work else {
+        return false;
+    };
+    parallel::map_parts(work, |part| {
+        part.into_iter().all(|(slot, crc, bytes)| {
+            file.read_exact_at(bytes, u64::from(slot) << shift).is_ok()
+                && crc32fast::hash(bytes) == crc
+        })
+    })
+    .into_iter()
+    .all(|ok| ok)
 }
