@@ -362,13 +362,23 @@ impl SegmentArea {
         }
     }
 
-    /// Shows `file`'s first `count << shift` bytes as this (volatile, anonymous) area's
-    /// segments, read in place (`Region::map_image`): segment `slot` is the file's bytes
-    /// at `slot << shift`. `slots` are the segments the image holds; each gives its image
-    /// pages back when it is next opened for writing. At restart only (`&mut self`).
+    /// Shows segments `slots` of `file` as this (volatile, anonymous) area's, read in
+    /// place (`Region::map_image`): segment `slot` is the file's bytes at `slot << shift`;
+    /// other segments stay as they are. Each gives its image pages back when it is next
+    /// opened for writing. Segments must be whole pages. At restart only (`&mut self`).
     pub fn map_image(&mut self, file: std::fs::File, slots: &[u32]) -> Result<(), MediaError> {
-        let len = (self.count as usize) << self.shift;
-        self.region.map_image(file, len)?;
+        // Runs of consecutive slots, each mapped once; the slots between stay anonymous.
+        let mut sorted: Vec<u32> = slots.iter().copied().filter(|&s| s < self.count).collect();
+        sorted.sort_unstable();
+        let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+        for slot in sorted {
+            let start = (slot as usize) << self.shift;
+            match ranges.last_mut() {
+                Some(last) if last.end == start => last.end += self.size(),
+                _ => ranges.push(start..start + self.size()),
+            }
+        }
+        self.region.map_image(file, &ranges)?;
         for &slot in slots {
             if let Some(i) = self.imaged.get(slot as usize) {
                 i.store(true, Ordering::Relaxed);

@@ -150,8 +150,8 @@ pub unsafe fn map_file_fixed(
     Ok(())
 }
 
-/// Maps `len` bytes of `fd` from offset 0 *private* and read-write over `[addr,
-/// addr+len)`: reads see the file's pages (shared with the page cache, nothing copied),
+/// Maps `len` bytes of `fd` from offset `offset` (page-aligned) *private* and read-write
+/// over `[addr, addr+len)`: reads see the file's pages (shared with the page cache, nothing copied),
 /// the first write to a page copies it into anonymous memory of this process, and the
 /// file never changes.
 ///
@@ -161,6 +161,7 @@ pub unsafe fn map_private_file_fixed(
     addr: NonNull<u8>,
     len: usize,
     fd: BorrowedFd<'_>,
+    offset: u64,
 ) -> io::Result<()> {
     // SAFETY: the caller owns the range (function contract); the fd is open.
     let raw = unsafe {
@@ -170,7 +171,7 @@ pub unsafe fn map_private_file_fixed(
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_FIXED,
             fd.as_raw_fd(),
-            0,
+            offset as libc::off_t,
         )
     };
     if raw == libc::MAP_FAILED {

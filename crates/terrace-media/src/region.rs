@@ -426,24 +426,51 @@ impl Region {
         os::will_need(self.base.as_ptr().wrapping_add(offset), len);
     }
 
-    /// Maps the first `len` bytes of `file` privately over the first `len` bytes of this
-    /// anonymous region (volatile memory: DRAM, not a NUMA binding, which the file's pages
-    /// would not follow): the region then reads the file's bytes where it had zeros,
-    /// without copying them, and a write copies only the page it lands on. The file is
-    /// never written. For putting a saved image of volatile memory back at once; see
+    /// Maps the bytes of `file` under each of `ranges` (offsets in the file and in this
+    /// region alike) privately over the same bytes of this anonymous region (volatile
+    /// memory: DRAM, not a NUMA binding, which the file's pages would not follow): the
+    /// region then reads the file's bytes there, without copying them, and a write copies
+    /// only the page it lands on. The file is never written. The rest of the region stays
+    /// anonymous (a hole of the file mapped privately would take a page of the file for
+    /// every page touched). For putting a saved image of volatile memory back at once; see
     /// [`forget_image`](Self::forget_image) and [`drop_image`](Self::drop_image).
-    pub fn map_image(&mut self, file: File, len: usize) -> Result<()> {
-        if self.file.is_some() || self.image.is_some() || len == 0 || len > self.len {
+    pub fn map_image(&mut self, file: File, ranges: &[std::ops::Range<usize>]) -> Result<()> {
+        let page = os::page_size();
+        let fits = |r: &std::ops::Range<usize>| {
+            r.start < r.end && r.end <= self.len && r.start % page == 0 && r.end % page == 0
+        };
+        if self.file.is_some() || self.image.is_some() || !ranges.iter().all(fits) {
             return Err(MediaError::InvalidSize {
-                size: len,
-                why: "an image goes over the start of an anonymous region without one",
+                size: ranges.iter().map(|r| r.end).max().unwrap_or(0),
+                why: "an image maps whole pages of an anonymous region without one",
             });
         }
-        // SAFETY: `[base, base+len)` lies in this region's own anonymous mapping (len <=
-        // self.len), which `&mut self` shows nobody else uses; MAP_FIXED replaces just it.
-        unsafe { os::map_private_file_fixed(self.base, len, file.as_fd()) }
-            .map_err(|source| MediaError::Map { size: len, source })?;
+        let len = ranges.iter().map(|r| r.end).max().unwrap_or(0);
+        // Recorded first, so that a failure part way is undone by `drop_image`.
         self.image = Some(Image { file, len });
+        for r in ranges {
+            let Some(image) = &self.image else {
+                break;
+            };
+            // SAFETY: `r` lies in this region's own anonymous mapping (checked by `fits`),
+            // which `&mut self` shows nobody else uses; MAP_FIXED replaces just it; the
+            // file offset is the region offset, page-aligned.
+            let mapped = unsafe {
+                os::map_private_file_fixed(
+                    self.base.add(r.start),
+                    r.end - r.start,
+                    image.file.as_fd(),
+                    r.start as u64,
+                )
+            };
+            if let Err(source) = mapped {
+                let _ = self.drop_image();
+                return Err(MediaError::Map {
+                    size: r.end - r.start,
+                    source,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -890,7 +917,7 @@ mod tests {
         std::fs::write(&path, &pattern).unwrap();
         let mut region = Region::dram(GRANULE, PageSize::Base).unwrap();
         let file = File::options().read(true).write(true).open(&path).unwrap();
-        region.map_image(file, pattern.len()).unwrap();
+        region.map_image(file, &[0..pattern.len()]).unwrap();
         let at = |r: &Region, i: usize| {
             // SAFETY: i < 4 pages <= GRANULE: inside the region's live mapping.
             unsafe { r.base().as_ptr().add(i).read() }
@@ -921,7 +948,7 @@ mod tests {
         assert!((0..pattern.len()).all(|i| at(&region, i) == 0));
         assert!(Region::dram(GRANULE, PageSize::Base)
             .unwrap()
-            .map_image(File::open(&path).unwrap(), 2 * GRANULE)
+            .map_image(File::open(&path).unwrap(), &[0..2 * GRANULE])
             .is_err());
     }
 

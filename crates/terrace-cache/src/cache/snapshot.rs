@@ -166,11 +166,15 @@ pub(super) fn restore(
         return false;
     }
     let slots: Vec<u32> = records.iter().map(|&(slot, _)| slot).collect();
-    let in_place = area.region().medium() == terrace_media::MediumKind::Dram;
-    if in_place {
-        if area.map_image(file, &slots).is_err() {
-            return false;
-        }
+    // In place where the tier is DRAM and its segments are whole pages; read in otherwise
+    // (and where the mapping cannot be made).
+    let in_place = area.region().medium() == terrace_media::MediumKind::Dram
+        && (1usize << shift).is_multiple_of(terrace_media::os::page_size());
+    let mapped = in_place
+        && file
+            .try_clone()
+            .is_ok_and(|image| area.map_image(image, &slots).is_ok());
+    if mapped {
         if check_in_place(area, &records) {
             return true;
         }
