@@ -437,7 +437,10 @@ impl Region {
     pub fn map_image(&mut self, file: File, ranges: &[std::ops::Range<usize>]) -> Result<()> {
         let page = os::page_size();
         let fits = |r: &std::ops::Range<usize>| {
-            r.start < r.end && r.end <= self.len && r.start % page == 0 && r.end % page == 0
+            r.start < r.end
+                && r.end <= self.len
+                && r.start.is_multiple_of(page)
+                && r.end.is_multiple_of(page)
         };
         if self.file.is_some() || self.image.is_some() || !ranges.iter().all(fits) {
             return Err(MediaError::InvalidSize {
