@@ -74,7 +74,8 @@ TOUCH_ARG=()
 
 # Timings mean little while another server works on this machine.
 if pgrep -x terrace >/dev/null || pgrep -x memcached >/dev/null; then
-  echo "warning: another terrace or memcached process is running: $(pgrep -x -d ' ' 'terrace|memcached')" >&2
+  echo "warning: another terrace or memcached process is running:" \
+    "$(pgrep -x -d ' ' terrace) $(pgrep -x -d ' ' memcached)" >&2
 fi
 WORK=$(mktemp -d "$DIR/terrace-restart-bench.XXXXXX")
 MC_WORK=$(mktemp -d "$MC_DIR/terrace-restart-mc.XXXXXX")
