@@ -240,7 +240,10 @@ fn nonsense_replies_are_clear_errors() {
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("expected MN, HD, EN or an error line"), "{err}");
+    assert!(
+        err.contains("expected MN, HD, EN or an error line"),
+        "{err}"
+    );
     let out = bench(&["net-probe", "--addr", &addr, "--items", "10"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
