@@ -494,13 +494,14 @@ impl Index {
             .chunks_mut(per_chunk)
             .enumerate()
             .collect();
-        let counts = crate::parallel::map_parts(chunks, |part| {
-            let mut entries = 0usize;
-            for (c, buckets) in part {
-                entries += fill(c, &mut ChunkSlots { buckets })?;
-            }
-            Some(entries)
-        });
+        let counts =
+            crate::parallel::map_parts_on(crate::parallel::fault_workers(), chunks, |part| {
+                let mut entries = 0usize;
+                for (c, buckets) in part {
+                    entries += fill(c, &mut ChunkSlots { buckets })?;
+                }
+                Some(entries)
+            });
         let loaded = counts.into_iter().sum::<Option<usize>>();
         if loaded.is_none() {
             for slot in self.buckets_mut().iter_mut().flat_map(|b| b.iter_mut()) {

@@ -176,6 +176,11 @@ impl SegmentArea {
         &self.region
     }
 
+    /// Bytes of one segment.
+    pub fn segment_size(&self) -> usize {
+        self.size()
+    }
+
     fn size(&self) -> usize {
         1usize << self.shift
     }

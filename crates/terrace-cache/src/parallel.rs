@@ -15,11 +15,27 @@ pub fn workers() -> usize {
     std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
 }
 
+/// Threads for restart work that waits on memory rather than computes: first touches of
+/// fresh pages, whose cost in a virtual machine is partly the host's, overlap better with
+/// more threads than cores.
+pub fn fault_workers() -> usize {
+    workers().max(4) * 2
+}
+
 /// Deals `items` round-robin into at most [`workers`] parts (so that work clustered in
 /// one place of the list is still shared) and runs `work` on each part, each on its own
 /// thread; returns the results in part order.
 pub fn map_parts<T: Send, R: Send>(items: Vec<T>, work: impl Fn(Vec<T>) -> R + Sync) -> Vec<R> {
-    let count = workers().min(items.len()).max(1);
+    map_parts_on(workers(), items, work)
+}
+
+/// [`map_parts`] on at most `threads` threads.
+pub fn map_parts_on<T: Send, R: Send>(
+    threads: usize,
+    items: Vec<T>,
+    work: impl Fn(Vec<T>) -> R + Sync,
+) -> Vec<R> {
+    let count = threads.min(items.len()).max(1);
     let mut parts: Vec<Vec<T>> = (0..count).map(|_| Vec::new()).collect();
     for (i, item) in items.into_iter().enumerate() {
         parts[i % count].push(item);

@@ -252,6 +252,23 @@ pub fn first_hole(fd: BorrowedFd<'_>, from: u64) -> io::Result<u64> {
     Ok(at as u64)
 }
 
+/// The offset of the first data at or after `from` (`lseek(SEEK_DATA)`); `None` when
+/// there is none before the end of the file (`ENXIO`). Reserved but unwritten blocks may
+/// count as a hole.
+pub fn next_data(fd: BorrowedFd<'_>, from: u64) -> io::Result<Option<u64>> {
+    // SAFETY: lseek only reads its scalar arguments; it moves the descriptor's offset,
+    // which no caller relies on (all file I/O here is positioned or mapped).
+    let at = unsafe { libc::lseek(fd.as_raw_fd(), from as libc::off_t, libc::SEEK_DATA) };
+    if at < 0 {
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(err),
+        };
+    }
+    Ok(Some(at as u64))
+}
+
 /// Deallocates the file blocks behind `[offset, offset+len)` keeping the file size.
 pub fn punch_hole(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
     fallocate(

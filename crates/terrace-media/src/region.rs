@@ -416,6 +416,26 @@ impl Region {
         Ok(())
     }
 
+    /// The ranges of a file-backed region that may hold written data, in order (what
+    /// `SEEK_DATA`/`SEEK_HOLE` report; a hole reads as zero, so whatever lies outside
+    /// them was never written, or was given back). `None` for anonymous memory or where
+    /// the file system cannot say: then anything may hold data.
+    pub fn data_ranges(&self) -> Option<Vec<std::ops::Range<usize>>> {
+        let backing = self.file.as_ref()?;
+        let fd = backing.file.as_fd();
+        let mut ranges = Vec::new();
+        let mut at = 0u64;
+        while at < self.len as u64 {
+            let Some(start) = os::next_data(fd, at).ok()? else {
+                break;
+            };
+            let end = os::first_hole(fd, start).ok()?.max(start + 1);
+            ranges.push(start as usize..(end as usize).min(self.len));
+            at = end;
+        }
+        Some(ranges)
+    }
+
     /// Asks the kernel to start reading `[offset, offset+len)` of a file-backed region
     /// into memory now (see [`os::will_need`]): for scans of a disk-backed file. A hint;
     /// a range outside the region or anonymous memory is left alone.
@@ -858,6 +878,28 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
+    }
+
+    #[test]
+    fn data_ranges_cover_what_was_written_even_in_reserved_space() {
+        let dir = tempfile::tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
+        let region =
+            Region::file(&FileOptions::at_path(dir.path().join("data"), 4 * GRANULE)).unwrap();
+        region.reserve(0, region.len()).unwrap();
+        let before = region.data_ranges().unwrap();
+        let at = GRANULE + 12345;
+        // SAFETY: inside the live shared mapping; nothing else uses it.
+        unsafe { region.base().as_ptr().add(at).write(7) };
+        let after = region.data_ranges().unwrap();
+        assert!(after.iter().any(|r| r.contains(&at)), "{after:?}");
+        // Whatever was reported before the write, the written byte is now covered.
+        assert!(before.len() <= after.len() || before.iter().any(|r| r.contains(&at)));
+        assert!(Region::dram(GRANULE, PageSize::Base)
+            .unwrap()
+            .data_ranges()
+            .is_none());
     }
 
     #[test]

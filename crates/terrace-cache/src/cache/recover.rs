@@ -151,22 +151,27 @@ impl Cache {
         report: &mut RestartReport,
         saved: Option<&Saved>,
     ) -> Result<(), CacheError> {
+        // Segments wholly in holes of a tier file were never written (or were given
+        // back): they read as zero, so they are not read at all (reading them would fault
+        // in a page of a large, mostly empty tier each).
+        let written = Self::possibly_written(area);
         // On a disk, every header read would wait for its own page: ask for them all at
         // once, so the kernel reads them with a deep queue.
         let page_cached = area.region().is_page_cached();
-        for slot in 0..area.count() {
+        for slot in (0..area.count()).filter(|&s| written[s as usize]) {
             area.will_need(slot, 0, segment::HEADER_LEN);
         }
         let slots: Vec<(u32, &mut [u8])> = area
             .all_exclusive()
             .into_iter()
             .enumerate()
+            .filter(|&(slot, _)| written[slot])
             .map(|(slot, bytes)| (slot as u32, bytes))
             .collect();
         // Without a saved index every written segment is read whole: each thread asks for
         // its next segment while it checks this one.
         let read_ahead = saved.is_none() && page_cached;
-        let outcomes = parallel::map_parts(slots, |part| {
+        let outcomes = parallel::map_parts_on(parallel::fault_workers(), slots, |part| {
             let mut outcomes = Vec::with_capacity(part.len());
             let mut part = part.into_iter().peekable();
             while let Some((slot, bytes)) = part.next() {
@@ -222,6 +227,23 @@ impl Cache {
             }
         }
         Ok(())
+    }
+
+    /// Per slot of `area`: whether its segment may hold anything (not wholly inside a
+    /// hole of the tier's file; every slot of memory that is not a file).
+    fn possibly_written(area: &SegmentArea) -> Vec<bool> {
+        let count = area.count() as usize;
+        let Some(ranges) = area.region().data_ranges() else {
+            return vec![true; count];
+        };
+        let size = area.segment_size();
+        let mut written = vec![false; count];
+        for r in ranges {
+            let first = (r.start / size).min(count);
+            let end = r.end.div_ceil(size).min(count);
+            written[first..end].fill(true);
+        }
+        written
     }
 
     /// What one segment holds (one thread of the scan).

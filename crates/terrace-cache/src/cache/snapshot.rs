@@ -287,7 +287,7 @@ fn read_into(file: &File, area: &mut SegmentArea, shift: u8, records: &[(u32, u3
     let Some(work) = work else {
         return false;
     };
-    parallel::map_parts(work, |part| {
+    parallel::map_parts_on(parallel::fault_workers(), work, |part| {
         part.into_iter().all(|(slot, crc, bytes)| {
             file.read_exact_at(bytes, u64::from(slot) << shift).is_ok()
                 && crc32fast::hash(bytes) == crc
