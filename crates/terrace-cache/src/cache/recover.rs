@@ -151,10 +151,18 @@ impl Cache {
         report: &mut RestartReport,
         saved: Option<&Saved>,
     ) -> Result<(), CacheError> {
-        // Segments wholly in holes of a tier file were never written (or were given
-        // back): they read as zero, so they are not read at all (reading them would fault
-        // in a page of a large, mostly empty tier each).
-        let written = Self::possibly_written(area);
+        // Which segments to read. After a clean shutdown whose table was loaded, the saved
+        // ones only: the saved entries are every LIVE item (E2 at shutdown, and nothing
+        // ran since), so the others hold none — the same trust that reads no item of a
+        // saved segment. Otherwise, segments wholly in holes of a tier file were never
+        // written (or were given back) and read as zero: not read either (each would
+        // fault in a page of a large, mostly empty tier).
+        let written: Vec<bool> = match saved.filter(|s| s.is_loaded()) {
+            Some(s) => (0..area.count())
+                .map(|slot| s.is_saved(base + slot))
+                .collect(),
+            None => Self::possibly_written(area),
+        };
         // On a disk, every header read would wait for its own page: ask for them all at
         // once, so the kernel reads them with a deep queue.
         let page_cached = area.region().is_page_cached();
