@@ -428,16 +428,18 @@ impl Cache {
         self.with_key_at(loc, |key| self.index.hash_key(key))
     }
 
+    /// Whether the items at `a` and `b` have the same key (false if either cannot be read).
+    fn same_key(&self, a: Location, b: Location) -> bool {
+        self.with_key_at(a, |key| self.with_key_at(b, |k| k == key))
+            .flatten()
+            .unwrap_or(false)
+    }
+
     /// Indexes `f` unless another item of its key is indexed (compared by key at every
     /// candidate whose tag matches) or both its buckets are full.
     fn place_found(&self, f: &Found) -> Placed {
         let mut guard = self.index.lock(f.hash);
-        let same_key = |other: Location| {
-            self.with_key_at(f.loc, |key| self.with_key_at(other, |k| k == key))
-                .flatten()
-                .unwrap_or(false)
-        };
-        if guard.candidates().any(same_key) {
+        if guard.candidates().any(|other| self.same_key(f.loc, other)) {
             return Placed::Conflict;
         }
         if guard.insert(f.loc).is_err() {
@@ -545,11 +547,7 @@ impl Cache {
                 let guard = self.index.lock(f.hash);
                 guard
                     .candidates()
-                    .filter(|&other| {
-                        self.with_key_at(f.loc, |key| self.with_key_at(other, |k| k == key))
-                            .flatten()
-                            .unwrap_or(false)
-                    })
+                    .filter(|&other| self.same_key(f.loc, other))
                     .collect()
             };
             for other in indexed {

@@ -175,7 +175,7 @@ pub(super) fn restore(
             .try_clone()
             .is_ok_and(|image| area.map_image(image, &slots).is_ok());
     if mapped {
-        if check_in_place(area, &records) {
+        if check_segments(area, shift, &records, None) {
             return true;
         }
         // Refused: the tier is fresh zeroed memory again; if even that fails, no header
@@ -187,7 +187,7 @@ pub(super) fn restore(
         }
         return false;
     }
-    if read_into(&file, area, shift, &records) {
+    if check_segments(area, shift, &records, Some(&file)) {
         return true;
     }
     // Undo: the pages go back to the system (reading as zero), or where that cannot be
@@ -258,27 +258,15 @@ fn read_head(
         .collect()
 }
 
-/// Whether every recorded segment of a mapped image matches its CRC (on all cores).
-fn check_in_place(area: &mut SegmentArea, records: &[(u32, u32)]) -> bool {
-    let mut slices: Vec<Option<&mut [u8]>> = area.all_exclusive().into_iter().map(Some).collect();
-    let work: Option<Vec<(u32, &mut [u8])>> = records
-        .iter()
-        .map(|&(slot, crc)| Some((crc, slices.get_mut(slot as usize)?.take()?)))
-        .collect();
-    let Some(work) = work else {
-        return false;
-    };
-    parallel::map_parts(work, |part| {
-        part.into_iter()
-            .all(|(crc, bytes)| crc32fast::hash(bytes) == crc)
-    })
-    .into_iter()
-    .all(|ok| ok)
-}
-
-/// Reads the recorded segments of a snapshot into `area` (on all cores), each checked
-/// against its CRC; whether all were.
-fn read_into(file: &File, area: &mut SegmentArea, shift: u8, records: &[(u32, u32)]) -> bool {
+/// Whether every recorded segment of `area` matches its CRC, checked on many threads
+/// (they mostly wait on page faults): in place for a mapped image (`read_from` `None`),
+/// or after reading each from `read_from` at `slot << shift`.
+fn check_segments(
+    area: &mut SegmentArea,
+    shift: u8,
+    records: &[(u32, u32)],
+    read_from: Option<&File>,
+) -> bool {
     let mut slices: Vec<Option<&mut [u8]>> = area.all_exclusive().into_iter().map(Some).collect();
     let work: Option<Vec<(u32, u32, &mut [u8])>> = records
         .iter()
@@ -289,7 +277,7 @@ fn read_into(file: &File, area: &mut SegmentArea, shift: u8, records: &[(u32, u3
     };
     parallel::map_parts_on(parallel::fault_workers(), work, |part| {
         part.into_iter().all(|(slot, crc, bytes)| {
-            file.read_exact_at(bytes, u64::from(slot) << shift).is_ok()
+            read_from.is_none_or(|file| file.read_exact_at(bytes, u64::from(slot) << shift).is_ok())
                 && crc32fast::hash(bytes) == crc
         })
     })
