@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use terrace_cache::spec::{parse_size, TierList};
-use terrace_server::config::{Overrides, PoolDef, ServerConfig};
+use terrace_server::config::{IoChoice, Overrides, PoolDef, ServerConfig};
 
 /// The flags of `terrace serve`; every one may also be set in the `--config` TOML file.
 #[derive(clap::Args, Debug)]
@@ -53,6 +53,15 @@ pub struct ServeArgs {
     /// (--pool users:user::25%).
     #[arg(long = "pool", value_name = "NAME:PREFIX:SIZE", value_parser = parse_pool)]
     pools: Vec<PoolDef>,
+    /// Socket I/O of the workers: uring (one io_uring ring per worker, the system calls
+    /// of all ready connections batched), epoll, or auto: io_uring where the kernel
+    /// allows it, else epoll [default: auto].
+    #[arg(long, value_name = "ENGINE", value_parser = parse_io)]
+    io: Option<IoChoice>,
+}
+
+fn parse_io(s: &str) -> Result<IoChoice, String> {
+    s.parse()
 }
 
 fn parse_pool(s: &str) -> Result<PoolDef, String> {
@@ -78,6 +87,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         log_json: args.log_json,
         promote: args.promote,
         pools: args.pools,
+        io: args.io,
     })
     .map_err(|e| e.to_string())?;
     init_logs(config.log_json);

@@ -47,6 +47,33 @@ pub struct ServerConfig {
     /// Named pools, each with the key prefix that routes keys to it; keys that match no
     /// prefix go to the default pool, which gets the space the named pools leave.
     pub pools: Vec<PoolDef>,
+    /// The workers' socket I/O: io_uring, epoll, or io_uring where the kernel allows it.
+    pub io: IoChoice,
+}
+
+/// Which socket I/O engine the workers use (`io = "auto" | "uring" | "epoll"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoChoice {
+    /// io_uring where the kernel allows it, else epoll (said in the log and `stats`).
+    #[default]
+    Auto,
+    /// io_uring, or the server does not start.
+    Uring,
+    /// epoll (a readiness loop per worker).
+    Epoll,
+}
+
+impl std::str::FromStr for IoChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<IoChoice, String> {
+        match s {
+            "auto" => Ok(IoChoice::Auto),
+            "uring" | "io_uring" => Ok(IoChoice::Uring),
+            "epoll" => Ok(IoChoice::Epoll),
+            _ => Err(format!("io {s:?}: expected auto, uring or epoll")),
+        }
+    }
 }
 
 /// A named pool: keys starting with `prefix` live in it, within its quota of the cache.
@@ -111,6 +138,7 @@ impl Default for ServerConfig {
             log_json: false,
             promote: false,
             pools: Vec::new(),
+            io: IoChoice::Auto,
         }
     }
 }
@@ -171,6 +199,8 @@ struct FileConfig {
     #[serde(alias = "log_json")]
     log_json: Option<bool>,
     promote: Option<bool>,
+    /// `auto`, `uring` or `epoll`.
+    io: Option<String>,
     /// `[[pool]]` tables.
     pool: Option<Vec<FilePool>>,
 }
@@ -202,6 +232,7 @@ pub struct Overrides {
     pub promote: bool,
     /// Replace the config file's pools when not empty.
     pub pools: Vec<PoolDef>,
+    pub io: Option<IoChoice>,
 }
 
 impl ServerConfig {
@@ -245,6 +276,9 @@ impl ServerConfig {
         c.promote |= flags.promote;
         if !flags.pools.is_empty() {
             c.pools = flags.pools;
+        }
+        if let Some(v) = flags.io {
+            c.io = v;
         }
         c.validate()?;
         Ok(c)
@@ -308,6 +342,12 @@ impl ServerConfig {
         }
         if let Some(v) = f.promote {
             self.promote = v;
+        }
+        if let Some(v) = f.io {
+            self.io = v.parse().map_err(|message| ConfigError::Invalid {
+                setting: "io",
+                message,
+            })?;
         }
         if let Some(pools) = f.pool {
             self.pools = pools

@@ -1,5 +1,6 @@
 //! One client connection: read, hand every complete request to its protocol, write the
-//! replies in one go, repeat.
+//! replies in one go, repeat. [`Session`] is that loop's state without a socket; [`serve`]
+//! drives it on a readiness-based (epoll) socket, `uring` on io_uring.
 //!
 //! Invariants (what keeps thousands of connections and hostile clients cheap):
 //! - the input buffer holds at most one incomplete request: a command line
@@ -18,16 +19,163 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::proto::{self, Protocol, Step};
+use crate::proto::{self, Protocol, Replies, Step};
 use crate::shared::Shared;
 use crate::stats::Counter;
 
 /// Bytes asked of each read when no request size is known.
-const READ_CHUNK: usize = 16 * 1024;
+pub const READ_CHUNK: usize = 16 * 1024;
 /// Replies are written out once this many bytes are pending.
-const FLUSH_AT: usize = 256 * 1024;
+pub const FLUSH_AT: usize = 256 * 1024;
 /// Buffer capacity an idle connection may keep.
-const IDLE_KEEP: usize = 64 * 1024;
+pub const IDLE_KEEP: usize = 64 * 1024;
+
+/// One connection's protocol state without its socket: the input and reply buffers and
+/// what the protocol said about the bytes still to come. Both I/O paths (the readiness
+/// loop below and `uring`) drive the same session, so they cannot differ in semantics.
+///
+/// Use: [`Session::handle_buffered`] after every read; write out [`Session::replies`]
+/// (then [`Session::written`]); close when [`Session::closing`]; read again (into
+/// [`Session::read_target`], then [`Session::received`]) unless [`Session::stalled`].
+#[derive(Default)]
+pub struct Session<'s> {
+    input: Vec<u8>,
+    /// Start of the unhandled input.
+    pos: usize,
+    out: Replies<'s>,
+    protocol: Option<Protocol>,
+    /// Bytes of a refused body still to be discarded as they arrive.
+    swallow: usize,
+    /// Size of the incomplete request at `pos`, when its protocol said.
+    need: usize,
+    close: bool,
+    /// Complete requests are buffered but the reply buffer is full.
+    stalled: bool,
+}
+
+impl<'s> Session<'s> {
+    /// A session whose replies reference large values in place (see [`Replies`]).
+    pub fn in_place() -> Session<'s> {
+        Session {
+            out: Replies::in_place(),
+            ..Session::default()
+        }
+    }
+
+    /// Handles every complete request buffered, until the input runs dry or the replies
+    /// pass [`FLUSH_AT`] (then [`Session::stalled`] is true until the replies are written
+    /// and this is called again).
+    pub fn handle_buffered(&mut self, shared: &'s Shared) {
+        let mut incomplete = false;
+        let input = &mut self.input;
+        let pos = &mut self.pos;
+        while !self.close && *pos < input.len() && self.swallow == 0 && self.out.len() < FLUSH_AT {
+            let proto = *self
+                .protocol
+                .get_or_insert_with(|| Protocol::detect(input[*pos]));
+            match proto::handle(shared, proto, &input[*pos..], &mut self.out) {
+                Step::Done { consumed } => *pos += consumed,
+                Step::Swallow { consumed, skip } => {
+                    *pos += consumed;
+                    let n = skip.min(input.len() - *pos);
+                    *pos += n;
+                    self.swallow = skip - n;
+                }
+                Step::NeedMore { total } => {
+                    self.need = total.unwrap_or(0);
+                    incomplete = true;
+                    break;
+                }
+                Step::Close { consumed } => {
+                    *pos += consumed;
+                    self.close = true;
+                    break;
+                }
+                Step::Resume { prefix, consumed } => {
+                    // The request's head moves up to just before its unhandled rest.
+                    input.copy_within(*pos..*pos + prefix, *pos + consumed - prefix);
+                    *pos += consumed - prefix;
+                }
+            }
+        }
+        // Requests still buffered and complete: only a full reply buffer stopped us.
+        self.stalled = !self.close && !incomplete && self.swallow == 0 && *pos < input.len();
+        if *pos == input.len() {
+            input.clear();
+            *pos = 0;
+        } else if *pos > 0 && !self.stalled {
+            input.drain(..*pos);
+            *pos = 0;
+        }
+    }
+
+    /// Replies waiting to be written.
+    pub fn replies(&mut self) -> &mut Replies<'s> {
+        &mut self.out
+    }
+
+    /// The replies were written: counts them and empties the buffer (keeping at most
+    /// [`IDLE_KEEP`] of capacity).
+    pub fn written(&mut self, shared: &Shared) {
+        shared
+            .counters
+            .add(Counter::BytesWritten, self.out.len() as u64);
+        self.out.clear_keeping(IDLE_KEEP);
+    }
+
+    /// The protocol asked to close once the replies are written.
+    pub fn closing(&self) -> bool {
+        self.close
+    }
+
+    /// Complete requests wait for the replies to be written before they are handled.
+    pub fn stalled(&self) -> bool {
+        self.stalled
+    }
+
+    /// The input buffer with room reserved for the next read at its end (the read
+    /// appends to it; then call [`Session::received`]).
+    pub fn read_target(&mut self) -> &mut Vec<u8> {
+        if self.input.is_empty() && self.input.capacity() > IDLE_KEEP {
+            self.input.shrink_to(IDLE_KEEP);
+        }
+        // Discarded bytes only ever pass through one chunk of buffer.
+        let want = if self.swallow > 0 {
+            READ_CHUNK
+        } else {
+            self.need.saturating_sub(self.input.len()).max(READ_CHUNK)
+        };
+        self.input.reserve(want);
+        &mut self.input
+    }
+
+    /// The input buffer as it is, for a completion-based read to extend by the bytes it
+    /// wrote into the room [`Session::read_target`] reserved.
+    pub fn input(&mut self) -> &mut Vec<u8> {
+        &mut self.input
+    }
+
+    /// Moves the replies into `sending` (empty) to be written while more requests are
+    /// handled, and counts them as written.
+    pub fn hand_over_replies(&mut self, shared: &Shared, sending: &mut Replies<'s>) {
+        debug_assert!(sending.is_empty());
+        self.out.swap_contents(sending);
+        shared
+            .counters
+            .add(Counter::BytesWritten, sending.len() as u64);
+    }
+
+    /// `n` bytes were appended to the input by a read.
+    pub fn received(&mut self, shared: &Shared, n: usize) {
+        shared.counters.add(Counter::BytesRead, n as u64);
+        if self.swallow > 0 {
+            let k = self.swallow.min(self.input.len());
+            self.input.drain(..k);
+            self.swallow -= k;
+        }
+        self.need = 0;
+    }
+}
 
 /// Serves one connection until the client closes it, a protocol asks to close, or an
 /// I/O error.
@@ -45,86 +193,24 @@ async fn serve_inner<S>(shared: &Shared, stream: &mut S) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut input: Vec<u8> = Vec::new();
-    let mut pos = 0usize;
-    let mut out: Vec<u8> = Vec::new();
-    let mut protocol: Option<Protocol> = None;
-    // Bytes of a refused body still to be discarded as they arrive.
-    let mut swallow = 0usize;
-    // Size of the incomplete request at `pos`, when its protocol said.
-    let mut need = 0usize;
+    let mut session = Session::default();
     loop {
-        // Handle every complete request buffered.
-        let mut close = false;
-        let mut incomplete = false;
-        while pos < input.len() && swallow == 0 && out.len() < FLUSH_AT {
-            let proto = *protocol.get_or_insert_with(|| Protocol::detect(input[pos]));
-            match proto::handle(shared, proto, &input[pos..], &mut out) {
-                Step::Done { consumed } => pos += consumed,
-                Step::Swallow { consumed, skip } => {
-                    pos += consumed;
-                    let n = skip.min(input.len() - pos);
-                    pos += n;
-                    swallow = skip - n;
-                }
-                Step::NeedMore { total } => {
-                    need = total.unwrap_or(0);
-                    incomplete = true;
-                    break;
-                }
-                Step::Close { consumed } => {
-                    pos += consumed;
-                    close = true;
-                    break;
-                }
-                Step::Resume { prefix, consumed } => {
-                    // The request's head moves up to just before its unhandled rest.
-                    input.copy_within(pos..pos + prefix, pos + consumed - prefix);
-                    pos += consumed - prefix;
-                }
-            }
+        session.handle_buffered(shared);
+        if !session.replies().is_empty() {
+            stream.write_all(session.replies()).await?;
+            session.written(shared);
         }
-        // Requests still buffered and complete: only a full reply buffer stopped us.
-        let more_buffered = !close && !incomplete && swallow == 0 && pos < input.len();
-        if pos == input.len() {
-            input.clear();
-            pos = 0;
-        } else if pos > 0 && !more_buffered {
-            input.drain(..pos);
-            pos = 0;
-        }
-        if !out.is_empty() {
-            stream.write_all(&out).await?;
-            shared.counters.add(Counter::BytesWritten, out.len() as u64);
-            out.clear();
-            if out.capacity() > IDLE_KEEP {
-                out.shrink_to(IDLE_KEEP);
-            }
-        }
-        if close {
+        if session.closing() {
             return Ok(());
         }
-        if more_buffered {
+        if session.stalled() {
             continue;
         }
-        if input.is_empty() && input.capacity() > IDLE_KEEP {
-            input.shrink_to(IDLE_KEEP);
-        }
-        let want = need.saturating_sub(input.len()).max(READ_CHUNK);
-        // Discarded bytes only ever pass through one chunk of buffer.
-        let want = if swallow > 0 { READ_CHUNK } else { want };
-        input.reserve(want);
-        let read = stream.read_buf(&mut input).await?;
+        let read = stream.read_buf(session.read_target()).await?;
         if read == 0 {
             return Ok(());
         }
-        shared.counters.add(Counter::BytesRead, read as u64);
-        if swallow > 0 {
-            let n = swallow.min(input.len());
-            input.drain(..n);
-            swallow -= n;
-        }
-        need = 0;
+        session.received(shared, read);
     }
 }
 
@@ -161,5 +247,73 @@ impl Drop for Admitted {
             .counters
             .curr_connections
             .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Session, FLUSH_AT};
+    use crate::proto::Replies;
+    use crate::shared::test_shared;
+
+    /// Feeds `bytes` to the session as one read.
+    fn receive<'s>(session: &mut Session<'s>, shared: &'s crate::shared::Shared, bytes: &[u8]) {
+        let input = session.read_target();
+        input.extend_from_slice(bytes);
+        session.received(shared, bytes.len());
+        session.handle_buffered(shared);
+    }
+
+    #[test]
+    fn a_full_reply_buffer_stalls_the_session_until_the_replies_are_handed_over() {
+        let shared = test_shared();
+        let mut session = Session::default();
+        let value = vec![b'v'; 100_000];
+        let mut set = b"set big 0 0 100000\r\n".to_vec();
+        set.extend_from_slice(&value);
+        set.extend_from_slice(b"\r\n");
+        receive(&mut session, &shared, &set);
+        assert_eq!(session.replies().as_slice(), b"STORED\r\n");
+        let mut sending = Replies::default();
+        session.hand_over_replies(&shared, &mut sending);
+        assert_eq!(sending.as_slice(), b"STORED\r\n");
+        // Ten gets of 100 kB: the replies pass FLUSH_AT after three.
+        receive(&mut session, &shared, &b"get big\r\n".repeat(10));
+        assert!(session.stalled());
+        assert!(session.replies().len() >= FLUSH_AT);
+        let mut all = Vec::new();
+        let mut rounds = 0;
+        loop {
+            let mut sending = Replies::default();
+            session.hand_over_replies(&shared, &mut sending);
+            all.extend_from_slice(&sending);
+            rounds += 1;
+            if !session.stalled() {
+                break;
+            }
+            session.handle_buffered(&shared);
+        }
+        assert!(rounds >= 3, "{rounds} rounds");
+        let one = [b"VALUE big 0 100000\r\n".as_slice(), &value, b"\r\nEND\r\n"].concat();
+        assert_eq!(all, one.repeat(10));
+        assert!(!session.closing());
+    }
+
+    #[test]
+    fn a_refused_body_is_swallowed_across_reads_and_the_next_request_served() {
+        let shared = test_shared();
+        let mut session = Session::default();
+        // 2 MiB is over the 1 MiB limit: refused, and its body discarded as it comes.
+        receive(&mut session, &shared, b"set k 0 0 2097152\r\n");
+        assert!(session.replies().starts_with(b"SERVER_ERROR"));
+        session.written(&shared);
+        let chunk = vec![b'x'; 65536];
+        for _ in 0..32 {
+            receive(&mut session, &shared, &chunk);
+            assert!(session.replies().is_empty());
+        }
+        receive(&mut session, &shared, b"\r\nget k\r\nquit\r\n");
+        assert_eq!(session.replies().as_slice(), b"END\r\n");
+        assert!(session.closing());
     }
 }

@@ -18,11 +18,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
-use crate::config::ServerConfig;
+use crate::config::{IoChoice, ServerConfig};
 use crate::marks::{self, Marks};
 use crate::shared::{Limits, Routes, Shared};
 use crate::stats::{self, ListenFacts, RestartFacts};
-use crate::workers::{Accepted, Workers};
+use crate::uring;
+use crate::workers::{Accepted, Engine, Workers};
 
 /// How long the movers sleep between rounds (they also run when a writer runs low).
 const MOVER_INTERVAL: Duration = Duration::from_millis(5);
@@ -120,6 +121,8 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
     );
     shared.listen = ListenFacts::new(config.listen.as_deref(), config.unix.as_deref());
     shared.restart = RestartFacts::of(&recovery);
+    let engine = choose_engine(config.io)?;
+    shared.io_engine = engine.name();
     let marks_file = config.dir.join(marks::FILE_NAME);
     if config.tiers.has_file() {
         match Marks::load(&marks_file) {
@@ -136,7 +139,8 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
         .build()
         .map_err(ServeError::Runtime)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let workers = Workers::start(config.threads, &shared, &stop_rx).map_err(ServeError::Runtime)?;
+    let workers =
+        Workers::start(config.threads, engine, &shared, &stop_rx).map_err(ServeError::Runtime)?;
     let workers = Arc::new(workers);
     let served = runtime.block_on(serve_until_signal(
         &config,
@@ -169,6 +173,28 @@ pub fn run(config: ServerConfig) -> Result<(), ServeError> {
         Err(_) => Err(ServeError::Shutdown(
             "the cache is still in use by a connection".to_string(),
         )),
+    }
+}
+
+/// The workers' I/O engine: io_uring unless the configuration says epoll, or the kernel
+/// refuses io_uring and the configuration allows the fallback (said in the log).
+fn choose_engine(wanted: IoChoice) -> Result<Engine, ServeError> {
+    if wanted == IoChoice::Epoll {
+        return Ok(Engine::Epoll);
+    }
+    match uring::probe() {
+        Ok(()) => {
+            tracing::info!("workers serve on io_uring");
+            Ok(Engine::Uring)
+        }
+        Err(e) if wanted == IoChoice::Auto => {
+            tracing::warn!(error = %e, "io_uring is not available; serving on epoll");
+            Ok(Engine::Epoll)
+        }
+        Err(e) => Err(ServeError::Runtime(std::io::Error::new(
+            e.kind(),
+            format!("io_uring asked for (io = \"uring\") but not available: {e}"),
+        ))),
     }
 }
 

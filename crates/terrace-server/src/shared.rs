@@ -122,6 +122,8 @@ pub struct Shared {
     pub listen: ListenFacts,
     /// What the start found in the tiers; set by the server after `new`.
     pub restart: RestartFacts,
+    /// The workers' I/O engine (`io_uring` or `epoll`); set by the server after `new`.
+    pub io_engine: &'static str,
 }
 
 impl std::fmt::Debug for Shared {
@@ -162,6 +164,7 @@ impl Shared {
             expired_cas: AtomicU64::new(u64::MAX),
             listen: ListenFacts::default(),
             restart: RestartFacts::default(),
+            io_engine: "epoll",
         }
     }
 

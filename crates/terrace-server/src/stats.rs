@@ -450,7 +450,7 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
     put("uptime", Value::Int(shared.started.elapsed().as_secs()));
     put("time", Value::Int(u64::from(shared.now())));
     put("version", Value::Text(shared.version().to_string()));
-    put("libevent", Value::Text("tokio".to_string()));
+    put("libevent", Value::Text(shared.io_engine.to_string()));
     put("pointer_size", Value::Int(usize::BITS as u64));
     put("rusage_user", Value::Float(user));
     put("rusage_system", Value::Float(system));
@@ -538,6 +538,14 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
         Value::Float(cache.index_bytes_per_item),
     );
     put("terrace_segment_bytes", Value::Int(segment_size));
+    put(
+        "terrace_io_engine",
+        Value::Text(shared.io_engine.to_string()),
+    );
+    put(
+        "terrace_io_uring",
+        Value::Int(u64::from(shared.io_engine == "io_uring")),
+    );
     let restart = &shared.restart;
     put("terrace_restart_items", Value::Int(restart.items));
     put(

@@ -1,5 +1,7 @@
 //! Worker threads, memcached's model: each worker runs its own single-threaded event
 //! loop, and the acceptor hands each new connection to the next worker round-robin.
+//! A worker's loop is an io_uring ring (`uring`) where the kernel allows it, else a
+//! single-threaded tokio runtime over epoll (`conn::serve`); [`Engine`] says which.
 //! A connection lives on one worker for its whole life, so serving it never wakes
 //! another thread (a work-stealing runtime spent a futex wake-up per few requests).
 //!
@@ -18,6 +20,7 @@ use tokio::task::JoinSet;
 
 use crate::conn::{self, Admitted};
 use crate::shared::Shared;
+use crate::uring;
 
 /// An accepted connection on its way to a worker.
 pub enum Accepted {
@@ -25,23 +28,57 @@ pub enum Accepted {
     Unix(std::os::unix::net::UnixStream),
 }
 
+/// How the workers wait for and do socket I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// One io_uring ring per worker: the system calls of all ready connections in one
+    /// `io_uring_enter`.
+    Uring,
+    /// A readiness loop per worker (tokio over epoll): a `recv` and a `send` per request.
+    Epoll,
+}
+
+impl Engine {
+    /// The engine's name in logs and `stats`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Uring => "io_uring",
+            Engine::Epoll => "epoll",
+        }
+    }
+}
+
+/// A worker's end of the hand-off.
+enum Handoff {
+    Epoll(mpsc::UnboundedSender<(Accepted, Admitted)>),
+    Uring(Arc<uring::Handoff>),
+}
+
 /// The worker threads and their hand-off channels.
 pub struct Workers {
-    senders: Vec<mpsc::UnboundedSender<(Accepted, Admitted)>>,
+    handoffs: Vec<Handoff>,
     next: AtomicUsize,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Workers {
-    /// Starts `n` workers; they and their connections end when `stop` turns true.
+    /// Starts `n` workers on `engine`; they and their connections end when `stop` turns
+    /// true (epoll) or at [`Workers::join`] (both).
     pub fn start(
         n: usize,
+        engine: Engine,
         shared: &Arc<Shared>,
         stop: &watch::Receiver<bool>,
     ) -> std::io::Result<Workers> {
-        let mut senders = Vec::with_capacity(n);
+        let mut handoffs = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
+            if engine == Engine::Uring {
+                let (handoff, thread) = uring::start(i, shared)?;
+                handoffs.push(Handoff::Uring(handoff));
+                threads.push(thread);
+                continue;
+            }
             let (tx, rx) = mpsc::unbounded_channel();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_io()
@@ -52,11 +89,11 @@ impl Workers {
             let thread = std::thread::Builder::new()
                 .name(format!("terrace-worker-{i}"))
                 .spawn(move || runtime.block_on(work(rx, shared, stop)))?;
-            senders.push(tx);
+            handoffs.push(Handoff::Epoll(tx));
             threads.push(thread);
         }
         Ok(Workers {
-            senders,
+            handoffs,
             next: AtomicUsize::new(0),
             threads,
         })
@@ -68,14 +105,24 @@ impl Workers {
             refuse(accepted).await;
             return;
         };
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.senders.len();
-        // A worker that is gone drops the connection, which closes it.
-        let _ = self.senders[i].send((accepted, admitted));
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handoffs.len();
+        match &self.handoffs[i] {
+            // A worker that is gone drops the connection, which closes it.
+            Handoff::Epoll(tx) => {
+                let _ = tx.send((accepted, admitted));
+            }
+            Handoff::Uring(h) => h.send(accepted, admitted),
+        }
     }
 
-    /// Waits for the workers to end (after `stop` turned true).
+    /// Stops the workers and waits for them to end.
     pub fn join(self) {
-        drop(self.senders);
+        for h in &self.handoffs {
+            if let Handoff::Uring(h) = h {
+                h.stop();
+            }
+        }
+        drop(self.handoffs);
         for t in self.threads {
             let _ = t.join();
         }

@@ -22,6 +22,7 @@ pub mod text;
 
 use crate::shared::Shared;
 use terrace_cache::cache::number;
+use terrace_cache::Guard;
 
 /// Longest text command line accepted, `\r\n` included: memcached's read buffer (16 KiB),
 /// the longest line memcached can ever act on (it closes the connection, without a
@@ -31,6 +32,170 @@ pub const MAX_LINE: usize = 16 * 1024;
 
 /// Reply bytes one call may append before a multi-key request yields ([`Step::Resume`]).
 pub const REPLY_BUDGET: usize = 256 * 1024;
+
+/// Values at least this large may be sent from the cache in place (see [`Replies`]).
+pub const IN_PLACE_MIN: usize = 4096;
+
+/// A connection's pending reply bytes, and (when the connection's loop can send them
+/// that way) values of `get`/`gets` hits left in the cache and referenced, not copied.
+///
+/// A referenced value keeps its [`Guard`] (a pin of its segment: the bytes cannot change
+/// or go away while it lives) and sits, in the reply stream, before `bytes[at..]`.
+/// Lengths and truncation count the referenced values, so budgets see the whole reply.
+/// It derefs to the byte buffer, so formatting code appends with `Vec`'s methods; only
+/// [`Replies::len`] and [`Replies::truncate`] are its own.
+///
+/// Invariant: guards are held only for as long as a send that cannot wait on the
+/// client (`uring`) — the loop calls [`Replies::flatten`] before replies are left
+/// waiting — so a slow client never keeps a segment pinned.
+#[derive(Default)]
+pub struct Replies<'s> {
+    bytes: Vec<u8>,
+    /// `(at, guard)`: the guard's value goes before `bytes[at..]`; `at` ascending.
+    values: Vec<(usize, Guard<'s>)>,
+    /// Sum of the referenced values' lengths.
+    referenced: usize,
+    /// Values of [`IN_PLACE_MIN`] bytes or more are referenced rather than copied.
+    in_place: bool,
+}
+
+impl Replies<'_> {
+    /// The whole reply, copied (for comparisons and tests).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut all = Vec::with_capacity(self.len());
+        self.slices_from(0, |part| all.extend_from_slice(part));
+        all
+    }
+}
+
+impl<T: AsRef<[u8]>> PartialEq<T> for Replies<'_> {
+    fn eq(&self, other: &T) -> bool {
+        self.to_vec() == other.as_ref()
+    }
+}
+
+impl std::fmt::Debug for Replies<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(&self.to_vec()))
+    }
+}
+
+impl std::ops::Deref for Replies<'_> {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        &self.bytes
+    }
+}
+
+impl std::ops::DerefMut for Replies<'_> {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+}
+
+impl<'s> Replies<'s> {
+    /// Replies that reference large values in place (for a loop that sends them so).
+    pub fn in_place() -> Replies<'s> {
+        Replies {
+            in_place: true,
+            ..Replies::default()
+        }
+    }
+
+    /// Appends a hit's value: referenced when large and allowed, else copied.
+    pub fn push_value(&mut self, guard: Guard<'s>) {
+        let len = guard.value().len();
+        if self.in_place && len >= IN_PLACE_MIN {
+            self.referenced += len;
+            self.values.push((self.bytes.len(), guard));
+        } else {
+            self.bytes.extend_from_slice(guard.value());
+        }
+    }
+
+    /// The reply's length, referenced values included.
+    pub fn len(&self) -> usize {
+        self.bytes.len() + self.referenced
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Cuts the reply to its first `len` bytes (referenced values included), which must
+    /// not fall inside a referenced value.
+    pub fn truncate(&mut self, len: usize) {
+        while let Some((at, guard)) = self.values.last() {
+            let value_len = guard.value().len();
+            let starts = at + self.referenced - value_len;
+            if starts < len {
+                break;
+            }
+            self.referenced -= value_len;
+            self.values.pop();
+        }
+        self.bytes.truncate(len - self.referenced);
+    }
+
+    /// Exchanges the replies of `self` and `other`; each keeps its own mode.
+    pub fn swap_contents(&mut self, other: &mut Replies<'s>) {
+        std::mem::swap(&mut self.bytes, &mut other.bytes);
+        std::mem::swap(&mut self.values, &mut other.values);
+        std::mem::swap(&mut self.referenced, &mut other.referenced);
+    }
+
+    /// Whether any value is referenced in place.
+    pub fn has_references(&self) -> bool {
+        !self.values.is_empty()
+    }
+
+    /// Copies the referenced values into the byte buffer and lets their segments go.
+    pub fn flatten(&mut self) {
+        if self.values.is_empty() {
+            return;
+        }
+        let mut flat = Vec::with_capacity(self.len());
+        let mut from = 0;
+        for (at, guard) in self.values.drain(..) {
+            flat.extend_from_slice(&self.bytes[from..at]);
+            flat.extend_from_slice(guard.value());
+            from = at;
+        }
+        flat.extend_from_slice(&self.bytes[from..]);
+        self.bytes = flat;
+        self.referenced = 0;
+    }
+
+    /// The reply from byte `skip` on, as slices in order (for a vectored send).
+    pub fn slices_from(&self, skip: usize, mut each: impl FnMut(&[u8])) {
+        let mut skip = skip;
+        let mut from = 0;
+        let mut emit = |part: &[u8]| {
+            if skip >= part.len() {
+                skip -= part.len();
+            } else {
+                each(&part[skip..]);
+                skip = 0;
+            }
+        };
+        for (at, guard) in &self.values {
+            emit(&self.bytes[from..*at]);
+            emit(guard.value());
+            from = *at;
+        }
+        emit(&self.bytes[from..]);
+    }
+
+    /// Empties the reply (dropping its guards), keeping at most `keep` bytes of capacity.
+    pub fn clear_keeping(&mut self, keep: usize) {
+        self.values.clear();
+        self.referenced = 0;
+        self.bytes.clear();
+        if self.bytes.capacity() > keep {
+            self.bytes.shrink_to(keep);
+        }
+    }
+}
 
 /// What the connection loop does after one call of a protocol handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +237,12 @@ impl Protocol {
 }
 
 /// Handles at most one request at the start of `input` (non-empty).
-pub fn handle(shared: &Shared, proto: Protocol, input: &[u8], out: &mut Vec<u8>) -> Step {
+pub fn handle<'s>(
+    shared: &'s Shared,
+    proto: Protocol,
+    input: &[u8],
+    out: &mut Replies<'s>,
+) -> Step {
     match proto {
         Protocol::Text => text::handle(shared, input, out),
         Protocol::Binary => binary::handle(shared, input, out),
@@ -212,7 +382,7 @@ pub fn strtol32(b: &[u8]) -> Option<i32> {
 #[cfg(test)]
 pub(crate) fn drive_text(shared: &Shared, input: &[u8]) -> (String, Step) {
     let mut input = input.to_vec();
-    let mut out = Vec::new();
+    let mut out = Replies::default();
     let mut at = 0;
     let mut skip = 0usize;
     loop {
@@ -263,7 +433,7 @@ mod tests {
 
     #[test]
     fn numbers() {
-        let mut out = Vec::new();
+        let mut out = Replies::default();
         for n in [0u64, 7, 10, 12345, u64::MAX] {
             out.clear();
             push_decimal(&mut out, n);
@@ -312,5 +482,60 @@ mod tests {
         assert_eq!(data_block(b"xxabc\r", 2, 3), Ok(None));
         assert_eq!(data_block(b"xxabcde", 2, 3), Err(BadChunk));
         assert_eq!(data_block(b"xx", 2, usize::MAX), Err(BadChunk));
+    }
+}
+
+#[cfg(test)]
+mod replies_tests {
+    use super::{Replies, IN_PLACE_MIN};
+    use crate::shared::test_shared;
+
+    #[test]
+    fn large_values_are_referenced_small_ones_copied_and_the_stream_is_the_same() {
+        let s = test_shared();
+        let big = vec![b'B'; IN_PLACE_MIN * 3];
+        let mut request = b"set big 0 0 12288\r\n".to_vec();
+        request.extend_from_slice(&big);
+        request.extend_from_slice(b"\r\nset small 0 0 5\r\nsmall\r\n");
+        assert_eq!(super::drive_text(&s, &request).0, "STORED\r\nSTORED\r\n");
+
+        let mut copied = Replies::default();
+        let mut referenced = Replies::in_place();
+        for out in [&mut copied, &mut referenced] {
+            super::handle(&s, super::Protocol::Text, b"get big small big\r\n", out);
+        }
+        assert!(!copied.has_references());
+        assert!(referenced.has_references());
+        assert_eq!(referenced.len(), copied.len());
+        assert_eq!(referenced.to_vec(), copied.to_vec());
+        // The byte buffer holds everything but the two big values.
+        assert_eq!(referenced.as_slice().len(), copied.len() - 2 * big.len());
+
+        // Pieces from any offset give the rest of the stream.
+        for skip in [0, 1, 20, 30, 5000, copied.len() - 6, copied.len()] {
+            let mut rest = Vec::new();
+            referenced.slices_from(skip, |part| {
+                assert!(!part.is_empty());
+                rest.extend_from_slice(part)
+            });
+            assert_eq!(rest, copied[skip..], "from {skip}");
+        }
+
+        // Truncation drops the references past the cut; flattening keeps the stream.
+        let whole = copied.to_vec();
+        let head = b"VALUE big 0 12288\r\n".len();
+        let mut cut = Replies::in_place();
+        super::handle(
+            &s,
+            super::Protocol::Text,
+            b"get big small big\r\n",
+            &mut cut,
+        );
+        cut.truncate(head);
+        assert!(!cut.has_references());
+        assert_eq!(cut.to_vec(), whole[..head]);
+        referenced.flatten();
+        assert!(!referenced.has_references());
+        assert_eq!(referenced.as_slice(), whole.as_slice());
     }
 }

@@ -27,6 +27,7 @@
 
 use terrace_cache::Store;
 
+use super::Replies;
 use super::{
     data_block, meta, push_decimal, split_line, strtol32, strtoul32, strtoull, BadChunk, Line,
     LineError, Step, REPLY_BUDGET,
@@ -49,7 +50,7 @@ const MAX_TOKENS: usize = 24;
 const MAX_LEADING_SPACES: usize = 100;
 
 /// Handles one text request at the start of `input`.
-pub fn handle(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
+pub fn handle<'s>(shared: &'s Shared, input: &[u8], out: &mut Replies<'s>) -> Step {
     let line = match split_line(input) {
         Ok(line) => line,
         Err(LineError::Incomplete) => return Step::NeedMore { total: None },
@@ -259,7 +260,7 @@ impl<'a> Iterator for Tokens<'a> {
 /// closes the connection without a reply, unless the line is a `get`/`gets` (after at
 /// most [`MAX_LEADING_SPACES`] spaces), which it buffers whole however long. Terrace
 /// handles such a line a chunk of whole keys at a time instead.
-fn long_line(shared: &Shared, input: &[u8], out: &mut Vec<u8>) -> Step {
+fn long_line<'s>(shared: &'s Shared, input: &[u8], out: &mut Replies<'s>) -> Step {
     let close = Step::Close {
         consumed: input.len(),
     };
@@ -366,12 +367,12 @@ fn until_nul(text: &[u8]) -> &[u8] {
 }
 
 /// `get|gets|bget <key>*` and `gat|gats <exptime> <key>*`, a whole line.
-fn get_line(
-    shared: &Shared,
+fn get_line<'s>(
+    shared: &'s Shared,
     line: Line<'_>,
     with_cas: bool,
     touch: bool,
-    out: &mut Vec<u8>,
+    out: &mut Replies<'s>,
 ) -> Step {
     let mut tokens = Tokens::new(line.text);
     tokens.next();
@@ -407,14 +408,14 @@ fn get_line(
 /// are dropped and only `CLIENT_ERROR bad command line format` is sent. (Values already
 /// written out, past [`REPLY_BUDGET`] or in an earlier chunk, cannot be taken back;
 /// a chunked line is then closed, as its end cannot be found without buffering it.)
-fn retrieve(
-    shared: &Shared,
+fn retrieve<'s>(
+    shared: &'s Shared,
     text: &[u8],
     keys_at: usize,
     with_cas: bool,
     touch: Option<i64>,
     whole: Option<Line<'_>>,
-    out: &mut Vec<u8>,
+    out: &mut Replies<'s>,
 ) -> Step {
     let start = out.len();
     let mut keys = Tokens::new(&text[keys_at..]);
@@ -448,7 +449,7 @@ fn retrieve(
                     push_decimal(out, guard.cas());
                 }
                 out.extend_from_slice(b"\r\n");
-                out.extend_from_slice(value);
+                out.push_value(guard);
                 out.extend_from_slice(b"\r\n");
             }
             Ok(None) => {}
@@ -902,7 +903,7 @@ mod tests {
         assert_eq!(reply(&s, "set a 0 0 1\r\nx\r\n"), "STORED\r\n");
         let n = (1 << 20) + 1;
         let mut input = format!("set a 0 0 {n}\r\n").into_bytes();
-        let mut out = Vec::new();
+        let mut out = super::Replies::default();
         let step = handle(&s, &input, &mut out);
         assert_eq!(out, b"SERVER_ERROR object too large for cache\r\n");
         assert_eq!(
@@ -919,7 +920,7 @@ mod tests {
             "SERVER_ERROR object too large for cache\r\nEND\r\n"
         );
         // The largest length memcached parses is swallowed the same way, never buffered.
-        let mut out = Vec::new();
+        let mut out = super::Replies::default();
         let step = handle(&s, b"set a 0 0 2147483645\r\n", &mut out);
         assert!(matches!(step, Step::Swallow { skip, .. } if skip == 2_147_483_647));
     }
@@ -941,7 +942,7 @@ mod tests {
             keys.push(key);
         }
         let request = format!("gets {} nope\r\nget key0\r\n", keys.join(" "));
-        let mut out = Vec::new();
+        let mut out = super::Replies::default();
         let step = handle(&s, request.as_bytes(), &mut out);
         let Step::Resume { prefix, consumed } = step else {
             panic!("{step:?}")
@@ -964,7 +965,7 @@ mod tests {
     #[test]
     fn incomplete_requests_ask_for_their_total() {
         let s = test_shared();
-        let mut out = Vec::new();
+        let mut out = super::Replies::default();
         assert_eq!(
             handle(&s, b"get a", &mut out),
             Step::NeedMore { total: None }
@@ -983,7 +984,8 @@ mod tests {
     /// Feeds `request` to the handler `read` bytes at a time, as a connection reads it;
     /// the replies, and the most input ever held unhandled.
     fn feed(s: &Shared, request: &[u8], read: usize) -> (String, usize) {
-        let (mut buffer, mut out, mut fed, mut largest) = (Vec::new(), Vec::new(), 0, 0);
+        let (mut buffer, mut out, mut fed, mut largest) =
+            (Vec::new(), super::Replies::default(), 0, 0);
         loop {
             match handle(s, &buffer, &mut out) {
                 Step::Done { consumed } => {
@@ -1002,7 +1004,7 @@ mod tests {
             }
             largest = largest.max(buffer.len());
             if fed == request.len() && buffer.is_empty() {
-                return (String::from_utf8(out).unwrap(), largest);
+                return (String::from_utf8(out.to_vec()).unwrap(), largest);
             }
         }
     }
@@ -1055,7 +1057,7 @@ mod tests {
             }
         }
         // Other long lines close without a reply, as memcached closes them.
-        let mut out = Vec::new();
+        let mut out = super::Replies::default();
         let long = format!("gat 0 {}", keys.join(" "));
         assert!(matches!(
             handle(&s, long.as_bytes(), &mut out),
@@ -1064,7 +1066,7 @@ mod tests {
         assert!(out.is_empty());
         // A key longer than a chunk cannot be resynchronised: an error, then close; so
         // does a NUL byte in a long line, after the keys before it.
-        let mut out = Vec::new();
+        let mut out = super::Replies::default();
         let line = format!("get k3 {}\0 k3", keys.join(" "));
         let step = handle(&s, line.as_bytes(), &mut out);
         assert_eq!(
@@ -1126,7 +1128,7 @@ mod tests {
         #[test]
         fn garbage_never_panics(input in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
             let s = test_shared();
-            let mut out = Vec::new();
+            let mut out = super::Replies::default();
             let mut at = 0;
             while at < input.len() {
                 match handle(&s, &input[at..], &mut out) {

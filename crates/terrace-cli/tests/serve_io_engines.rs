@@ -1,0 +1,262 @@
+//! The server's two socket I/O engines (`--io uring`, the default where the kernel allows
+//! it, and `--io epoll`, the fallback): each must serve the same protocol, so the
+//! conformance tool runs against the fallback here (the other server tests run on the
+//! default), and the cases where the engines' own code decides — pipelined bursts larger
+//! than the reply buffer, a half-closed client, replies nobody reads at shutdown — run on
+//! both.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::Server;
+
+/// The engines this machine can run: epoll always; io_uring where the default chose it.
+fn engines() -> Vec<&'static str> {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut server = common::start(dir.path(), &[]);
+    let engine = server.stats()["terrace_io_engine"].clone();
+    let mut engines = vec!["epoll"];
+    if engine == "io_uring" {
+        engines.push("uring");
+    } else {
+        assert_eq!(engine, "epoll");
+        assert!(
+            server.log_text().contains("io_uring is not available"),
+            "fell back to epoll without saying why:\n{}",
+            server.log_text()
+        );
+        eprintln!("io_uring is not available here: only the epoll engine is tested");
+    }
+    server.terminate();
+    engines
+}
+
+fn start(dir: &std::path::Path, engine: &str) -> Server {
+    let server = common::start(dir, &["--io", engine]);
+    let expected = if engine == "uring" {
+        "io_uring"
+    } else {
+        engine
+    };
+    assert_eq!(server.stats()["terrace_io_engine"], expected);
+    server
+}
+
+#[test]
+fn the_engine_is_chosen_reported_and_validated() {
+    let engines = engines();
+    for engine in &engines {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut server = start(dir.path(), engine);
+        assert_eq!(server.connect().set("k", b"v"), "STORED");
+        assert_eq!(server.connect().get("k").as_deref(), Some(&b"v"[..]));
+        assert!(server.terminate().success());
+    }
+    let out = common::run_with_timeout(
+        {
+            let mut cmd = Command::new(common::terrace_bin());
+            cmd.args(["serve", "--io", "kqueue", "--listen", "127.0.0.1:0"]);
+            cmd
+        },
+        Duration::from_secs(20),
+    );
+    assert!(!out.success(), "an unknown engine was accepted");
+    assert!(
+        out.text().contains("kqueue") && !out.text().contains("panicked"),
+        "no clear error for an unknown engine:\n{}",
+        out.text()
+    );
+}
+
+#[test]
+fn memccapable_passes_on_the_epoll_fallback() {
+    let Some(tool) = common::require_tool("memccapable", "libmemcached-tools") else {
+        return;
+    };
+    for mode in ["-a", "-b"] {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let server = start(dir.path(), "epoll");
+        let mut cmd = Command::new(&tool);
+        cmd.args(["-h", "127.0.0.1", "-p", &server.port().to_string()]);
+        cmd.args(["-t", "10", mode]);
+        let out = common::run_with_timeout(cmd, Duration::from_secs(120));
+        assert!(
+            out.success() && out.stdout.contains("All tests passed"),
+            "memccapable {mode} failed on epoll:\n{}\n{}",
+            out.text(),
+            server.log_text()
+        );
+    }
+}
+
+/// 3,000 sets and 3,000 gets of 200-byte values in one write (more than the reply
+/// buffer holds, so the server must stop handling requests until its replies drain),
+/// then a half-close: every reply comes back, in order, before the server closes.
+#[test]
+fn a_pipelined_burst_then_half_close_gets_every_reply_in_order() {
+    for engine in engines() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut server = start(dir.path(), engine);
+        let value = |i: usize| format!("{i:0>200}");
+        let mut burst = Vec::new();
+        for i in 0..3000 {
+            burst.extend_from_slice(format!("set key{i} 0 0 200\r\n{}\r\n", value(i)).as_bytes());
+        }
+        for i in 0..3000 {
+            burst.extend_from_slice(format!("get key{i} key{i} key{i}\r\n").as_bytes());
+        }
+        let mut expected = Vec::new();
+        for _ in 0..3000 {
+            expected.extend_from_slice(b"STORED\r\n");
+        }
+        for i in 0..3000 {
+            for _ in 0..3 {
+                expected.extend_from_slice(
+                    format!("VALUE key{i} 0 200\r\n{}\r\n", value(i)).as_bytes(),
+                );
+            }
+            expected.extend_from_slice(b"END\r\n");
+        }
+        let mut c = server.connect();
+        // Write from another thread: the replies (1.9 MB) exceed the socket buffers, so
+        // reading and writing must overlap.
+        let mut writer = c.try_clone_stream();
+        let sender = std::thread::spawn(move || {
+            use std::io::Write;
+            writer.write_all(&burst).expect("writing the burst");
+            match &writer {
+                common::Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+                common::Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            }
+            .expect("half-closing");
+        });
+        let got = c.read_to_close(Duration::from_secs(30));
+        sender.join().expect("writer thread");
+        assert_eq!(
+            got.len(),
+            expected.len(),
+            "{engine}: {} of {} reply bytes",
+            got.len(),
+            expected.len()
+        );
+        assert!(
+            got == expected,
+            "{engine}: replies differ from the requests' order"
+        );
+        server.assert_alive(engine);
+    }
+}
+
+/// Clients that never read their replies leave sends waiting in the kernel; a SIGTERM
+/// must still stop the server cleanly (its operations cancelled, the index saved).
+#[test]
+fn a_stop_with_sends_waiting_on_clients_is_clean() {
+    for engine in engines() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut server = start(dir.path(), engine);
+        let value = vec![b'x'; 512 * 1024];
+        assert_eq!(server.connect().set("big", &value), "STORED");
+        let mut stuck = Vec::new();
+        for _ in 0..8 {
+            let mut c = server.connect();
+            c.send(b"get big\r\n".repeat(64).as_slice());
+            stuck.push(c);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        let status = server.terminate();
+        assert!(
+            status.success(),
+            "{engine}: the stop was not clean ({status:?}):\n{}",
+            server.log_text()
+        );
+        assert!(
+            server.log_text().contains("clean shutdown"),
+            "{engine}: no clean shutdown:\n{}",
+            server.log_text()
+        );
+        eprintln!("{engine}: stopped in {:?}", started.elapsed());
+        drop(stuck);
+    }
+}
+
+/// Large values go out of the cache in place on io_uring (referenced, not copied) and
+/// fall back to a copy when the client's socket is full. Slow readers of multigets of
+/// 4 KiB – 600 KiB values, while a writer overwrites the same keys, must each get whole
+/// values of some version, byte for byte — never a mix, never a value changed under
+/// the send.
+#[test]
+fn large_values_read_slowly_while_overwritten_arrive_whole() {
+    const KEYS: usize = 12;
+    let size = |k: usize| 4096 + k * 50_000;
+    for engine in engines() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut server = start(dir.path(), engine);
+        let keys: Vec<String> = (0..KEYS).map(|k| format!("large{k}")).collect();
+        {
+            let mut c = server.connect();
+            for (k, key) in keys.iter().enumerate() {
+                assert_eq!(
+                    c.set(key, &common::versioned_value(key, 0, size(k))),
+                    "STORED"
+                );
+            }
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (keys, stop) = (keys.clone(), stop.clone());
+            let mut c = server.connect();
+            std::thread::spawn(move || {
+                let mut version = 1;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (k, key) in keys.iter().enumerate() {
+                        let v = common::versioned_value(key, version, size(k));
+                        assert_eq!(c.set(key, &v), "STORED");
+                    }
+                    version += 1;
+                }
+                version
+            })
+        };
+        let readers: Vec<_> = (0..3)
+            .map(|r| {
+                let keys = keys.clone();
+                let mut c = server.connect();
+                std::thread::spawn(move || {
+                    for round in 0..4 {
+                        let line = format!("get {}\r\n", keys.join(" "));
+                        c.send(line.as_bytes());
+                        // Let the socket fill so sends stop short, then read.
+                        std::thread::sleep(Duration::from_millis(20 * (r + round) as u64));
+                        let items = c.read_items();
+                        assert_eq!(items.len(), KEYS, "reader {r} round {round}");
+                        for (k, item) in items.iter().enumerate() {
+                            assert_eq!(item.key, keys[k]);
+                            let text = String::from_utf8_lossy(&item.value[..24]).into_owned();
+                            let version: u64 = text
+                                .split('|')
+                                .nth(1)
+                                .and_then(|v| v.strip_prefix('v'))
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or_else(|| panic!("no version in {text:?}"));
+                            assert!(
+                                item.value == common::versioned_value(&keys[k], version, size(k)),
+                                "reader {r}: {} version {version} is not whole",
+                                keys[k]
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        for reader in readers {
+            reader.join().expect("a reader failed");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let versions = writer.join().expect("the writer failed");
+        eprintln!("{engine}: the writer wrote {versions} versions meanwhile");
+        server.assert_alive(engine);
+    }
+}
