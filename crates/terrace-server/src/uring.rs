@@ -24,7 +24,7 @@
 //! - a connection leaves the slab only when nothing of it is in flight, so a completion
 //!   always finds its connection (no generation count is needed);
 //! - at stop every operation is cancelled and its completion awaited before a buffer is
-//!   freed; if the kernel does not finish them in [`STOP_WAIT`], the buffers are leaked
+//!   freed; if the kernel does not finish them in `STOP_WAIT`, the buffers are leaked
 //!   rather than freed under it;
 //! - the ring is created, submitted to and dropped on the worker thread alone
 //!   (`IORING_SETUP_SINGLE_ISSUER`).
