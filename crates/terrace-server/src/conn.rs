@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::proto::{self, Protocol, Replies, Step};
+use crate::proto::{self, PinBudget, Protocol, Replies, Step};
 use crate::shared::Shared;
 use crate::stats::Counter;
 
@@ -54,10 +54,11 @@ pub struct Session<'s> {
 }
 
 impl<'s> Session<'s> {
-    /// A session whose replies reference large values in place (see [`Replies`]).
-    pub fn in_place() -> Session<'s> {
+    /// A session whose replies reference large values in place within `budget` (see
+    /// [`Replies`]).
+    pub fn in_place(budget: std::sync::Arc<PinBudget>) -> Session<'s> {
         Session {
-            out: Replies::in_place(),
+            out: Replies::in_place(budget),
             ..Session::default()
         }
     }

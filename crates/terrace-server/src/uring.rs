@@ -22,7 +22,8 @@
 //!   behind a send in flight are flattened too. A segment is pinned by a connection for
 //!   at most one round of the ring, however slowly the client reads;
 //! - a connection leaves the slab only when nothing of it is in flight, so a completion
-//!   always finds its connection (no generation count is needed);
+//!   always finds its connection; a generation in each entry's user data keeps a late
+//!   cancel from matching a later connection in the same slot;
 //! - at stop every operation is cancelled and its completion awaited before a buffer is
 //!   freed; if the kernel does not finish them in `STOP_WAIT`, the buffers are leaked
 //!   rather than freed under it;
@@ -45,7 +46,7 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, types, IoUring};
 
 use crate::conn::{Admitted, Session, IDLE_KEEP};
-use crate::proto::Replies;
+use crate::proto::{PinBudget, Replies};
 use crate::shared::Shared;
 use crate::workers::Accepted;
 
@@ -60,7 +61,8 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 /// Pieces of one vectored send (below the kernel's `UIO_MAXIOV`); the rest goes next.
 const MAX_PIECES: usize = 512;
 
-/// Operation kinds, in the low byte of an entry's user data (the connection's slot above).
+/// Operation kinds, in the low byte of an entry's user data; above it the connection's
+/// generation (24 bits) and slot (32 bits), see [`tag`].
 const RECV: u64 = 1;
 const SEND: u64 = 2;
 const WAKE: u64 = 3;
@@ -102,6 +104,27 @@ impl Spin {
     fn failed(&mut self) {
         self.budget = (self.budget / 2).max(MIN_SPIN);
     }
+}
+
+/// How many values one worker may keep pinned for in-place sends: a quarter of the
+/// smallest tier's segments, shared among the workers, at least one. With the smallest
+/// tier allowed (8 segments) and one worker that is two segments, so a worker's own
+/// `set` always finds segments its pins leave alone.
+fn pin_budget(shared: &Shared) -> usize {
+    let smallest = shared
+        .pools
+        .iter()
+        .flat_map(|(_, cache)| cache.tier_overview())
+        .map(|t| t.segments as usize)
+        .min()
+        .unwrap_or(0);
+    (smallest / 4 / shared.threads.max(1)).max(1)
+}
+
+/// An entry's user data: the slot, the generation of the connection in it (so a late
+/// cancel meant for an earlier connection in the slot matches nothing), the kind.
+fn tag(slot: usize, generation: u32, kind: u64) -> u64 {
+    ((slot as u64) << 32) | (u64::from(generation & 0xff_ffff) << 8) | kind
 }
 
 /// Why io_uring cannot serve here: the kernel lacks it, forbids it
@@ -155,26 +178,43 @@ pub struct Handoff {
     /// write never blocks on a full pipe.
     wake_pending: AtomicBool,
     stop: AtomicBool,
+    /// The worker has ended (stopped, or its ring failed): connections handed to it now
+    /// are closed at once rather than queued forever. Changed under the queue's lock.
+    closed: AtomicBool,
 }
 
 impl Handoff {
     /// Queues a connection for the worker and wakes it.
     pub fn send(&self, accepted: Accepted, admitted: Admitted) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((accepted, admitted));
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::SeqCst) {
+            // Dropping them closes the socket and uncounts the connection.
+            drop((accepted, admitted));
+            return;
+        }
+        queue.push((accepted, admitted));
+        drop(queue);
         self.wake_worker();
+    }
+
+    /// The worker ends: refuse what comes next, close what waits.
+    fn close(&self) {
+        let queued = {
+            let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            self.closed.store(true, Ordering::SeqCst);
+            std::mem::take(&mut *queue)
+        };
+        drop(queued);
     }
 
     /// Asks the worker to close its connections and end.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop.store(true, Ordering::SeqCst);
         self.wake_worker();
     }
 
     fn wake_worker(&self) {
-        if !self.wake_pending.swap(true, Ordering::AcqRel) {
+        if !self.wake_pending.swap(true, Ordering::SeqCst) {
             let _ = (&self.wake).write(&[1]);
         }
     }
@@ -188,6 +228,7 @@ pub fn start(index: usize, shared: &Arc<Shared>) -> io::Result<(Arc<Handoff>, Jo
         wake: writer,
         wake_pending: AtomicBool::new(false),
         stop: AtomicBool::new(false),
+        closed: AtomicBool::new(false),
     });
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let shared = Arc::clone(shared);
@@ -228,6 +269,11 @@ struct Conn<'s> {
     pieces: Vec<libc::iovec>,
     recv_in_flight: bool,
     send_in_flight: bool,
+    /// The last send stopped short: the client is not reading, so neither is the server
+    /// (as the readiness loop, blocked in its write) until the replies drain.
+    send_blocked: bool,
+    /// Told apart from earlier connections in the same slot (see [`tag`]).
+    generation: u32,
     /// The client closed its side: no more receives, pending replies still go out.
     eof: bool,
     /// The socket failed: nothing more is sent or received.
@@ -259,8 +305,23 @@ struct Worker<'s> {
     spin: Spin,
     /// `ioprio` of receives: [`RECVSEND_POLL_FIRST`] until the kernel refuses it.
     recv_ioprio: u16,
-    /// Entries (counted in `in_flight`) that found the submission queue full.
+    /// Entries (counted in `in_flight`) that found the submission queue full, in order.
     backlog: Vec<io_uring::squeue::Entry>,
+    /// Connections adopted so far (their generations).
+    generations: u32,
+    /// `stop` ran.
+    stopped: bool,
+    /// Values this worker's replies may reference in place at once.
+    pin_budget: Arc<PinBudget>,
+}
+
+impl Drop for Worker<'_> {
+    /// However the worker ends (asked to, its ring failing, or a panic unwinding), its
+    /// operations are cancelled and awaited before its buffers go, and connections
+    /// still handed to it are closed.
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 impl<'s> Worker<'s> {
@@ -278,13 +339,16 @@ impl<'s> Worker<'s> {
             spin: Spin { budget: MIN_SPIN },
             recv_ioprio: RECVSEND_POLL_FIRST,
             backlog: Vec::new(),
+            generations: 0,
+            stopped: false,
+            pin_budget: PinBudget::new(pin_budget(shared)),
         }
     }
 
     fn run(mut self) {
         let shared = self.shared;
         self.arm_wake();
-        while !self.handoff.stop.load(Ordering::Acquire) {
+        while !self.handoff.stop.load(Ordering::SeqCst) {
             match self.wait() {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
@@ -297,7 +361,7 @@ impl<'s> Worker<'s> {
             }
             self.reap(shared);
         }
-        self.stop();
+        // `Drop` stops the worker, here or when a panic unwinds through `run`.
     }
 
     /// Submits what is queued and returns once a completion is ready: at once if one is,
@@ -354,7 +418,16 @@ impl<'s> Worker<'s> {
         );
         self.in_flight -= completions.len();
         for &(user_data, result) in &completions {
-            let slot = (user_data >> 8) as usize;
+            let slot = (user_data >> 32) as usize;
+            let generation = ((user_data >> 8) & 0xff_ffff) as u32;
+            let current = self.conns.get(slot).and_then(Option::as_ref);
+            if (user_data & 0xff == RECV || user_data & 0xff == SEND)
+                && current.is_none_or(|c| c.generation & 0xff_ffff != generation)
+            {
+                // Cannot happen: a slot is freed only when nothing of it is in flight.
+                debug_assert!(false, "a completion for a connection that is gone");
+                continue;
+            }
             match user_data & 0xff {
                 RECV => self.received(shared, slot, result),
                 SEND => self.sent(shared, slot, result),
@@ -373,6 +446,11 @@ impl<'s> Worker<'s> {
     /// completion is reaped.
     unsafe fn push(&mut self, entry: io_uring::squeue::Entry) {
         self.in_flight += 1;
+        if !self.backlog.is_empty() {
+            // Behind what waits already: a cancel must never overtake its target.
+            self.backlog.push(entry);
+            return;
+        }
         // SAFETY: the caller keeps the entry's buffers valid until completion.
         if unsafe { self.ring.submission().push(&entry) }.is_ok() {
             return;
@@ -415,22 +493,21 @@ impl<'s> Worker<'s> {
 
     /// The pipe was written: adopt the queued connections.
     fn woken(&mut self, shared: &'s Shared, result: i32) {
-        if result <= 0 && result != -libc::EINTR && result != -libc::EAGAIN {
-            // The acceptor's end is gone: no new connection can come.
-            if result < 0 {
-                tracing::warn!(error = -result, "worker wake-up pipe failed");
-            }
-            return;
+        if result < 0 && result != -libc::EINTR && result != -libc::EAGAIN {
+            tracing::warn!(
+                error = -result,
+                "worker wake-up pipe read failed; reading again"
+            );
         }
         // Cleared before the queue is taken: a connection queued after the take writes
         // a new wake-up.
-        self.handoff.wake_pending.store(false, Ordering::Release);
+        self.handoff.wake_pending.store(false, Ordering::SeqCst);
         let queued =
             std::mem::take(&mut *self.handoff.queue.lock().unwrap_or_else(|e| e.into_inner()));
         for (stream, admitted) in queued {
             let conn = Conn {
                 stream,
-                session: Session::in_place(),
+                session: Session::in_place(Arc::clone(&self.pin_budget)),
                 sending: Replies::default(),
                 sent: 0,
                 // SAFETY: `msghdr` is plain data; all zeroes is an empty message.
@@ -438,10 +515,13 @@ impl<'s> Worker<'s> {
                 pieces: Vec::new(),
                 recv_in_flight: false,
                 send_in_flight: false,
+                send_blocked: false,
+                generation: self.generations,
                 eof: false,
                 broken: false,
                 _admitted: admitted,
             };
+            self.generations = self.generations.wrapping_add(1);
             let slot = match self.free.pop() {
                 Some(slot) => {
                     self.conns[slot] = Some(conn);
@@ -463,6 +543,8 @@ impl<'s> Worker<'s> {
         };
         conn.recv_in_flight = false;
         match result {
+            // Input that arrives after the socket failed is not acted on.
+            n if n > 0 && conn.broken => {}
             n if n > 0 => {
                 let input = conn.session.input();
                 let len = input.len() + n as usize;
@@ -497,6 +579,7 @@ impl<'s> Worker<'s> {
         match result {
             n if n > 0 => {
                 conn.sent += n as usize;
+                conn.send_blocked = conn.sent < conn.sending.len();
                 if conn.sent >= conn.sending.len() {
                     conn.sending.clear_keeping(IDLE_KEEP);
                     conn.sent = 0;
@@ -506,7 +589,10 @@ impl<'s> Worker<'s> {
                     conn.sending.flatten();
                 }
             }
-            e if e == -libc::EAGAIN && conn.sending.has_references() => conn.sending.flatten(),
+            e if e == -libc::EAGAIN && conn.sending.has_references() => {
+                conn.send_blocked = true;
+                conn.sending.flatten();
+            }
             e if e == -libc::EINTR || e == -libc::EAGAIN => {}
             e => {
                 if e != 0 {
@@ -538,7 +624,7 @@ impl<'s> Worker<'s> {
                 }
             }
             if conn.sent < conn.sending.len() {
-                let fd = conn.fd();
+                let (fd, generation) = (conn.fd(), conn.generation);
                 let entry = if conn.sending.has_references() {
                     // Values referenced in the cache: a vectored send that never waits
                     // for room (`MSG_DONTWAIT`), so their pins last until the next reap.
@@ -564,7 +650,7 @@ impl<'s> Worker<'s> {
                 conn.send_in_flight = true;
                 // SAFETY: `sending` (and the guards pinning its referenced values), `message`
                 // and `pieces` stay untouched in their slot until the completion (`sent`).
-                unsafe { self.push(entry.user_data((slot as u64) << 8 | SEND)) };
+                unsafe { self.push(entry.user_data(tag(slot, generation, SEND))) };
             }
         }
         if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
@@ -587,15 +673,20 @@ impl<'s> Worker<'s> {
             } else if conn.recv_in_flight && !conn.eof {
                 // Closing with a receive pending: cancel it; its completion closes.
                 conn.eof = true;
-                let entry = opcode::AsyncCancel::new((slot as u64) << 8 | RECV)
+                let entry = opcode::AsyncCancel::new(tag(slot, conn.generation, RECV))
                     .build()
-                    .user_data((slot as u64) << 8 | CANCEL);
+                    .user_data(tag(slot, conn.generation, CANCEL));
                 // SAFETY: a cancel names no buffer.
                 unsafe { self.push(entry) };
             }
             return;
         }
-        if !conn.recv_in_flight && !conn.eof && !conn.session.closing() && !conn.session.stalled() {
+        if !conn.recv_in_flight
+            && !conn.eof
+            && !conn.session.closing()
+            && !conn.session.stalled()
+            && (!conn.send_in_flight || !conn.send_blocked)
+        {
             let fd = conn.fd();
             let spare = conn.session.read_target().spare_capacity_mut();
             let entry = opcode::Recv::new(
@@ -605,7 +696,7 @@ impl<'s> Worker<'s> {
             )
             .ioprio(self.recv_ioprio)
             .build()
-            .user_data((slot as u64) << 8 | RECV);
+            .user_data(tag(slot, conn.generation, RECV));
             conn.recv_in_flight = true;
             // SAFETY: the input buffer is not touched (grown, handled or freed) until
             // this receive's completion (`received`); the connection stays in its slot.
@@ -615,14 +706,38 @@ impl<'s> Worker<'s> {
 
     /// Cancels everything in flight, waits for it, then drops the connections.
     fn stop(&mut self) {
-        // Entries never submitted hold no buffer of the kernel's.
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        self.handoff.close();
+        // Whatever still waits in the backlog once the ring takes what it can was never
+        // submitted and holds no buffer of the kernel's.
+        let _ = self.ring.submit();
+        self.push_backlog();
         self.in_flight -= self.backlog.len();
         self.backlog.clear();
-        let entry = opcode::AsyncCancel2::new(types::CancelBuilder::any())
-            .build()
-            .user_data(CANCEL);
-        // SAFETY: a cancel names no buffer.
-        unsafe { self.push(entry) };
+        // Each operation is cancelled by its user data, which every kernel with
+        // io_uring's cancel (5.5) matches; the pipe read by its own.
+        let mut cancels = vec![WAKE];
+        for (slot, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            if conn.recv_in_flight {
+                cancels.push(tag(slot, conn.generation, RECV));
+            }
+            if conn.send_in_flight {
+                cancels.push(tag(slot, conn.generation, SEND));
+            }
+        }
+        for target in cancels {
+            let entry = opcode::AsyncCancel::new(target).build().user_data(CANCEL);
+            // SAFETY: a cancel names no buffer.
+            unsafe { self.push(entry) };
+            if !self.backlog.is_empty() {
+                let _ = self.ring.submit();
+                self.push_backlog();
+            }
+        }
         let deadline = Instant::now() + STOP_WAIT;
         while self.in_flight > 0 && Instant::now() < deadline {
             let wait = types::Timespec::new().nsec(50_000_000);

@@ -21,6 +21,8 @@ pub mod meta;
 pub mod text;
 
 use crate::shared::Shared;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use terrace_cache::cache::number;
 use terrace_cache::Guard;
 
@@ -51,12 +53,48 @@ pub const IN_PLACE_MIN: usize = 4096;
 #[derive(Default)]
 pub struct Replies<'s> {
     bytes: Vec<u8>,
-    /// `(at, guard)`: the guard's value goes before `bytes[at..]`; `at` ascending.
-    values: Vec<(usize, Guard<'s>)>,
+    /// `(at, value)`: the value goes before `bytes[at..]`; `at` ascending.
+    values: Vec<(usize, Referenced<'s>)>,
     /// Sum of the referenced values' lengths.
     referenced: usize,
-    /// Values of [`IN_PLACE_MIN`] bytes or more are referenced rather than copied.
-    in_place: bool,
+    /// When set, values of [`IN_PLACE_MIN`] bytes or more are referenced rather than
+    /// copied, as long as the budget lasts.
+    in_place: Option<Arc<PinBudget>>,
+}
+
+/// How many values one worker's replies may reference in place at once. A pinned
+/// segment cannot be reused, and the worker that pins it may itself need a free segment
+/// for a `set` before its pins go (one round of its ring), so it may pin only a small
+/// share of a tier.
+#[derive(Debug)]
+pub struct PinBudget {
+    left: AtomicUsize,
+}
+
+impl PinBudget {
+    pub fn new(values: usize) -> Arc<PinBudget> {
+        Arc::new(PinBudget {
+            left: AtomicUsize::new(values),
+        })
+    }
+
+    fn take(&self) -> bool {
+        self.left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// A value referenced in place: its guard, and the budget it gives back when dropped.
+struct Referenced<'s> {
+    guard: Guard<'s>,
+    budget: Arc<PinBudget>,
+}
+
+impl Drop for Referenced<'_> {
+    fn drop(&mut self) {
+        self.budget.left.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Replies<'_> {
@@ -94,23 +132,28 @@ impl std::ops::DerefMut for Replies<'_> {
 }
 
 impl<'s> Replies<'s> {
-    /// Replies that reference large values in place (for a loop that sends them so).
-    pub fn in_place() -> Replies<'s> {
+    /// Replies that reference large values in place (for a loop that sends them so),
+    /// within `budget`.
+    pub fn in_place(budget: Arc<PinBudget>) -> Replies<'s> {
         Replies {
-            in_place: true,
+            in_place: Some(budget),
             ..Replies::default()
         }
     }
 
-    /// Appends a hit's value: referenced when large and allowed, else copied.
+    /// Appends a hit's value: referenced when large and the budget allows, else copied.
     pub fn push_value(&mut self, guard: Guard<'s>) {
         let len = guard.value().len();
-        if self.in_place && len >= IN_PLACE_MIN {
-            self.referenced += len;
-            self.values.push((self.bytes.len(), guard));
-        } else {
-            self.bytes.extend_from_slice(guard.value());
+        if let Some(budget) = self.in_place.as_ref().filter(|_| len >= IN_PLACE_MIN) {
+            if budget.take() {
+                self.referenced += len;
+                let budget = Arc::clone(budget);
+                self.values
+                    .push((self.bytes.len(), Referenced { guard, budget }));
+                return;
+            }
         }
+        self.bytes.extend_from_slice(guard.value());
     }
 
     /// The reply's length, referenced values included.
@@ -125,8 +168,8 @@ impl<'s> Replies<'s> {
     /// Cuts the reply to its first `len` bytes (referenced values included), which must
     /// not fall inside a referenced value.
     pub fn truncate(&mut self, len: usize) {
-        while let Some((at, guard)) = self.values.last() {
-            let value_len = guard.value().len();
+        while let Some((at, value)) = self.values.last() {
+            let value_len = value.guard.value().len();
             let starts = at + self.referenced - value_len;
             if starts < len {
                 break;
@@ -156,9 +199,9 @@ impl<'s> Replies<'s> {
         }
         let mut flat = Vec::with_capacity(self.len());
         let mut from = 0;
-        for (at, guard) in self.values.drain(..) {
+        for (at, value) in self.values.drain(..) {
             flat.extend_from_slice(&self.bytes[from..at]);
-            flat.extend_from_slice(guard.value());
+            flat.extend_from_slice(value.guard.value());
             from = at;
         }
         flat.extend_from_slice(&self.bytes[from..]);
@@ -178,9 +221,9 @@ impl<'s> Replies<'s> {
                 skip = 0;
             }
         };
-        for (at, guard) in &self.values {
+        for (at, value) in &self.values {
             emit(&self.bytes[from..*at]);
-            emit(guard.value());
+            emit(value.guard.value());
             from = *at;
         }
         emit(&self.bytes[from..]);
@@ -487,7 +530,7 @@ mod tests {
 
 #[cfg(test)]
 mod replies_tests {
-    use super::{Replies, IN_PLACE_MIN};
+    use super::{PinBudget, Replies, IN_PLACE_MIN};
     use crate::shared::test_shared;
 
     #[test]
@@ -500,7 +543,8 @@ mod replies_tests {
         assert_eq!(super::drive_text(&s, &request).0, "STORED\r\nSTORED\r\n");
 
         let mut copied = Replies::default();
-        let mut referenced = Replies::in_place();
+        let budget = PinBudget::new(8);
+        let mut referenced = Replies::in_place(budget.clone());
         for out in [&mut copied, &mut referenced] {
             super::handle(&s, super::Protocol::Text, b"get big small big\r\n", out);
         }
@@ -524,7 +568,7 @@ mod replies_tests {
         // Truncation drops the references past the cut; flattening keeps the stream.
         let whole = copied.to_vec();
         let head = b"VALUE big 0 12288\r\n".len();
-        let mut cut = Replies::in_place();
+        let mut cut = Replies::in_place(budget.clone());
         super::handle(
             &s,
             super::Protocol::Text,
@@ -537,5 +581,21 @@ mod replies_tests {
         referenced.flatten();
         assert!(!referenced.has_references());
         assert_eq!(referenced.as_slice(), whole.as_slice());
+        drop(cut);
+        assert_eq!(budget.left.load(std::sync::atomic::Ordering::Relaxed), 8);
+
+        // An exhausted budget copies: one reference left, the second big value copied.
+        let budget = PinBudget::new(1);
+        let mut short = Replies::in_place(budget.clone());
+        super::handle(
+            &s,
+            super::Protocol::Text,
+            b"get big small big\r\n",
+            &mut short,
+        );
+        assert_eq!(short.values.len(), 1);
+        assert_eq!(short.to_vec(), whole);
+        drop(short);
+        assert_eq!(budget.left.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 }
