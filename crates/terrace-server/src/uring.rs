@@ -131,6 +131,13 @@ fn tag(slot: usize, generation: u32, kind: u64) -> u64 {
 /// (`kernel.io_uring_disabled`, a seccomp filter) or lacks an operation the worker uses.
 pub fn probe() -> io::Result<()> {
     let ring = new_ring()?;
+    if !ring.params().is_feature_ext_arg() {
+        // The stop waits with a timeout (`IORING_ENTER_EXT_ARG`, Linux 5.11).
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the kernel's io_uring cannot wait with a timeout (Linux 5.11 or later needed)",
+        ));
+    }
     let mut probe = io_uring::Probe::new();
     ring.submitter().register_probe(&mut probe)?;
     for (code, name) in [
