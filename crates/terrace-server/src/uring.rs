@@ -31,8 +31,10 @@
 //!   (`IORING_SETUP_SINGLE_ISSUER`).
 //!
 //! Back-pressure is the readiness loop's: no receive is armed while complete requests wait
-//! for a full reply buffer to drain ([`Session::stalled`]), so a client that sends without
-//! reading its replies stops being read.
+//! for a full reply buffer to drain ([`Session::stalled`]), nor while a send that stopped
+//! short (the client's socket is full) is still in flight, as the readiness loop does not
+//! read while blocked in its write; so a client that sends without reading its replies
+//! stops being read.
 
 #![allow(unsafe_code)]
 
@@ -564,7 +566,7 @@ impl<'s> Worker<'s> {
                 conn.session.handle_buffered(shared);
             }
             0 => conn.eof = true,
-            e if e == -libc::EINTR || e == -libc::EAGAIN || e == -libc::ENOBUFS => {}
+            e if e == -libc::EINTR || e == -libc::EAGAIN => {}
             e if e == -libc::EINVAL && self.recv_ioprio != 0 => {
                 tracing::info!("the kernel refuses poll-first receives; receiving without");
                 self.recv_ioprio = 0;
