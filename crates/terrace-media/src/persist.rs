@@ -5,6 +5,7 @@
 //! range has been written back to the memory controller (the persistence domain on ADR
 //! platforms). Non-DAX files use `msync` instead, through [`crate::Region::persist`].
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 /// Size of a CPU cache line, the unit of flushing.
@@ -55,6 +56,37 @@ fn detect() -> FlushInstruction {
     FlushInstruction::None
 }
 
+/// How the calling thread has made stores durable so far: cache lines flushed by
+/// [`flush_range`] and `msync` calls made by [`crate::Region::persist`] and
+/// [`crate::Region::sync`]. Per thread, so that counting costs no shared cache line; tests
+/// read it to prove which persist path a region took (DAX flushes, not `msync`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PersistCounts {
+    /// Cache lines written back with the [`FlushInstruction`] in use.
+    pub flushed_lines: u64,
+    /// `msync` calls on disk-backed file mappings.
+    pub msyncs: u64,
+}
+
+thread_local! {
+    static COUNTS: Cell<PersistCounts> = const {
+        Cell::new(PersistCounts { flushed_lines: 0, msyncs: 0 })
+    };
+}
+
+/// The calling thread's [`PersistCounts`].
+pub fn thread_counts() -> PersistCounts {
+    COUNTS.with(Cell::get)
+}
+
+pub(crate) fn count_msync() {
+    COUNTS.with(|c| {
+        let mut counts = c.get();
+        counts.msyncs += 1;
+        c.set(counts);
+    });
+}
+
 /// Writes back every cache line overlapping `[addr, addr+len)`. Follow with [`drain`].
 ///
 /// Flushing is harmless on any readable memory, DAX or not; it only guarantees durability
@@ -66,10 +98,17 @@ pub fn flush_range(addr: *const u8, len: usize) {
     let instr = flush_instruction();
     let mut line = addr as usize & !(CACHE_LINE - 1);
     let end = addr as usize + len;
+    let mut lines = 0;
     while line < end {
         flush_line(instr, line as *const u8);
         line += CACHE_LINE;
+        lines += 1;
     }
+    COUNTS.with(|c| {
+        let mut counts = c.get();
+        counts.flushed_lines += lines;
+        c.set(counts);
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -115,8 +154,14 @@ mod tests {
         let first = flush_instruction();
         assert_eq!(first, flush_instruction());
         let data = vec![7u8; 1000];
+        let before = thread_counts();
         flush_range(data.as_ptr().wrapping_add(3), 997);
         drain();
         assert!(data.iter().all(|&b| b == 7));
+        // 3..1000 spans the lines of bytes 0..1023 relative to an aligned start, or one
+        // more when the vector is not line-aligned.
+        let lines = thread_counts().flushed_lines - before.flushed_lines;
+        assert!((16..=17).contains(&lines), "{lines} lines flushed");
+        assert_eq!(thread_counts().msyncs, before.msyncs);
     }
 }

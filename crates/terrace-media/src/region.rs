@@ -587,6 +587,7 @@ impl Region {
             persist::drain();
             Ok(())
         } else {
+            persist::count_msync();
             // SAFETY: the range is inside the live mapping (checked above).
             unsafe { os::msync(addr, len) }.map_err(|source| io_err("msync", &backing.path, source))
         }
@@ -632,6 +633,7 @@ impl Region {
         if backing.dax || self.durability != Durability::Power {
             return Ok(());
         }
+        persist::count_msync();
         // SAFETY: the whole live mapping.
         unsafe { os::msync(self.base.as_ptr(), self.len) }
             .map_err(|source| io_err("msync", &backing.path, source))
