@@ -6,6 +6,8 @@
 
 use std::collections::BTreeSet;
 
+mod common;
+
 use terrace_pool::class::{self, builtin_classes, MAX_CUSTOM_CLASSES};
 use terrace_pool::format::{self, PoolHeader};
 use terrace_pool::{
@@ -29,7 +31,7 @@ fn id(n: u32) -> ClassId {
 
 #[test]
 fn classes_and_their_objects_survive_close_and_reopen() {
-    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let dir = common::pool_dir();
     let path = dir.path().join("pool");
     let small = ClassDesc::new(48).units_per_run(1000);
     let page = ClassDesc::new(4096)

@@ -20,6 +20,8 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
+mod common;
+
 use terrace_pool::{
     AllocClass, Backend, ClassDesc, ClassId, HandleAt, HeaderType, Oid, Pool, PoolError,
     RecordingBackend,
@@ -481,13 +483,34 @@ fn check_contents<B: Backend>(pool: &Pool<B>, oid: Oid, seed: u64, what: &str) {
 }
 
 /// Opens a crash image and checks it against the states allowed at that point (and the
-/// operation's unpublished object, which may be live too).
+/// operation's unpublished object, which may be live too). With `TERRACE_TEST_PMEM_DIR`
+/// set, the image is written to a file there and opened as a pool file (on a DAX mount,
+/// recovery then persists through `MAP_SYNC` and cache-line flushes); else it is opened
+/// in memory.
 fn verify(image: Vec<u8>, allowed: &[&State], leak: Option<Leak>, what: &str) {
-    let pool = Pool::open_on(RecordingBackend::from_image(image), LAYOUT)
-        .unwrap_or_else(|e| panic!("{what}: recovery failed: {e}"));
+    if std::env::var_os("TERRACE_TEST_PMEM_DIR").is_none() {
+        let pool = Pool::open_on(RecordingBackend::from_image(image), LAYOUT)
+            .unwrap_or_else(|e| panic!("{what}: recovery failed: {e}"));
+        return verify_pool(&pool, allowed, leak, what);
+    }
+    thread_local! {
+        static IMAGE_DIR: tempfile::TempDir = common::pool_dir();
+    }
+    let path = IMAGE_DIR.with(|d| d.path().join("image.pool"));
+    std::fs::write(&path, &image).unwrap_or_else(|e| panic!("{what}: writing the image: {e}"));
+    let before = terrace_media::persist::thread_counts();
+    let pool = Pool::open(&path, LAYOUT).unwrap_or_else(|e| panic!("{what}: recovery failed: {e}"));
+    common::expect_dax_persists(&pool, || verify_pool(&pool, allowed, leak, what));
+    if common::dax_required() {
+        let after = terrace_media::persist::thread_counts();
+        assert_eq!(after.msyncs, before.msyncs, "{what}: recovery used msync");
+    }
+}
+
+fn verify_pool<B: Backend>(pool: &Pool<B>, allowed: &[&State], leak: Option<Leak>, what: &str) {
     pool.check()
         .unwrap_or_else(|e| panic!("{what}: check failed: {e}"));
-    let state = read_state(&pool).unwrap_or_else(|e| panic!("{what}: root: {e}"));
+    let state = read_state(pool).unwrap_or_else(|e| panic!("{what}: root: {e}"));
     let Some(expected) = allowed.iter().find(|s| ***s == state) else {
         panic!("{what}: recovered state {state:?} is none of {allowed:?}");
     };
@@ -500,7 +523,7 @@ fn verify(image: Vec<u8>, allowed: &[&State], leak: Option<Leak>, what: &str) {
             published.insert(off),
             "{what}: slot {i} shares object {off:#x}"
         );
-        check_contents(&pool, oid, expected.seeds[i], &format!("{what}: slot {i}"));
+        check_contents(pool, oid, expected.seeds[i], &format!("{what}: slot {i}"));
     }
     let live: BTreeSet<u64> = pool
         .objects(None)
@@ -512,7 +535,7 @@ fn verify(image: Vec<u8>, allowed: &[&State], leak: Option<Leak>, what: &str) {
     if let Some(l) = leak {
         if live.contains(&l.off) && expected_live.insert(l.off) {
             if let (Some(seed), Some(oid)) = (l.seed, Oid::from_offset(l.off)) {
-                check_contents(&pool, oid, seed, &format!("{what}: unpublished object"));
+                check_contents(pool, oid, seed, &format!("{what}: unpublished object"));
             }
         }
     }

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use terrace_pool::{HandleAt, Oid, Pool, PoolError};
 
+mod common;
+
 const LAYOUT: &str = "kill";
 const SLOTS: u64 = 64;
 const COUNT: u64 = SLOTS * 8;
@@ -65,7 +67,7 @@ fn kill_child_worker() {
 
 #[test]
 fn process_kill_recovers() {
-    let dir = tempfile::tempdir_in("/dev/shm").expect("tmpfs");
+    let dir = common::pool_dir();
     let path = dir.path().join("pool");
     let pool = Pool::create(&path, 8 << 20, LAYOUT).expect("create");
     pool.root(ROOT_SIZE).expect("root");
@@ -103,6 +105,15 @@ fn process_kill_recovers() {
             .map(|o| o.oid.offset())
             .collect();
         assert_eq!(live, published, "round {round}: leak or dangling handle");
+        // The recovered pool persists on its medium's path (cache-line flushes on DAX).
+        common::expect_dax_persists(&pool, || {
+            pool.tx(|tx| {
+                let c = pool.read_u64(root, COUNT)?;
+                tx.write_u64(root, COUNT, c + 1)?;
+                tx.write_u64(root, TWICE, 2 * (c + 1))
+            })
+        })
+        .expect("a transaction after recovery");
         eprintln!(
             "round {round}: {} objects, {count} transactions committed so far",
             report.objects

@@ -6,8 +6,10 @@ use std::path::PathBuf;
 
 use terrace_pool::{Backend, HandleAt, Oid, Pool, PoolError, RecordingBackend};
 
+mod common;
+
 fn shm_dir() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm").expect("tmpfs dir")
+    common::pool_dir()
 }
 
 fn pool_path(dir: &tempfile::TempDir) -> PathBuf {
@@ -21,18 +23,21 @@ fn create_open_close_keeps_root_objects_and_layout() {
     let (uuid, root, obj) = {
         let pool = Pool::create(&path, 8 << 20, "app").unwrap();
         assert_eq!(pool.size(), 8 << 20);
-        assert_eq!(pool.durability(), terrace_pool::Durability::Process);
+        if !common::dax_required() {
+            assert_eq!(pool.durability(), terrace_pool::Durability::Process);
+        }
         let root = pool.root(64).unwrap();
         assert_eq!(
             pool.root(32).unwrap(),
             root,
             "a smaller request keeps the root"
         );
-        let obj = pool
-            .alloc_with(1000, 7, HandleAt::Word(root.offset()), |w| {
+        let obj = common::expect_dax_persists(&pool, || {
+            pool.alloc_with(1000, 7, HandleAt::Word(root.offset()), |w| {
                 w.write(0, b"hello")
             })
-            .unwrap();
+        })
+        .unwrap();
         assert_eq!(pool.read_u64(root, 0).unwrap(), obj.offset());
         pool.check().unwrap();
         let uuid = pool.uuid();
