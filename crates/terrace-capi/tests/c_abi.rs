@@ -204,6 +204,21 @@ fn terrace_api() {
 }
 
 /// Four threads sharing a file kind and the default kind, freeing each other's objects.
+/// memkind's NUMA kinds, checked page by page against the kernel's placement; on a machine
+/// with a CPU-less node (the guest of `tests/vm/run`, which sets
+/// `TERRACE_EXPECT_CPU_LESS_NODE` to its number) `MEMKIND_DAX_KMEM` must land there.
+#[test]
+fn numa_kinds() {
+    let out = c_test("numa_kinds.c");
+    assert!(out.contains("numa_kinds: ok"), "unexpected output: {out}");
+    if let Ok(node) = std::env::var("TERRACE_EXPECT_CPU_LESS_NODE") {
+        assert!(
+            out.contains(&format!("DAX_KMEM on node {node}\n")),
+            "MEMKIND_DAX_KMEM is not on node {node}: {out}"
+        );
+    }
+}
+
 #[test]
 fn threads() {
     let out = c_test("threads.c");
