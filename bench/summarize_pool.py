@@ -1,6 +1,7 @@
 """Summarises alternating pmemobj_util / pmemobj_mt runs of libpmemobj and Terrace:
 medians, utilization and the speed ratios the persistent-pool issue sets targets for."""
 import csv
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -27,7 +28,9 @@ def med(rs, col):
 
 
 failures = []
-print(f"pmemobj_util, median of {runs} alternating runs (libpmemobj with PMEM_IS_PMEM_FORCE=1)")
+forced = os.environ.get("PMDK_FORCE", "1") != "0"
+how = "with PMEM_IS_PMEM_FORCE=1" if forced else "on its own persistent-memory detection"
+print(f"pmemobj_util, median of {runs} alternating runs (libpmemobj {how})")
 print("| size | libpmemobj utilization | Terrace utilization | libpmemobj alloc ns | Terrace alloc ns "
       "| alloc speed-up | libpmemobj free ns | Terrace free ns |")
 print("|---|---|---|---|---|---|---|---|")

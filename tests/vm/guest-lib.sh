@@ -2,6 +2,8 @@
 # Each step's outcome goes to $TERRACE_VM_OUT/summary.txt ("passed: STEP" or
 # "FAILED: STEP") and counts in $failed.
 out=${TERRACE_VM_OUT:?set by the guest init}
+# What tests/vm/run handed over (TERRACE_VM_PASS).
+[ -f "$out/env" ] && set -a && source "$out/env" && set +a
 summary=$out/summary.txt
 : > "$summary"
 failed=0
