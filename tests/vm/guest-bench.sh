@@ -7,9 +7,9 @@ set -uo pipefail
 source tests/vm/guest-lib.sh
 
 step "dax mount" make_dax
-step "kinds vs memkind" bash -c "STAGE=run OUT='$out/kinds' RUNS=${RUNS:-3} \
+step "kinds vs memkind" bash -o pipefail -c "STAGE=run OUT='$out/kinds' RUNS=${RUNS:-3} \
   bench/kinds-vs-memkind.sh $dax | tee -a '$out/bench.txt'"
-step "pool vs pmemobj" bash -c "STAGE=run OUT='$out/pool' RUNS=${RUNS:-3} PMDK_FORCE=0 \
+step "pool vs pmemobj" bash -o pipefail -c "STAGE=run OUT='$out/pool' RUNS=${RUNS:-3} PMDK_FORCE=0 \
   POOL_BYTES=${POOL_BYTES:-1073741824} THREADS=${THREADS:-4} \
   bench/pool-vs-pmemobj.sh $dax | tee -a '$out/bench.txt'"
 finish

@@ -34,6 +34,22 @@ make_dax() {
     grep -E " $dax .*dax" /proc/mounts
 }
 
+# Runs a Rust test executable (ARGS…) and requires its summary to say that exactly
+# COUNT tests passed: a filter that matches nothing must not pass.
+tests_pass() { # COUNT EXECUTABLE ARGS...
+  local count=$1 log
+  shift
+  log=$(mktemp)
+  "$@" 2>&1 | tee "$log"
+  local status=${PIPESTATUS[0]}
+  if [ "$status" -eq 0 ] && ! grep -q "^test result: ok. $count passed" "$log"; then
+    echo "guest: expected $count tests to pass in $1" >&2
+    status=1
+  fi
+  rm -f "$log"
+  return "$status"
+}
+
 # The executable cargo built for PACKAGE:KIND:TARGET (listed by tests/vm/run).
 bin() {
   local path
