@@ -203,7 +203,6 @@ fn terrace_api() {
     assert!(out.contains("terrace_api: ok"), "unexpected output: {out}");
 }
 
-/// Four threads sharing a file kind and the default kind, freeing each other's objects.
 /// memkind's NUMA kinds, checked page by page against the kernel's placement; on a machine
 /// with a CPU-less node (the guest of `tests/vm/run`, which sets
 /// `TERRACE_EXPECT_CPU_LESS_NODE` to its number) `MEMKIND_DAX_KMEM` must land there.
@@ -219,6 +218,7 @@ fn numa_kinds() {
     }
 }
 
+/// Four threads sharing a file kind and the default kind, freeing each other's objects.
 #[test]
 fn threads() {
     let out = c_test("threads.c");

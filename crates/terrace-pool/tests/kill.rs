@@ -18,6 +18,8 @@ const COUNT: u64 = SLOTS * 8;
 const TWICE: u64 = COUNT + 8;
 const ROOT_SIZE: u64 = TWICE + 8;
 const CHILD_ENV: &str = "TERRACE_POOL_KILL_CHILD";
+/// What the child prints once its first operation is done.
+const READY: &str = "kill-child: working";
 
 fn next(state: &mut u64) -> u64 {
     *state = state
@@ -36,6 +38,7 @@ fn kill_child_worker() {
     let pool = Pool::open(&path, LAYOUT).expect("child open");
     let root = pool.root(ROOT_SIZE).expect("root");
     let mut rng = std::process::id() as u64;
+    let mut ready = false;
     loop {
         let i = next(&mut rng) % SLOTS;
         let slot = HandleAt::Word(root.offset() + i * 8);
@@ -62,6 +65,16 @@ fn kill_child_worker() {
             Ok(()) | Err(PoolError::OutOfSpace { .. }) => {}
             Err(e) => panic!("child: {e}"),
         }
+        if !ready {
+            // The parent starts its random wait only now: a slow start (an emulated
+            // guest) must not turn a round into a kill before any work.
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{READY}")
+                .and_then(|()| out.flush())
+                .expect("child stdout");
+            ready = true;
+        }
     }
 }
 
@@ -78,9 +91,17 @@ fn process_kill_recovers() {
         let mut child = Command::new(&exe)
             .args(["--exact", "kill_child_worker", "--ignored", "--nocapture"])
             .env(CHILD_ENV, &path)
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("spawn child");
+        let stdout = child.stdout.take().expect("child stdout");
+        let started = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+            .map_while(Result::ok)
+            .any(|line| line == READY);
+        assert!(
+            started,
+            "round {round}: the child ended before its first operation"
+        );
         std::thread::sleep(Duration::from_millis(150 + next(&mut rng) % 250));
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");

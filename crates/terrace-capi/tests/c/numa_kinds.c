@@ -4,15 +4,18 @@
  * tests/c_abi.rs (argv[1], a scratch directory, is unused).
  *
  * Where the machine has CPU-less memory nodes (PMem or CXL onlined as system RAM; the
- * guest of tests/vm/run has node 1), MEMKIND_DAX_KMEM is available and places every page
- * on such a node, and MEMKIND_HIGHEST_CAPACITY on the largest node. Where it has none,
- * MEMKIND_DAX_KMEM is unavailable and allocates nothing, as in memkind. Either way
- * MEMKIND_REGULAR places pages on nodes with CPUs. Prints "DAX_KMEM on node N" for each
- * page's node when there are CPU-less nodes.
+ * guest of tests/vm/run has node 1), MEMKIND_DAX_KMEM and MEMKIND_DAX_KMEM_ALL are
+ * available and place every page on such a node, and MEMKIND_HIGHEST_CAPACITY and
+ * MEMKIND_HIGHEST_CAPACITY_LOCAL (the same selection here) on the largest node. Where it
+ * has none, the DAX_KMEM kinds are unavailable and allocate nothing, as in memkind.
+ * Either way MEMKIND_REGULAR places pages on nodes with CPUs, and
+ * MEMKIND_LOWEST_LATENCY_LOCAL on the node of the CPU the program runs on (pinned to its
+ * first CPU for the check). Prints "DAX_KMEM on node N" when there are CPU-less nodes.
  */
 #include <memkind.h>
 #include "check.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -76,12 +79,32 @@ static int placed(memkind_t kind) {
     return node;
 }
 
+/* The node of the CPU this thread runs on (pinned, so it stays). */
+static int pin_to_first_cpu(void) {
+    cpu_set_t set;
+    CHECK(sched_getaffinity(0, sizeof set, &set) == 0);
+    int cpu = 0;
+    while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &set))
+        cpu++;
+    CHECK(cpu < CPU_SETSIZE);
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    CHECK(sched_setaffinity(0, sizeof set, &set) == 0);
+    unsigned got_cpu = 0, node = 0;
+    CHECK(syscall(SYS_getcpu, &got_cpu, &node, NULL) == 0);
+    CHECK((int)got_cpu == cpu);
+    return (int)node;
+}
+
 int main(void) {
     int cpu_less_nodes = read_nodes();
+    int local = pin_to_first_cpu();
     int regular = placed(MEMKIND_REGULAR);
     CHECK(regular >= 0 && regular < MAX_NODES && has_cpus[regular]);
+    CHECK(placed(MEMKIND_LOWEST_LATENCY_LOCAL) == local);
     if (cpu_less_nodes == 0) {
         CHECK(memkind_check_available(MEMKIND_DAX_KMEM) != MEMKIND_SUCCESS);
+        CHECK(memkind_check_available(MEMKIND_DAX_KMEM_ALL) != MEMKIND_SUCCESS);
         CHECK(memkind_malloc(MEMKIND_DAX_KMEM, 4096) == NULL);
         printf("numa_kinds: ok (no CPU-less node: MEMKIND_DAX_KMEM unavailable)\n");
         return 0;
@@ -90,11 +113,14 @@ int main(void) {
     int dax_kmem = placed(MEMKIND_DAX_KMEM);
     CHECK(dax_kmem >= 0 && dax_kmem < MAX_NODES && cpu_less[dax_kmem]);
     printf("DAX_KMEM on node %d\n", dax_kmem);
+    int dax_kmem_all = placed(MEMKIND_DAX_KMEM_ALL);
+    CHECK(dax_kmem_all >= 0 && dax_kmem_all < MAX_NODES && cpu_less[dax_kmem_all]);
     int largest = 0;
     for (int n = 1; n < MAX_NODES; n++)
         if (mem_kib[n] > mem_kib[largest])
             largest = n;
     CHECK(placed(MEMKIND_HIGHEST_CAPACITY) == largest);
+    CHECK(placed(MEMKIND_HIGHEST_CAPACITY_LOCAL) == largest);
     printf("numa_kinds: ok (%d CPU-less node(s))\n", cpu_less_nodes);
     return 0;
 }

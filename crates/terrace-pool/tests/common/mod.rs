@@ -33,6 +33,12 @@ pub fn dax_required() -> bool {
 /// Where DAX is required: runs `persisting` (which must persist something on `pool`) and
 /// asserts that the pool is power-fail durable and that this thread flushed cache lines
 /// and made no `msync` call meanwhile. Elsewhere just runs `persisting`.
+///
+/// The counters are the calling thread's (`terrace_media::persist::thread_counts`): this
+/// holds only while the pool persists on the thread that calls it, as it does today. A
+/// pool that handed persists to a helper thread would make the flush assertion fail,
+/// not pass vacuously; the `msync` one would pass vacuously, so keep persists on the
+/// caller's thread or count per pool.
 pub fn expect_dax_persists<B: Backend, T>(pool: &Pool<B>, persisting: impl FnOnce() -> T) -> T {
     if !dax_required() {
         return persisting();
