@@ -273,6 +273,10 @@ fn guest_topology_sees_the_cpu_less_node_and_selects_by_hmat() {
     assert_eq!(node1.access.write_latency_ns, Some(250));
     assert_eq!(node1.access.read_bandwidth_mbps, Some(10240));
     assert!(!topology.node(0).expect("node 0").is_cpu_less());
+    // HMAT covers both nodes as seen from node 0, so it is what ranks them.
+    assert_eq!(node1.initiators, vec![0]);
+    assert_eq!(topology.latency_from(0, 0), Some(80));
+    assert_eq!(topology.latency_from(0, CPU_LESS_NODE), Some(250));
     assert_eq!(topology.lowest_latency_local(0), Some(0));
     assert_eq!(topology.by_proximity(0), vec![0, CPU_LESS_NODE]);
     assert_eq!(topology.highest_capacity(0), Some(CPU_LESS_NODE));

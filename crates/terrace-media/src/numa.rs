@@ -1,7 +1,13 @@
 //! NUMA topology, read from `/sys/devices/system/node`: which nodes exist, which have CPUs
 //! (DRAM next to cores) and which are CPU-less (persistent or CXL memory onlined as
 //! "kmem"), their capacity, the distance matrix, and HMAT access attributes (latency and
-//! bandwidth from `access0/initiators`) where the firmware provides them.
+//! bandwidth from `access0/initiators`, and which nodes those initiators are) where the
+//! firmware provides them.
+//!
+//! Proximity ranks by HMAT read latency when the firmware gives it for every memory node
+//! as seen from the asking node (that node is among each one's `access0` initiators), as
+//! memkind's `MEMKIND_LOWEST_LATENCY_LOCAL` and Linux's memory tiering do; otherwise by
+//! the distance matrix (SLIT), which HMAT latency then only breaks ties in.
 //!
 //! Discovery is plain file parsing from a root directory, so tests feed it a fake tree; a
 //! missing or unreadable tree yields a single node 0 (a machine without NUMA support).
@@ -36,6 +42,8 @@ pub struct NodeInfo {
     pub distances: Vec<u32>,
     /// HMAT attributes, when the platform reports them.
     pub access: AccessAttributes,
+    /// The nodes whose CPUs `access` is measured from (`access0/initiators/nodeN`).
+    pub initiators: Vec<u32>,
 }
 
 impl NodeInfo {
@@ -79,6 +87,7 @@ impl Topology {
                     mem_total: 0,
                     distances: vec![10],
                     access: AccessAttributes::default(),
+                    initiators: Vec::new(),
                 }],
             };
         }
@@ -102,17 +111,33 @@ impl Topology {
             .unwrap_or(if from == to { 10 } else { 20 })
     }
 
-    /// Memory nodes ordered nearest first as seen from `from` (HMAT read latency where
-    /// known, else the distance matrix).
+    /// The HMAT read latency of node `to` as seen from node `from`: known only when
+    /// `from` is one of `to`'s `access0` initiators.
+    pub fn latency_from(&self, from: u32, to: u32) -> Option<u64> {
+        let node = self.node(to)?;
+        node.access
+            .read_latency_ns
+            .filter(|_| node.initiators.contains(&from))
+    }
+
+    /// Memory nodes ordered nearest first as seen from `from`: by HMAT read latency when
+    /// it is known from `from` for every memory node, else by distance with HMAT latency
+    /// breaking ties (see the module docs).
     pub fn by_proximity(&self, from: u32) -> Vec<u32> {
         let mut memory: Vec<&NodeInfo> = self.nodes.iter().filter(|n| n.has_memory).collect();
+        let hmat = memory
+            .iter()
+            .all(|n| self.latency_from(from, n.id).is_some());
         memory.sort_by_key(|n| {
-            let latency = if n.id == from {
+            let latency = if hmat {
+                self.latency_from(from, n.id).unwrap_or(u64::MAX)
+            } else if n.id == from {
                 0
             } else {
                 n.access.read_latency_ns.unwrap_or(u64::MAX)
             };
-            (self.distance(from, n.id), latency, n.id)
+            let distance = if hmat { 0 } else { self.distance(from, n.id) };
+            (distance, latency, n.id)
         });
         memory.iter().map(|n| n.id).collect()
     }
@@ -166,6 +191,13 @@ fn read_node(root: &Path, id: u32) -> NodeInfo {
         .unwrap_or_default();
     let access_dir: PathBuf = dir.join("access0").join("initiators");
     let attr = |name: &str| read_trimmed(&access_dir.join(name)).and_then(|s| s.parse().ok());
+    let mut initiators: Vec<u32> = fs::read_dir(&access_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("node")?.parse().ok())
+        .collect();
+    initiators.sort_unstable();
     NodeInfo {
         id,
         cpus,
@@ -178,6 +210,7 @@ fn read_node(root: &Path, id: u32) -> NodeInfo {
             read_bandwidth_mbps: attr("read_bandwidth"),
             write_bandwidth_mbps: attr("write_bandwidth"),
         },
+        initiators,
     }
 }
 
@@ -242,6 +275,40 @@ mod tests {
         assert_eq!(topo.lowest_latency_local(1), Some(1));
         assert_eq!(topo.by_proximity(0), vec![0, 2, 1]);
         assert_eq!(topo.highest_capacity(0), Some(2));
+    }
+
+    /// HMAT ranks where it covers every memory node from the asking one, even against
+    /// the distance matrix; where it does not, distance ranks.
+    #[test]
+    fn hmat_latency_ranks_before_distance_when_it_covers_every_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        write(root, "node0/cpulist", "0-1\n");
+        write(root, "node0/meminfo", "Node 0 MemTotal:       16384 kB\n");
+        write(root, "node0/distance", "10 20 30\n");
+        write(root, "node1/cpulist", "\n");
+        write(root, "node1/meminfo", "Node 1 MemTotal:       16384 kB\n");
+        write(root, "node1/distance", "20 10 30\n");
+        write(root, "node2/cpulist", "\n");
+        write(root, "node2/meminfo", "Node 2 MemTotal:       16384 kB\n");
+        write(root, "node2/distance", "30 30 10\n");
+        for (node, latency) in [(0, 90), (1, 400), (2, 150)] {
+            write(
+                root,
+                &format!("node{node}/access0/initiators/read_latency"),
+                &format!("{latency}\n"),
+            );
+            fs::create_dir_all(root.join(format!("node{node}/access0/initiators/node0"))).unwrap();
+        }
+        let topo = Topology::from_root(root);
+        assert_eq!(topo.node(1).unwrap().initiators, vec![0]);
+        assert_eq!(topo.latency_from(0, 2), Some(150));
+        assert_eq!(topo.latency_from(1, 2), None, "node 1 is not an initiator");
+        // By SLIT node 1 (20) comes before node 2 (30); by HMAT node 2 (150 ns) first.
+        assert_eq!(topo.by_proximity(0), vec![0, 2, 1]);
+        // Without node 2's attributes from node 0, distance decides again.
+        fs::remove_dir_all(root.join("node2/access0")).unwrap();
+        assert_eq!(Topology::from_root(root).by_proximity(0), vec![0, 1, 2]);
     }
 
     #[test]
