@@ -382,18 +382,17 @@ fn guest_serve_with_a_numa_tier_keeps_values_on_node_1() {
     // The tier's memory: a mapping bound to node 1 holding at least the items' pages.
     let text = std::fs::read_to_string(format!("/proc/{}/numa_maps", server.pid()))
         .expect("the server's numa_maps");
-    let on_node1: u64 = text
-        .lines()
-        .filter(|l| l.contains("bind:1"))
-        .flat_map(|l| l.split_whitespace())
-        .filter_map(|f| f.strip_prefix("N1=")?.parse::<u64>().ok())
-        .sum();
-    let off_node1: u64 = text
-        .lines()
-        .filter(|l| l.contains("bind:1"))
-        .flat_map(|l| l.split_whitespace())
-        .filter_map(|f| f.strip_prefix("N0=")?.parse::<u64>().ok())
-        .sum();
+    // Pages on `node` summed over the mappings bound to node 1.
+    let bound_pages_on = |node: u32| -> u64 {
+        let field = format!("N{node}=");
+        text.lines()
+            .filter(|l| l.contains("bind:1"))
+            .flat_map(|l| l.split_whitespace())
+            .filter_map(|f| f.strip_prefix(field.as_str())?.parse::<u64>().ok())
+            .sum()
+    };
+    let on_node1 = bound_pages_on(1);
+    let off_node1 = bound_pages_on(0);
     assert!(
         on_node1 * 4096 >= numa_items * 10_000,
         "{on_node1} pages on node 1 for {numa_items} items of 10 kB"
