@@ -12,7 +12,8 @@
  * - a full file system makes an allocation return NULL, never SIGBUS; file systems without
  *   hole punching work;
  * - MEMKIND_LOWEST_LATENCY_LOCAL and MEMKIND_DAX_KMEM overflow to farther nodes instead of
- *   failing when the nearest node is full;
+ *   failing when the nearest node is full; MEMKIND_DAX_KMEM uses the CPU-less nodes, or
+ *   the nodes MEMKIND_DAX_KMEM_NODES lists (as in memkind; a bad list makes it unavailable);
  * - memkind_defrag_reallocate always returns NULL (nothing to move);
  * - an internal error (a bug in Terrace) is a failure, never an abort: NULL or
  *   MEMKIND_ERROR_RUNTIME (MEMKIND_ERROR_UNAVAILABLE from memkind_check_available), errno EIO.

@@ -98,6 +98,30 @@ pub struct KindStats {
     pub reserved: u64,
 }
 
+/// The environment variable that names `MEMKIND_DAX_KMEM`'s nodes, as in memkind.
+pub const DAX_KMEM_NODES_ENV: &str = "MEMKIND_DAX_KMEM_NODES";
+
+/// A strict node list (`1`, `1,3`, `0-2,5`): None if any part is malformed or it is empty.
+fn parse_node_list(list: &str) -> Option<Vec<u32>> {
+    let mut nodes = Vec::new();
+    for part in list.split(',').map(str::trim) {
+        let (first, last) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<u32>().ok()?, b.parse::<u32>().ok()?),
+            None => {
+                let n = part.parse::<u32>().ok()?;
+                (n, n)
+            }
+        };
+        if last < first || last - first >= 1024 {
+            return None;
+        }
+        nodes.extend(first..=last);
+    }
+    nodes.sort_unstable();
+    nodes.dedup();
+    (!nodes.is_empty()).then_some(nodes)
+}
+
 /// The static NUMA-based kinds memkind offers, created on first use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Selection {
@@ -338,9 +362,21 @@ impl Kind {
 
     /// Memory on CPU-less nodes — PMem or CXL onlined as system RAM (memkind's
     /// `MEMKIND_DAX_KMEM`), nearest first. An error on machines without such nodes.
+    ///
+    /// As in memkind, [`DAX_KMEM_NODES_ENV`] (a node list such as `1,3-4`), when set,
+    /// names the nodes instead; a malformed list or a node without memory is an error.
     pub fn cpu_less_memory() -> Result<Kind> {
         Kind::selection(Selection::CpuLessMemory, |t| {
-            Kind::per_node(&t.cpu_less(), Strategy::NumaLocal)
+            let nodes = match std::env::var(DAX_KMEM_NODES_ENV) {
+                Ok(list) => parse_node_list(&list).ok_or_else(|| {
+                    KindError::Media(terrace_media::MediaError::NoSuchNode {
+                        node: u32::MAX,
+                        why: format!("{DAX_KMEM_NODES_ENV}={list:?} is not a node list"),
+                    })
+                })?,
+                Err(_) => t.cpu_less(),
+            };
+            Kind::per_node(&nodes, Strategy::NumaLocal)
         })
     }
 
@@ -721,4 +757,18 @@ pub unsafe fn usable_size(ptr: *const u8) -> usize {
     }
     // SAFETY: owned by a kind's arena and live (contract).
     unsafe { je::sallocx(ptr.cast(), 0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_node_list;
+
+    #[test]
+    fn node_lists_parse_strictly() {
+        assert_eq!(parse_node_list("1"), Some(vec![1]));
+        assert_eq!(parse_node_list("3,0-1, 1"), Some(vec![0, 1, 3]));
+        for bad in ["", "1,", "x", "2-1", "-1", "0-5000", "1 2"] {
+            assert_eq!(parse_node_list(bad), None, "{bad:?}");
+        }
+    }
 }

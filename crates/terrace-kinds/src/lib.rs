@@ -69,7 +69,7 @@ pub use allocation::Allocation;
 pub use error::{KindError, Result};
 pub use kind::{
     detect_kind, free, selection_of, usable_size, FileKindOptions, Kind, KindMedium, KindStats,
-    Selection, MIN_FILE_KIND_SIZE,
+    Selection, DAX_KMEM_NODES_ENV, MIN_FILE_KIND_SIZE,
 };
 pub use slots::MAX_KINDS;
 pub use terrace_media::{FileLocation, PageSize};
