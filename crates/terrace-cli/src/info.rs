@@ -23,8 +23,22 @@ pub fn run(dir: Option<&Path>) -> Result<(), String> {
             .access
             .read_bandwidth_mbps
             .map_or(String::new(), |b| format!(", read bandwidth {b} MB/s"));
+        let write_latency = node
+            .access
+            .write_latency_ns
+            .map_or(String::new(), |l| format!(", write latency {l} ns"));
+        let write_bandwidth = node
+            .access
+            .write_bandwidth_mbps
+            .map_or(String::new(), |b| format!(", write bandwidth {b} MB/s"));
+        // HMAT's attributes are measured from these nodes' CPUs.
+        let initiators = if node.initiators.is_empty() {
+            String::new()
+        } else {
+            format!(" (HMAT, from nodes {:?})", node.initiators)
+        };
         println!(
-            "  node {}: {role}, {} MiB, cpus {:?}{latency}{bandwidth}",
+            "  node {}: {role}, {} MiB, cpus {:?}{latency}{bandwidth}{write_latency}{write_bandwidth}{initiators}",
             node.id,
             node.mem_total >> 20,
             node.cpus

@@ -198,6 +198,7 @@ fn guest_info_reports_dax_flush_and_the_cpu_less_node() {
         "node 1: CPU-less (PMem/CXL)".into(),
         "read latency 250 ns".into(),
         "read bandwidth 10240 MB/s".into(),
+        "write latency 250 ns, write bandwidth 10240 MB/s (HMAT, from nodes [0])".into(),
         format!("cache-line flush: {:?}", expected_flush_instruction()),
         format!("{}: DAX yes (MAP_SYNC), durability Power", dir.display()),
     ] {
