@@ -15,22 +15,16 @@ pub fn run(dir: Option<&Path>) -> Result<(), String> {
         } else {
             "DRAM"
         };
-        let latency = node
-            .access
-            .read_latency_ns
-            .map_or(String::new(), |l| format!(", read latency {l} ns"));
-        let bandwidth = node
-            .access
-            .read_bandwidth_mbps
-            .map_or(String::new(), |b| format!(", read bandwidth {b} MB/s"));
-        let write_latency = node
-            .access
-            .write_latency_ns
-            .map_or(String::new(), |l| format!(", write latency {l} ns"));
-        let write_bandwidth = node
-            .access
-            .write_bandwidth_mbps
-            .map_or(String::new(), |b| format!(", write bandwidth {b} MB/s"));
+        let access = &node.access;
+        let hmat: String = [
+            ("read latency", access.read_latency_ns, "ns"),
+            ("read bandwidth", access.read_bandwidth_mbps, "MB/s"),
+            ("write latency", access.write_latency_ns, "ns"),
+            ("write bandwidth", access.write_bandwidth_mbps, "MB/s"),
+        ]
+        .iter()
+        .filter_map(|(what, value, unit)| Some(format!(", {what} {} {unit}", (*value)?)))
+        .collect();
         // HMAT's attributes are measured from these nodes' CPUs.
         let initiators = if node.initiators.is_empty() {
             String::new()
@@ -38,7 +32,7 @@ pub fn run(dir: Option<&Path>) -> Result<(), String> {
             format!(" (HMAT, from nodes {:?})", node.initiators)
         };
         println!(
-            "  node {}: {role}, {} MiB, cpus {:?}{latency}{bandwidth}{write_latency}{write_bandwidth}{initiators}",
+            "  node {}: {role}, {} MiB, cpus {:?}{hmat}{initiators}",
             node.id,
             node.mem_total >> 20,
             node.cpus

@@ -246,19 +246,28 @@ mod tests {
         fs::write(path, text).unwrap();
     }
 
+    /// Writes node `id`'s `cpulist`, `meminfo` and `distance` files as sysfs has them.
+    fn write_node(root: &Path, id: u32, cpus: &str, mem_kib: u64, distances: &str) {
+        write(root, &format!("node{id}/cpulist"), &format!("{cpus}\n"));
+        write(
+            root,
+            &format!("node{id}/meminfo"),
+            &format!("Node {id} MemTotal:       {mem_kib} kB\n"),
+        );
+        write(
+            root,
+            &format!("node{id}/distance"),
+            &format!("{distances}\n"),
+        );
+    }
+
     /// Two sockets with DRAM plus one CPU-less CXL node with more capacity.
     fn fake_tree() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        write(root, "node0/cpulist", "0-3\n");
-        write(root, "node0/meminfo", "Node 0 MemTotal:       16384 kB\n");
-        write(root, "node0/distance", "10 21 17\n");
-        write(root, "node1/cpulist", "4-7\n");
-        write(root, "node1/meminfo", "Node 1 MemTotal:       16384 kB\n");
-        write(root, "node1/distance", "21 10 28\n");
-        write(root, "node2/cpulist", "\n");
-        write(root, "node2/meminfo", "Node 2 MemTotal:       65536 kB\n");
-        write(root, "node2/distance", "17 28 10\n");
+        write_node(root, 0, "0-3", 16384, "10 21 17");
+        write_node(root, 1, "4-7", 16384, "21 10 28");
+        write_node(root, 2, "", 65536, "17 28 10");
         write(root, "node2/access0/initiators/read_latency", "250\n");
         write(root, "node2/access0/initiators/read_bandwidth", "30000\n");
         dir
@@ -283,15 +292,9 @@ mod tests {
     fn hmat_latency_ranks_before_distance_when_it_covers_every_node() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        write(root, "node0/cpulist", "0-1\n");
-        write(root, "node0/meminfo", "Node 0 MemTotal:       16384 kB\n");
-        write(root, "node0/distance", "10 20 30\n");
-        write(root, "node1/cpulist", "\n");
-        write(root, "node1/meminfo", "Node 1 MemTotal:       16384 kB\n");
-        write(root, "node1/distance", "20 10 30\n");
-        write(root, "node2/cpulist", "\n");
-        write(root, "node2/meminfo", "Node 2 MemTotal:       16384 kB\n");
-        write(root, "node2/distance", "30 30 10\n");
+        write_node(root, 0, "0-1", 16384, "10 20 30");
+        write_node(root, 1, "", 16384, "20 10 30");
+        write_node(root, 2, "", 16384, "30 30 10");
         for (node, latency) in [(0, 90), (1, 400), (2, 150)] {
             write(
                 root,

@@ -113,9 +113,9 @@ pub fn flush_range(addr: *const u8, len: usize) {
 
 #[cfg(target_arch = "x86_64")]
 fn flush_line(instr: FlushInstruction, line: *const u8) {
-    // SAFETY: the flush instructions take any address and never fault on mapped memory;
-    // the instruction chosen was reported by CPUID. They have no effect on Rust-visible
-    // state.
+    // The instruction chosen was reported by CPUID; flushes have no effect on
+    // Rust-visible state.
+    // SAFETY: the flush instructions take any address and never fault on mapped memory.
     unsafe {
         match instr {
             FlushInstruction::Clwb => {

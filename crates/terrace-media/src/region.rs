@@ -475,9 +475,9 @@ impl Region {
             let Some(image) = &self.image else {
                 break;
             };
+            // MAP_FIXED replaces just `r`; the file offset is the region offset, page-aligned.
             // SAFETY: `r` lies in this region's own anonymous mapping (checked by `fits`),
-            // which `&mut self` shows nobody else uses; MAP_FIXED replaces just it; the
-            // file offset is the region offset, page-aligned.
+            // which `&mut self` shows nobody else uses.
             let mapped = unsafe {
                 os::map_private_file_fixed(
                     self.base.add(r.start),
