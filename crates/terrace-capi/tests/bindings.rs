@@ -48,7 +48,10 @@ fn have(tool: &str, why: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !found {
-        assert!(!tools_required(), "{tool} is required ({why}) but not installed");
+        assert!(
+            !tools_required(),
+            "{tool} is required ({why}) but not installed"
+        );
         eprintln!("skipped: {tool} is not installed ({why})");
     }
     found
@@ -130,9 +133,7 @@ fn jdk_22_or_newer() -> Option<PathBuf> {
         let version = line.trim_matches('"');
         version.split(['.', '-', '+']).next()?.parse().ok()
     }
-    let usable = |jdk: &Path| {
-        major(jdk).filter(|&m| m >= 22 && jdk.join("bin/javac").is_file())
-    };
+    let usable = |jdk: &Path| major(jdk).filter(|&m| m >= 22 && jdk.join("bin/javac").is_file());
     if let Some(home) = std::env::var_os("JAVA_HOME").map(PathBuf::from) {
         if usable(&home).is_some() {
             return Some(home);
@@ -183,7 +184,9 @@ fn java_binding_tests_pass() {
         .filter(|l| l.contains("Tests run:") && !l.contains(" -- in "))
         .collect();
     eprintln!("{}", summary.join("\n"));
-    let last = summary.last().unwrap_or_else(|| panic!("no surefire summary in:\n{out}"));
+    let last = summary
+        .last()
+        .unwrap_or_else(|| panic!("no surefire summary in:\n{out}"));
     assert!(
         last.contains("Failures: 0, Errors: 0") && out.contains("BUILD SUCCESS"),
         "the Java suite did not pass:\n{out}"
