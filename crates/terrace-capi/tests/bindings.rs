@@ -98,6 +98,22 @@ fn c_dlopens_the_library_with_no_environment() {
     assert!(out.contains("dlopen: ok"), "unexpected output: {out}");
 }
 
+/// The library asks for no static TLS block (`DF_STATIC_TLS`, which initial-exec TLS
+/// models set): a process can only dlopen such a library while glibc's small surplus of
+/// static TLS lasts, which a JVM or Python has used up.
+#[test]
+fn the_library_needs_no_static_tls() {
+    if !have("readelf", "reads the library's dynamic section") {
+        return;
+    }
+    let dynamic = run_ok(Command::new("readelf").arg("--dynamic").arg(library()));
+    let flags: Vec<&str> = dynamic.lines().filter(|l| l.contains("(FLAGS)")).collect();
+    assert!(
+        flags.iter().all(|l| !l.contains("STATIC_TLS")),
+        "libterrace.so is marked STATIC_TLS (an initial-exec TLS model crept back in): {flags:?}"
+    );
+}
+
 /// Python's ctypes loads the library and allocates through it.
 #[test]
 fn python_ctypes_loads_the_library_with_no_environment() {
