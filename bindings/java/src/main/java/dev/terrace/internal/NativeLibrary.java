@@ -115,6 +115,15 @@ public final class NativeLibrary {
                 Linker.Option.captureCallState("errno"));
     }
 
+    /**
+     * A critical downcall handle that also captures errno (as {@link #capturingErrno}): for
+     * short calls whose failure needs its errno (malloc, calloc, realloc).
+     */
+    public static MethodHandle criticalCapturingErrno(String name, FunctionDescriptor descriptor) {
+        return LINKER.downcallHandle(symbol(name), descriptor, Linker.Option.critical(false),
+                Linker.Option.captureCallState("errno"));
+    }
+
     /** This thread's buffer for captured call state (pass it to a capturing handle). */
     public static MemorySegment callState() {
         return CALL_STATE_BUFFER.get();
