@@ -1,0 +1,223 @@
+package dev.terrace.bench;
+
+import com.intel.pmem.llpl.Heap;
+import com.intel.pmem.llpl.MemoryBlock;
+import com.intel.pmem.llpl.PersistentHeap;
+import com.intel.pmem.llpl.PersistentMemoryBlock;
+import com.intel.pmem.llpl.Transaction;
+import com.intel.pmem.llpl.TransactionalHeap;
+import com.intel.pmem.llpl.TransactionalMemoryBlock;
+import java.io.File;
+import java.util.concurrent.TimeUnit;
+import org.openjdk.jmh.annotations.Benchmark;
+import org.openjdk.jmh.annotations.BenchmarkMode;
+import org.openjdk.jmh.annotations.Level;
+import org.openjdk.jmh.annotations.Mode;
+import org.openjdk.jmh.annotations.OperationsPerInvocation;
+import org.openjdk.jmh.annotations.OutputTimeUnit;
+import org.openjdk.jmh.annotations.Param;
+import org.openjdk.jmh.annotations.Scope;
+import org.openjdk.jmh.annotations.Setup;
+import org.openjdk.jmh.annotations.State;
+import org.openjdk.jmh.annotations.TearDown;
+
+/**
+ * Suite B: Terrace's LLPL-shaped heaps against LLPL 1.2.0 (libpmemobj 1.12 with
+ * PMEM_IS_PMEM_FORCE=1), heaps of 256 MiB in DIR (/dev/shm).
+ *
+ * txAlloc: BATCH transactions, each allocating a 100 B memory block and copying 100 B into
+ * it; the blocks are freed after each invocation, outside the timing, for both.
+ * durableSet: a durable setLong on a persistent heap's block (LLPL's PersistentMemoryBlock
+ * flushes each set itself), over 64 cache lines in turn. setFlush: a raw heap's setLong
+ * followed by flush(offset, 8). handleRead: memoryBlockFromHandle + getLong(0) over 1024
+ * blocks of a transactional heap.
+ */
+@BenchmarkMode(Mode.AverageTime)
+@OutputTimeUnit(TimeUnit.NANOSECONDS)
+public class PoolBench {
+    static final String DIR = System.getProperty("bench.dir", "/dev/shm");
+    static final long HEAP_BYTES = 256L << 20;
+    static final int BATCH = 256;
+
+    static String heapPath(String what) {
+        String p = DIR + "/bench-" + what + "-" + ProcessHandle.current().pid() + "-"
+                + System.nanoTime() + ".heap";
+        new File(p).delete();
+        return p;
+    }
+
+    static void delete(String path) {
+        new File(path).delete();
+    }
+
+    @State(Scope.Thread)
+    public static class TxAlloc {
+        @Param({"terrace", "llpl"})
+        public String engine;
+        String path;
+        TransactionalHeap llpl;
+        TerracePool terrace;
+        final long[] handles = new long[BATCH];
+        final byte[] data = new byte[100];
+
+        @Setup(Level.Trial)
+        public void setup() {
+            path = heapPath("tx");
+            if (engine.equals("llpl")) {
+                llpl = TransactionalHeap.createHeap(path, HEAP_BYTES);
+            } else {
+                terrace = TerracePool.transactional(path, HEAP_BYTES);
+            }
+        }
+
+        @TearDown(Level.Invocation)
+        public void freeBatch() {
+            for (long h : handles) {
+                if (llpl != null) {
+                    llpl.memoryBlockFromHandle(h).free();
+                } else {
+                    terrace.free(h);
+                }
+            }
+        }
+
+        @TearDown(Level.Trial)
+        public void tearDown() {
+            if (terrace != null) {
+                terrace.close();
+            }
+            delete(path);
+        }
+    }
+
+    @Benchmark
+    @OperationsPerInvocation(BATCH)
+    public long txAlloc(TxAlloc s) {
+        long sum = 0;
+        if (s.llpl != null) {
+            TransactionalHeap heap = s.llpl;
+            byte[] data = s.data;
+            for (int i = 0; i < BATCH; i++) {
+                long h = Transaction.create(heap, () -> {
+                    TransactionalMemoryBlock b = heap.allocateMemoryBlock(100);
+                    b.copyFromArray(data, 0, 0, 100);
+                    return b.handle();
+                });
+                s.handles[i] = h;
+                sum += h;
+            }
+        } else {
+            for (int i = 0; i < BATCH; i++) {
+                long h = s.terrace.txAllocWrite(s.data);
+                s.handles[i] = h;
+                sum += h;
+            }
+        }
+        return sum;
+    }
+
+    @State(Scope.Thread)
+    public static class Durable {
+        @Param({"terrace", "llpl"})
+        public String engine;
+        String persistentPath, rawPath;
+        PersistentMemoryBlock llplDurable;
+        MemoryBlock llplRaw;
+        TerracePool terraceDurable, terraceRaw;
+        long terraceDurableBlock, terraceRawBlock;
+        int i;
+
+        @Setup(Level.Trial)
+        public void setup() {
+            persistentPath = heapPath("durable");
+            rawPath = heapPath("raw");
+            if (engine.equals("llpl")) {
+                llplDurable = PersistentHeap.createHeap(persistentPath, HEAP_BYTES)
+                        .allocateMemoryBlock(4096);
+                llplRaw = Heap.createHeap(rawPath, HEAP_BYTES).allocateMemoryBlock(4096);
+            } else {
+                terraceDurable = TerracePool.persistent(persistentPath, HEAP_BYTES);
+                terraceDurableBlock = terraceDurable.allocate(4096);
+                terraceRaw = TerracePool.raw(rawPath, HEAP_BYTES);
+                terraceRawBlock = terraceRaw.allocate(4096);
+            }
+        }
+
+        @TearDown(Level.Trial)
+        public void tearDown() {
+            if (terraceDurable != null) {
+                terraceDurable.close();
+                terraceRaw.close();
+            }
+            delete(persistentPath);
+            delete(rawPath);
+        }
+    }
+
+    @Benchmark
+    public void durableSet(Durable s) {
+        long off = (long) (s.i++ & 63) * 64;
+        if (s.llplDurable != null) {
+            s.llplDurable.setLong(off, off);
+        } else {
+            s.terraceDurable.durableSetLong(s.terraceDurableBlock, off, off);
+        }
+    }
+
+    @Benchmark
+    public void setFlush(Durable s) {
+        long off = (long) (s.i++ & 63) * 64;
+        if (s.llplRaw != null) {
+            s.llplRaw.setLong(off, off);
+            s.llplRaw.flush(off, 8);
+        } else {
+            s.terraceRaw.setLongFlush(s.terraceRawBlock, off, off);
+        }
+    }
+
+    @State(Scope.Thread)
+    public static class Read {
+        @Param({"terrace", "llpl"})
+        public String engine;
+        String path;
+        TransactionalHeap llpl;
+        TerracePool terrace;
+        final long[] handles = new long[1024];
+        int i;
+
+        @Setup(Level.Trial)
+        public void setup() {
+            path = heapPath("read");
+            if (engine.equals("llpl")) {
+                llpl = TransactionalHeap.createHeap(path, HEAP_BYTES);
+                for (int k = 0; k < handles.length; k++) {
+                    TransactionalMemoryBlock b = llpl.allocateMemoryBlock(100);
+                    b.setLong(0, k);
+                    handles[k] = b.handle();
+                }
+            } else {
+                terrace = TerracePool.transactional(path, HEAP_BYTES);
+                for (int k = 0; k < handles.length; k++) {
+                    handles[k] = terrace.allocateWithLong(100, k);
+                }
+            }
+        }
+
+        @TearDown(Level.Trial)
+        public void tearDown() {
+            if (terrace != null) {
+                terrace.close();
+            }
+            delete(path);
+        }
+    }
+
+    @Benchmark
+    public long handleRead(Read s) {
+        long h = s.handles[s.i++ & 1023];
+        if (s.llpl != null) {
+            return s.llpl.memoryBlockFromHandle(h).getLong(0);
+        }
+        return s.terrace.readLong(h);
+    }
+}
