@@ -46,7 +46,9 @@ public final class OneShot {
     }
 
     static void util(String engine, long size) {
-        String path = DIR + "/bench-util-" + ProcessHandle.current().pid() + ".heap";
+        // a path of its own each time: LLPL remembers every heap path it opened in-process
+        String path = DIR + "/bench-util-" + engine + "-" + size + "-"
+                + ProcessHandle.current().pid() + ".heap";
         new File(path).delete();
         long count = 0;
         String error = null;
