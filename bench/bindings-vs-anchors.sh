@@ -15,10 +15,11 @@
 #
 # Settings (env): RUNS (1), SUITES ("A B C"), JMH (options of the timed suites, default
 # "-f 1 -wi 2 -w 1s -i 3 -r 1s": about 12 minutes on 2 cores), BATCH_JMH (suite A's single
-# shots, "-f 1 -wi 3 -i 8"), THREADS ("1 2"), KEYS (200000), CAPACITY_MIB (64),
+# shots, "-f 1 -wi 5 -i 15"), THREADS ("1 2"), KEYS (200000), CAPACITY_MIB (64),
 # VALUE_SIZE (100), EXTRA (more JMH options for every suite, e.g. "-p size=64,4096").
 # STAGE=build only builds, STAGE=run only runs what was built; OUT sets where the JSON and
-# logs go (default bench/out/bindings, replaced each run).
+# logs go (default bench/out/bindings, replaced each run); the summary script also takes
+# several such directories joined by ":" (suites run apart with SUITES and OUT).
 #
 # Needs: cargo, a JDK >= 22 (JAVA_HOME, or the newest under /usr/lib/jvm), Maven with
 # Maven Central, python3, and Debian's libmemkind0, libpmemobj1 and libpmempool1.
@@ -29,7 +30,7 @@ runs=${RUNS:-1}
 stage=${STAGE:-all}
 suites=${SUITES:-A B C}
 jmh=${JMH:--f 1 -wi 2 -w 1s -i 3 -r 1s}
-batch_jmh=${BATCH_JMH:--f 1 -wi 3 -i 8}
+batch_jmh=${BATCH_JMH:--f 1 -wi 5 -i 15}
 threads=${THREADS:-1 2}
 keys=${KEYS:-200000}
 capacity=${CAPACITY_MIB:-64}
@@ -85,7 +86,7 @@ bench() { local name=$1; shift; jvm org.openjdk.jmh.Main "$@" $extra -rf json -r
 
 rm -rf "$out"
 mkdir -p "$out"
-{ java -version 2>&1; echo; mvn -v 2>/dev/null | sed -n 1p; uname -srm; nproc; } > "$out/env.txt"
+{ java -version 2>&1; echo; mvn -B -v 2>/dev/null | sed -n 1p; uname -srm; nproc; } > "$out/env.txt"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/env.txt"
 for i in $(seq "$runs"); do
   for s in $suites; do

@@ -8,7 +8,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-out, runs = sys.argv[1], int(sys.argv[2])
+# OUT may name several directories, joined by ':' (suites run apart, summarised together)
+outs, runs = sys.argv[1].split(":"), int(sys.argv[2])
 score = defaultdict(list)       # (bench, params...) -> [score]
 p99 = defaultdict(list)
 alloc_norm = defaultdict(list)
@@ -22,7 +23,7 @@ def key(rec):
             rec.get("threads", 1))
 
 
-for path in sorted(glob.glob(f"{out}/*.json")):
+for path in sorted(p for out in outs for p in glob.glob(f"{out}/*.json")):
     try:
         recs = json.load(open(path))
         if not isinstance(recs, list):
@@ -42,7 +43,7 @@ for path in sorted(glob.glob(f"{out}/*.json")):
 
 oneshot = defaultdict(list)
 oneshot_err = {}
-for path in sorted(glob.glob(f"{out}/*.jsonl")):
+for path in sorted(p for out in outs for p in glob.glob(f"{out}/*.jsonl")):
     for line in open(path):
         line = line.strip()
         if not line.startswith("{"):
