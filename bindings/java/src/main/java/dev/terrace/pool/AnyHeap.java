@@ -1,0 +1,579 @@
+package dev.terrace.pool;
+
+import static java.lang.foreign.ValueLayout.JAVA_LONG;
+
+import dev.terrace.internal.NativeLibrary;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.LongConsumer;
+import java.util.function.Supplier;
+
+/**
+ * A heap of memory blocks in one open Terrace pool file: what the three LLPL heap flavours
+ * share (allocation, handles, the root long, transactions, closing).
+ *
+ * <p>Owns the native pool and a shared {@link Arena}. The pool argument of every downcall and
+ * every block's memory are segments of that arena, so closing the heap (which closes the
+ * arena first) makes every later use of the heap or of any block or accessor of it throw
+ * {@link IllegalStateException}, and a close while a call or an access is in flight fails
+ * instead of unmapping memory under it. The pool file is unmapped only after that.
+ *
+ * <p>Layout in the pool: the root object is 8 bytes holding the user's root long. A regular
+ * block is an object of type {@value #TYPE_REGULAR} whose first 8 bytes hold its requested
+ * size (as LLPL); a compact block is a bare object of type {@value #TYPE_COMPACT}. A handle is
+ * the object's pool offset. Each flavour opens files of its own layout name only.
+ *
+ * <p>How a flavour makes a store durable is {@link #beforeWrite}/{@link #afterWrite}: nothing
+ * (raw), a persist after the store (persistent), or an undo-log snapshot before it inside the
+ * thread's transaction or an implicit one (transactional).
+ */
+public abstract sealed class AnyHeap implements AutoCloseable
+        permits Heap, PersistentHeap, TransactionalHeap {
+    static final long TYPE_REGULAR = 1;
+    static final long TYPE_COMPACT = 2;
+    static final long SIZE_HEADER = Long.BYTES;
+    /** Pool sizes are rounded up to a multiple of this (the pool's alignment). */
+    static final long SIZE_ALIGN = 2L << 20;
+    private static final int EINVAL = 22;
+    private static final long ANY_TYPE = -1L;
+
+    private final String path;
+    private final MemorySegment rawPool;
+    private final Arena arena;
+    /** The pool handle as a segment of the arena (zero length). */
+    final MemorySegment pool;
+    /** The whole pool file, offset 0 at the pool's base, in the arena. */
+    final MemorySegment memory;
+    private final long rootOffset;
+    private final Map<Long, Byte> classes = new ConcurrentHashMap<>();
+    private final AtomicInteger activeTransactions = new AtomicInteger();
+    private volatile boolean closed;
+
+    AnyHeap(String path, MemorySegment rawPool) {
+        this.path = path;
+        this.rawPool = rawPool;
+        this.arena = Arena.ofShared();
+        this.pool = rawPool.reinterpret(arena, null);
+        try {
+            this.rootOffset = callRoot();
+            long poolSize = stats().poolSize();
+            MemorySegment rootAddress = (MemorySegment) PoolNative.DIRECT.invokeExact(pool, rootOffset);
+            long base = rootAddress.address() - rootOffset;
+            this.memory = MemorySegment.ofAddress(base).reinterpret(poolSize, arena, null);
+        } catch (Throwable t) {
+            arena.close();
+            try {
+                int ignored = (int) PoolNative.CLOSE.invokeExact(rawPool);
+            } catch (Throwable suppressed) {
+                t.addSuppressed(suppressed);
+            }
+            throw NativeLibrary.rethrow(t);
+        }
+    }
+
+    private long callRoot() throws Throwable {
+        long root = (long) PoolNative.ROOT.invokeExact(NativeLibrary.callState(), pool, SIZE_HEADER);
+        if (root == 0) {
+            throw heapFailure("terrace_pool_root", NativeLibrary.errno());
+        }
+        return root;
+    }
+
+    // ---- opening ----
+
+    /** Creates (create) or opens the pool file at path with the flavour's layout name. */
+    static MemorySegment openPool(String path, long size, String layout, boolean create) {
+        try (Arena args = Arena.ofConfined()) {
+            MemorySegment cPath = args.allocateFrom(path);
+            MemorySegment cLayout = args.allocateFrom(layout);
+            MemorySegment pool;
+            if (create) {
+                if (size <= 0) {
+                    throw new IllegalArgumentException("heap size must be positive: " + size);
+                }
+                long rounded = (size + SIZE_ALIGN - 1) / SIZE_ALIGN * SIZE_ALIGN;
+                pool = (MemorySegment) PoolNative.CREATE.invokeExact(NativeLibrary.callState(),
+                        cPath, rounded, cLayout);
+            } else {
+                pool = (MemorySegment) PoolNative.OPEN.invokeExact(NativeLibrary.callState(),
+                        cPath, cLayout);
+            }
+            if (pool.equals(MemorySegment.NULL)) {
+                throw heapFailure((create ? "creating heap " : "opening heap ") + path
+                        + " (layout " + layout + ")", NativeLibrary.errno());
+            }
+            return pool;
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+    }
+
+    static HeapException heapFailure(String what, int errno) {
+        String message = NativeLibrary.lastError();
+        return new HeapException(what + " failed (errno " + errno + ")"
+                + (message.isEmpty() ? "" : ": " + message), errno);
+    }
+
+    /** Whether a heap file exists at path (any flavour; it is not opened). */
+    public static boolean exists(String path) {
+        return Files.isRegularFile(Path.of(path));
+    }
+
+    /** The path this heap was created or opened at. */
+    public String path() {
+        return path;
+    }
+
+    /** The size of the pool file in bytes (the requested size rounded up to 2 MiB). */
+    public long size() {
+        return memory.byteSize();
+    }
+
+    /** Whether the heap is open. */
+    public boolean isOpen() {
+        return !closed;
+    }
+
+    // ---- root ----
+
+    /** The user long kept in the heap's root (0 in a new heap). */
+    public long getRoot() {
+        return memory.get(JAVA_LONG, rootOffset);
+    }
+
+    /** Stores the user long kept in the heap's root, durably. */
+    public void setRoot(long value) {
+        boolean implicit = beforeWrite(rootOffset, Long.BYTES);
+        try {
+            memory.set(JAVA_LONG, rootOffset, value);
+        } catch (RuntimeException e) {
+            failedWrite(implicit);
+            throw e;
+        }
+        afterWrite(rootOffset, Long.BYTES, implicit);
+        if (this instanceof Heap) {
+            persist(rootOffset, Long.BYTES);
+        }
+    }
+
+    // ---- allocation ----
+
+    /**
+     * Registers an allocation class for blocks of exactly size bytes (compact: bare objects;
+     * else size plus the 8-byte size header), so they are packed without rounding. The class is
+     * recorded in the pool, but this heap object's choice to use it is not: register again
+     * after reopening. Used by atomic (non-transactional) allocations; the C ABI has no
+     * transactional allocation in a class. Returns false when the pool refuses (full table).
+     */
+    public boolean registerAllocationSize(long size, boolean compact) {
+        long unit = compact ? size : size + SIZE_HEADER;
+        if (size <= 0) {
+            throw new IllegalArgumentException("allocation size must be positive: " + size);
+        }
+        if (classes.containsKey(unit)) {
+            return true;
+        }
+        try (Arena args = Arena.ofConfined()) {
+            MemorySegment id = args.allocate(ValueLayout.JAVA_BYTE);
+            int rc = (int) PoolNative.REGISTER_CLASS.invokeExact(pool, unit, 0, id);
+            if (rc != 0) {
+                return false;
+            }
+            classes.put(unit, id.get(ValueLayout.JAVA_BYTE, 0));
+            return true;
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+    }
+
+    /**
+     * Allocates a zeroed object for a block of size bytes and returns its handle: inside the
+     * thread's transaction on this heap (or an implicit one) when transactional, else
+     * atomically. A regular block's size header is written (and persisted) here.
+     */
+    final long allocateObject(long size, boolean compact, boolean transactional) {
+        if (size <= 0) {
+            throw new IllegalArgumentException("block size must be positive: " + size);
+        }
+        long objectSize = compact ? size : Math.addExact(size, SIZE_HEADER);
+        long type = compact ? TYPE_COMPACT : TYPE_REGULAR;
+        long handle;
+        try {
+            if (transactional) {
+                handle = (long) PoolNative.TX_ZALLOC.invokeExact(NativeLibrary.callState(), pool,
+                        objectSize, type);
+            } else {
+                Byte classId = classes.get(objectSize);
+                if (classId != null) {
+                    handle = (long) PoolNative.ALLOC_IN_CLASS.invokeExact(NativeLibrary.callState(),
+                            pool, (byte) classId, objectSize, type, MemorySegment.NULL);
+                } else {
+                    handle = (long) PoolNative.ZALLOC.invokeExact(NativeLibrary.callState(), pool,
+                            objectSize, type, MemorySegment.NULL);
+                }
+            }
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+        if (handle == 0) {
+            throw heapFailure("allocating a block of " + size + " bytes", NativeLibrary.errno());
+        }
+        if (!compact) {
+            memory.set(JAVA_LONG, handle, size);
+            if (!transactional) {
+                persist(handle, SIZE_HEADER);
+            }
+        }
+        return handle;
+    }
+
+    /**
+     * Allocates a block inside a transaction (the thread's, or an implicit one), runs the
+     * initializer on a window over the whole block, and returns the view. The new object needs
+     * no undo log (an abort frees it), so the initializer's stores are plain.
+     */
+    final <B extends MemoryAccessor> B allocateInTransaction(long size, boolean compact,
+            java.util.function.LongFunction<B> view, java.util.function.Consumer<Range> initializer) {
+        ThreadTransaction tx = ThreadTransaction.current();
+        boolean implicit = tx.heap != this;
+        if (implicit) {
+            enterTransaction();
+        }
+        B block;
+        try {
+            block = view.apply(allocateObject(size, compact, true));
+            tx.allocated.add(block);
+            if (initializer != null) {
+                block.initialize(initializer);
+            }
+        } catch (Throwable t) {
+            if (implicit) {
+                abortLevel(tx);
+            }
+            throw t;
+        }
+        if (implicit) {
+            commitOrThrow(tx);
+        }
+        return block;
+    }
+
+    /** Allocates atomically, initializes, and persists the whole new block once. */
+    final <B extends MemoryAccessor> B allocateAtomically(long size, boolean compact,
+            java.util.function.LongFunction<B> view, java.util.function.Consumer<Range> initializer) {
+        B block = view.apply(allocateObject(size, compact, false));
+        if (initializer != null) {
+            block.initialize(initializer);
+            persist(block.payloadOffset(), block.segment().byteSize());
+        }
+        return block;
+    }
+
+    /** The handle of a new regular block of size bytes (zeroed). */
+    public abstract long allocateMemory(long size);
+
+    /** The handle of a new compact block of size bytes (zeroed). */
+    public abstract long allocateCompactMemory(long size);
+
+    /**
+     * Frees the block with this handle: transactionally on a {@link TransactionalHeap} (in the
+     * thread's transaction, or an implicit one), atomically otherwise.
+     *
+     * @throws IllegalArgumentException if handle is not a live block of this heap
+     */
+    public void freeMemory(long handle) {
+        objectSize(handle);
+        freeObject(handle, this instanceof TransactionalHeap);
+    }
+
+    final void freeObject(long handle, boolean transactional) {
+        if (transactional) {
+            ThreadTransaction tx = ThreadTransaction.current();
+            boolean implicit = tx.heap != this;
+            if (implicit) {
+                enterTransaction();
+            }
+            try {
+                int rc = (int) PoolNative.TX_FREE.invokeExact(pool, handle);
+                if (rc != 0) {
+                    throw new TransactionException(NativeLibrary.failure("terrace_pool_tx_free", rc)
+                            .getMessage(), rc);
+                }
+            } catch (Throwable t) {
+                if (implicit) {
+                    abortLevel(tx);
+                }
+                throw NativeLibrary.rethrow(t);
+            }
+            if (implicit) {
+                commitOrThrow(tx);
+            }
+        } else {
+            int rc;
+            try {
+                rc = (int) PoolNative.FREE_OFF.invokeExact(pool, handle);
+            } catch (Throwable t) {
+                throw NativeLibrary.rethrow(t);
+            }
+            if (rc != 0) {
+                throw heapFailure("freeing block " + handle, rc);
+            }
+        }
+    }
+
+    /**
+     * The usable size of the live object at handle.
+     *
+     * @throws IllegalArgumentException if handle is not a live block of this heap
+     */
+    final long objectSize(long handle) {
+        long usable;
+        long type;
+        try {
+            usable = (long) PoolNative.USABLE_SIZE.invokeExact(pool, handle);
+            type = (long) PoolNative.TYPE_NUM.invokeExact(pool, handle);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+        if (usable == 0 || (type != TYPE_REGULAR && type != TYPE_COMPACT)) {
+            throw new IllegalArgumentException("handle " + handle + " is not a live block of heap "
+                    + path);
+        }
+        return usable;
+    }
+
+    /**
+     * The payload of the live block at handle, validated: the object exists, has the block
+     * type asked for, and (regular) its size header fits in it.
+     */
+    final MemorySegment blockPayload(long handle, boolean compact) {
+        long usable = objectSize(handle);
+        long type;
+        try {
+            type = (long) PoolNative.TYPE_NUM.invokeExact(pool, handle);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+        if (compact) {
+            if (type != TYPE_COMPACT) {
+                throw new IllegalArgumentException("handle " + handle
+                        + " is a regular block: use memoryBlockFromHandle");
+            }
+            return memory.asSlice(handle, usable);
+        }
+        if (type != TYPE_REGULAR) {
+            throw new IllegalArgumentException("handle " + handle
+                    + " is a compact block: use compactMemoryBlockFromHandle");
+        }
+        long size = memory.get(JAVA_LONG, handle);
+        if (size < 0 || size > usable - SIZE_HEADER) {
+            throw new IllegalArgumentException("handle " + handle + " has a corrupt size header ("
+                    + size + " bytes in an object of " + usable + ")");
+        }
+        return memory.asSlice(handle + SIZE_HEADER, size);
+    }
+
+    // ---- durability hooks of the flavours ----
+
+    /**
+     * Called before a store of len bytes at pool offset off (bounds already checked). Returns
+     * true when it began an implicit transaction that {@link #afterWrite} must commit.
+     */
+    abstract boolean beforeWrite(long off, long len);
+
+    /** Called after the store: persist, or commit the implicit transaction. */
+    abstract void afterWrite(long off, long len, boolean implicit);
+
+    /** Called when the store itself threw: abort the implicit transaction, if any. */
+    final void failedWrite(boolean implicit) {
+        if (implicit) {
+            abortLevel(ThreadTransaction.current());
+        }
+    }
+
+    /** Makes [off, off+len) of the pool durable. */
+    final void persist(long off, long len) {
+        int rc;
+        try {
+            rc = (int) PoolNative.PERSIST.invokeExact(pool, memory.asSlice(off, len), len);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+        if (rc != 0) {
+            throw NativeLibrary.failure("terrace_pool_persist", rc);
+        }
+    }
+
+    /** Snapshots [off, off+len) into the thread's transaction (which must be on this heap). */
+    final void addRange(long off, long len) {
+        int rc;
+        try {
+            rc = (int) PoolNative.TX_ADD_RANGE.invokeExact(pool, off, len);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+        if (rc != 0) {
+            throw new TransactionException(
+                    NativeLibrary.failure("terrace_pool_tx_add_range", rc).getMessage(), rc);
+        }
+    }
+
+    /** Throws unless the calling thread's transaction is on this heap. */
+    final void requireTransaction() {
+        if (ThreadTransaction.current().heap != this) {
+            throw new TransactionException("no transaction of this thread is on heap " + path
+                    + " (use Transaction.create)", EINVAL);
+        }
+    }
+
+    // ---- transactions (Java bookkeeping in step with the native ones) ----
+
+    /** Begins (or nests) the thread's transaction on this heap. */
+    final ThreadTransaction enterTransaction() {
+        ThreadTransaction tx = ThreadTransaction.current();
+        if (tx.heap != null && tx.heap != this) {
+            throw new TransactionException("this thread's transaction is on heap " + tx.heap.path
+                    + ", not " + path + ": one heap per transaction", EINVAL);
+        }
+        int rc;
+        try {
+            rc = (int) PoolNative.TX_BEGIN.invokeExact(pool);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+        if (rc != 0) {
+            throw new TransactionException(
+                    NativeLibrary.failure("terrace_pool_tx_begin", rc).getMessage(), rc);
+        }
+        if (tx.depth++ == 0) {
+            tx.heap = this;
+            activeTransactions.incrementAndGet();
+        }
+        return tx;
+    }
+
+    /** Commits the innermost level; returns 0 or the errno of what aborted the transaction. */
+    final int commitLevel(ThreadTransaction tx) {
+        int rc;
+        try {
+            rc = (int) PoolNative.TX_COMMIT.invokeExact(pool);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+        leaveLevel(tx, rc != 0);
+        return rc;
+    }
+
+    final void commitOrThrow(ThreadTransaction tx) {
+        int rc = commitLevel(tx);
+        if (rc != 0) {
+            throw new TransactionException(NativeLibrary.failure("transaction on heap " + path
+                    + " was rolled back; commit", rc).getMessage(), rc);
+        }
+    }
+
+    /** Aborts the whole transaction and ends the innermost level. */
+    final void abortLevel(ThreadTransaction tx) {
+        try {
+            int ignored = (int) PoolNative.TX_ABORT.invokeExact(pool);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        } finally {
+            leaveLevel(tx, true);
+        }
+    }
+
+    private void leaveLevel(ThreadTransaction tx, boolean rolledBack) {
+        if (rolledBack) {
+            for (MemoryAccessor block : tx.allocated) {
+                block.invalidate();
+            }
+            tx.allocated.clear();
+        }
+        if (--tx.depth == 0) {
+            tx.heap = null;
+            tx.allocated.clear();
+            activeTransactions.decrementAndGet();
+        }
+    }
+
+    /** Runs body in a transaction on this heap ({@link TransactionalHeap}) or directly. */
+    public abstract void execute(Runnable body);
+
+    /** Runs body in a transaction on this heap ({@link TransactionalHeap}) or directly. */
+    public abstract <T> T execute(Supplier<T> body);
+
+    // ---- introspection ----
+
+    /** The pool's space accounting now. */
+    public PoolStats stats() {
+        try (Arena out = Arena.ofConfined()) {
+            MemorySegment s = out.allocate(JAVA_LONG, 7);
+            int rc = (int) PoolNative.STATS.invokeExact(pool, s);
+            NativeLibrary.check("terrace_pool_stats", rc);
+            return new PoolStats(s.getAtIndex(JAVA_LONG, 0), s.getAtIndex(JAVA_LONG, 1),
+                    s.getAtIndex(JAVA_LONG, 2), s.getAtIndex(JAVA_LONG, 3),
+                    s.getAtIndex(JAVA_LONG, 4), s.getAtIndex(JAVA_LONG, 5),
+                    s.getAtIndex(JAVA_LONG, 6));
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+    }
+
+    /**
+     * Calls action with the handle of every live block (regular and compact; not the root), in
+     * handle order: a leak check compares these with the blocks reachable from the root.
+     */
+    public synchronized void forEachHandle(LongConsumer action) {
+        try {
+            for (long h = (long) PoolNative.FIRST.invokeExact(pool, ANY_TYPE); h != 0;
+                    h = (long) PoolNative.NEXT.invokeExact(pool, h)) {
+                action.accept(h);
+            }
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+    }
+
+    // ---- closing ----
+
+    /**
+     * Closes the heap: every block, accessor and range of it becomes unusable (their use throws
+     * {@link IllegalStateException}), then the pool file is unmapped. Closing twice does
+     * nothing.
+     *
+     * @throws IllegalStateException while a transaction is active on this heap, or while
+     *     another thread is inside a call on it
+     */
+    @Override
+    public synchronized void close() {
+        if (closed) {
+            return;
+        }
+        if (activeTransactions.get() != 0) {
+            throw new IllegalStateException("heap " + path + " has an active transaction");
+        }
+        arena.close();
+        closed = true;
+        int rc;
+        try {
+            rc = (int) PoolNative.CLOSE.invokeExact(rawPool);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+        if (rc != 0) {
+            throw heapFailure("closing heap " + path, rc);
+        }
+    }
+
+    @Override
+    public String toString() {
+        return getClass().getSimpleName() + "[" + path + (closed ? ", closed]" : "]");
+    }
+}
