@@ -537,6 +537,11 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
         return failure(what, NativeLibrary.errno());
     }
 
+    /**
+     * The exception for a failed call: a full kind is thrown here as a
+     * {@link KindOutOfMemoryError} (an Error, so it cannot be returned as a
+     * RuntimeException); anything else is returned for the caller to throw.
+     */
     private RuntimeException failure(String what, int errno) {
         String message = what + " from " + description + " failed (errno " + errno + ")";
         String detail = NativeLibrary.lastError();
