@@ -40,6 +40,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
     static final long SIZE_HEADER = Long.BYTES;
     /** Pool sizes are rounded up to a multiple of this (the pool's alignment). */
     static final long SIZE_ALIGN = 2L << 20;
+    private static final long MIN_CLASS_UNIT = 16;
     private static final int EINVAL = 22;
     private static final long ANY_TYPE = -1L;
 
@@ -166,26 +167,29 @@ public abstract sealed class AnyHeap implements AutoCloseable
 
     /**
      * Registers an allocation class for blocks of exactly size bytes (compact: bare objects;
-     * else size plus the 8-byte size header), so they are packed without rounding. The class is
+     * else size plus the 8-byte size header), so they are packed with no rounding beyond the
+     * pool's 8-byte unit granularity. The class is
      * recorded in the pool, but this heap object's choice to use it is not: register again
      * after reopening. Used by atomic (non-transactional) allocations; the C ABI has no
      * transactional allocation in a class. Returns false when the pool refuses (full table).
      */
     public boolean registerAllocationSize(long size, boolean compact) {
-        long unit = compact ? size : size + SIZE_HEADER;
         if (size <= 0) {
             throw new IllegalArgumentException("allocation size must be positive: " + size);
         }
-        if (classes.containsKey(unit)) {
+        long objectSize = compact ? size : size + SIZE_HEADER;
+        if (classes.containsKey(objectSize)) {
             return true;
         }
+        // the pool's custom units are multiples of 8 bytes, at least 16
+        long unit = Math.max(MIN_CLASS_UNIT, (objectSize + 7) & ~7L);
         try (Arena args = Arena.ofConfined()) {
             MemorySegment id = args.allocate(ValueLayout.JAVA_BYTE);
             int rc = (int) PoolNative.REGISTER_CLASS.invokeExact(pool, unit, 0, id);
             if (rc != 0) {
                 return false;
             }
-            classes.put(unit, id.get(ValueLayout.JAVA_BYTE, 0));
+            classes.put(objectSize, id.get(ValueLayout.JAVA_BYTE, 0));
             return true;
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);

@@ -46,11 +46,15 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
         this.valid = true;
     }
 
-    /** Points this view at a block this heap just allocated (no validation needed). */
+    /**
+     * Points this view at a block this heap just allocated with size payload bytes (a compact
+     * block spans its usable size, as it does when viewed from its handle later).
+     */
     final void pointAtNew(long newHandle, long size) {
         this.handle = newHandle;
         this.payloadOffset = compact ? newHandle : newHandle + AnyHeap.SIZE_HEADER;
-        this.segment = heap.memory.asSlice(payloadOffset, size);
+        this.segment = heap.memory.asSlice(payloadOffset,
+                compact ? heap.objectSize(newHandle) : size);
         this.valid = true;
     }
 

@@ -91,19 +91,21 @@ public final class PersistentHeap extends AnyHeap {
         return allocateRegular(size, transactional, initializer);
     }
 
-    public PersistentCompactMemoryBlock allocatePersistentCompactMemoryBlock(long size) {
+    public PersistentCompactMemoryBlock allocateCompactMemoryBlock(long size) {
         return allocateCompact(size, false, null);
     }
 
-    public PersistentCompactMemoryBlock allocatePersistentCompactMemoryBlock(long size, boolean transactional) {
+    public PersistentCompactMemoryBlock allocateCompactMemoryBlock(long size,
+            boolean transactional) {
         return allocateCompact(size, transactional, null);
     }
 
-    public PersistentCompactMemoryBlock allocatePersistentCompactMemoryBlock(long size, Consumer<Range> initializer) {
+    public PersistentCompactMemoryBlock allocateCompactMemoryBlock(long size,
+            Consumer<Range> initializer) {
         return allocateCompact(size, false, initializer);
     }
 
-    public PersistentCompactMemoryBlock allocatePersistentCompactMemoryBlock(long size, boolean transactional,
+    public PersistentCompactMemoryBlock allocateCompactMemoryBlock(long size, boolean transactional,
             Consumer<Range> initializer) {
         return allocateCompact(size, transactional, initializer);
     }

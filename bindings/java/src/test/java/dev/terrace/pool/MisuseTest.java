@@ -1,0 +1,179 @@
+package dev.terrace.pool;
+
+import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Misuse throws a Java exception and never crashes the JVM: freed blocks, out-of-bounds
+ * offsets, closed heaps (blocks held across the close included), handles that are not live
+ * blocks, a second heap inside a transaction, ranges kept past their call.
+ */
+class MisuseTest {
+    private final HeapFiles files = new HeapFiles();
+
+    @AfterEach
+    void deleteFiles() {
+        files.close();
+    }
+
+    @Test
+    void aFreedBlockThrowsOnEveryUse() {
+        try (PersistentHeap heap = PersistentHeap.createHeap(files.newPath(), 8L << 20)) {
+            PersistentMemoryBlock block = heap.allocateMemoryBlock(32);
+            block.free(false);
+            assertFalse(block.isValid());
+            assertThrows(IllegalStateException.class, () -> block.getLong(0));
+            assertThrows(IllegalStateException.class, () -> block.setLong(0, 1));
+            assertThrows(IllegalStateException.class, block::handle);
+            assertThrows(IllegalStateException.class, () -> block.free(false));
+            assertThrows(IllegalStateException.class, () -> block.withRange(0, 8, (Range r) -> {}));
+        }
+    }
+
+    @Test
+    void accessPastTheBlockThrowsIndexOutOfBounds() {
+        try (TransactionalHeap heap = TransactionalHeap.createHeap(files.newPath(), 8L << 20)) {
+            TransactionalMemoryBlock block = heap.allocateMemoryBlock(20);
+            long allocated = heap.stats().allocatedBytes();
+            assertThrows(IndexOutOfBoundsException.class, () -> block.getLong(13));
+            assertThrows(IndexOutOfBoundsException.class, () -> block.getByte(-1));
+            assertThrows(IndexOutOfBoundsException.class, () -> block.setLong(16, 1));
+            assertThrows(IndexOutOfBoundsException.class, () -> block.setInt(20, 1));
+            assertThrows(IndexOutOfBoundsException.class,
+                    () -> block.copyFromArray(new byte[8], 0, 15, 8));
+            assertThrows(IndexOutOfBoundsException.class,
+                    () -> block.copyFromArray(new byte[8], 4, 0, 8));
+            assertThrows(IndexOutOfBoundsException.class,
+                    () -> block.copyToArray(0, new byte[30], 0, 21));
+            assertThrows(IndexOutOfBoundsException.class, () -> block.setMemory((byte) 1, 10, 11));
+            assertThrows(IndexOutOfBoundsException.class, () -> block.withRange(8, 13, (Range r) -> {}));
+            assertThrows(IndexOutOfBoundsException.class,
+                    () -> block.withRange(0, 8, (Range r) -> r.setLong(4, 1))); // past the window
+            assertDoesNotThrow(() -> block.setInt(16, 1));
+            // a compact block's bound is its usable size, still inside its own object
+            TransactionalCompactMemoryBlock compact = heap.allocateCompactMemoryBlock(20);
+            assertThrows(IndexOutOfBoundsException.class, () -> compact.getByte(compact.size()));
+            assertFalse(heap.stats().allocatedBytes() < allocated);
+        }
+    }
+
+    @Test
+    void aClosedHeapAndEveryBlockHeldAcrossTheCloseThrowIllegalState() {
+        TransactionalHeap heap = TransactionalHeap.createHeap(files.newPath(), 8L << 20);
+        TransactionalMemoryBlock block = heap.allocateMemoryBlock(64);
+        TransactionalAccessor accessor = heap.createAccessor();
+        accessor.handle(block.handle());
+        long handle = block.handle();
+        heap.close();
+        assertFalse(block.isValid());
+        assertThrows(IllegalStateException.class, () -> block.getLong(0));
+        assertThrows(IllegalStateException.class, () -> block.setLong(0, 1));
+        assertThrows(IllegalStateException.class, () -> block.copyToArray(0, new byte[8], 0, 8));
+        assertThrows(IllegalStateException.class, () -> accessor.getLong(0));
+        assertThrows(IllegalStateException.class, heap::getRoot);
+        assertThrows(IllegalStateException.class, () -> heap.setRoot(1));
+        assertThrows(IllegalStateException.class, () -> heap.allocateMemoryBlock(8));
+        assertThrows(IllegalStateException.class, () -> heap.memoryBlockFromHandle(handle));
+        assertThrows(IllegalStateException.class, heap::stats);
+        assertThrows(IllegalStateException.class, () -> Transaction.create(heap, () -> {}));
+        assertDoesNotThrow(heap::close); // a second close does nothing
+    }
+
+    @Test
+    void aHandleThatIsNotALiveBlockIsRejected() {
+        try (Heap heap = Heap.createHeap(files.newPath(), 8L << 20)) {
+            MemoryBlock block = heap.allocateMemoryBlock(64);
+            CompactMemoryBlock compact = heap.allocateCompactMemoryBlock(64);
+            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(0));
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.memoryBlockFromHandle(block.handle() + 8)); // inside an object
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.memoryBlockFromHandle(123_456_789L)); // outside the pool
+            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(-8));
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.memoryBlockFromHandle(compact.handle())); // wrong block kind
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.compactMemoryBlockFromHandle(block.handle()));
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.createAccessor().handle(compact.handle()));
+            long freed = block.handle();
+            block.freeMemory();
+            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(freed));
+            assertThrows(IllegalArgumentException.class, () -> heap.freeMemory(freed)); // double free
+        }
+    }
+
+    @Test
+    void aWriteInsideAnotherHeapsTransactionThrowsAndChangesNothing() {
+        try (TransactionalHeap first = TransactionalHeap.createHeap(files.newPath(), 8L << 20);
+                TransactionalHeap second = TransactionalHeap.createHeap(files.newPath(), 8L << 20)) {
+            TransactionalMemoryBlock block = second.allocateMemoryBlock(16);
+            block.setLong(0, 5);
+            assertThrows(TransactionException.class, () -> Transaction.create(first, () -> {
+                block.setLong(0, 6);
+            }));
+            assertEquals(5, block.getLong(0));
+            assertThrows(TransactionException.class, () -> Transaction.create(first, () -> {
+                second.allocateMemoryBlock(8);
+            }));
+            assertThrows(TransactionException.class, () -> Transaction.create(first, () -> {
+                Transaction.create(second, () -> {});
+            }));
+            assertThrows(TransactionException.class, () -> Transaction.create(first, () -> {
+                block.withRange(0, 8, (Range r) -> r.setLong(0, 7));
+            }));
+            assertEquals(5, block.getLong(0));
+            // both heaps are usable again afterwards
+            Transaction.create(second, () -> block.setLong(0, 8));
+            assertEquals(8, block.getLong(0));
+        }
+    }
+
+    @Test
+    void closingWithAnActiveTransactionIsRefused() {
+        TransactionalHeap heap = TransactionalHeap.createHeap(files.newPath(), 8L << 20);
+        Transaction.create(heap, () -> {
+            assertThrows(IllegalStateException.class, heap::close);
+        });
+        heap.close();
+    }
+
+    @Test
+    void aRangeUsedAfterItsCallThrows() {
+        try (TransactionalHeap heap = TransactionalHeap.createHeap(files.newPath(), 8L << 20)) {
+            TransactionalMemoryBlock block = heap.allocateMemoryBlock(16);
+            Range[] kept = new Range[1];
+            block.withRange(0, 16, (Range range) -> {
+                kept[0] = range;
+            });
+            assertFalse(kept[0].isValid());
+            assertThrows(IllegalStateException.class, () -> kept[0].setLong(0, 1));
+        }
+    }
+
+    @Test
+    void addToTransactionOutsideATransactionThrows() {
+        try (Heap heap = Heap.createHeap(files.newPath(), 8L << 20)) {
+            MemoryBlock block = heap.allocateMemoryBlock(16);
+            assertThrows(TransactionException.class, () -> block.addToTransaction(0, 8));
+        }
+    }
+
+    @Test
+    void openingAHeapOfAnotherFlavourOrAMissingFileThrows() {
+        String path = files.newPath();
+        assertThrows(HeapException.class, () -> Heap.openHeap(path));
+        Heap.createHeap(path, 8L << 20).close();
+        HeapException wrongFlavour =
+                assertThrows(HeapException.class, () -> TransactionalHeap.openHeap(path));
+        assertEquals(22, wrongFlavour.errno(), wrongFlavour.getMessage());
+        HeapException exists =
+                assertThrows(HeapException.class, () -> Heap.createHeap(path, 8L << 20));
+        assertEquals(17, exists.errno(), exists.getMessage()); // EEXIST
+    }
+}
