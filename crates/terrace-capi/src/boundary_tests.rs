@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::ffi::{c_void, CStr};
 use std::ptr;
 
+use crate::cache::*;
 use crate::error::{self, inject, PANIC_ERRNO};
 use crate::handle::Handle;
 use crate::memkind::*;
@@ -51,6 +52,7 @@ fn empty(s: *const std::ffi::c_char) -> bool {
 fn cases() -> Vec<Case> {
     let null = ptr::null_mut::<c_void>();
     let pool = ptr::null_mut::<PoolHandle>();
+    let cache = ptr::null_mut::<CacheHandle>();
     vec![
         // terrace.h
         case!(terrace_kind_default() => Handle::NULL),
@@ -162,6 +164,25 @@ fn cases() -> Vec<Case> {
         case!(terrace_pool_tx_free(pool, 0) => PANIC_ERRNO),
         case!(terrace_pool_tx_commit(pool) => PANIC_ERRNO),
         case!(terrace_pool_tx_abort(pool) => PANIC_ERRNO),
+        // terrace_cache.h
+        case!(terrace_cache_open(ptr::null(), ptr::null(), 0) => cache),
+        case!(terrace_cache_close(cache) => PANIC_ERRNO),
+        case!(terrace_cache_get(cache, ptr::null(), 0, null, 0, ptr::null_mut(), ptr::null_mut(), ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_cache_pin(cache, ptr::null(), 0, ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_cache_guard_value(ptr::null(), ptr::null_mut()) =~ |p: *const c_void| p.is_null()),
+        case!(terrace_cache_guard_flags(ptr::null()) => 0),
+        case!(terrace_cache_guard_cas(ptr::null()) => 0),
+        case!(terrace_cache_release(ptr::null_mut()) => ()),
+        case!(terrace_cache_set(cache, ptr::null(), 0, ptr::null(), 0, 0, 0, ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_cache_add(cache, ptr::null(), 0, ptr::null(), 0, 0, 0, ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_cache_replace(cache, ptr::null(), 0, ptr::null(), 0, 0, 0, ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_cache_cas(cache, ptr::null(), 0, ptr::null(), 0, 0, 0, 0, ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_cache_delete(cache, ptr::null(), 0) => PANIC_ERRNO),
+        case!(terrace_cache_touch(cache, ptr::null(), 0, 0) => PANIC_ERRNO),
+        case!(terrace_cache_incr(cache, ptr::null(), 0, 0, ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_cache_decr(cache, ptr::null(), 0, 0, ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_cache_flush_all(cache) => PANIC_ERRNO),
+        case!(terrace_cache_stats(cache, ptr::null_mut()) => PANIC_ERRNO),
     ]
 }
 
@@ -206,6 +227,7 @@ fn defined() -> BTreeSet<String> {
         include_str!("memkind.rs"),
         include_str!("pmemobj.rs"),
         include_str!("pool.rs"),
+        include_str!("cache.rs"),
     ];
     let mut names = BTreeSet::new();
     for line in sources.iter().flat_map(|s| s.lines()) {

@@ -2,7 +2,8 @@
 //! functions are declared in `include/terrace.h` (the native API) and
 //! `include/memkind.h` (a memkind-compatible subset, so memkind programs recompile
 //! unchanged against Terrace) and `include/libpmemobj.h` (the libpmemobj-compatible subset
-//! over the persistent pool) and `include/terrace_pool.h` (the native pool API, [`pool`]).
+//! over the persistent pool) and `include/terrace_pool.h` (the native pool API, [`pool`])
+//! and `include/terrace_cache.h` (the tiered cache, [`cache`]).
 //!
 //! Conventions shared by both APIs:
 //! - a kind handle (`terrace_kind_t`, `memkind_t`) is an opaque, never-dereferenced
@@ -14,10 +15,11 @@
 //!   header documents, with `errno` `EIO`, never an unwind into C;
 //! - freeing a pointer no kind owns (foreign, or from a destroyed kind) does nothing.
 //!
-//! Modules: [`native`] (`terrace.h`), [`memkind`] (`memkind.h`), [`pmemobj`]
+//! Modules: [`cache`] (`terrace_cache.h`), [`native`] (`terrace.h`), [`memkind`] (`memkind.h`), [`pmemobj`]
 //! (`libpmemobj.h`), [`pool`] (`terrace_pool.h`), [`handle`] (kind handles), [`error`]
 //! (the thread's last error, `errno`, the panic boundary).
 
+pub mod cache;
 pub mod error;
 pub mod handle;
 pub mod memkind;

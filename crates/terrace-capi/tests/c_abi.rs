@@ -307,6 +307,16 @@ fn terrace_pool_api() {
     );
 }
 
+/// terrace_cache.h, the tiered cache: every function with its errors and bad input, TTLs,
+/// pinned guards (zero-copy, stable under overwrite, close refused with EBUSY while one
+/// is out), two threads getting and setting at once, statistics, and a warm restart of a
+/// DRAM + file cache (close, reopen the same directory: every item back).
+#[test]
+fn cache() {
+    let out = c_test("cache.c");
+    assert!(out.contains("cache: ok"), "unexpected output: {out}");
+}
+
 /// Parses an anchor's CSV output: the header, then rows of numbers.
 fn csv_rows(out: &str, header: &str) -> Vec<Vec<f64>> {
     let mut lines = out
