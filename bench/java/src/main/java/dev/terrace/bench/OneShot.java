@@ -9,10 +9,11 @@ import java.lang.management.MemoryMXBean;
 /**
  * One-shot measurements, printed as one JSON object per line:
  *
- * util: a pool of POOL bytes (a file in DIR) filled with objects of one size until an
- * allocation fails; utilization = objects * size / the pool file's size. LLPL: a Heap of
- * the same size, compact blocks (no 8-byte size header), allocateCompactMemory until it
- * throws. Sizes 64 B, 256 B, 4 KiB, 64 KiB, 1 MiB.
+ * util: a raw Heap of POOL bytes (a file in DIR) filled with compact blocks (no 8-byte size
+ * header) of one size, allocateCompactMemory until it throws, the same code for Terrace's
+ * dev.terrace.pool and LLPL; utilization = objects * size / the pool file's size (for
+ * Terrace also / its heap bytes, the pool less its header and metadata). Sizes 64 B, 256 B,
+ * 4 KiB, 64 KiB, 1 MiB.
  *
  * heap: the Java heap that each cache engine's filled contents hold: used heap after a full
  * GC, with every key written once, minus used heap before creating the engine.
@@ -52,6 +53,7 @@ public final class OneShot {
         new File(path).delete();
         long count = 0;
         String error = null;
+        dev.terrace.pool.PoolStats stats = null;
         long fileBytes;
         try {
             if (engine.equals("llpl")) {
@@ -65,8 +67,16 @@ public final class OneShot {
                     // full
                 }
             } else {
-                try (TerracePool pool = TerracePool.raw(path, POOL)) {
-                    count = pool.fillToFailure(size);
+                try (dev.terrace.pool.Heap heap = dev.terrace.pool.Heap.createHeap(path, POOL)) {
+                    try {
+                        while (true) {
+                            heap.allocateCompactMemory(size);
+                            count++;
+                        }
+                    } catch (dev.terrace.pool.HeapException | OutOfMemoryError e) {
+                        // full
+                    }
+                    stats = heap.stats();
                 }
             }
         } catch (RuntimeException e) {
@@ -76,8 +86,11 @@ public final class OneShot {
         new File(path).delete();
         double util = fileBytes == 0 ? 0 : (double) (count * size) / fileBytes;
         System.out.printf("{\"kind\":\"util\",\"engine\":\"%s\",\"size\":%d,\"objects\":%d,"
-                + "\"pool_bytes\":%d,\"utilization\":%.4f%s}%n", engine, size, count, fileBytes,
-                util, error == null ? "" : ",\"error\":\"" + error.replace('"', '\'') + "\"");
+                + "\"pool_bytes\":%d,\"utilization\":%.4f%s%s}%n", engine, size, count, fileBytes,
+                util, stats == null ? "" : String.format(",\"heap_bytes\":%d,"
+                        + "\"vs_heap_bytes\":%.4f", stats.heapBytes(),
+                        (double) (count * size) / stats.heapBytes()),
+                error == null ? "" : ",\"error\":\"" + error.replace('"', '\'') + "\"");
     }
 
     static long usedAfterGc(MemoryMXBean m) throws InterruptedException {

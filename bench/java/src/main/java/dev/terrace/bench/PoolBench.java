@@ -22,8 +22,9 @@ import org.openjdk.jmh.annotations.State;
 import org.openjdk.jmh.annotations.TearDown;
 
 /**
- * Suite B: Terrace's LLPL-shaped heaps against LLPL 1.2.0 (libpmemobj 1.12 with
- * PMEM_IS_PMEM_FORCE=1), heaps of 256 MiB in DIR (/dev/shm).
+ * Suite B: Terrace's LLPL-shaped heaps (dev.terrace.pool) against LLPL 1.2.0 (libpmemobj
+ * 1.12 with PMEM_IS_PMEM_FORCE=1), heaps of 256 MiB in DIR (/dev/shm). Both sides are the
+ * same code with the other library's classes (the binding keeps LLPL's names).
  *
  * txAlloc: BATCH transactions, each allocating a 100 B memory block and copying 100 B into
  * it; the blocks are freed after each invocation, outside the timing, for both.
@@ -56,7 +57,7 @@ public class PoolBench {
         public String engine;
         String path;
         TransactionalHeap llpl;
-        TerracePool terrace;
+        dev.terrace.pool.TransactionalHeap terrace;
         final long[] handles = new long[BATCH];
         final byte[] data = new byte[100];
 
@@ -66,7 +67,7 @@ public class PoolBench {
             if (engine.equals("llpl")) {
                 llpl = TransactionalHeap.createHeap(path, HEAP_BYTES);
             } else {
-                terrace = TerracePool.transactional(path, HEAP_BYTES);
+                terrace = dev.terrace.pool.TransactionalHeap.createHeap(path, HEAP_BYTES);
             }
         }
 
@@ -76,7 +77,7 @@ public class PoolBench {
                 if (llpl != null) {
                     llpl.memoryBlockFromHandle(h).free();
                 } else {
-                    terrace.free(h);
+                    terrace.memoryBlockFromHandle(h).free();
                 }
             }
         }
@@ -107,8 +108,14 @@ public class PoolBench {
                 sum += h;
             }
         } else {
+            dev.terrace.pool.TransactionalHeap heap = s.terrace;
+            byte[] data = s.data;
             for (int i = 0; i < BATCH; i++) {
-                long h = s.terrace.txAllocWrite(s.data);
+                long h = dev.terrace.pool.Transaction.create(heap, () -> {
+                    dev.terrace.pool.TransactionalMemoryBlock b = heap.allocateMemoryBlock(100);
+                    b.copyFromArray(data, 0, 0, 100);
+                    return b.handle();
+                });
                 s.handles[i] = h;
                 sum += h;
             }
@@ -123,8 +130,10 @@ public class PoolBench {
         String persistentPath, rawPath;
         PersistentMemoryBlock llplDurable;
         MemoryBlock llplRaw;
-        TerracePool terraceDurable, terraceRaw;
-        long terraceDurableBlock, terraceRawBlock;
+        dev.terrace.pool.PersistentHeap terraceDurableHeap;
+        dev.terrace.pool.Heap terraceRawHeap;
+        dev.terrace.pool.PersistentMemoryBlock terraceDurable;
+        dev.terrace.pool.MemoryBlock terraceRaw;
         int i;
 
         @Setup(Level.Trial)
@@ -136,18 +145,19 @@ public class PoolBench {
                         .allocateMemoryBlock(4096);
                 llplRaw = Heap.createHeap(rawPath, HEAP_BYTES).allocateMemoryBlock(4096);
             } else {
-                terraceDurable = TerracePool.persistent(persistentPath, HEAP_BYTES);
-                terraceDurableBlock = terraceDurable.allocate(4096);
-                terraceRaw = TerracePool.raw(rawPath, HEAP_BYTES);
-                terraceRawBlock = terraceRaw.allocate(4096);
+                terraceDurableHeap = dev.terrace.pool.PersistentHeap.createHeap(persistentPath,
+                        HEAP_BYTES);
+                terraceDurable = terraceDurableHeap.allocateMemoryBlock(4096);
+                terraceRawHeap = dev.terrace.pool.Heap.createHeap(rawPath, HEAP_BYTES);
+                terraceRaw = terraceRawHeap.allocateMemoryBlock(4096);
             }
         }
 
         @TearDown(Level.Trial)
         public void tearDown() {
-            if (terraceDurable != null) {
-                terraceDurable.close();
-                terraceRaw.close();
+            if (terraceDurableHeap != null) {
+                terraceDurableHeap.close();
+                terraceRawHeap.close();
             }
             delete(persistentPath);
             delete(rawPath);
@@ -160,7 +170,7 @@ public class PoolBench {
         if (s.llplDurable != null) {
             s.llplDurable.setLong(off, off);
         } else {
-            s.terraceDurable.durableSetLong(s.terraceDurableBlock, off, off);
+            s.terraceDurable.setLong(off, off);
         }
     }
 
@@ -171,7 +181,8 @@ public class PoolBench {
             s.llplRaw.setLong(off, off);
             s.llplRaw.flush(off, 8);
         } else {
-            s.terraceRaw.setLongFlush(s.terraceRawBlock, off, off);
+            s.terraceRaw.setLong(off, off);
+            s.terraceRaw.flush(off, 8);
         }
     }
 
@@ -181,7 +192,7 @@ public class PoolBench {
         public String engine;
         String path;
         TransactionalHeap llpl;
-        TerracePool terrace;
+        dev.terrace.pool.TransactionalHeap terrace;
         final long[] handles = new long[1024];
         int i;
 
@@ -196,9 +207,11 @@ public class PoolBench {
                     handles[k] = b.handle();
                 }
             } else {
-                terrace = TerracePool.transactional(path, HEAP_BYTES);
+                terrace = dev.terrace.pool.TransactionalHeap.createHeap(path, HEAP_BYTES);
                 for (int k = 0; k < handles.length; k++) {
-                    handles[k] = terrace.allocateWithLong(100, k);
+                    dev.terrace.pool.TransactionalMemoryBlock b = terrace.allocateMemoryBlock(100);
+                    b.setLong(0, k);
+                    handles[k] = b.handle();
                 }
             }
         }
@@ -218,6 +231,6 @@ public class PoolBench {
         if (s.llpl != null) {
             return s.llpl.memoryBlockFromHandle(h).getLong(0);
         }
-        return s.terrace.readLong(h);
+        return s.terrace.memoryBlockFromHandle(h).getLong(0);
     }
 }
