@@ -11,7 +11,9 @@ import java.nio.file.Path;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.Consumer;
 import java.util.function.LongConsumer;
+import java.util.function.LongFunction;
 import java.util.function.Supplier;
 
 /**
@@ -64,7 +66,8 @@ public abstract sealed class AnyHeap implements AutoCloseable
         try {
             this.rootOffset = callRoot();
             long poolSize = stats().poolSize();
-            MemorySegment rootAddress = (MemorySegment) PoolNative.DIRECT.invokeExact(pool, rootOffset);
+            MemorySegment rootAddress =
+                    (MemorySegment) PoolNative.DIRECT.invokeExact(pool, rootOffset);
             long base = rootAddress.address() - rootOffset;
             this.memory = MemorySegment.ofAddress(base).reinterpret(poolSize, arena, null);
         } catch (Throwable t) {
@@ -79,7 +82,8 @@ public abstract sealed class AnyHeap implements AutoCloseable
     }
 
     private long callRoot() throws Throwable {
-        long root = (long) PoolNative.ROOT.invokeExact(NativeLibrary.callState(), pool, SIZE_HEADER);
+        long root =
+                (long) PoolNative.ROOT.invokeExact(NativeLibrary.callState(), pool, SIZE_HEADER);
         if (root == 0) {
             throw heapFailure("terrace_pool_root", NativeLibrary.errno());
         }
@@ -243,7 +247,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
      * no undo log (an abort frees it), so the initializer's stores are plain.
      */
     final <B extends MemoryAccessor> B allocateInTransaction(long size, boolean compact,
-            java.util.function.LongFunction<B> view, java.util.function.Consumer<Range> initializer) {
+            LongFunction<B> view, Consumer<Range> initializer) {
         ThreadTransaction tx = ThreadTransaction.current();
         boolean implicit = tx.heap != this;
         if (implicit) {
@@ -270,7 +274,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
 
     /** Allocates atomically, initializes, and persists the whole new block once. */
     final <B extends MemoryAccessor> B allocateAtomically(long size, boolean compact,
-            java.util.function.LongFunction<B> view, java.util.function.Consumer<Range> initializer) {
+            LongFunction<B> view, Consumer<Range> initializer) {
         B block = view.apply(allocateObject(size, compact, false));
         if (initializer != null) {
             block.initialize(initializer);

@@ -1,7 +1,8 @@
 package dev.terrace.pool;
 
 /**
- * A compact (headerless) block of a raw {@link Heap}: as {@link MemoryBlock} without the 8-byte size, so {@link #size()} is the usable size.
+ * A compact (headerless) block of a raw {@link Heap}: as {@link MemoryBlock} without the 8-byte
+ * size, so {@link #size()} is the usable size.
  */
 public final class CompactMemoryBlock extends AnyMemoryBlock {
     CompactMemoryBlock(Heap heap, long handle, long size) {

@@ -57,8 +57,10 @@ public final class Heap extends AnyHeap {
     private MemoryBlock allocateRegular(long size, boolean transactional,
             Consumer<Range> initializer) {
         return transactional
-                ? allocateInTransaction(size, false, h -> new MemoryBlock(this, h, size), initializer)
-                : allocateAtomically(size, false, h -> new MemoryBlock(this, h, size), initializer);
+                ? allocateInTransaction(size, false,
+                        h -> new MemoryBlock(this, h, size), initializer)
+                : allocateAtomically(size, false,
+                        h -> new MemoryBlock(this, h, size), initializer);
     }
 
     private CompactMemoryBlock allocateCompact(long size, boolean transactional,

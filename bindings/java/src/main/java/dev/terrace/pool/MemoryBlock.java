@@ -1,7 +1,8 @@
 package dev.terrace.pool;
 
 /**
- * A regular block of a raw {@link Heap}: stores are plain until {@link #flush} (or logged by {@link #addToTransaction} inside a transaction); it keeps its exact size.
+ * A regular block of a raw {@link Heap}: stores are plain until {@link #flush} (or logged by
+ * {@link #addToTransaction} inside a transaction); it keeps its exact size.
  */
 public final class MemoryBlock extends AnyMemoryBlock {
     MemoryBlock(Heap heap, long handle, long size) {

@@ -1,7 +1,8 @@
 package dev.terrace.pool;
 
 /**
- * An accessor of a {@link PersistentHeap}'s regular blocks (stores as {@link PersistentMemoryBlock}).
+ * An accessor of a {@link PersistentHeap}'s regular blocks (stores as {@link
+ * PersistentMemoryBlock}).
  */
 public final class PersistentAccessor extends AnyAccessor {
     PersistentAccessor(PersistentHeap heap) {

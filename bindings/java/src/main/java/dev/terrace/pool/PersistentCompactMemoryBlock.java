@@ -1,7 +1,8 @@
 package dev.terrace.pool;
 
 /**
- * A compact (headerless) block of a {@link PersistentHeap}: every store is persisted before it returns; {@link #size()} is the usable size.
+ * A compact (headerless) block of a {@link PersistentHeap}: every store is persisted before it
+ * returns; {@link #size()} is the usable size.
  */
 public final class PersistentCompactMemoryBlock extends AnyMemoryBlock {
     PersistentCompactMemoryBlock(PersistentHeap heap, long handle, long size) {

@@ -60,8 +60,10 @@ public final class PersistentHeap extends AnyHeap {
     private PersistentMemoryBlock allocateRegular(long size, boolean transactional,
             Consumer<Range> initializer) {
         return transactional
-                ? allocateInTransaction(size, false, h -> new PersistentMemoryBlock(this, h, size), initializer)
-                : allocateAtomically(size, false, h -> new PersistentMemoryBlock(this, h, size), initializer);
+                ? allocateInTransaction(size, false,
+                        h -> new PersistentMemoryBlock(this, h, size), initializer)
+                : allocateAtomically(size, false,
+                        h -> new PersistentMemoryBlock(this, h, size), initializer);
     }
 
     private PersistentCompactMemoryBlock allocateCompact(long size, boolean transactional,

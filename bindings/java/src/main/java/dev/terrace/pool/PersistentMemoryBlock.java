@@ -1,7 +1,8 @@
 package dev.terrace.pool;
 
 /**
- * A regular block of a {@link PersistentHeap}: every store is persisted before it returns (not atomic across stores: use a {@link Transaction} with a transactional heap for that).
+ * A regular block of a {@link PersistentHeap}: every store is persisted before it returns (not
+ * atomic across stores: use a {@link Transaction} with a transactional heap for that).
  */
 public final class PersistentMemoryBlock extends AnyMemoryBlock {
     PersistentMemoryBlock(PersistentHeap heap, long handle, long size) {

@@ -1,7 +1,8 @@
 package dev.terrace.pool;
 
 /**
- * An accessor of a {@link TransactionalHeap}'s regular blocks (stores as {@link TransactionalMemoryBlock}).
+ * An accessor of a {@link TransactionalHeap}'s regular blocks (stores as {@link
+ * TransactionalMemoryBlock}).
  */
 public final class TransactionalAccessor extends AnyAccessor {
     TransactionalAccessor(TransactionalHeap heap) {
@@ -13,7 +14,10 @@ public final class TransactionalAccessor extends AnyAccessor {
         return (TransactionalHeap) heap;
     }
 
-    /** Frees the current block in the thread's transaction (or an implicit one); the accessor is reset. */
+    /**
+     * Frees the current block in the thread's transaction (or an implicit one); the accessor is
+     * reset.
+     */
     public void freeMemory() {
         freeBlock(true);
     }

@@ -1,7 +1,8 @@
 package dev.terrace.pool;
 
 /**
- * A compact (headerless) block of a {@link TransactionalHeap}: stores as {@link TransactionalMemoryBlock}; {@link #size()} is the usable size.
+ * A compact (headerless) block of a {@link TransactionalHeap}: stores as {@link
+ * TransactionalMemoryBlock}; {@link #size()} is the usable size.
  */
 public final class TransactionalCompactMemoryBlock extends AnyMemoryBlock {
     TransactionalCompactMemoryBlock(TransactionalHeap heap, long handle, long size) {
@@ -17,7 +18,10 @@ public final class TransactionalCompactMemoryBlock extends AnyMemoryBlock {
         return (TransactionalHeap) heap;
     }
 
-    /** Frees the block in the thread's transaction (or an implicit one); this view becomes invalid. */
+    /**
+     * Frees the block in the thread's transaction (or an implicit one); this view becomes
+     * invalid.
+     */
     public void free() {
         freeBlock(true);
     }

@@ -1,7 +1,9 @@
 package dev.terrace.pool;
 
 /**
- * A regular block of a {@link TransactionalHeap}: every store is undo-logged in the thread's transaction, or runs in an implicit transaction of its own, so after a crash it is wholly done or not at all.
+ * A regular block of a {@link TransactionalHeap}: every store is undo-logged in the thread's
+ * transaction, or runs in an implicit transaction of its own, so after a crash it is wholly
+ * done or not at all.
  */
 public final class TransactionalMemoryBlock extends AnyMemoryBlock {
     TransactionalMemoryBlock(TransactionalHeap heap, long handle, long size) {
@@ -17,7 +19,10 @@ public final class TransactionalMemoryBlock extends AnyMemoryBlock {
         return (TransactionalHeap) heap;
     }
 
-    /** Frees the block in the thread's transaction (or an implicit one); this view becomes invalid. */
+    /**
+     * Frees the block in the thread's transaction (or an implicit one); this view becomes
+     * invalid.
+     */
     public void free() {
         freeBlock(true);
     }

@@ -104,7 +104,8 @@ class CassandraCallSetTest {
         assertTrue(heap.stats().allocatedBytes() < before.allocatedBytes());
         long freedHandle = second;
         TransactionalHeap reopened = heap;
-        assertThrows(IllegalArgumentException.class, () -> reopened.memoryBlockFromHandle(freedHandle));
+        assertThrows(IllegalArgumentException.class,
+                () -> reopened.memoryBlockFromHandle(freedHandle));
         assertEquals(first, table.getLong(0));
         heap.close();
     }

@@ -50,7 +50,8 @@ class HeapFlavoursTest {
     void persistentHeapStoresSurviveAReopen() {
         String path = files.newPath();
         try (PersistentHeap heap = PersistentHeap.createHeap(path, 8L << 20)) {
-            PersistentMemoryBlock block = heap.allocateMemoryBlock(64, range -> range.setLong(0, 1));
+            PersistentMemoryBlock block =
+                    heap.allocateMemoryBlock(64, range -> range.setLong(0, 1));
             block.setShort(8, (short) -2);
             block.setByte(10, (byte) 3);
             block.copyFromArray(new byte[] {4, 5, 6}, 0, 11, 3);
@@ -84,7 +85,8 @@ class HeapFlavoursTest {
             long[] handles = new long[10];
             for (int i = 0; i < handles.length; i++) {
                 int value = i;
-                handles[i] = heap.allocateMemoryBlock(8 + i, r -> r.setLong(0, value * 3L)).handle();
+                handles[i] =
+                        heap.allocateMemoryBlock(8 + i, r -> r.setLong(0, value * 3L)).handle();
             }
             TransactionalAccessor accessor = heap.createAccessor();
             assertThrows(IllegalStateException.class, () -> accessor.getLong(0));
@@ -97,7 +99,8 @@ class HeapFlavoursTest {
             assertEquals(1, heap.memoryBlockFromHandle(handles[9]).getLong(0));
             accessor.freeMemory();
             assertThrows(IllegalStateException.class, () -> accessor.getLong(0));
-            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(handles[9]));
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.memoryBlockFromHandle(handles[9]));
         }
     }
 

@@ -51,7 +51,8 @@ class MisuseTest {
             assertThrows(IndexOutOfBoundsException.class,
                     () -> block.copyToArray(0, new byte[30], 0, 21));
             assertThrows(IndexOutOfBoundsException.class, () -> block.setMemory((byte) 1, 10, 11));
-            assertThrows(IndexOutOfBoundsException.class, () -> block.withRange(8, 13, (Range r) -> {}));
+            assertThrows(IndexOutOfBoundsException.class,
+                    () -> block.withRange(8, 13, (Range r) -> {}));
             assertThrows(IndexOutOfBoundsException.class,
                     () -> block.withRange(0, 8, (Range r) -> r.setLong(4, 1))); // past the window
             assertDoesNotThrow(() -> block.setInt(16, 1));
@@ -104,14 +105,16 @@ class MisuseTest {
             long freed = block.handle();
             block.freeMemory();
             assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(freed));
-            assertThrows(IllegalArgumentException.class, () -> heap.freeMemory(freed)); // double free
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.freeMemory(freed)); // double free
         }
     }
 
     @Test
     void aWriteInsideAnotherHeapsTransactionThrowsAndChangesNothing() {
         try (TransactionalHeap first = TransactionalHeap.createHeap(files.newPath(), 8L << 20);
-                TransactionalHeap second = TransactionalHeap.createHeap(files.newPath(), 8L << 20)) {
+                TransactionalHeap second =
+                        TransactionalHeap.createHeap(files.newPath(), 8L << 20)) {
             TransactionalMemoryBlock block = second.allocateMemoryBlock(16);
             block.setLong(0, 5);
             assertThrows(TransactionException.class, () -> Transaction.create(first, () -> {
