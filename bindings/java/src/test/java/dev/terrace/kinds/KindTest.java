@@ -200,6 +200,27 @@ class KindTest {
     }
 
     @Test
+    void unifiedReallocOverflowsToTheNextMemberKeepingData() {
+        Path dir = KindFixture.tempDir();
+        try (Kind small = Kind.file(dir, Kind.FILE_KIND_MIN_SIZE); Kind dram = Kind.dram()) {
+            try (Kind unified = Kind.unified(List.of(small, dram), Kind.Strategy.ORDERED)) {
+                long p = unified.malloc(1 << 20);
+                assertSame(small, Kind.detect(p).orElseThrow(), "ORDERED starts at the first");
+                at(p, 1 << 20).fill((byte) 0x6B);
+                long q = unified.realloc(p, 32L << 20);
+                assertSame(dram, Kind.detect(q).orElseThrow(),
+                        "32 MiB cannot fit the 16 MiB member");
+                for (long i = 0; i < 1 << 20; i += 4096) {
+                    assertEquals(0x6B, at(q, 1 << 20).get(ValueLayout.JAVA_BYTE, i));
+                }
+                Kind.free(q);
+            }
+        } finally {
+            KindFixture.deleteTree(dir);
+        }
+    }
+
+    @Test
     void defaultKindIsNotClosable() {
         Kind kind = Kind.defaultKind();
         assertFalse(kind.isClosable());
