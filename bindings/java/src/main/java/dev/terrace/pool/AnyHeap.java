@@ -336,48 +336,67 @@ public abstract sealed class AnyHeap implements AutoCloseable
     }
 
     /**
-     * The usable size of the live object at handle.
+     * The usable size of the live block at handle.
      *
      * @throws IllegalArgumentException if handle is not a live block of this heap
      */
     final long objectSize(long handle) {
-        long usable;
-        long type;
-        try {
-            usable = (long) PoolNative.USABLE_SIZE.invokeExact(pool, handle);
-            type = (long) PoolNative.TYPE_NUM.invokeExact(pool, handle);
-        } catch (Throwable t) {
-            throw NativeLibrary.rethrow(t);
-        }
-        if (usable == 0 || (type != TYPE_REGULAR && type != TYPE_COMPACT)) {
-            throw new IllegalArgumentException("handle " + handle + " is not a live block of heap "
-                    + path);
+        long usable = usableSize(handle);
+        long type = typeOf(handle);
+        if (type != TYPE_REGULAR && type != TYPE_COMPACT) {
+            throw notABlock(handle);
         }
         return usable;
     }
 
-    /**
-     * The payload of the live block at handle, validated: the object exists, has the block
-     * type asked for, and (regular) its size header fits in it.
-     */
-    final MemorySegment blockPayload(long handle, boolean compact) {
-        long usable = objectSize(handle);
-        long type;
+    private long usableSize(long handle) {
+        long usable;
         try {
-            type = (long) PoolNative.TYPE_NUM.invokeExact(pool, handle);
+            usable = (long) PoolNative.USABLE_SIZE.invokeExact(pool, handle);
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         }
+        if (usable == 0) {
+            throw notABlock(handle);
+        }
+        return usable;
+    }
+
+    private long typeOf(long handle) {
+        try {
+            return (long) PoolNative.TYPE_NUM.invokeExact(pool, handle);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+    }
+
+    private IllegalArgumentException notABlock(long handle) {
+        return new IllegalArgumentException("handle " + handle + " is not a live block of heap "
+                + path);
+    }
+
+    /**
+     * The payload of the live block at handle, validated against the pool's object table: the
+     * object exists, has the block type asked for, and (regular) its size header fits in it.
+     * Two short critical downcalls; no per-access cost afterwards.
+     */
+    final MemorySegment blockPayload(long handle, boolean compact) {
+        long usable = usableSize(handle);
+        long type = typeOf(handle);
         if (compact) {
             if (type != TYPE_COMPACT) {
-                throw new IllegalArgumentException("handle " + handle
-                        + " is a regular block: use memoryBlockFromHandle");
+                throw type == TYPE_REGULAR
+                        ? new IllegalArgumentException("handle " + handle
+                                + " is a regular block: use memoryBlockFromHandle")
+                        : notABlock(handle);
             }
             return memory.asSlice(handle, usable);
         }
         if (type != TYPE_REGULAR) {
-            throw new IllegalArgumentException("handle " + handle
-                    + " is a compact block: use compactMemoryBlockFromHandle");
+            throw type == TYPE_COMPACT
+                    ? new IllegalArgumentException("handle " + handle
+                            + " is a compact block: use compactMemoryBlockFromHandle")
+                    : notABlock(handle);
         }
         long size = memory.get(JAVA_LONG, handle);
         if (size < 0 || size > usable - SIZE_HEADER) {
