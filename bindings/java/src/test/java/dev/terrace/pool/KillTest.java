@@ -146,9 +146,19 @@ class KillTest {
             assertEquals(root.getLong(KillChild.ROOT_SUM), sum, where + ": sum of values");
             Set<Long> live = new HashSet<>();
             heap.forEachHandle(live::add);
-            assertEquals(reachable, live, where + ": live objects are not the reachable ones");
+            Set<Long> leaked = new HashSet<>(live);
+            leaked.removeAll(reachable);
+            Set<Long> unallocated = new HashSet<>(reachable);
+            unallocated.removeAll(live);
+            assertTrue(leaked.isEmpty() && unallocated.isEmpty(), where + ": " + leaked.size()
+                    + " live objects unreachable (leaked) " + first(leaked) + ", "
+                    + unallocated.size() + " reachable but not live " + first(unallocated));
             return root.getLong(KillChild.ROOT_COMMITS);
         }
+    }
+
+    private static List<Long> first(Set<Long> handles) {
+        return handles.stream().sorted().limit(10).toList();
     }
 
     /** The library file this JVM's class path carries, when it is a plain file. */
