@@ -212,6 +212,9 @@ public abstract sealed class AnyHeap implements AutoCloseable
         long objectSize = compact ? size : Math.addExact(size, SIZE_HEADER);
         long type = compact ? TYPE_COMPACT : TYPE_REGULAR;
         long handle;
+        // terrace_pool_alloc_in_class does not zero (only zalloc does): such an object is
+        // zeroed here, over its whole usable size (a compact block spans it)
+        boolean zeroed = true;
         try {
             if (transactional) {
                 handle = (long) PoolNative.TX_ZALLOC.invokeExact(NativeLibrary.callState(), pool,
@@ -221,6 +224,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
                 if (classId != null) {
                     handle = (long) PoolNative.ALLOC_IN_CLASS.invokeExact(NativeLibrary.callState(),
                             pool, (byte) classId, objectSize, type, MemorySegment.NULL);
+                    zeroed = false;
                 } else {
                     handle = (long) PoolNative.ZALLOC.invokeExact(NativeLibrary.callState(), pool,
                             objectSize, type, MemorySegment.NULL);
@@ -232,11 +236,17 @@ public abstract sealed class AnyHeap implements AutoCloseable
         if (handle == 0) {
             throw heapFailure("allocating a block of " + size + " bytes", NativeLibrary.errno());
         }
+        long dirty = 0;
+        if (!zeroed) {
+            dirty = usableSize(handle);
+            memory.asSlice(handle, dirty).fill((byte) 0);
+        }
         if (!compact) {
             memory.set(JAVA_LONG, handle, size);
-            if (!transactional) {
-                persist(handle, SIZE_HEADER);
-            }
+            dirty = Math.max(dirty, SIZE_HEADER);
+        }
+        if (!transactional && dirty > 0) {
+            persist(handle, dirty);
         }
         return handle;
     }

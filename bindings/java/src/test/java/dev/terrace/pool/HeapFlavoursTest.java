@@ -123,6 +123,33 @@ class HeapFlavoursTest {
     }
 
     @Test
+    void blocksOfARegisteredClassAreZeroedLikeAnyOther() {
+        try (PersistentHeap heap = PersistentHeap.createHeap(files.newPath(), 8L << 20)) {
+            assertTrue(heap.registerAllocationSize(40, false));
+            assertTrue(heap.registerAllocationSize(100, true));
+            // dirty blocks of both classes, free them, and allocate their units again
+            for (int round = 0; round < 2; round++) {
+                List<AnyMemoryBlock> blocks = new ArrayList<>();
+                for (int i = 0; i < 64; i++) {
+                    PersistentMemoryBlock regular = heap.allocateMemoryBlock(40);
+                    PersistentCompactMemoryBlock compact = heap.allocateCompactMemoryBlock(100);
+                    for (MemoryAccessor b : List.of(regular, compact)) {
+                        for (long at = 0; at < b.size(); at++) {
+                            assertEquals(0, b.getByte(at), "round " + round + ": block "
+                                    + b.handle() + " byte " + at + " of a new block");
+                        }
+                        b.setMemory((byte) 0x5A, 0, b.size());
+                    }
+                    blocks.add(regular);
+                    blocks.add(compact);
+                }
+                assertEquals(40, blocks.get(0).size());
+                blocks.forEach(b -> heap.freeMemory(b.handle()));
+            }
+        }
+    }
+
+    @Test
     void fillingWithSmallBlocksUsesMostOfThePool() {
         try (PersistentHeap heap = PersistentHeap.createHeap(files.newPath(), 8L << 20)) {
             List<Long> handles = new ArrayList<>();
