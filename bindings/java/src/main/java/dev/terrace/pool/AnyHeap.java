@@ -55,7 +55,14 @@ public abstract sealed class AnyHeap implements AutoCloseable
     final MemorySegment memory;
     private final long rootOffset;
     private final Map<Long, Byte> classes = new ConcurrentHashMap<>();
+    /**
+     * Threads with a transaction on this heap, counted before the native begin: with
+     * {@link #closing} (Dekker-style, both volatile) a close either sees the count or the
+     * beginning thread sees the close, so the pool is never closed inside a transaction.
+     */
     private final AtomicInteger activeTransactions = new AtomicInteger();
+    /** Set by {@link #close()} while it decides; refuses outermost transaction begins. */
+    private volatile boolean closing;
     private volatile boolean closed;
 
     AnyHeap(String path, MemorySegment rawPool) {
@@ -478,19 +485,32 @@ public abstract sealed class AnyHeap implements AutoCloseable
             throw new TransactionException("this thread's transaction is on heap " + tx.heap.path
                     + ", not " + path + ": one heap per transaction", EINVAL);
         }
+        boolean outermost = tx.depth == 0;
+        if (outermost) {
+            activeTransactions.incrementAndGet();
+            if (closing) {
+                activeTransactions.decrementAndGet();
+                throw new IllegalStateException("heap " + path + " is closing or closed");
+            }
+        }
         int rc;
         try {
             rc = (int) PoolNative.TX_BEGIN.invokeExact(pool);
         } catch (Throwable t) {
+            if (outermost) {
+                activeTransactions.decrementAndGet();
+            }
             throw NativeLibrary.rethrow(t);
         }
         if (rc != 0) {
+            if (outermost) {
+                activeTransactions.decrementAndGet();
+            }
             throw new TransactionException(
                     NativeLibrary.failure("terrace_pool_tx_begin", rc).getMessage(), rc);
         }
         if (tx.depth++ == 0) {
             tx.heap = this;
-            activeTransactions.incrementAndGet();
         }
         return tx;
     }
@@ -586,17 +606,25 @@ public abstract sealed class AnyHeap implements AutoCloseable
      * nothing.
      *
      * @throws IllegalStateException while a transaction is active on this heap, or while
-     *     another thread is inside a call on it
+     *     another thread is inside a call on it (the heap stays open; a transaction that
+     *     began racing with the refused close may have seen it closing)
      */
     @Override
     public synchronized void close() {
         if (closed) {
             return;
         }
+        closing = true;
         if (activeTransactions.get() != 0) {
+            closing = false;
             throw new IllegalStateException("heap " + path + " has an active transaction");
         }
-        arena.close();
+        try {
+            arena.close();
+        } catch (RuntimeException e) {
+            closing = false;
+            throw e;
+        }
         closed = true;
         int rc;
         try {

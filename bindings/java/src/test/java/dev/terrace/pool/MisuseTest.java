@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 
+import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
@@ -19,6 +20,50 @@ class MisuseTest {
     @AfterEach
     void deleteFiles() {
         files.close();
+    }
+
+    /**
+     * A close racing with another thread's implicit transactions either refuses (the heap
+     * stays open) or closes cleanly: never with the native pool still in that thread's
+     * transaction, which would leave the pool mapped, the close failing with EBUSY after the
+     * heap was already unusable, and the thread unable to begin a transaction on any heap.
+     */
+    @Test
+    void aCloseRacingWithTransactionsRefusesOrClosesCleanly() throws Exception {
+        try (TransactionalHeap other = TransactionalHeap.createHeap(files.newPath(), 8L << 20)) {
+            for (int attempt = 0; attempt < 100; attempt++) {
+                TransactionalHeap heap = TransactionalHeap.createHeap(files.newPath(), 8L << 20);
+                AtomicReference<Throwable> failure = new AtomicReference<>();
+                Thread writer = new Thread(() -> {
+                    try {
+                        for (long i = 0; ; i++) {
+                            heap.setRoot(i);
+                        }
+                    } catch (IllegalStateException closed) {
+                        // the heap closed under the loop: expected
+                    } catch (Throwable t) {
+                        failure.set(t);
+                        return;
+                    }
+                    try {
+                        other.setRoot(1); // the thread is in no transaction any more
+                    } catch (Throwable t) {
+                        failure.set(t);
+                    }
+                });
+                writer.start();
+                while (true) {
+                    try {
+                        heap.close();
+                        break;
+                    } catch (IllegalStateException busy) {
+                        Thread.onSpinWait(); // a transaction was active: the heap stays open
+                    }
+                }
+                writer.join();
+                assertEquals(null, failure.get(), "attempt " + attempt);
+            }
+        }
     }
 
     @Test
