@@ -15,6 +15,7 @@ import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.LongAdder;
 
 /**
  * A Terrace kind: a heap on one medium (DRAM, a file on a DAX/tmpfs/disk file system, a NUMA
@@ -37,7 +38,10 @@ import java.util.concurrent.atomic.AtomicLong;
  *
  * <p>Invariants: a kind with open {@link KindArena}s, live {@link OwnedSegment}s or unified
  * kinds over it cannot be closed (close throws {@link IllegalStateException} naming the
- * count), so no checked segment can outlive the memory under it. Closing twice does nothing.
+ * count), so no checked segment can outlive the memory under it. Calls on the kind are
+ * counted while in flight, and {@link #close()} waits for them before destroying it (the C
+ * ABI forbids destroying a kind in use), so a call racing with a close either completes or
+ * throws {@link IllegalStateException}. Closing twice does nothing.
  * The default kind, and kinds found by {@link #detect} that this binding did not create,
  * are not closable: their {@link #close()} does nothing.
  *
@@ -99,6 +103,8 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
     private final List<Kind> members;
     /** Dependents (arenas, owned segments, unified kinds over this one), or CLOSED. */
     private final AtomicLong state = new AtomicLong();
+    /** Calls on the native kind in flight ({@link #enter}/{@link #exit}). */
+    private final LongAdder inFlight = new LongAdder();
     /** The scope of {@link #allocate(long, long)}'s segments; created on first use. */
     private volatile Arena lifetime;
 
@@ -247,13 +253,15 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
      * @throws IllegalStateException if this kind is closed
      */
     public long malloc(long size) {
-        ensureOpen();
+        enter();
         long address;
         try {
             address = (long) KindNative.MALLOC.invokeExact(NativeLibrary.callState(), handle,
                     size);
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
+        } finally {
+            exit();
         }
         if (address == 0) {
             throw allocationFailure("malloc(" + size + ")");
@@ -268,13 +276,15 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
 
     /** Allocates {@code count * size} zeroed bytes; failures as for {@link #malloc}. */
     public long calloc(long count, long size) {
-        ensureOpen();
+        enter();
         long address;
         try {
             address = (long) KindNative.CALLOC.invokeExact(NativeLibrary.callState(), handle,
                     count, size);
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
+        } finally {
+            exit();
         }
         if (address == 0) {
             throw allocationFailure("calloc(" + count + ", " + size + ")");
@@ -289,13 +299,15 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
      * {@link #malloc} does.
      */
     public long realloc(long address, long newSize) {
-        ensureOpen();
+        enter();
         long moved;
         try {
             moved = (long) KindNative.REALLOC.invokeExact(NativeLibrary.callState(), handle,
                     address, newSize);
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
+        } finally {
+            exit();
         }
         if (moved == 0 && newSize != 0) {
             throw allocationFailure("realloc(0x" + Long.toHexString(address) + ", " + newSize
@@ -355,12 +367,18 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
     public MemorySegment allocate(long byteSize, long byteAlignment) {
         checkSizeAndAlignment(byteSize, byteAlignment);
         Arena scope = lifetimeArena();
-        long address = mallocAligned(byteSize, byteAlignment);
+        // in flight until the segment is in the lifetime arena (or freed): close waits
+        enter();
         try {
-            return MemorySegment.ofAddress(address).reinterpret(byteSize, scope, null);
-        } catch (RuntimeException | Error e) {
-            free(address);
-            throw e;
+            long address = mallocAligned(byteSize, byteAlignment);
+            try {
+                return MemorySegment.ofAddress(address).reinterpret(byteSize, scope, null);
+            } catch (RuntimeException | Error e) {
+                free(address);
+                throw e;
+            }
+        } finally {
+            exit();
         }
     }
 
@@ -383,7 +401,7 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
         if (byteAlignment <= MALLOC_ALIGNMENT) {
             return malloc(size);
         }
-        ensureOpen();
+        enter();
         try (Arena arena = Arena.ofConfined()) {
             MemorySegment out = arena.allocate(ValueLayout.JAVA_LONG);
             int code = (int) KindNative.POSIX_MEMALIGN.invokeExact(handle, out, byteAlignment,
@@ -394,6 +412,8 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
             return out.get(ValueLayout.JAVA_LONG, 0);
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
+        } finally {
+            exit();
         }
     }
 
@@ -425,7 +445,7 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
 
     /** The kind's statistics now. */
     public KindStats stats() {
-        ensureOpen();
+        enter();
         try (Arena arena = Arena.ofConfined()) {
             MemorySegment out = arena.allocate(ValueLayout.JAVA_LONG, 5);
             int code = (int) KindNative.STATS.invokeExact(handle, out);
@@ -437,6 +457,8 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
                     out.getAtIndex(ValueLayout.JAVA_LONG, 4));
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
+        } finally {
+            exit();
         }
     }
 
@@ -483,6 +505,10 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
                 break;
             }
         }
+        // calls that entered before the CAS finish on the live kind; later ones see CLOSED
+        while (inFlight.sum() != 0) {
+            Thread.onSpinWait();
+        }
         synchronized (this) {
             if (lifetime != null) {
                 try {
@@ -527,6 +553,22 @@ public final class Kind implements SegmentAllocator, AutoCloseable {
         if (state.get() == CLOSED) {
             throw closedError();
         }
+    }
+
+    /**
+     * Counts a call on the native kind, then checks the kind is open (in this order: with
+     * close's CAS-then-wait, either close waits for the call or the call sees CLOSED).
+     */
+    private void enter() {
+        inFlight.increment();
+        if (state.get() == CLOSED) {
+            inFlight.decrement();
+            throw closedError();
+        }
+    }
+
+    private void exit() {
+        inFlight.decrement();
     }
 
     private IllegalStateException closedError() {

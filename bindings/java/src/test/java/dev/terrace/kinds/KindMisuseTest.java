@@ -11,6 +11,7 @@ import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -18,6 +19,44 @@ import org.junit.jupiter.api.Test;
  * memory; misuse the C ABI cannot detect is shown to be harmless where its docs say so.
  */
 class KindMisuseTest {
+    /**
+     * A close racing with allocations and statistics of the same kind on another thread: each
+     * call either completes or throws IllegalStateException, and the kind is destroyed only
+     * after the calls in flight have left it (the C ABI forbids destroying a kind in use: a
+     * jemalloc arena or a unified kind's member table freed under a call).
+     */
+    @Test
+    void aCloseRacingWithCallsNeverDestroysTheKindUnderThem() throws Exception {
+        for (int attempt = 0; attempt < 200; attempt++) {
+            Kind first = Kind.dram();
+            Kind second = Kind.dram();
+            Kind kind = Kind.unified(List.of(first, second), Kind.Strategy.ROUND_ROBIN);
+            AtomicReference<Throwable> failure = new AtomicReference<>();
+            Thread user = new Thread(() -> {
+                try {
+                    for (long i = 0; ; i++) {
+                        MemorySegment s = kind.allocate(64, 8);
+                        s.set(ValueLayout.JAVA_LONG, 0, i);
+                        if ((i & 15) == 0) {
+                            kind.stats();
+                        }
+                    }
+                } catch (IllegalStateException closed) {
+                    // the kind closed under the loop: expected
+                } catch (Throwable t) {
+                    failure.set(t);
+                }
+            });
+            user.start();
+            Thread.sleep(0, 50_000);
+            kind.close();
+            user.join();
+            second.close();
+            first.close();
+            assertEquals(null, failure.get(), "attempt " + attempt);
+        }
+    }
+
     @Test
     void useAfterArenaCloseThrows() {
         try (Kind kind = Kind.dram()) {
