@@ -289,12 +289,27 @@ public abstract sealed class AnyHeap implements AutoCloseable
         return block;
     }
 
-    /** Allocates atomically, initializes, and persists the whole new block once. */
+    /**
+     * Allocates atomically, initializes, and persists the whole new block once. If the
+     * initializer throws, the block is freed again (the caller never saw its handle, so it
+     * would leak) and the exception is rethrown.
+     */
     final <B extends MemoryAccessor> B allocateAtomically(long size, boolean compact,
             LongFunction<B> view, Consumer<Range> initializer) {
-        B block = view.apply(allocateObject(size, compact, false));
+        long handle = allocateObject(size, compact, false);
+        B block = view.apply(handle);
         if (initializer != null) {
-            block.initialize(initializer);
+            try {
+                block.initialize(initializer);
+            } catch (Throwable t) {
+                block.invalidate();
+                try {
+                    freeObject(handle, false);
+                } catch (RuntimeException freeFailure) {
+                    t.addSuppressed(freeFailure);
+                }
+                throw t;
+            }
             persist(block.payloadOffset(), block.segment().byteSize());
         }
         return block;

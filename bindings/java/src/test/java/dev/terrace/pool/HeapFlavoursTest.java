@@ -150,6 +150,34 @@ class HeapFlavoursTest {
     }
 
     @Test
+    void aThrowingInitializerLeavesNoBlockBehind() {
+        try (PersistentHeap heap = PersistentHeap.createHeap(files.newPath(), 8L << 20)) {
+            heap.setRoot(heap.allocateMemory(8));
+            List<Long> before = new ArrayList<>();
+            heap.forEachHandle(before::add);
+            assertThrows(ArithmeticException.class, () -> heap.allocateMemoryBlock(64, range -> {
+                range.setLong(0, 1);
+                throw new ArithmeticException();
+            }));
+            assertThrows(ArithmeticException.class,
+                    () -> heap.allocateCompactMemoryBlock(64, range -> {
+                        throw new ArithmeticException();
+                    }));
+            List<Long> after = new ArrayList<>();
+            heap.forEachHandle(after::add);
+            assertEquals(before, after, "the blocks of failed initializers were freed");
+        }
+        try (Heap heap = Heap.createHeap(files.newPath(), 8L << 20)) {
+            assertThrows(ArithmeticException.class, () -> heap.allocateMemoryBlock(64, range -> {
+                throw new ArithmeticException();
+            }));
+            List<Long> after = new ArrayList<>();
+            heap.forEachHandle(after::add);
+            assertEquals(List.of(), after);
+        }
+    }
+
+    @Test
     void fillingWithSmallBlocksUsesMostOfThePool() {
         try (PersistentHeap heap = PersistentHeap.createHeap(files.newPath(), 8L << 20)) {
             List<Long> handles = new ArrayList<>();
