@@ -15,9 +15,9 @@
 //!   header documents, with `errno` `EIO`, never an unwind into C;
 //! - freeing a pointer no kind owns (foreign, or from a destroyed kind) does nothing.
 //!
-//! Modules: [`cache`] (`terrace_cache.h`), [`native`] (`terrace.h`), [`memkind`] (`memkind.h`), [`pmemobj`]
-//! (`libpmemobj.h`), [`pool`] (`terrace_pool.h`), [`handle`] (kind handles), [`error`]
-//! (the thread's last error, `errno`, the panic boundary).
+//! Modules: [`cache`] (`terrace_cache.h`), [`native`] (`terrace.h`), [`memkind`]
+//! (`memkind.h`), [`pmemobj`] (`libpmemobj.h`), [`pool`] (`terrace_pool.h`), [`handle`]
+//! (kind handles), [`error`] (the thread's last error, `errno`, the panic boundary).
 
 pub mod cache;
 pub mod error;
