@@ -13,9 +13,12 @@ public abstract sealed class AnyAccessor extends MemoryAccessor
     }
 
     /**
-     * Points the accessor at the live regular block handle.
+     * Points the accessor at the live regular block handle, checked as
+     * {@code memoryBlockFromHandle} checks it (in Java by default; see {@link AnyHeap}).
      *
-     * @throws IllegalArgumentException if handle is not a live regular block of the heap
+     * @throws IllegalArgumentException if handle is outside the pool, misaligned, or its size
+     *     header does not fit in the pool; with validation, if it is not a live regular block
+     *     of the heap
      */
     public void handle(long handle) {
         point(handle);

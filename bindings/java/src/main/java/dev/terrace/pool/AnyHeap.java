@@ -31,6 +31,21 @@ import java.util.function.Supplier;
  * size (as LLPL); a compact block is a bare object of type {@value #TYPE_COMPACT}. A handle is
  * the object's pool offset. Each flavour opens files of its own layout name only.
  *
+ * <p>Handles from the caller ({@code memoryBlockFromHandle}, an accessor's {@code handle(h)})
+ * are checked in Java by default, as LLPL does: the handle must be positive, 8-byte aligned
+ * (as every object is) and inside the pool segment, and a regular block's size is read from
+ * its own size header and must be positive and fit in the pool after it. No downcall, so a
+ * handle that is not a live block of the right kind (freed, or pointing into another object)
+ * is not detected: its view reads and writes wrong bytes of this pool, but every access stays
+ * inside the pool segment, so it never crashes the JVM (a store through such a handle can
+ * corrupt the pool's contents, as in LLPL). A compact block has no size header, so its size
+ * comes from the pool's object table: {@code compactMemoryBlockFromHandle} always validates
+ * natively. With the system property {@value #VALIDATE_HANDLES_PROPERTY}{@code =true} when the
+ * heap is created or opened, every handle is validated against the pool's object table
+ * (live object, block kind asked for: two short downcalls) and a bad one throws
+ * {@link IllegalArgumentException}; {@link #isLiveHandle} asks the same question on demand.
+ * {@link #freeMemory} always validates natively.
+ *
  * <p>How a flavour makes a store durable is {@link #beforeWrite}/{@link #afterWrite}: nothing
  * (raw), a persist after the store (persistent), or an undo-log snapshot before it inside the
  * thread's transaction or an implicit one (transactional).
@@ -45,6 +60,10 @@ public abstract sealed class AnyHeap implements AutoCloseable
     private static final long MIN_CLASS_UNIT = 16;
     private static final int EINVAL = 22;
     private static final long ANY_TYPE = -1L;
+    /** Objects (and so handles) are aligned to this. */
+    private static final long HANDLE_ALIGN = 8;
+    /** The system property that makes every handle validated natively (read at open). */
+    public static final String VALIDATE_HANDLES_PROPERTY = "terrace.pool.validateHandles";
 
     private final String path;
     private final MemorySegment rawPool;
@@ -54,6 +73,8 @@ public abstract sealed class AnyHeap implements AutoCloseable
     /** The whole pool file, offset 0 at the pool's base, in the arena. */
     final MemorySegment memory;
     private final long rootOffset;
+    /** Whether handles are validated against the pool's object table (fixed at open). */
+    private final boolean validateHandles;
     private final Map<Long, Byte> classes = new ConcurrentHashMap<>();
     /**
      * Threads with a transaction on this heap, counted before the native begin: with
@@ -70,6 +91,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
         this.rawPool = rawPool;
         this.arena = Arena.ofShared();
         this.pool = rawPool.reinterpret(arena, null);
+        this.validateHandles = Boolean.getBoolean(VALIDATE_HANDLES_PROPERTY);
         try {
             this.rootOffset = callRoot();
             long poolSize = stats().poolSize();
@@ -408,11 +430,52 @@ public abstract sealed class AnyHeap implements AutoCloseable
     }
 
     /**
-     * The payload of the live block at handle, validated against the pool's object table: the
-     * object exists, has the block type asked for, and (regular) its size header fits in it.
-     * Two short critical downcalls; no per-access cost afterwards.
+     * Whether handle is a live block (regular or compact) of this heap, asked of the pool's
+     * object table (two short downcalls), whatever {@value #VALIDATE_HANDLES_PROPERTY} says.
+     *
+     * @throws IllegalStateException if the heap is closed
+     */
+    public boolean isLiveHandle(long handle) {
+        if (handle <= 0 || handle >= memory.byteSize() || (handle & (HANDLE_ALIGN - 1)) != 0) {
+            checkOpen();
+            return false;
+        }
+        long usable;
+        try {
+            usable = (long) PoolNative.USABLE_SIZE.invokeExact(pool, handle);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
+        if (usable == 0) {
+            return false;
+        }
+        long type = typeOf(handle);
+        return type == TYPE_REGULAR || type == TYPE_COMPACT;
+    }
+
+    /** Whether this heap validates every handle natively ({@value #VALIDATE_HANDLES_PROPERTY}). */
+    public boolean validatesHandles() {
+        return validateHandles;
+    }
+
+    private void checkOpen() {
+        if (closed) {
+            throw new IllegalStateException("heap " + path + " is closed");
+        }
+    }
+
+    /**
+     * The payload of the block at handle. Regular blocks, by default: checked in Java only
+     * (handle positive, aligned, in the pool; size header positive and fitting in the pool
+     * after it), no downcall. Compact blocks, and every block when the heap validates
+     * handles: checked against the pool's object table (the object exists, has the block
+     * type asked for, and, regular, its size header fits in it), two short critical
+     * downcalls. No per-access cost afterwards: accesses are bounded by the returned slice.
      */
     final MemorySegment blockPayload(long handle, boolean compact) {
+        if (!compact && !validateHandles) {
+            return regularPayloadUnchecked(handle);
+        }
         long usable = usableSize(handle);
         long type = typeOf(handle);
         if (compact) {
@@ -436,6 +499,27 @@ public abstract sealed class AnyHeap implements AutoCloseable
                     + size + " bytes in an object of " + usable + ")");
         }
         return memory.asSlice(handle + SIZE_HEADER, size);
+    }
+
+    /**
+     * A regular block's payload from its handle and its own size header, without asking the
+     * pool: every byte of the returned slice lies in the pool segment, whatever handle is.
+     */
+    private MemorySegment regularPayloadUnchecked(long handle) {
+        MemorySegment m = memory;
+        long poolSize = m.byteSize();
+        if (handle <= 0 || handle > poolSize - SIZE_HEADER || (handle & (HANDLE_ALIGN - 1)) != 0) {
+            throw new IllegalArgumentException("handle " + handle + " is not a block of heap "
+                    + path + " (outside the pool or misaligned)");
+        }
+        // aligned by the check above: the unaligned layout only spares the JIT a second check
+        long size = m.get(ValueLayout.JAVA_LONG_UNALIGNED, handle);
+        long payload = handle + SIZE_HEADER;
+        if (size <= 0 || size > poolSize - payload) {
+            throw new IllegalArgumentException("handle " + handle + " is not a regular block of"
+                    + " heap " + path + " (its size header reads " + size + ")");
+        }
+        return m.asSlice(payload, size);
     }
 
     // ---- durability hooks of the flavours ----

@@ -14,7 +14,8 @@ import java.util.function.Function;
  * Reads and writes one block's payload: what memory blocks and accessors share.
  *
  * <p>Owns a view: the block's handle and a segment over exactly its payload (a slice of the
- * heap's pool segment, so it dies with the heap). Loads and stores are plain Java on that
+ * heap's pool segment, so it dies with the heap, and never reaches outside the pool even when
+ * the handle came unvalidated from the caller). Loads and stores are plain Java on that
  * segment, with no downcall: an offset outside the payload throws
  * {@link IndexOutOfBoundsException}, a use after the heap closed throws
  * {@link IllegalStateException}, and so does a use after this view freed the block or after
@@ -37,7 +38,10 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
         this.compact = compact;
     }
 
-    /** Points this view at the live block handle (validated). */
+    /**
+     * Points this view at the block handle, checked by {@link AnyHeap#blockPayload}: the
+     * segment lies inside the pool segment whatever handle is.
+     */
     final void point(long newHandle) {
         MemorySegment payload = heap.blockPayload(newHandle, compact);
         this.handle = newHandle;

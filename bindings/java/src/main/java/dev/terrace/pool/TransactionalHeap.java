@@ -112,16 +112,20 @@ public final class TransactionalHeap extends AnyHeap {
     }
 
     /**
-     * A view of the live regular block handle.
+     * A view of the live regular block handle, checked in Java by default (see
+     * {@link AnyHeap}: a freed or foreign in-pool handle gives a view of wrong bytes inside the
+     * pool) or against the pool's object table with {@value #VALIDATE_HANDLES_PROPERTY}.
      *
-     * @throws IllegalArgumentException if handle is not one
+     * @throws IllegalArgumentException if handle is outside the pool, misaligned, or its size
+     *     header does not fit in the pool; with validation, if it is not a live regular block
      */
     public TransactionalMemoryBlock memoryBlockFromHandle(long handle) {
         return new TransactionalMemoryBlock(this, handle);
     }
 
     /**
-     * A view of the live compact block handle.
+     * A view of the live compact block handle, always validated against the pool's object
+     * table (a compact block's size is kept only there).
      *
      * @throws IllegalArgumentException if handle is not one
      */

@@ -104,8 +104,8 @@ class CassandraCallSetTest {
         assertTrue(heap.stats().allocatedBytes() < before.allocatedBytes());
         long freedHandle = second;
         TransactionalHeap reopened = heap;
-        assertThrows(IllegalArgumentException.class,
-                () -> reopened.memoryBlockFromHandle(freedHandle));
+        assertFalse(reopened.isLiveHandle(freedHandle)); // the pool's object table says so
+        assertTrue(reopened.isLiveHandle(first));
         assertEquals(first, table.getLong(0));
         heap.close();
     }

@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.AfterEach;
@@ -12,7 +13,8 @@ import org.junit.jupiter.api.Test;
 /**
  * Misuse throws a Java exception and never crashes the JVM: freed blocks, out-of-bounds
  * offsets, closed heaps (blocks held across the close included), handles that are not live
- * blocks, a second heap inside a transaction, ranges kept past their call.
+ * blocks (rejected with {@value AnyHeap#VALIDATE_HANDLES_PROPERTY}; without it, kept inside
+ * the pool), a second heap inside a transaction, ranges kept past their call.
  */
 class MisuseTest {
     private final HeapFiles files = new HeapFiles();
@@ -130,9 +132,24 @@ class MisuseTest {
         assertDoesNotThrow(heap::close); // a second close does nothing
     }
 
+    /** Creates a heap with {@value AnyHeap#VALIDATE_HANDLES_PROPERTY} set while it opens. */
+    private Heap validatingHeap() {
+        String before = System.setProperty(AnyHeap.VALIDATE_HANDLES_PROPERTY, "true");
+        try {
+            return Heap.createHeap(files.newPath(), 8L << 20);
+        } finally {
+            if (before == null) {
+                System.clearProperty(AnyHeap.VALIDATE_HANDLES_PROPERTY);
+            } else {
+                System.setProperty(AnyHeap.VALIDATE_HANDLES_PROPERTY, before);
+            }
+        }
+    }
+
     @Test
-    void aHandleThatIsNotALiveBlockIsRejected() {
-        try (Heap heap = Heap.createHeap(files.newPath(), 8L << 20)) {
+    void withValidationAHandleThatIsNotALiveBlockIsRejected() {
+        try (Heap heap = validatingHeap()) {
+            assertTrue(heap.validatesHandles());
             MemoryBlock block = heap.allocateMemoryBlock(64);
             CompactMemoryBlock compact = heap.allocateCompactMemoryBlock(64);
             assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(0));
@@ -147,11 +164,101 @@ class MisuseTest {
                     () -> heap.compactMemoryBlockFromHandle(block.handle()));
             assertThrows(IllegalArgumentException.class,
                     () -> heap.createAccessor().handle(compact.handle()));
+            assertEquals(64, heap.memoryBlockFromHandle(block.handle()).size());
             long freed = block.handle();
             block.freeMemory();
             assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(freed));
             assertThrows(IllegalArgumentException.class,
+                    () -> heap.createAccessor().handle(freed));
+            assertThrows(IllegalArgumentException.class,
                     () -> heap.freeMemory(freed)); // double free
+        }
+    }
+
+    @Test
+    void isLiveHandleAsksThePoolWithoutValidation() {
+        Heap heap = Heap.createHeap(files.newPath(), 8L << 20);
+        try {
+            assertFalse(heap.validatesHandles());
+            MemoryBlock block = heap.allocateMemoryBlock(64);
+            CompactMemoryBlock compact = heap.allocateCompactMemoryBlock(64);
+            assertTrue(heap.isLiveHandle(block.handle()));
+            assertTrue(heap.isLiveHandle(compact.handle()));
+            assertFalse(heap.isLiveHandle(block.handle() + 8));
+            assertFalse(heap.isLiveHandle(block.handle() + 3));
+            assertFalse(heap.isLiveHandle(0));
+            assertFalse(heap.isLiveHandle(-8));
+            assertFalse(heap.isLiveHandle(heap.size()));
+            long freed = block.handle();
+            block.freeMemory();
+            assertFalse(heap.isLiveHandle(freed));
+            // freeing stays validated natively: a double free throws
+            assertThrows(IllegalArgumentException.class, () -> heap.freeMemory(freed));
+            heap.close();
+            assertThrows(IllegalStateException.class, () -> heap.isLiveHandle(compact.handle()));
+            assertThrows(IllegalStateException.class, () -> heap.isLiveHandle(3));
+        } finally {
+            heap.close();
+        }
+    }
+
+    /**
+     * Without validation a handle is checked in Java only: outside the pool, misaligned, or
+     * with a size header that does not fit in the pool throws; any other in-pool handle gives
+     * a view of wrong bytes that stays inside the pool and never crashes the JVM.
+     */
+    @Test
+    void withoutValidationABogusInPoolHandleStaysInsideThePool() {
+        try (Heap heap = Heap.createHeap(files.newPath(), 8L << 20)) {
+            MemoryBlock block = heap.allocateMemoryBlock(64);
+            long h = block.handle();
+            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(0));
+            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(-8));
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.memoryBlockFromHandle(123_456_789L)); // outside the pool
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.memoryBlockFromHandle(heap.size()));
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.memoryBlockFromHandle(heap.size() - 4)); // header past the end
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.memoryBlockFromHandle(h + 3)); // misaligned
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.createAccessor().handle(h + 4));
+            // a fake size header inside the payload: 0 and negative sizes are refused
+            long fake = h + 8 + 16; // payload offset 16, 8-byte aligned
+            block.setLong(16, 0);
+            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(fake));
+            block.setLong(16, -1);
+            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(fake));
+            // a size reaching one byte past the pool is refused; up to its end, accepted
+            long room = heap.size() - (fake + 8);
+            block.setLong(16, room + 1);
+            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(fake));
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.createAccessor().handle(fake));
+            block.setLong(16, Long.MAX_VALUE);
+            assertThrows(IllegalArgumentException.class, () -> heap.memoryBlockFromHandle(fake));
+            block.setLong(16, room);
+            MemoryBlock bogus = heap.memoryBlockFromHandle(fake);
+            assertEquals(room, bogus.size());
+            assertDoesNotThrow(() -> bogus.getByte(room - 1)); // the pool's last byte
+            assertThrows(IndexOutOfBoundsException.class, () -> bogus.getByte(room));
+            assertThrows(IndexOutOfBoundsException.class, () -> bogus.getLong(room - 7));
+            // a view of wrong bytes: the block's own payload, read through the fake handle
+            block.setLong(16, 16);
+            block.setLong(24, 0x1234_5678L);
+            Accessor accessor = heap.createAccessor();
+            accessor.handle(fake);
+            assertEquals(16, accessor.size());
+            assertEquals(0x1234_5678L, accessor.getLong(0));
+            assertThrows(IndexOutOfBoundsException.class, () -> accessor.setLong(9, 1));
+            // a freed block's handle is not detected (use isLiveHandle), but stays in the pool
+            long freed = h;
+            block.freeMemory();
+            MemoryBlock stale = heap.memoryBlockFromHandle(freed);
+            assertTrue(stale.size() > 0 && freed + 8 + stale.size() <= heap.size());
+            assertDoesNotThrow(() -> stale.getLong(0));
+            assertFalse(heap.isLiveHandle(freed));
         }
     }
 
