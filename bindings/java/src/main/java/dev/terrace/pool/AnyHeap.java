@@ -51,7 +51,7 @@ import java.util.function.Supplier;
  * thread's transaction or an implicit one (transactional).
  */
 public abstract sealed class AnyHeap implements AutoCloseable
-        permits Heap, PersistentHeap, TransactionalHeap {
+        permits AtomicHeap, TransactionalHeap {
     static final long TYPE_REGULAR = 1;
     static final long TYPE_COMPACT = 2;
     static final long SIZE_HEADER = Long.BYTES;

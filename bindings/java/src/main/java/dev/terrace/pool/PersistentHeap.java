@@ -1,8 +1,6 @@
 package dev.terrace.pool;
 
 import java.lang.foreign.MemorySegment;
-import java.util.function.Consumer;
-import java.util.function.Supplier;
 
 /**
  * LLPL's persistent heap: every store into its blocks is persisted
@@ -12,7 +10,7 @@ import java.util.function.Supplier;
  * allocated but not yet reachable from the root leaks after a crash, as in LLPL), or
  * transactional when asked.
  */
-public final class PersistentHeap extends AnyHeap {
+public final class PersistentHeap extends AtomicHeap<PersistentMemoryBlock, PersistentCompactMemoryBlock, PersistentAccessor> {
     static final String LAYOUT = "terrace-llpl-persistent-heap";
 
     private PersistentHeap(String path, MemorySegment pool) {
@@ -48,123 +46,32 @@ public final class PersistentHeap extends AnyHeap {
     }
 
     @Override
-    boolean beforeWrite(long off, long len) {
-        return false;
-    }
-
-    @Override
     void afterWrite(long off, long len, boolean implicit) {
         persist(off, len);
     }
 
-    private PersistentMemoryBlock allocateRegular(long size, boolean transactional,
-            Consumer<Range> initializer) {
-        return transactional
-                ? allocateInTransaction(size, false,
-                        h -> new PersistentMemoryBlock(this, h, size), initializer)
-                : allocateAtomically(size, false,
-                        h -> new PersistentMemoryBlock(this, h, size), initializer);
-    }
-
-    private PersistentCompactMemoryBlock allocateCompact(long size, boolean transactional,
-            Consumer<Range> initializer) {
-        return transactional
-                ? allocateInTransaction(size, true,
-                        h -> new PersistentCompactMemoryBlock(this, h, size), initializer)
-                : allocateAtomically(size, true,
-                        h -> new PersistentCompactMemoryBlock(this, h, size), initializer);
-    }
-
-    public PersistentMemoryBlock allocateMemoryBlock(long size) {
-        return allocateRegular(size, false, null);
-    }
-
-    public PersistentMemoryBlock allocateMemoryBlock(long size, boolean transactional) {
-        return allocateRegular(size, transactional, null);
-    }
-
-    /** Allocates, runs initializer on the whole block, and persists the block once. */
-    public PersistentMemoryBlock allocateMemoryBlock(long size, Consumer<Range> initializer) {
-        return allocateRegular(size, false, initializer);
-    }
-
-    public PersistentMemoryBlock allocateMemoryBlock(long size, boolean transactional,
-            Consumer<Range> initializer) {
-        return allocateRegular(size, transactional, initializer);
-    }
-
-    public PersistentCompactMemoryBlock allocateCompactMemoryBlock(long size) {
-        return allocateCompact(size, false, null);
-    }
-
-    public PersistentCompactMemoryBlock allocateCompactMemoryBlock(long size,
-            boolean transactional) {
-        return allocateCompact(size, transactional, null);
-    }
-
-    public PersistentCompactMemoryBlock allocateCompactMemoryBlock(long size,
-            Consumer<Range> initializer) {
-        return allocateCompact(size, false, initializer);
-    }
-
-    public PersistentCompactMemoryBlock allocateCompactMemoryBlock(long size, boolean transactional,
-            Consumer<Range> initializer) {
-        return allocateCompact(size, transactional, initializer);
+    @Override
+    PersistentMemoryBlock regularBlock(long handle, long size) {
+        return new PersistentMemoryBlock(this, handle, size);
     }
 
     @Override
-    public long allocateMemory(long size) {
-        return allocateRegular(size, false, null).handle();
-    }
-
-    public long allocateMemory(long size, boolean transactional) {
-        return allocateRegular(size, transactional, null).handle();
+    PersistentCompactMemoryBlock compactBlock(long handle, long size) {
+        return new PersistentCompactMemoryBlock(this, handle, size);
     }
 
     @Override
-    public long allocateCompactMemory(long size) {
-        return allocateCompact(size, false, null).handle();
-    }
-
-    public long allocateCompactMemory(long size, boolean transactional) {
-        return allocateCompact(size, transactional, null).handle();
-    }
-
-    /**
-     * A view of the live regular block handle, checked in Java by default (see
-     * {@link AnyHeap}: a freed or foreign in-pool handle gives a view of wrong bytes inside the
-     * pool) or against the pool's object table with {@value #VALIDATE_HANDLES_PROPERTY}.
-     *
-     * @throws IllegalArgumentException if handle is outside the pool, misaligned, or its size
-     *     header does not fit in the pool; with validation, if it is not a live regular block
-     */
-    public PersistentMemoryBlock memoryBlockFromHandle(long handle) {
+    PersistentMemoryBlock regularView(long handle) {
         return new PersistentMemoryBlock(this, handle);
     }
 
-    /**
-     * A view of the live compact block handle, always validated against the pool's object
-     * table (a compact block's size is kept only there).
-     *
-     * @throws IllegalArgumentException if handle is not one
-     */
-    public PersistentCompactMemoryBlock compactMemoryBlockFromHandle(long handle) {
+    @Override
+    PersistentCompactMemoryBlock compactView(long handle) {
         return new PersistentCompactMemoryBlock(this, handle);
     }
 
-    public PersistentAccessor createAccessor() {
+    @Override
+    PersistentAccessor accessor() {
         return new PersistentAccessor(this);
-    }
-
-    /** Runs body (each store is durable on its own). */
-    @Override
-    public void execute(Runnable body) {
-        body.run();
-    }
-
-    /** Runs body (each store is durable on its own). */
-    @Override
-    public <T> T execute(Supplier<T> body) {
-        return body.get();
     }
 }
