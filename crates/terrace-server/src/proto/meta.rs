@@ -280,6 +280,28 @@ impl Request<'_> {
     fn opaque_fits(&self) -> bool {
         self.flags.opaque.is_none_or(|o| o.len() <= MAX_OPAQUE)
     }
+
+    /// The flags `mg` and `ma` act on. With an opaque too long, memcached's reply loop
+    /// stops at `O` (the caller sends the error): a `T` or `N` after it never sets the
+    /// TTL, and an item `N` creates on a miss is created all the same, with what a `T`
+    /// before the opaque gave, else without a TTL.
+    fn flags_up_to_opaque(&self) -> Cow<'_, Flags<'_>> {
+        if self.opaque_fits() {
+            return Cow::Borrowed(&self.flags);
+        }
+        let order = self.flags.order();
+        let at = order.iter().position(|&l| l == b'O').unwrap_or(order.len());
+        let before = |letter| order[..at].contains(&letter);
+        let ttl = self.flags.ttl.filter(|_| before(b'T'));
+        Cow::Owned(Flags {
+            ttl,
+            vivify: self
+                .flags
+                .vivify
+                .map(|n| if before(b'N') { n } else { ttl.unwrap_or(0) }),
+            ..self.flags.clone()
+        })
+    }
 }
 
 /// Parses `tokens` (command, key, then flags from index `first_flag`).
@@ -637,26 +659,7 @@ impl Hit<'_> {
 /// is stale; once per item version).
 fn meta_get(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
     let key = request.key();
-    // With an opaque too long, memcached's reply loop stops at `O` (the caller sends the
-    // error): the `T` and `N` after it never apply.
-    let cut;
-    let flags = if request.opaque_fits() {
-        &request.flags
-    } else {
-        let order = request.flags.order();
-        let at = order.iter().position(|&l| l == b'O').unwrap_or(order.len());
-        let before = |letter| order[..at].contains(&letter);
-        cut = Flags {
-            ttl: request.flags.ttl.filter(|_| before(b'T')),
-            // The item is created all the same, without a TTL.
-            vivify: request
-                .flags
-                .vivify
-                .map(|n| if before(b'N') { n } else { 0 }),
-            ..request.flags.clone()
-        };
-        &cut
-    };
+    let flags = &*request.flags_up_to_opaque();
     // The key's marks are read and set under its shard lock whenever they may matter;
     // `locked` is taken before the lookup when this request may win or marks exist.
     let mut locked =
@@ -1153,28 +1156,7 @@ fn meta_arithmetic(shared: &Shared, request: &Request<'_>, out: &mut Vec<u8>) {
             return;
         }
     };
-    // With an opaque too long, memcached's reply loop stops at `O` (the caller sends the
-    // error): a `T` or `N` after it never sets the TTL, and an item created on a miss
-    // stays without one (it is created all the same).
-    let cut;
-    let flags = if request.opaque_fits() {
-        &request.flags
-    } else {
-        let order = request.flags.order();
-        let at = order.iter().position(|&l| l == b'O').unwrap_or(order.len());
-        let before = |letter| order[..at].contains(&letter);
-        let ttl = request.flags.ttl.filter(|_| before(b'T'));
-        cut = Flags {
-            ttl,
-            // `N` after the opaque: the item keeps what `T` before it gave, if anything.
-            vivify: request
-                .flags
-                .vivify
-                .map(|n| if before(b'N') { n } else { ttl.unwrap_or(0) }),
-            ..request.flags.clone()
-        };
-        &cut
-    };
+    let flags = &*request.flags_up_to_opaque();
     let outcome = match apply_arithmetic(shared, request.key(), flags, way) {
         Ok(outcome) => outcome,
         Err(failure) => return push_failure(out, failure),
@@ -1727,6 +1709,12 @@ mod tests {
             "CLIENT_ERROR opaque token too long\r\n"
         );
         assert_eq!(reply(&s, "mg new t\r\n"), "HD t-1\r\n");
+        // mg: a `T` before the opaque applies to the item `N` after it creates.
+        assert_eq!(
+            reply(&s, &format!("mg gone T-1 {long} N0\r\n")),
+            "CLIENT_ERROR opaque token too long\r\n"
+        );
+        assert_eq!(reply(&s, "mg gone\r\n"), "EN\r\n");
         // ms: the mode first, then the opaque; the data is swallowed either way.
         assert_eq!(
             reply(&s, &format!("ms m 1 MZ {long}\r\nx\r\nmn\r\n")),
