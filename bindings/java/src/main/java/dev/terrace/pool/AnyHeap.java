@@ -31,20 +31,20 @@ import java.util.function.Supplier;
  * size (as LLPL); a compact block is a bare object of type {@value #TYPE_COMPACT}. A handle is
  * the object's pool offset. Each flavour opens files of its own layout name only.
  *
- * <p>Handles from the caller ({@code memoryBlockFromHandle}, an accessor's {@code handle(h)})
- * are checked in Java by default, as LLPL does: the handle must be positive, 8-byte aligned
- * (as every object is) and inside the pool segment, and a regular block's size is read from
- * its own size header and must be positive and fit in the pool after it. No downcall, so a
- * handle that is not a live block of the right kind (freed, or pointing into another object)
- * is not detected: its view reads and writes wrong bytes of this pool, but every access stays
- * inside the pool segment, so it never crashes the JVM (a store through such a handle can
- * corrupt the pool's contents, as in LLPL). A compact block has no size header, so its size
- * comes from the pool's object table: {@code compactMemoryBlockFromHandle} always validates
- * natively. With the system property {@value #VALIDATE_HANDLES_PROPERTY}{@code =true} when the
- * heap is created or opened, every handle is validated against the pool's object table
- * (live object, block kind asked for: two short downcalls) and a bad one throws
- * {@link IllegalArgumentException}; {@link #isLiveHandle} asks the same question on demand.
- * {@link #freeMemory} always validates natively.
+ * <p>Handles from the caller ({@code memoryBlockFromHandle}, an accessor's {@code handle(h)}) are
+ * checked in Java by default, as LLPL does: the handle must be positive, 8-byte aligned (as every
+ * object is) and inside the pool segment, and a regular block's size is read from its own size
+ * header and must be positive and fit in the pool after it. A freed regular block's header reads
+ * {@link #FREED_SIZE} (stamped by {@link #freeObject}), so its stale handle throws until the
+ * memory is reused. No downcall, so a handle into another object or into reused memory is not
+ * detected: its view reads and writes wrong bytes of this pool, but every access stays inside the
+ * pool segment, so it never crashes the JVM (a store through such a handle can corrupt the pool's
+ * contents, as in LLPL). A compact block has no size header, so its size comes from the pool's
+ * object table: {@code compactMemoryBlockFromHandle} always validates natively. With the system
+ * property {@value #VALIDATE_HANDLES_PROPERTY}{@code =true} when the heap is created or opened,
+ * every handle is validated against the pool's object table (live object, block kind asked for:
+ * two short downcalls) and a bad one throws {@link IllegalArgumentException}; {@link
+ * #isLiveHandle} asks the same question on demand. {@link #freeMemory} always validates natively.
  *
  * <p>How a flavour makes a store durable is {@link #beforeWrite}/{@link #afterWrite}: nothing
  * (raw), a persist after the store (persistent), or an undo-log snapshot before it inside the
@@ -55,6 +55,8 @@ public abstract sealed class AnyHeap implements AutoCloseable
     static final long TYPE_REGULAR = 1;
     static final long TYPE_COMPACT = 2;
     static final long SIZE_HEADER = Long.BYTES;
+    /** What a freed regular block's size header says (no block has a negative size). */
+    static final long FREED_SIZE = Long.MIN_VALUE;
     /** Pool sizes are rounded up to a multiple of this (the pool's alignment). */
     static final long SIZE_ALIGN = 2L << 20;
     private static final long MIN_CLASS_UNIT = 16;
@@ -326,7 +328,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
             } catch (Throwable t) {
                 block.invalidate();
                 try {
-                    freeObject(handle, false);
+                    freeObject(handle, false, !compact);
                 } catch (RuntimeException freeFailure) {
                     t.addSuppressed(freeFailure);
                 }
@@ -351,10 +353,17 @@ public abstract sealed class AnyHeap implements AutoCloseable
      */
     public void freeMemory(long handle) {
         objectSize(handle);
-        freeObject(handle, this instanceof TransactionalHeap);
+        freeObject(handle, this instanceof TransactionalHeap, typeOf(handle) == TYPE_REGULAR);
     }
 
-    final void freeObject(long handle, boolean transactional) {
+    /**
+     * Frees the object at handle. A regular block's size header is first set to
+     * {@link #FREED_SIZE} in the same transaction (or persisted before an atomic free), so a
+     * view made later from the stale handle throws, as long as the memory is not reused; a
+     * crash between the stamp and an atomic free leaves the block allocated with the stamp
+     * (it was being freed: its views throw, it leaks as LLPL's would).
+     */
+    final void freeObject(long handle, boolean transactional, boolean regular) {
         if (transactional) {
             ThreadTransaction tx = ThreadTransaction.current();
             boolean implicit = tx.heap != this;
@@ -362,6 +371,10 @@ public abstract sealed class AnyHeap implements AutoCloseable
                 enterTransaction();
             }
             try {
+                if (regular) {
+                    addRange(handle, SIZE_HEADER);
+                    memory.set(JAVA_LONG, handle, FREED_SIZE);
+                }
                 int rc = (int) PoolNative.TX_FREE.invokeExact(pool, handle);
                 if (rc != 0) {
                     throw new TransactionException(NativeLibrary.failure("terrace_pool_tx_free", rc)
@@ -377,6 +390,11 @@ public abstract sealed class AnyHeap implements AutoCloseable
                 commitOrThrow(tx);
             }
         } else {
+            long size = regular ? memory.get(JAVA_LONG, handle) : 0;
+            if (regular) {
+                memory.set(JAVA_LONG, handle, FREED_SIZE);
+                persist(handle, SIZE_HEADER);
+            }
             int rc;
             try {
                 rc = (int) PoolNative.FREE_OFF.invokeExact(pool, handle);
@@ -384,6 +402,10 @@ public abstract sealed class AnyHeap implements AutoCloseable
                 throw NativeLibrary.rethrow(t);
             }
             if (rc != 0) {
+                if (regular) {
+                    memory.set(JAVA_LONG, handle, size);
+                    persist(handle, SIZE_HEADER);
+                }
                 throw heapFailure("freeing block " + handle, rc);
             }
         }
@@ -516,6 +538,10 @@ public abstract sealed class AnyHeap implements AutoCloseable
         long size = m.get(ValueLayout.JAVA_LONG_UNALIGNED, handle);
         long payload = handle + SIZE_HEADER;
         if (size <= 0 || size > poolSize - payload) {
+            if (size == FREED_SIZE) {
+                throw new IllegalArgumentException("handle " + handle + " of heap " + path
+                        + " is a freed block");
+            }
             throw new IllegalArgumentException("handle " + handle + " is not a regular block of"
                     + " heap " + path + " (its size header reads " + size + ")");
         }

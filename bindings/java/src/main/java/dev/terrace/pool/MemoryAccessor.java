@@ -304,7 +304,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
     /** Frees the block this view points at; the view becomes invalid. */
     final void freeBlock(boolean transactional) {
         checkValid();
-        heap.freeObject(handle, transactional);
+        heap.freeObject(handle, transactional, !compact);
         invalidate();
     }
 

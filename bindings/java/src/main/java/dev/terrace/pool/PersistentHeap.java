@@ -10,7 +10,8 @@ import java.lang.foreign.MemorySegment;
  * allocated but not yet reachable from the root leaks after a crash, as in LLPL), or
  * transactional when asked.
  */
-public final class PersistentHeap extends AtomicHeap<PersistentMemoryBlock, PersistentCompactMemoryBlock, PersistentAccessor> {
+public final class PersistentHeap extends AtomicHeap<
+        PersistentMemoryBlock, PersistentCompactMemoryBlock, PersistentAccessor> {
     static final String LAYOUT = "terrace-llpl-persistent-heap";
 
     private PersistentHeap(String path, MemorySegment pool) {

@@ -252,13 +252,49 @@ class MisuseTest {
             assertEquals(16, accessor.size());
             assertEquals(0x1234_5678L, accessor.getLong(0));
             assertThrows(IndexOutOfBoundsException.class, () -> accessor.setLong(9, 1));
-            // a freed block's handle is not detected (use isLiveHandle), but stays in the pool
+            // a freed block's handle: its size header was stamped freed, so a view throws
             long freed = h;
             block.freeMemory();
-            MemoryBlock stale = heap.memoryBlockFromHandle(freed);
-            assertTrue(stale.size() > 0 && freed + 8 + stale.size() <= heap.size());
-            assertDoesNotThrow(() -> stale.getLong(0));
+            IllegalArgumentException error = assertThrows(IllegalArgumentException.class,
+                    () -> heap.memoryBlockFromHandle(freed));
+            assertTrue(error.getMessage().contains("freed"), error.getMessage());
+            assertThrows(IllegalArgumentException.class,
+                    () -> heap.createAccessor().handle(freed));
             assertFalse(heap.isLiveHandle(freed));
+        }
+    }
+
+    @Test
+    void aStaleHandleOfAFreedBlockThrowsWithoutNativeValidationOnEveryFlavour() {
+        assertFalse(Boolean.getBoolean(AnyHeap.VALIDATE_HANDLES_PROPERTY));
+        try (Heap raw = Heap.createHeap(files.newPath(), 8L << 20);
+                PersistentHeap durable = PersistentHeap.createHeap(files.newPath(), 8L << 20);
+                TransactionalHeap tx = TransactionalHeap.createHeap(files.newPath(), 8L << 20)) {
+            long a = raw.allocateMemory(40);
+            raw.freeMemory(a);
+            assertThrows(IllegalArgumentException.class, () -> raw.memoryBlockFromHandle(a));
+            long b = durable.allocateMemoryBlock(40).handle();
+            durable.memoryBlockFromHandle(b).freeMemory();
+            assertThrows(IllegalArgumentException.class, () -> durable.memoryBlockFromHandle(b));
+            long c = tx.allocateMemory(40);
+            tx.freeMemory(c);
+            assertThrows(IllegalArgumentException.class, () -> tx.memoryBlockFromHandle(c));
+            // a free rolled back with its transaction leaves the block whole, size and all
+            TransactionalMemoryBlock kept = tx.allocateMemoryBlock(40);
+            kept.setLong(0, 77);
+            long d = kept.handle();
+            Runnable freeThenFail = () -> {
+                tx.freeMemory(d);
+                throw new IllegalStateException("roll back");
+            };
+            assertThrows(IllegalStateException.class, () -> Transaction.create(tx, freeThenFail));
+            TransactionalMemoryBlock again = tx.memoryBlockFromHandle(d);
+            assertEquals(40, again.size());
+            assertEquals(77, again.getLong(0));
+            // compact blocks are validated natively, stamp or not
+            long e = tx.allocateCompactMemory(32);
+            tx.freeMemory(e);
+            assertThrows(IllegalArgumentException.class, () -> tx.compactMemoryBlockFromHandle(e));
         }
     }
 
