@@ -43,8 +43,13 @@ public final class NativeLibrary {
     private static final StructLayout CALL_STATE = Linker.Option.captureStateLayout();
     private static final VarHandle ERRNO =
             CALL_STATE.varHandle(MemoryLayout.PathElement.groupElement("errno"));
+    /**
+     * Each thread's captured-state buffer, in an automatic arena: freed by the GC once its
+     * thread (a virtual thread too) is gone and the thread-local with it, so short-lived
+     * threads do not leak native memory.
+     */
     private static final ThreadLocal<MemorySegment> CALL_STATE_BUFFER =
-            ThreadLocal.withInitial(() -> Arena.global().allocate(CALL_STATE));
+            ThreadLocal.withInitial(() -> Arena.ofAuto().allocate(CALL_STATE));
     private static final MethodHandle LAST_ERROR =
             downcall("terrace_last_error", FunctionDescriptor.of(ValueLayout.ADDRESS));
 
