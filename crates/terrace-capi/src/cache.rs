@@ -14,7 +14,7 @@
 //!   unmet conditions are errno values too (`ENOENT`, `EEXIST`), but set no message.
 //! - No panic crosses the boundary: every entry point runs under [`error::boundary`].
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::path::Path;
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,7 +25,7 @@ use terrace_cache::spec::parse_tiers;
 use terrace_cache::{Cache, CacheConfig, CacheError, EncodeError, Guard, Movers, Store};
 use terrace_media::MediaError;
 
-use crate::error;
+use crate::error::{self, fail_with, str_arg};
 
 /// How often the mover thread frees segments ahead of writers (as `terrace serve`).
 const MOVER_INTERVAL: Duration = Duration::from_millis(5);
@@ -80,13 +80,6 @@ pub struct TerraceCacheStats {
     pub tiers: [TerraceCacheTierStats; TERRACE_CACHE_MAX_TIERS],
 }
 
-/// Records `message` and returns `code` (also in `errno`).
-fn fail(code: c_int, message: &str) -> c_int {
-    error::record_message(message);
-    error::set_errno(code);
-    code
-}
-
 /// A failure without a message (a miss, an unmet condition): `errno` only.
 fn quiet(code: c_int) -> c_int {
     error::set_errno(code);
@@ -128,17 +121,7 @@ fn cache_errno(e: &CacheError) -> c_int {
 
 /// Records `e` for entry point `what`; returns its errno value.
 fn fail_cache(what: &str, e: &CacheError) -> c_int {
-    fail(cache_errno(e), &format!("{what}: {e}"))
-}
-
-/// # Safety
-/// `s` NULL or NUL-terminated.
-unsafe fn str_arg<'a>(s: *const c_char) -> Option<&'a str> {
-    if s.is_null() {
-        return None;
-    }
-    // SAFETY: non-NULL and NUL-terminated (contract).
-    unsafe { CStr::from_ptr(s) }.to_str().ok()
+    fail_with(cache_errno(e), &format!("{what}: {e}"))
 }
 
 /// `len` bytes at `p` (NULL allowed only for `len` 0).
@@ -172,12 +155,12 @@ unsafe fn with_key(
     error::boundary(what, libc::EIO, || {
         // SAFETY: contract.
         let Some(h) = (unsafe { c.as_ref() }) else {
-            return fail(libc::EINVAL, &format!("{what}: cache is NULL"));
+            return fail_with(libc::EINVAL, &format!("{what}: cache is NULL"));
         };
         // SAFETY: contract.
         match unsafe { bytes_arg(key, klen) } {
             Some(k) if !k.is_empty() => f(h, k),
-            _ => fail(
+            _ => fail_with(
                 libc::EINVAL,
                 &format!("{what}: key is NULL or empty (klen {klen})"),
             ),
@@ -210,27 +193,27 @@ pub unsafe extern "C" fn terrace_cache_open(
     error::boundary(WHAT, ptr::null_mut(), || {
         // SAFETY: contract.
         let Some(spec) = (unsafe { str_arg(tiers) }) else {
-            fail(libc::EINVAL, &format!("{WHAT}: tiers is NULL or not UTF-8"));
+            fail_with(libc::EINVAL, &format!("{WHAT}: tiers is NULL or not UTF-8"));
             return ptr::null_mut();
         };
         let list = match parse_tiers(spec) {
             Ok(list) => list,
             Err(why) => {
-                fail(libc::EINVAL, &format!("{WHAT}: tiers {why}"));
+                fail_with(libc::EINVAL, &format!("{WHAT}: tiers {why}"));
                 return ptr::null_mut();
             }
         };
         // SAFETY: contract.
         let dir = unsafe { str_arg(dir) };
         if dir.is_none() && list.has_file() {
-            fail(
+            fail_with(
                 libc::EINVAL,
                 &format!("{WHAT}: a file tier needs a directory (dir is NULL or not UTF-8)"),
             );
             return ptr::null_mut();
         }
         if list.has_ratio() && capacity == 0 {
-            fail(
+            fail_with(
                 libc::EINVAL,
                 &format!("{WHAT}: tier sizes are ratios, so capacity must not be 0"),
             );
@@ -239,7 +222,7 @@ pub unsafe extern "C" fn terrace_cache_open(
         let dir = Path::new(dir.unwrap_or("."));
         if list.has_file() {
             if let Err(e) = std::fs::create_dir_all(dir) {
-                fail(
+                fail_with(
                     e.raw_os_error().unwrap_or(libc::EIO),
                     &format!("{WHAT}: cannot create {}: {e}", dir.display()),
                 );
@@ -279,7 +262,7 @@ pub unsafe extern "C" fn terrace_cache_close(c: *mut CacheHandle) -> c_int {
         };
         let pinned = h.guards.load(Ordering::Acquire);
         if pinned != 0 {
-            return fail(
+            return fail_with(
                 libc::EBUSY,
                 &format!("{WHAT}: {pinned} pinned guard(s) not released; the cache stays open"),
             );
@@ -294,7 +277,7 @@ pub unsafe extern "C" fn terrace_cache_close(c: *mut CacheHandle) -> c_int {
                 Err(e) => fail_cache(WHAT, &e),
             },
             // Only the movers held a clone, and they were joined.
-            Err(_) => fail(libc::EIO, &format!("{WHAT}: the cache is still shared")),
+            Err(_) => fail_with(libc::EIO, &format!("{WHAT}: the cache is still shared")),
         }
     })
 }
@@ -327,14 +310,14 @@ pub unsafe extern "C" fn terrace_cache_get(
                 put(cas, g.cas());
             }
             if v.len() > cap {
-                return fail(
+                return fail_with(
                     libc::ENOSPC,
                     &format!("{WHAT}: value of {} bytes, buffer of {cap}", v.len()),
                 );
             }
             if !v.is_empty() {
                 if buf.is_null() {
-                    return fail(libc::EINVAL, &format!("{WHAT}: buf is NULL"));
+                    return fail_with(libc::EINVAL, &format!("{WHAT}: buf is NULL"));
                 }
                 // SAFETY: buf writable for cap >= v.len() bytes (contract); the
                 // segment's bytes and the caller's buffer do not overlap.
@@ -384,7 +367,7 @@ pub unsafe extern "C" fn terrace_cache_pin(
     };
     error::boundary(WHAT, libc::EIO, || {
         if out.is_null() {
-            return fail(libc::EINVAL, &format!("{WHAT}: out is NULL"));
+            return fail_with(libc::EINVAL, &format!("{WHAT}: out is NULL"));
         }
         // SAFETY: out writable (contract).
         unsafe { out.write(ptr::null_mut()) };
@@ -404,7 +387,7 @@ pub unsafe extern "C" fn terrace_cache_guard_value(
     error::boundary(WHAT, ptr::null(), || {
         // SAFETY: contract.
         let Some(g) = (unsafe { g.as_ref() }) else {
-            fail(libc::EINVAL, &format!("{WHAT}: guard is NULL"));
+            fail_with(libc::EINVAL, &format!("{WHAT}: guard is NULL"));
             // SAFETY: NULL or writable (contract).
             unsafe { put(len, 0) };
             return ptr::null();
@@ -424,7 +407,7 @@ pub unsafe extern "C" fn terrace_cache_guard_flags(g: *const GuardHandle) -> u32
         // SAFETY: contract.
         unsafe { g.as_ref() }.map_or_else(
             || {
-                fail(libc::EINVAL, "terrace_cache_guard_flags: guard is NULL");
+                fail_with(libc::EINVAL, "terrace_cache_guard_flags: guard is NULL");
                 0
             },
             |g| g.guard.client_flags(),
@@ -440,7 +423,7 @@ pub unsafe extern "C" fn terrace_cache_guard_cas(g: *const GuardHandle) -> u64 {
         // SAFETY: contract.
         unsafe { g.as_ref() }.map_or_else(
             || {
-                fail(libc::EINVAL, "terrace_cache_guard_cas: guard is NULL");
+                fail_with(libc::EINVAL, "terrace_cache_guard_cas: guard is NULL");
                 0
             },
             |g| g.guard.cas(),
@@ -496,7 +479,7 @@ unsafe fn store(
     let f = |h: &CacheHandle, k: &[u8]| {
         // SAFETY: contract.
         let Some(v) = (unsafe { bytes_arg(value, vlen) }) else {
-            return fail(
+            return fail_with(
                 libc::EINVAL,
                 &format!("{what}: value is NULL (vlen {vlen})"),
             );
@@ -759,7 +742,7 @@ pub unsafe extern "C" fn terrace_cache_flush_all(c: *const CacheHandle) -> c_int
                 h.cache.flush_all();
                 0
             }
-            None => fail(libc::EINVAL, "terrace_cache_flush_all: cache is NULL"),
+            None => fail_with(libc::EINVAL, "terrace_cache_flush_all: cache is NULL"),
         }
     })
 }
@@ -774,7 +757,7 @@ pub unsafe extern "C" fn terrace_cache_stats(
     error::boundary("terrace_cache_stats", libc::EIO, || {
         // SAFETY: contract.
         let (Some(h), false) = (unsafe { c.as_ref() }, out.is_null()) else {
-            return fail(libc::EINVAL, "terrace_cache_stats: cache or out is NULL");
+            return fail_with(libc::EINVAL, "terrace_cache_stats: cache or out is NULL");
         };
         let s = h.cache.stats();
         let mut st = TerraceCacheStats {

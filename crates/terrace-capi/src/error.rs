@@ -1,8 +1,9 @@
 //! The last error of each thread, as text for `terrace_last_error`, plus `errno`; and
-//! [`boundary`], which every `extern "C"` entry point of this crate runs under.
+//! [`boundary`], which every `extern "C"` entry point of this crate runs under; and the
+//! small argument and failure helpers every entry point shares.
 
 use std::cell::{Cell, RefCell};
-use std::ffi::{c_char, CString};
+use std::ffi::{c_char, c_int, CStr, CString};
 
 use terrace_kinds::KindError;
 
@@ -80,6 +81,25 @@ pub fn boundary_then<T>(
             body()
         },
     )
+}
+
+/// Records `message` as the thread's last error and sets `errno` to `code`; returns `code`.
+pub(crate) fn fail_with(code: c_int, message: &str) -> c_int {
+    record_message(message);
+    set_errno(code);
+    code
+}
+
+/// The UTF-8 string at `s`; `None` for NULL or for bytes that are not UTF-8.
+///
+/// # Safety
+/// `s` must be null or NUL-terminated.
+pub(crate) unsafe fn str_arg<'a>(s: *const c_char) -> Option<&'a str> {
+    if s.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated (contract).
+    unsafe { CStr::from_ptr(s) }.to_str().ok()
 }
 
 /// Test-only panic injection: the next entry point the armed thread enters panics at the

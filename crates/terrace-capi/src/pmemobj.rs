@@ -18,7 +18,7 @@
 //! runs under [`error::boundary`], so a panic is an error too (`EIO`), never an unwind.
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
@@ -150,21 +150,7 @@ pub(crate) fn fail(err: &PoolError) -> c_int {
     code
 }
 
-pub(crate) fn fail_with(code: c_int, message: &str) -> c_int {
-    error::record_message(message);
-    error::set_errno(code);
-    code
-}
-
-/// # Safety
-/// `s` must be null or NUL-terminated.
-pub(crate) unsafe fn str_arg<'a>(s: *const c_char) -> Option<&'a str> {
-    if s.is_null() {
-        return None;
-    }
-    // SAFETY: non-null and NUL-terminated (contract).
-    unsafe { CStr::from_ptr(s) }.to_str().ok()
-}
+pub(crate) use crate::error::{fail_with, str_arg};
 
 pub(crate) fn publish(pool: Pool<RegionBackend>) -> *mut PoolHandle {
     let base = pool.backend().address(0).map_or(0, |p| p.as_ptr() as usize);

@@ -13,26 +13,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// The workspace root.
-fn workspace() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    root.canonicalize()
-        .unwrap_or_else(|e| panic!("cannot resolve workspace root {}: {e}", root.display()))
-}
+mod common;
+use common::{lib_dir, workspace};
 
 /// The `libterrace.so` built by this `cargo test` run, next to this test binary.
 fn library() -> PathBuf {
-    let exe = std::env::current_exe().expect("cannot find the path of the test binary");
-    let lib = exe
-        .parent()
-        .expect("the test binary has a parent directory")
-        .join("libterrace.so");
-    assert!(
-        lib.is_file(),
-        "{} not found (cargo test builds the cdylib next to the test binary)",
-        lib.display()
-    );
-    lib
+    lib_dir().join("libterrace.so")
 }
 
 /// True when a missing tool must fail the test rather than skip it.

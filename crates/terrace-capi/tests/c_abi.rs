@@ -19,34 +19,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{lib_dir, workspace};
+
 /// A C program that runs longer than this is assumed hung (deadlock) and killed.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// The workspace root (holds `include/`).
-fn workspace() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    root.canonicalize()
-        .unwrap_or_else(|e| panic!("cannot resolve workspace root {}: {e}", root.display()))
-}
-
-/// The directory holding the `libterrace.so` built by this `cargo test` run: the
-/// directory of this test binary (see the module docs). A copy in `<target>/<profile>/`
-/// is deliberately not used as a fallback: it is left over from some `cargo build` and
-/// may be stale.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("cannot find the path of the test binary");
-    let deps = exe
-        .parent()
-        .unwrap_or_else(|| panic!("test binary {} has no parent directory", exe.display()));
-    assert!(
-        deps.join("libterrace.so").is_file(),
-        "libterrace.so not found in {} (cargo test builds the cdylib next to the test \
-         binary {}; has the crate-type of terrace-capi changed?)",
-        deps.display(),
-        exe.display()
-    );
-    deps.to_path_buf()
-}
 
 /// Compiles one C file against the headers and libterrace.so into `out_dir`; panics with
 /// the compiler's output if it fails (warnings are errors).
