@@ -222,6 +222,15 @@ pub struct Stats {
     pub tiers: Vec<TierStats>,
 }
 
+impl Stats {
+    /// Items dropped for good: by any tier's eviction (a tier above the last drops what it
+    /// does not demote) and index entries evicted for want of a slot. memcached's
+    /// `evictions`.
+    pub fn evictions(&self) -> u64 {
+        self.tiers.iter().map(|t| t.items_evicted).sum::<u64>() + self.index_evictions
+    }
+}
+
 #[derive(Debug, Default)]
 struct EngineCounters {
     hits: AtomicU64,

@@ -768,8 +768,7 @@ pub unsafe extern "C" fn terrace_cache_stats(
             sets: s.sets,
             deletes: s.deletes,
             expired: s.expired,
-            // As `terrace serve`'s `evictions`.
-            evictions: s.tiers.iter().map(|t| t.items_evicted).sum::<u64>() + s.index_evictions,
+            evictions: s.evictions(),
             demotions: s.demotions,
             promotions: s.promotions,
             tier_count: s.tiers.len() as u32,

@@ -505,10 +505,7 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
     put("bytes", Value::Int(used));
     put("curr_items", Value::Int(cache.items as u64));
     put("total_items", Value::Int(c.get(Counter::TotalItems)));
-    // Items dropped by any tier's eviction (a tier above the last drops what it does not
-    // demote), and index entries evicted for want of a slot.
-    let evicted: u64 = cache.tiers.iter().map(|t| t.items_evicted).sum();
-    put("evictions", Value::Int(evicted + cache.index_evictions));
+    put("evictions", Value::Int(cache.evictions()));
     put("expired_unfetched", Value::Int(0));
     // Items whose space was taken back after they expired (a segment reclaimed when its
     // TTL passed, or evicted with expired items in it).
@@ -613,7 +610,7 @@ fn pool_report(
             ("get_hits", s.hits),
             ("get_misses", s.misses),
             ("get_expired", s.expired),
-            ("evictions", sum(|t| t.items_evicted) + s.index_evictions),
+            ("evictions", s.evictions()),
             ("reclaimed", sum(|t| t.items_expired)),
             ("demotions", s.demotions),
             ("promotions", s.promotions),
