@@ -19,7 +19,7 @@ use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use terrace_media::{Durability, FileLocation, FileOptions, Region};
 
@@ -91,11 +91,50 @@ pub struct CheckReport {
 }
 
 /// One lane: a redo area and an undo area used by one operation or transaction at a time.
+///
+/// Invariant: `gen` is read and written only by the holder of the lane's [`LaneClaim`]
+/// (claiming and releasing `busy` are Acquire/Release, which orders those accesses), so
+/// the relaxed accesses to it never race. A claim is not tied to the thread that took it:
+/// a transaction may begin on one thread and commit on another (a JVM virtual thread that
+/// moved between carrier threads).
+///
+/// Each lane has a cache line of its own: lanes are claimed (a locked compare-exchange)
+/// by different threads, which must not contend for one line.
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct Lane {
-    pub off: u64,
+    off: u64,
     /// Generation of the last transaction that used the undo area.
-    pub gen: u64,
+    gen: AtomicU64,
+    busy: AtomicBool,
+}
+
+/// The exclusive use of one lane; dropping it frees the lane.
+#[derive(Debug)]
+pub(crate) struct LaneClaim<'p> {
+    lane: &'p Lane,
+}
+
+impl LaneClaim<'_> {
+    /// Pool offset of the lane's area.
+    pub(crate) fn off(&self) -> u64 {
+        self.lane.off
+    }
+
+    /// Generation of the last transaction that used the undo area.
+    pub(crate) fn gen(&self) -> u64 {
+        self.lane.gen.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_gen(&self, gen: u64) {
+        self.lane.gen.store(gen, Ordering::Relaxed);
+    }
+}
+
+impl Drop for LaneClaim<'_> {
+    fn drop(&mut self) {
+        self.lane.busy.store(false, Ordering::Release);
+    }
 }
 
 /// A persistent pool. See the crate docs.
@@ -105,7 +144,7 @@ pub struct Pool<B: Backend = RegionBackend> {
     header: PoolHeader,
     pub(crate) geo: Geometry,
     pub(crate) heap: Heap,
-    lanes: Vec<Mutex<Lane>>,
+    lanes: Vec<Lane>,
     root_lock: Mutex<()>,
     /// Serialises class registrations (choosing an id and committing its entry).
     class_lock: Mutex<()>,
@@ -334,7 +373,11 @@ impl<B: Backend> Pool<B> {
             log::redo_recover(&backend, off, &geo)?;
             log::undo_rollback(&backend, off, &geo)?;
             let gen = backend.load_u64(log::undo_state_off(off))? >> 1;
-            lanes.push(Mutex::new(Lane { off, gen }));
+            lanes.push(Lane {
+                off,
+                gen: AtomicU64::new(gen),
+                busy: AtomicBool::new(false),
+            });
         }
         let root_off = backend.load_u64(ROOT_OFF_WORD)?;
         let root_size = backend.load_u64(ROOT_SIZE_WORD)?;
@@ -421,22 +464,39 @@ impl<B: Backend> Pool<B> {
         self.poisoned.store(true, Ordering::Release);
     }
 
+    /// Whether no lane is claimed now: no transaction is open (each holds its lane until
+    /// it ends) and no atomic operation is running. A caller that must not close the pool
+    /// under a live transaction checks this, with the thread that could begin one kept out.
+    pub fn lanes_idle(&self) -> bool {
+        self.lanes.iter().all(|l| !l.busy.load(Ordering::Acquire))
+    }
+
     /// Takes a free lane, preferring the thread's own; waits (yielding) while all are
     /// busy. It never blocks on one particular lane, so a thread that holds a lane for a
     /// transaction and allocates outside it cannot wait for itself.
-    pub(crate) fn lane(&self) -> MutexGuard<'_, Lane> {
-        let n = self.lanes.len();
-        let start = heap::thread_slot() % n;
+    pub(crate) fn lane(&self) -> LaneClaim<'_> {
         loop {
-            for k in 0..n {
-                match self.lanes[(start + k) % n].try_lock() {
-                    Ok(g) => return g,
-                    Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
-                    Err(std::sync::TryLockError::WouldBlock) => {}
-                }
+            if let Some(claim) = self.try_lane() {
+                return claim;
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Takes a free lane, preferring the thread's own; `None` when every lane is busy.
+    pub(crate) fn try_lane(&self) -> Option<LaneClaim<'_>> {
+        let n = self.lanes.len();
+        let start = heap::thread_slot() % n;
+        (0..n).find_map(|k| {
+            let lane = &self.lanes[(start + k) % n];
+            let taken = !lane.busy.load(Ordering::Relaxed)
+                && lane
+                    .busy
+                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok();
+            // `then`, not `then_some`: a claim built for a lane not taken would free it on drop.
+            taken.then(|| LaneClaim { lane })
+        })
     }
 
     /// Runs a redo commit; a failure poisons the pool (the medium's state is unknown).
@@ -461,7 +521,7 @@ impl<B: Backend> Pool<B> {
     #[inline(never)]
     fn commit_logged(&self, entries: &[RedoEntry]) -> Result<()> {
         let lane = self.lane();
-        self.commit_entries(lane.off, entries)
+        self.commit_entries(lane.off(), entries)
     }
 
     /// Passes a heap result through, poisoning the pool when the medium failed under it

@@ -12,14 +12,12 @@
 //!   the medium before commit, so an abort or a crash only has to restore snapshots;
 //! - dropping an active `Tx` (an early return, a `?`, a panic unwinding) aborts it.
 
-use std::sync::MutexGuard;
-
 use crate::backend::Backend;
 use crate::class::ClassId;
 use crate::error::{PoolError, Result};
 use crate::heap::{Freeable, Freeing, Reserved};
 use crate::log::{self, Entries, RedoEntry};
-use crate::pool::{Lane, Oid, Pool, ROOT_TYPE};
+use crate::pool::{LaneClaim, Oid, Pool, ROOT_TYPE};
 
 /// What a new object holds before its first write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,10 +39,12 @@ enum TxPhase {
 /// An active transaction. See the module docs.
 pub struct Tx<'p, B: Backend> {
     pool: &'p Pool<B>,
-    lane: MutexGuard<'p, Lane>,
+    lane: LaneClaim<'p>,
     gen: u64,
     undo_active: bool,
     tail: u64,
+    // Inline room for a typical transaction's work, so beginning and committing one
+    // allocates nothing on the process heap.
     snapshots: Vec<(u64, u64)>,
     allocs: Vec<Reserved>,
     frees: Vec<Freeing>,
@@ -53,12 +53,23 @@ pub struct Tx<'p, B: Backend> {
 }
 
 impl<B: Backend> Pool<B> {
-    /// Begins a transaction on a free lane.
+    /// Begins a transaction on a free lane (waiting while every lane is busy).
     pub fn begin(&self) -> Result<Tx<'_, B>> {
         self.ensure_healthy()?;
-        let lane = self.lane();
-        let gen = lane.gen;
-        Ok(Tx {
+        Ok(self.tx_on(self.lane()))
+    }
+
+    /// Begins a transaction if a lane is free now; `Ok(None)` when every lane is busy.
+    /// A caller that must not wait (a JVM thread in a critical native call) uses this and
+    /// falls back to [`Pool::begin`] where waiting is allowed.
+    pub fn try_begin(&self) -> Result<Option<Tx<'_, B>>> {
+        self.ensure_healthy()?;
+        Ok(self.try_lane().map(|lane| self.tx_on(lane)))
+    }
+
+    fn tx_on<'p>(&'p self, lane: LaneClaim<'p>) -> Tx<'p, B> {
+        let gen = lane.gen();
+        Tx {
             pool: self,
             lane,
             gen,
@@ -69,7 +80,7 @@ impl<B: Backend> Pool<B> {
             frees: Vec::new(),
             depth: 0,
             state: TxPhase::Active,
-        })
+        }
     }
 
     /// Runs `f` in a transaction: commits if it returns `Ok`, aborts if it returns `Err`
@@ -132,14 +143,14 @@ impl<'p, B: Backend> Tx<'p, B> {
             return Ok(());
         }
         let b = &self.pool.backend;
-        let lane_off = self.lane.off;
+        let lane_off = self.lane.off();
         if !self.undo_active {
             let gen = self.gen + 1;
             let state = log::undo_state_off(lane_off);
             b.store_u64(state, gen << 1 | 1)?;
             b.persist(state, 8)?;
             self.gen = gen;
-            self.lane.gen = gen;
+            self.lane.set_gen(gen);
             self.undo_active = true;
         }
         log::undo_append(b, lane_off, self.gen, &mut self.tail, off, len)?;
@@ -326,11 +337,11 @@ impl<'p, B: Backend> Tx<'p, B> {
             }
             if self.undo_active {
                 entries.push(RedoEntry::set(
-                    log::undo_state_off(self.lane.off),
+                    log::undo_state_off(self.lane.off()),
                     self.gen << 1,
                 ));
             }
-            pool.commit_entries(self.lane.off, &entries)
+            pool.commit_entries(self.lane.off(), &entries)
         })();
         if let Err(e) = r {
             if matches!(e, PoolError::TxLogFull { .. }) {
@@ -363,7 +374,7 @@ impl<'p, B: Backend> Tx<'p, B> {
         self.state = TxPhase::Done;
         let pool = self.pool;
         if self.undo_active {
-            if let Err(e) = log::undo_rollback(&pool.backend, self.lane.off, &pool.geo) {
+            if let Err(e) = log::undo_rollback(&pool.backend, self.lane.off(), &pool.geo) {
                 pool.poison();
                 return Err(e);
             }

@@ -325,6 +325,35 @@ fn transactions_commit_abort_nest_and_roll_back_on_panic() {
     pool.check().unwrap();
 }
 
+/// A transaction holds its lane until it ends, whichever thread ends it: `try_begin`
+/// refuses while every lane is held (and its refusal frees none of them), a transaction
+/// moved to another thread commits there, and the lanes are idle only when all have ended.
+#[test]
+fn transactions_hold_lanes_try_begin_refuses_and_tx_moves_threads() {
+    let pool = mem_pool(2 << 20); // two lanes
+    let root = pool.root(16).unwrap();
+    let a = pool.try_begin().unwrap().expect("a lane is free");
+    let mut b = pool.try_begin().unwrap().expect("a lane is free");
+    assert!(pool.try_begin().unwrap().is_none());
+    assert!(
+        pool.try_begin().unwrap().is_none(),
+        "a refusal freed a lane"
+    );
+    assert!(!pool.lanes_idle());
+    b.write_u64(root, 0, 42).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || b.commit().unwrap());
+    });
+    let c = pool.try_begin().unwrap().expect("b's lane is free again");
+    assert!(pool.try_begin().unwrap().is_none());
+    c.abort().unwrap();
+    a.commit().unwrap();
+    assert!(pool.lanes_idle());
+    let mut word = [0u8; 8];
+    pool.read(root, 0, &mut word).unwrap();
+    assert_eq!(u64::from_le_bytes(word), 42);
+}
+
 #[test]
 fn crash_mid_transaction_rolls_back_at_open() {
     let pool = mem_pool(2 << 20);
