@@ -139,6 +139,50 @@ int terrace_pool_tx_commit(terrace_pool *pool);
  * EINVAL if no transaction of this thread is on pool. */
 int terrace_pool_tx_abort(terrace_pool *pool);
 
+/* ---- transactions by handle ----
+ *
+ * A transaction the caller holds, not bound to the calling thread: it may begin on one
+ * thread and commit on another (one thread at a time), as a JVM virtual thread moving
+ * between carrier threads does, and each call skips the thread's transaction lookup. It
+ * does not nest (a binding counts its own levels) and does not mix with the thread's
+ * transaction above: the two are separate. The pool stays open while one is live
+ * (terrace_pool_close fails with EBUSY). The first failing operation aborts it (later
+ * operations fail with ECANCELED); terrace_pool_txn_commit then rolls it back and returns
+ * that first error. Commit and abort end and free the transaction whatever they return. */
+
+typedef struct terrace_pool_txn terrace_pool_txn;
+
+/* terrace_pool_txn_begin: fail with EAGAIN instead of waiting while every lane is busy. */
+#define TERRACE_POOL_TXN_NOWAIT 1
+/* terrace_pool_txn_alloc: zero-fill the new object. */
+#define TERRACE_POOL_TXN_ZERO 1
+
+/* Begins a transaction on pool; NULL on error (EAGAIN with TERRACE_POOL_TXN_NOWAIT). */
+terrace_pool_txn *terrace_pool_txn_begin(terrace_pool *pool, int flags);
+/* Snapshots [off, off+len) so an abort restores it; then write it directly. Ranges of
+ * objects this transaction allocated need none. */
+int terrace_pool_txn_add_range(terrace_pool_txn *txn, uint64_t off, size_t len);
+/* Allocates in the transaction (freed again by an abort); 0 on error. */
+uint64_t terrace_pool_txn_alloc(terrace_pool_txn *txn, size_t size, uint64_t type_num,
+                                int flags);
+/* As terrace_pool_txn_alloc, one unit of custom class class_id. */
+uint64_t terrace_pool_txn_alloc_in_class(terrace_pool_txn *txn, uint8_t class_id, size_t size,
+                                         uint64_t type_num, int flags);
+/* Frees off when the transaction commits (at once if it allocated off; 0: nothing). */
+int terrace_pool_txn_free(terrace_pool_txn *txn, uint64_t off);
+/* Commits, ends and frees txn: 0, or the errno of the failure that aborted it. */
+int terrace_pool_txn_commit(terrace_pool_txn *txn);
+/* Rolls back, ends and frees txn. */
+int terrace_pool_txn_abort(terrace_pool_txn *txn);
+
+/* terrace_pool_persist_mode: what a persist point costs on this pool. */
+#define TERRACE_POOL_PERSIST_FENCE 0 /* a fence: tmpfs, survives a process crash only */
+#define TERRACE_POOL_PERSIST_FLUSH 1 /* cache-line flushes and a fence: DAX */
+#define TERRACE_POOL_PERSIST_MSYNC 2 /* msync, which waits for the file system */
+/* The pool's persist mode, or -1 with errno EINVAL for NULL. A caller that must not block
+ * (a JVM critical downcall) uses blocking paths under TERRACE_POOL_PERSIST_MSYNC. */
+int terrace_pool_persist_mode(terrace_pool *pool);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,6 +26,7 @@ pub mod memkind;
 pub mod native;
 pub mod pmemobj;
 pub mod pool;
+pub mod txn;
 
 #[cfg(test)]
 mod boundary_tests;

@@ -252,7 +252,7 @@ pub unsafe extern "C" fn pmemobj_close(pop: *mut PoolHandle) {
         }
         // SAFETY: pop is an open pool (contract).
         let h = unsafe { &*pop };
-        if h.active_txs.load(Ordering::Acquire) != 0 {
+        if h.active_txs.load(Ordering::Acquire) != 0 || !h.pool.lanes_idle() {
             fail_with(
                 libc::EBUSY,
                 "pmemobj_close: a transaction is active on this pool; it stays open",

@@ -170,7 +170,7 @@ pub unsafe extern "C" fn terrace_pool_close(pool: *mut PoolHandle) -> c_int {
         let Some(h) = (unsafe { pool.as_ref() }) else {
             return 0;
         };
-        if h.active_txs.load(Ordering::Acquire) != 0 {
+        if h.active_txs.load(Ordering::Acquire) != 0 || !h.pool.lanes_idle() {
             return fail_with(
                 libc::EBUSY,
                 "terrace_pool_close: a transaction is active on this pool; it stays open",

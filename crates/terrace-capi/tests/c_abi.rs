@@ -284,6 +284,19 @@ fn terrace_pool_api() {
     );
 }
 
+/// Transactions by handle (terrace_pool_txn_*): commit and abort of stores, allocations
+/// and frees, a failed operation aborting with its errno, NOWAIT's EAGAIN and close's EBUSY
+/// while lanes are held, a transaction begun on one thread and committed on another, NULL
+/// arguments, and reopening.
+#[test]
+fn terrace_pool_txn() {
+    let out = c_test("terrace_pool_txn.c");
+    assert!(
+        out.contains("terrace_pool_txn: ok"),
+        "unexpected output: {out}"
+    );
+}
+
 /// terrace_cache.h, the tiered cache: every function with its errors and bad input, TTLs,
 /// pinned guards (zero-copy, stable under overwrite, close refused with EBUSY while one
 /// is out), two threads getting and setting at once, statistics, and a warm restart of a
