@@ -11,6 +11,7 @@ import java.nio.file.Path;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.locks.LockSupport;
 import java.util.function.Consumer;
 import java.util.function.LongConsumer;
 import java.util.function.LongFunction;
@@ -61,6 +62,10 @@ public abstract sealed class AnyHeap implements AutoCloseable
     static final long SIZE_ALIGN = 2L << 20;
     private static final long MIN_CLASS_UNIT = 16;
     private static final int EINVAL = 22;
+    private static final int EAGAIN = 11;
+    /** Waiting for a lane: this many yields, then parks of 2 us doubling up to the maximum. */
+    private static final int LANE_WAIT_YIELDS = 8;
+    private static final long LANE_WAIT_MAX_NANOS = 1_000_000L;
     private static final long ANY_TYPE = -1L;
     /** Objects (and so handles) are aligned to this. */
     private static final long HANDLE_ALIGN = 8;
@@ -69,6 +74,10 @@ public abstract sealed class AnyHeap implements AutoCloseable
 
     private final String path;
     private final MemorySegment rawPool;
+    /** The native pool's address, for the transaction calls (see {@link PoolNative}). */
+    private final long poolAddress;
+    /** Whether a persist point waits for the file system: no critical transaction calls. */
+    private final boolean persistBlocks;
     private final Arena arena;
     /** The pool handle as a segment of the arena (zero length). */
     final MemorySegment pool;
@@ -94,7 +103,10 @@ public abstract sealed class AnyHeap implements AutoCloseable
         this.arena = Arena.ofShared();
         this.pool = rawPool.reinterpret(arena, null);
         this.validateHandles = Boolean.getBoolean(VALIDATE_HANDLES_PROPERTY);
+        this.poolAddress = rawPool.address();
         try {
+            int persistMode = (int) PoolNative.PERSIST_MODE.invokeExact(pool);
+            this.persistBlocks = persistMode < 0 || persistMode >= PoolNative.PERSIST_MSYNC;
             this.rootOffset = callRoot();
             long poolSize = stats().poolSize();
             MemorySegment rootAddress =
@@ -185,7 +197,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
 
     /** Stores the user long kept in the heap's root, durably. */
     public void setRoot(long value) {
-        boolean implicit = beforeWrite(rootOffset, Long.BYTES);
+        boolean implicit = beforeWrite(null, rootOffset, Long.BYTES);
         try {
             memory.set(JAVA_LONG, rootOffset, value);
         } catch (RuntimeException e) {
@@ -232,11 +244,11 @@ public abstract sealed class AnyHeap implements AutoCloseable
     }
 
     /**
-     * Allocates a zeroed object for a block of size bytes and returns its handle: inside the
-     * thread's transaction on this heap (or an implicit one) when transactional, else
-     * atomically. A regular block's size header is written (and persisted) here.
+     * Allocates a zeroed object for a block of size bytes and returns its handle: inside tx
+     * (the thread's transaction, on this heap) when it is not null, else atomically. A regular
+     * block's size header is written (and persisted) here.
      */
-    final long allocateObject(long size, boolean compact, boolean transactional) {
+    final long allocateObject(long size, boolean compact, ThreadTransaction tx) {
         if (size <= 0) {
             throw new IllegalArgumentException("block size must be positive: " + size);
         }
@@ -247,9 +259,14 @@ public abstract sealed class AnyHeap implements AutoCloseable
         // zeroed here, over its whole usable size (a compact block spans it)
         boolean zeroed = true;
         try {
-            if (transactional) {
-                handle = (long) PoolNative.TX_ZALLOC.invokeExact(NativeLibrary.callState(), pool,
-                        objectSize, type);
+            if (tx != null) {
+                long txn = liveTxn(tx);
+                handle = persistBlocks
+                        ? (long) PoolNative.TXN_ALLOC.invokeExact(NativeLibrary.callState(), txn,
+                                objectSize, type, PoolNative.TXN_ZERO)
+                        : (long) PoolNative.TXN_ALLOC_CRITICAL.invokeExact(
+                                NativeLibrary.callState(), txn, objectSize, type,
+                                PoolNative.TXN_ZERO);
             } else {
                 Byte classId = classes.get(objectSize);
                 if (classId != null) {
@@ -265,7 +282,12 @@ public abstract sealed class AnyHeap implements AutoCloseable
             throw NativeLibrary.rethrow(t);
         }
         if (handle == 0) {
-            throw heapFailure("allocating a block of " + size + " bytes", NativeLibrary.errno());
+            int code = NativeLibrary.errno();
+            RuntimeException failure = heapFailure("allocating a block of " + size + " bytes", code);
+            if (tx != null) {
+                rollBackNow(tx, code);
+            }
+            throw failure;
         }
         long dirty = 0;
         if (!zeroed) {
@@ -276,7 +298,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
             memory.set(JAVA_LONG, handle, size);
             dirty = Math.max(dirty, SIZE_HEADER);
         }
-        if (!transactional && dirty > 0) {
+        if (tx == null && dirty > 0) {
             persist(handle, dirty);
         }
         return handle;
@@ -296,8 +318,9 @@ public abstract sealed class AnyHeap implements AutoCloseable
         }
         B block;
         try {
-            block = view.apply(allocateObject(size, compact, true));
+            block = view.apply(allocateObject(size, compact, tx));
             tx.allocated.add(block);
+            block.markFresh(tx);
             if (initializer != null) {
                 block.initialize(initializer);
             }
@@ -320,7 +343,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
      */
     final <B extends MemoryAccessor> B allocateAtomically(long size, boolean compact,
             LongFunction<B> view, Consumer<Range> initializer) {
-        long handle = allocateObject(size, compact, false);
+        long handle = allocateObject(size, compact, null);
         B block = view.apply(handle);
         if (initializer != null) {
             try {
@@ -372,13 +395,15 @@ public abstract sealed class AnyHeap implements AutoCloseable
             }
             try {
                 if (regular) {
-                    addRange(handle, SIZE_HEADER);
+                    addRange(tx, handle, SIZE_HEADER);
                     memory.set(JAVA_LONG, handle, FREED_SIZE);
                 }
-                int rc = (int) PoolNative.TX_FREE.invokeExact(pool, handle);
+                long txn = liveTxn(tx);
+                int rc = persistBlocks
+                        ? (int) PoolNative.TXN_FREE.invokeExact(txn, handle)
+                        : (int) PoolNative.TXN_FREE_CRITICAL.invokeExact(txn, handle);
                 if (rc != 0) {
-                    throw new TransactionException(NativeLibrary.failure("terrace_pool_tx_free", rc)
-                            .getMessage(), rc);
+                    throw failedOperation(tx, "terrace_pool_txn_free", rc);
                 }
             } catch (Throwable t) {
                 if (implicit) {
@@ -551,10 +576,11 @@ public abstract sealed class AnyHeap implements AutoCloseable
     // ---- durability hooks of the flavours ----
 
     /**
-     * Called before a store of len bytes at pool offset off (bounds already checked). Returns
-     * true when it began an implicit transaction that {@link #afterWrite} must commit.
+     * Called before a store of len bytes at pool offset off of block (null: the root word),
+     * bounds already checked. Returns true when it began an implicit transaction that
+     * {@link #afterWrite} must commit.
      */
-    abstract boolean beforeWrite(long off, long len);
+    abstract boolean beforeWrite(MemoryAccessor block, long off, long len);
 
     /** Called after the store: persist, or commit the implicit transaction. */
     abstract void afterWrite(long off, long len, boolean implicit);
@@ -579,110 +605,200 @@ public abstract sealed class AnyHeap implements AutoCloseable
         }
     }
 
-    /** Snapshots [off, off+len) into the thread's transaction (which must be on this heap). */
-    final void addRange(long off, long len) {
+    /** Snapshots [off, off+len) into tx, the thread's transaction (which is on this heap). */
+    final void addRange(ThreadTransaction tx, long off, long len) {
         int rc;
         try {
-            rc = (int) PoolNative.TX_ADD_RANGE.invokeExact(pool, off, len);
+            long txn = liveTxn(tx);
+            rc = persistBlocks
+                    ? (int) PoolNative.TXN_ADD_RANGE.invokeExact(txn, off, len)
+                    : (int) PoolNative.TXN_ADD_RANGE_CRITICAL.invokeExact(txn, off, len);
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         }
         if (rc != 0) {
-            throw new TransactionException(
-                    NativeLibrary.failure("terrace_pool_tx_add_range", rc).getMessage(), rc);
+            throw failedOperation(tx, "terrace_pool_txn_add_range", rc);
         }
     }
 
     /** Throws unless the calling thread's transaction is on this heap. */
-    final void requireTransaction() {
-        if (ThreadTransaction.current().heap != this) {
+    final ThreadTransaction requireTransaction() {
+        ThreadTransaction tx = ThreadTransaction.current();
+        if (tx.heap != this) {
             throw new TransactionException("no transaction of this thread is on heap " + path
                     + " (use Transaction.create)", EINVAL);
-        }
-    }
-
-    // ---- transactions (Java bookkeeping in step with the native ones) ----
-
-    /** Begins (or nests) the thread's transaction on this heap. */
-    final ThreadTransaction enterTransaction() {
-        ThreadTransaction tx = ThreadTransaction.current();
-        if (tx.heap != null && tx.heap != this) {
-            throw new TransactionException("this thread's transaction is on heap " + tx.heap.path
-                    + ", not " + path + ": one heap per transaction", EINVAL);
-        }
-        boolean outermost = tx.depth == 0;
-        if (outermost) {
-            activeTransactions.incrementAndGet();
-            if (closing) {
-                activeTransactions.decrementAndGet();
-                throw new IllegalStateException("heap " + path + " is closing or closed");
-            }
-        }
-        int rc;
-        try {
-            rc = (int) PoolNative.TX_BEGIN.invokeExact(pool);
-        } catch (Throwable t) {
-            if (outermost) {
-                activeTransactions.decrementAndGet();
-            }
-            throw NativeLibrary.rethrow(t);
-        }
-        if (rc != 0) {
-            if (outermost) {
-                activeTransactions.decrementAndGet();
-            }
-            throw new TransactionException(
-                    NativeLibrary.failure("terrace_pool_tx_begin", rc).getMessage(), rc);
-        }
-        if (tx.depth++ == 0) {
-            tx.heap = this;
         }
         return tx;
     }
 
-    /** Commits the innermost level; returns 0 or the errno of what aborted the transaction. */
-    final int commitLevel(ThreadTransaction tx) {
-        int rc;
+    // ---- transactions (Java bookkeeping in step with the native ones) ----
+
+    /**
+     * Begins (or nests) the thread's transaction on this heap: the outermost level passes the
+     * close gate and begins the native transaction; inner levels are counted only.
+     */
+    final ThreadTransaction enterTransaction() {
+        ThreadTransaction tx = ThreadTransaction.current();
+        if (tx.depth > 0) {
+            if (tx.heap != this) {
+                throw new TransactionException("this thread's transaction is on heap "
+                        + tx.heap.path + ", not " + path + ": one heap per transaction", EINVAL);
+            }
+            tx.depth++;
+            return tx;
+        }
+        activeTransactions.incrementAndGet();
+        if (closing) {
+            activeTransactions.decrementAndGet();
+            throw new IllegalStateException("heap " + path + " is closing or closed");
+        }
+        long txn;
         try {
-            rc = (int) PoolNative.TX_COMMIT.invokeExact(pool);
+            txn = beginNative();
+        } catch (Throwable t) {
+            activeTransactions.decrementAndGet();
+            throw NativeLibrary.rethrow(t);
+        }
+        tx.heap = this;
+        tx.txn = txn;
+        tx.errnum = 0;
+        tx.epoch++;
+        tx.depth = 1;
+        return tx;
+    }
+
+    /**
+     * A new native transaction. The native call never waits for a lane: while every lane is
+     * busy this thread yields, then parks for a growing while (up to a millisecond), and
+     * retries, so a virtual thread gives its carrier back to the (possibly unmounted) virtual
+     * threads whose transactions hold the lanes, instead of pinning it in a native wait that
+     * could starve them. (Yielding alone is not enough: a yielded virtual thread may be run
+     * again before a woken one, so busy waiters could keep every carrier.)
+     */
+    private long beginNative() throws Throwable {
+        MemorySegment state = NativeLibrary.callState();
+        for (int attempt = 1;; attempt++) {
+            long txn = persistBlocks
+                    ? (long) PoolNative.TXN_BEGIN.invokeExact(state, poolAddress,
+                            PoolNative.TXN_NOWAIT)
+                    : (long) PoolNative.TXN_BEGIN_CRITICAL.invokeExact(state, poolAddress,
+                            PoolNative.TXN_NOWAIT);
+            if (txn != 0) {
+                return txn;
+            }
+            int code = NativeLibrary.errno();
+            if (code != EAGAIN) {
+                throw new TransactionException(
+                        NativeLibrary.failure("terrace_pool_txn_begin", code).getMessage(), code);
+            }
+            if (attempt <= LANE_WAIT_YIELDS) {
+                Thread.yield();
+            } else {
+                LockSupport.parkNanos(Math.min(LANE_WAIT_MAX_NANOS,
+                        1_000L << Math.min(attempt - LANE_WAIT_YIELDS, 10)));
+            }
+        }
+    }
+
+    /**
+     * The native transaction of tx, or a {@link TransactionException} if it was rolled back
+     * (an abort or a failed operation): the rest of the transaction's work fails.
+     */
+    private static long liveTxn(ThreadTransaction tx) {
+        if (tx.txn == 0) {
+            throw new TransactionException("the transaction was rolled back (errno " + tx.errnum
+                    + "): its remaining work cannot run", TransactionException.ECANCELED);
+        }
+        return tx.txn;
+    }
+
+    /** Rolls tx's native transaction back now (a failed operation or an abort): see above. */
+    final void rollBackNow(ThreadTransaction tx, int code) {
+        if (tx.errnum == 0) {
+            tx.errnum = code;
+        }
+        long txn = tx.txn;
+        if (txn == 0) {
+            return;
+        }
+        tx.txn = 0;
+        for (MemoryAccessor block : tx.allocated) {
+            block.invalidate();
+        }
+        tx.allocated.clear();
+        try {
+            int ignored = (int) PoolNative.TXN_ABORT.invokeExact(txn);
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         }
-        leaveLevel(tx, rc != 0);
+    }
+
+    /** What a failed transactional operation throws, after rolling the transaction back. */
+    private TransactionException failedOperation(ThreadTransaction tx, String what, int code) {
+        TransactionException e = new TransactionException(
+                NativeLibrary.failure(what, code).getMessage(), code);
+        rollBackNow(tx, code);
+        return e;
+    }
+
+    /**
+     * Commits the innermost level (the outermost commits the native transaction); returns 0
+     * or the errno of what rolled the transaction back.
+     */
+    final int commitLevel(ThreadTransaction tx) {
+        if (tx.depth > 1) {
+            tx.depth--;
+            return tx.errnum;
+        }
+        int rc = tx.errnum;
+        long txn = tx.txn;
+        if (txn != 0) {
+            tx.txn = 0;
+            try {
+                rc = persistBlocks
+                        ? (int) PoolNative.TXN_COMMIT.invokeExact(txn)
+                        : (int) PoolNative.TXN_COMMIT_CRITICAL.invokeExact(txn);
+            } catch (Throwable t) {
+                leaveOutermost(tx, true);
+                throw NativeLibrary.rethrow(t);
+            }
+        }
+        leaveOutermost(tx, rc != 0);
         return rc;
     }
 
     final void commitOrThrow(ThreadTransaction tx) {
         int rc = commitLevel(tx);
         if (rc != 0) {
-            throw new TransactionException(NativeLibrary.failure("transaction on heap " + path
-                    + " was rolled back; commit", rc).getMessage(), rc);
+            throw new TransactionException("transaction on heap " + path
+                    + " was rolled back (errno " + rc + ")", rc);
         }
     }
 
-    /** Aborts the whole transaction and ends the innermost level. */
+    /** Rolls back the whole transaction and ends the innermost level. */
     final void abortLevel(ThreadTransaction tx) {
         try {
-            int ignored = (int) PoolNative.TX_ABORT.invokeExact(pool);
-        } catch (Throwable t) {
-            throw NativeLibrary.rethrow(t);
+            rollBackNow(tx, TransactionException.ECANCELED);
         } finally {
-            leaveLevel(tx, true);
+            if (tx.depth > 1) {
+                tx.depth--;
+            } else {
+                leaveOutermost(tx, true);
+            }
         }
     }
 
-    private void leaveLevel(ThreadTransaction tx, boolean rolledBack) {
+    private void leaveOutermost(ThreadTransaction tx, boolean rolledBack) {
         if (rolledBack) {
             for (MemoryAccessor block : tx.allocated) {
                 block.invalidate();
             }
-            tx.allocated.clear();
         }
-        if (--tx.depth == 0) {
-            tx.heap = null;
-            tx.allocated.clear();
-            activeTransactions.decrementAndGet();
-        }
+        tx.allocated.clear();
+        tx.depth = 0;
+        tx.heap = null;
+        tx.txn = 0;
+        activeTransactions.decrementAndGet();
     }
 
     /** Runs body in a transaction on this heap ({@link TransactionalHeap}) or directly. */

@@ -38,7 +38,7 @@ public abstract sealed class AtomicHeap<R extends MemoryAccessor, C extends Memo
     abstract A accessor();
 
     @Override
-    final boolean beforeWrite(long off, long len) {
+    final boolean beforeWrite(MemoryAccessor block, long off, long len) {
         return false;
     }
 

@@ -32,6 +32,9 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
     /** Pool offset of payload byte 0. */
     private long payloadOffset;
     private boolean valid;
+    /** The transaction that allocated the block, while {@link #freshEpoch} is its epoch. */
+    private ThreadTransaction freshTx;
+    private long freshEpoch;
 
     MemoryAccessor(AnyHeap heap, boolean compact) {
         this.heap = heap;
@@ -60,6 +63,20 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
         this.segment = heap.memory.asSlice(payloadOffset,
                 compact ? heap.objectSize(newHandle) : size);
         this.valid = true;
+    }
+
+    /** Records that tx, the calling thread's transaction, allocated the block. */
+    final void markFresh(ThreadTransaction tx) {
+        freshTx = tx;
+        freshEpoch = tx.epoch;
+    }
+
+    /**
+     * Whether tx (the calling thread's transaction) is running and allocated this block: its
+     * stores need no snapshot, since an abort frees the block.
+     */
+    final boolean isFreshIn(ThreadTransaction tx) {
+        return freshTx == tx && freshEpoch == tx.epoch && tx.depth > 0;
     }
 
     final void invalidate() {
@@ -141,7 +158,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
     public void setByte(long offset, byte value) {
         MemorySegment s = writable(offset, Byte.BYTES);
         long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(at, Byte.BYTES);
+        boolean implicit = heap.beforeWrite(this, at, Byte.BYTES);
         try {
             s.set(JAVA_BYTE, offset, value);
         } catch (RuntimeException e) {
@@ -154,7 +171,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
     public void setShort(long offset, short value) {
         MemorySegment s = writable(offset, Short.BYTES);
         long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(at, Short.BYTES);
+        boolean implicit = heap.beforeWrite(this, at, Short.BYTES);
         try {
             s.set(JAVA_SHORT_UNALIGNED, offset, value);
         } catch (RuntimeException e) {
@@ -167,7 +184,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
     public void setInt(long offset, int value) {
         MemorySegment s = writable(offset, Integer.BYTES);
         long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(at, Integer.BYTES);
+        boolean implicit = heap.beforeWrite(this, at, Integer.BYTES);
         try {
             s.set(JAVA_INT_UNALIGNED, offset, value);
         } catch (RuntimeException e) {
@@ -180,7 +197,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
     public void setLong(long offset, long value) {
         MemorySegment s = writable(offset, Long.BYTES);
         long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(at, Long.BYTES);
+        boolean implicit = heap.beforeWrite(this, at, Long.BYTES);
         try {
             s.set(JAVA_LONG_UNALIGNED, offset, value);
         } catch (RuntimeException e) {
@@ -195,7 +212,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
         MemorySegment s = writable(dstOffset, length);
         Objects.checkFromIndexSize(srcIndex, length, src.length);
         long at = payloadOffset + dstOffset;
-        boolean implicit = heap.beforeWrite(at, length);
+        boolean implicit = heap.beforeWrite(this, at, length);
         try {
             MemorySegment.copy(src, srcIndex, s, JAVA_BYTE, dstOffset, length);
         } catch (RuntimeException e) {
@@ -211,7 +228,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
         Objects.checkFromIndexSize(srcOffset, length, from.byteSize());
         MemorySegment s = writable(dstOffset, length);
         long at = payloadOffset + dstOffset;
-        boolean implicit = heap.beforeWrite(at, length);
+        boolean implicit = heap.beforeWrite(this, at, length);
         try {
             MemorySegment.copy(from, srcOffset, s, dstOffset, length);
         } catch (RuntimeException e) {
@@ -225,7 +242,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
     public void setMemory(byte value, long offset, long length) {
         MemorySegment s = writable(offset, length);
         long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(at, length);
+        boolean implicit = heap.beforeWrite(this, at, length);
         try {
             s.asSlice(offset, length).fill(value);
         } catch (RuntimeException e) {
@@ -258,7 +275,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
     public <T> T withRange(long offset, long length, Function<Range, T> op) {
         writable(offset, length);
         long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(at, length);
+        boolean implicit = heap.beforeWrite(this, at, length);
         Range range = new Range(this, offset, length);
         T result;
         try {
@@ -297,8 +314,7 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
 
     final void addRangeToTransaction(long offset, long length) {
         writable(offset, length);
-        heap.requireTransaction();
-        heap.addRange(payloadOffset + offset, length);
+        heap.addRange(heap.requireTransaction(), payloadOffset + offset, length);
     }
 
     /** Frees the block this view points at; the view becomes invalid. */

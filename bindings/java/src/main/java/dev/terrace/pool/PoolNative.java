@@ -64,17 +64,59 @@ final class PoolNative {
             "terrace_pool_register_class",
             FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_LONG, JAVA_INT, ADDRESS));
 
-    static final MethodHandle TX_BEGIN = NativeLibrary.downcall("terrace_pool_tx_begin",
+    static final MethodHandle PERSIST_MODE = NativeLibrary.downcall("terrace_pool_persist_mode",
             FunctionDescriptor.of(JAVA_INT, ADDRESS));
-    static final MethodHandle TX_ADD_RANGE = NativeLibrary.critical("terrace_pool_tx_add_range",
-            FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_LONG, JAVA_LONG));
+
+    // Transactions by handle (terrace_pool_txn_*). The pool and transaction arguments are
+    // raw addresses (JAVA_LONG): the heap's transaction gate (AnyHeap.activeTransactions)
+    // keeps the pool open while its thread holds a transaction, which spares each call the
+    // shared arena's acquire and release. Critical variants are for pools whose persist
+    // points never wait for the file system (terrace_pool_persist_mode below MSYNC); a
+    // critical begin must not wait for a lane, since the lane's holder may be a Java thread
+    // waiting for a safepoint, so begins pass TXN_NOWAIT and the caller retries.
+
+    /** terrace_pool_txn_begin flag. */
+    static final int TXN_NOWAIT = 1;
+    /** terrace_pool_txn_alloc flag. */
+    static final int TXN_ZERO = 1;
+    /** terrace_pool_persist_mode's value for msync. */
+    static final int PERSIST_MSYNC = 2;
+
+    private static final FunctionDescriptor TXN_BEGIN_DESC =
+            FunctionDescriptor.of(JAVA_LONG, JAVA_LONG, JAVA_INT);
+    private static final FunctionDescriptor TXN_ALLOC_DESC =
+            FunctionDescriptor.of(JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_INT);
+    private static final FunctionDescriptor TXN_OFF_DESC =
+            FunctionDescriptor.of(JAVA_INT, JAVA_LONG, JAVA_LONG);
+    private static final FunctionDescriptor TXN_END_DESC =
+            FunctionDescriptor.of(JAVA_INT, JAVA_LONG);
+
     /** errno */
-    static final MethodHandle TX_ZALLOC = NativeLibrary.capturingErrno("terrace_pool_tx_zalloc",
-            FunctionDescriptor.of(JAVA_LONG, ADDRESS, JAVA_LONG, JAVA_LONG));
-    static final MethodHandle TX_FREE = NativeLibrary.downcall("terrace_pool_tx_free",
-            FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_LONG));
-    static final MethodHandle TX_COMMIT = NativeLibrary.downcall("terrace_pool_tx_commit",
-            FunctionDescriptor.of(JAVA_INT, ADDRESS));
-    static final MethodHandle TX_ABORT = NativeLibrary.downcall("terrace_pool_tx_abort",
-            FunctionDescriptor.of(JAVA_INT, ADDRESS));
+    static final MethodHandle TXN_BEGIN =
+            NativeLibrary.capturingErrno("terrace_pool_txn_begin", TXN_BEGIN_DESC);
+    /** errno */
+    static final MethodHandle TXN_BEGIN_CRITICAL =
+            NativeLibrary.criticalCapturingErrno("terrace_pool_txn_begin", TXN_BEGIN_DESC);
+    private static final FunctionDescriptor TXN_RANGE_DESC =
+            FunctionDescriptor.of(JAVA_INT, JAVA_LONG, JAVA_LONG, JAVA_LONG);
+    static final MethodHandle TXN_ADD_RANGE =
+            NativeLibrary.downcall("terrace_pool_txn_add_range", TXN_RANGE_DESC);
+    static final MethodHandle TXN_ADD_RANGE_CRITICAL =
+            NativeLibrary.critical("terrace_pool_txn_add_range", TXN_RANGE_DESC);
+    /** errno */
+    static final MethodHandle TXN_ALLOC =
+            NativeLibrary.capturingErrno("terrace_pool_txn_alloc", TXN_ALLOC_DESC);
+    /** errno */
+    static final MethodHandle TXN_ALLOC_CRITICAL =
+            NativeLibrary.criticalCapturingErrno("terrace_pool_txn_alloc", TXN_ALLOC_DESC);
+    static final MethodHandle TXN_FREE =
+            NativeLibrary.downcall("terrace_pool_txn_free", TXN_OFF_DESC);
+    static final MethodHandle TXN_FREE_CRITICAL =
+            NativeLibrary.critical("terrace_pool_txn_free", TXN_OFF_DESC);
+    static final MethodHandle TXN_COMMIT =
+            NativeLibrary.downcall("terrace_pool_txn_commit", TXN_END_DESC);
+    static final MethodHandle TXN_COMMIT_CRITICAL =
+            NativeLibrary.critical("terrace_pool_txn_commit", TXN_END_DESC);
+    static final MethodHandle TXN_ABORT =
+            NativeLibrary.downcall("terrace_pool_txn_abort", TXN_END_DESC);
 }

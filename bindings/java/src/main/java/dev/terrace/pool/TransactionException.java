@@ -10,6 +10,8 @@ import dev.terrace.TerraceException;
  */
 public class TransactionException extends TerraceException {
     private static final long serialVersionUID = 1L;
+    /** errno of work rolled back by an abort. */
+    static final int ECANCELED = 125;
 
     public TransactionException(String message, int errno) {
         super(message, errno);

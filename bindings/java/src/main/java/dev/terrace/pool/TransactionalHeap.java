@@ -54,14 +54,17 @@ public final class TransactionalHeap extends AnyHeap {
     }
 
     @Override
-    boolean beforeWrite(long off, long len) {
+    boolean beforeWrite(MemoryAccessor block, long off, long len) {
         ThreadTransaction tx = ThreadTransaction.current();
         boolean implicit = tx.heap != this;
         if (implicit) {
             enterTransaction(); // throws if the thread's transaction is on another heap
+        } else if (block != null && block.isFreshIn(tx)) {
+            // allocated by this very transaction: an abort frees it, so nothing to snapshot
+            return false;
         }
         try {
-            addRange(off, len);
+            addRange(tx, off, len);
         } catch (RuntimeException e) {
             if (implicit) {
                 abortLevel(tx);

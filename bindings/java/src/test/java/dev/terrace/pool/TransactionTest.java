@@ -161,4 +161,63 @@ class TransactionTest {
         heap.forEachHandle(h -> live[0]++);
         assertEquals(1, live[0], "only the counters block is live");
     }
+
+    /**
+     * A virtual thread that parks inside a transaction may resume on another carrier thread:
+     * the transaction is the thread's (not the carrier's), so it goes on and commits there.
+     * Many such threads on few carriers make most transactions move.
+     */
+    @Test
+    void virtualThreadsCarryTheirTransactionsAcrossCarriers() throws Exception {
+        int threads = 64;
+        int rounds = 20;
+        TransactionalMemoryBlock sums = heap.allocateMemoryBlock(8L * threads);
+        List<Thread> started = new ArrayList<>();
+        AtomicReference<Throwable> failure = new AtomicReference<>();
+        for (int t = 0; t < threads; t++) {
+            int slot = t;
+            started.add(Thread.ofVirtual().start(() -> {
+                try {
+                    for (int r = 0; r < rounds; r++) {
+                        long handle = Transaction.create(heap, () -> {
+                            TransactionalMemoryBlock b = heap.allocateMemoryBlock(32);
+                            b.setLong(0, slot);
+                            sleepBriefly(); // unmounts: may come back on another carrier
+                            sums.setLong(8L * slot, sums.getLong(8L * slot) + 1);
+                            b.setLong(8, slot + 1);
+                            return b.handle();
+                        });
+                        TransactionalMemoryBlock b = heap.memoryBlockFromHandle(handle);
+                        if (b.getLong(0) != slot || b.getLong(8) != slot + 1) {
+                            throw new AssertionError("block " + handle + " of thread " + slot);
+                        }
+                        b.free();
+                    }
+                } catch (Throwable e) {
+                    failure.compareAndSet(null, e);
+                }
+            }));
+        }
+        for (Thread t : started) {
+            t.join();
+        }
+        if (failure.get() != null) {
+            throw new AssertionError("a virtual thread failed", failure.get());
+        }
+        for (int t = 0; t < threads; t++) {
+            assertEquals(rounds, sums.getLong(8L * t), "thread " + t);
+        }
+        long[] live = {0};
+        heap.forEachHandle(h -> live[0]++);
+        assertEquals(1, live[0], "only the sums block is live");
+    }
+
+    private static void sleepBriefly() {
+        try {
+            Thread.sleep(1);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new IllegalStateException(e);
+        }
+    }
 }
