@@ -177,6 +177,42 @@ pub unsafe extern "C" fn terrace_pool_txn_add_range(txn: *mut Txn, off: u64, len
     r.err().unwrap_or(0)
 }
 
+/// Allocates in the transaction: in custom class `class_id` if given, zero-filled with
+/// `TERRACE_POOL_TXN_ZERO`. 0 on error (which aborts the transaction).
+///
+/// # Safety
+/// `txn` NULL or a live transaction.
+unsafe fn alloc_impl(
+    what: &str,
+    txn: *mut Txn,
+    class_id: Option<u8>,
+    size: usize,
+    type_num: u64,
+    flags: c_int,
+) -> u64 {
+    // SAFETY: forwarded contract.
+    unsafe {
+        with_txn(what, txn, |tx| {
+            if flags & !TERRACE_POOL_TXN_ZERO != 0 {
+                return Err(PoolError::InvalidArgument {
+                    what: "flags",
+                    detail: format!("{flags:#x}: unknown"),
+                });
+            }
+            let size = size_arg(size)?;
+            let zero = flags & TERRACE_POOL_TXN_ZERO != 0;
+            let oid = match class_id.map(|id| ClassId::new(u32::from(id))).transpose()? {
+                None if zero => tx.zalloc(size, type_num)?,
+                None => tx.alloc(size, type_num)?,
+                Some(class) if zero => tx.zalloc_in(class, size, type_num)?,
+                Some(class) => tx.alloc_in(class, size, type_num)?,
+            };
+            Ok(oid.offset())
+        })
+    }
+    .unwrap_or(0)
+}
+
 /// # Safety
 /// `txn` NULL or a live transaction.
 #[no_mangle]
@@ -186,20 +222,8 @@ pub unsafe extern "C" fn terrace_pool_txn_alloc(
     type_num: u64,
     flags: c_int,
 ) -> u64 {
-    const WHAT: &str = "terrace_pool_txn_alloc";
     // SAFETY: forwarded contract.
-    unsafe {
-        with_txn(WHAT, txn, |tx| {
-            let size = size_arg(size)?;
-            let oid = if flags & TERRACE_POOL_TXN_ZERO != 0 {
-                tx.zalloc(size, type_num)?
-            } else {
-                tx.alloc(size, type_num)?
-            };
-            Ok(oid.offset())
-        })
-    }
-    .unwrap_or(0)
+    unsafe { alloc_impl("terrace_pool_txn_alloc", txn, None, size, type_num, flags) }
 }
 
 /// # Safety
@@ -214,19 +238,7 @@ pub unsafe extern "C" fn terrace_pool_txn_alloc_in_class(
 ) -> u64 {
     const WHAT: &str = "terrace_pool_txn_alloc_in_class";
     // SAFETY: forwarded contract.
-    unsafe {
-        with_txn(WHAT, txn, |tx| {
-            let size = size_arg(size)?;
-            let class = ClassId::new(u32::from(class_id))?;
-            let oid = if flags & TERRACE_POOL_TXN_ZERO != 0 {
-                tx.zalloc_in(class, size, type_num)?
-            } else {
-                tx.alloc_in(class, size, type_num)?
-            };
-            Ok(oid.offset())
-        })
-    }
-    .unwrap_or(0)
+    unsafe { alloc_impl(WHAT, txn, Some(class_id), size, type_num, flags) }
 }
 
 /// # Safety

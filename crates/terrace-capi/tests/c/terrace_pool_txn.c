@@ -109,6 +109,9 @@ int main(int argc, char **argv) {
     t = terrace_pool_txn_begin(p, 0);
     CHECK(terrace_pool_txn_alloc_in_class(t, 200, 16, 1, 0) == 0 && errno == EINVAL);
     CHECK(terrace_pool_txn_abort(t) == 0);
+    t = terrace_pool_txn_begin(p, 0);
+    CHECK(terrace_pool_txn_alloc(t, 16, 1, 2) == 0 && errno == EINVAL); /* unknown flag */
+    CHECK(terrace_pool_txn_commit(t) == EINVAL);
 
     /* A custom class inside a transaction. */
     uint8_t cls;
