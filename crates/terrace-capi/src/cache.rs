@@ -399,18 +399,24 @@ pub unsafe extern "C" fn terrace_cache_guard_value(
     })
 }
 
+/// `field` of the unreleased guard `g`, or 0 with `EINVAL` for NULL: the preamble of the
+/// guard accessors.
+///
 /// # Safety
 /// `g` NULL or an unreleased guard.
-#[no_mangle]
-pub unsafe extern "C" fn terrace_cache_guard_flags(g: *const GuardHandle) -> u32 {
-    error::boundary("terrace_cache_guard_flags", 0, || {
+unsafe fn guard_field<T: Default>(
+    what: &str,
+    g: *const GuardHandle,
+    field: impl FnOnce(&GuardHandle) -> T,
+) -> T {
+    error::boundary(what, T::default(), || {
         // SAFETY: contract.
         unsafe { g.as_ref() }.map_or_else(
             || {
-                fail_with(libc::EINVAL, "terrace_cache_guard_flags: guard is NULL");
-                0
+                fail_with(libc::EINVAL, &format!("{what}: guard is NULL"));
+                T::default()
             },
-            |g| g.guard.client_flags(),
+            field,
         )
     })
 }
@@ -418,17 +424,17 @@ pub unsafe extern "C" fn terrace_cache_guard_flags(g: *const GuardHandle) -> u32
 /// # Safety
 /// `g` NULL or an unreleased guard.
 #[no_mangle]
+pub unsafe extern "C" fn terrace_cache_guard_flags(g: *const GuardHandle) -> u32 {
+    // SAFETY: forwarded contract.
+    unsafe { guard_field("terrace_cache_guard_flags", g, |g| g.guard.client_flags()) }
+}
+
+/// # Safety
+/// `g` NULL or an unreleased guard.
+#[no_mangle]
 pub unsafe extern "C" fn terrace_cache_guard_cas(g: *const GuardHandle) -> u64 {
-    error::boundary("terrace_cache_guard_cas", 0, || {
-        // SAFETY: contract.
-        unsafe { g.as_ref() }.map_or_else(
-            || {
-                fail_with(libc::EINVAL, "terrace_cache_guard_cas: guard is NULL");
-                0
-            },
-            |g| g.guard.cas(),
-        )
-    })
+    // SAFETY: forwarded contract.
+    unsafe { guard_field("terrace_cache_guard_cas", g, |g| g.guard.cas()) }
 }
 
 /// # Safety
@@ -509,99 +515,34 @@ unsafe fn store(
     unsafe { with_key(what, c, key, klen, f) }
 }
 
-/// # Safety
-/// `c` an open cache; `key`/`value` readable for `klen`/`vlen` bytes; `cas_out` NULL or
-/// writable.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn terrace_cache_set(
-    c: *const CacheHandle,
-    key: *const c_void,
-    klen: usize,
-    value: *const c_void,
-    vlen: usize,
-    flags: u32,
-    ttl: u32,
-    cas_out: *mut u64,
-) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe {
-        store(
-            "terrace_cache_set",
-            Mode::Set,
-            c,
-            key,
-            klen,
-            value,
-            vlen,
-            flags,
-            ttl,
-            cas_out,
-        )
-    }
+/// Defines `terrace_cache_set`, `_add` and `_replace`: [`store`] in their [`Mode`].
+macro_rules! store_entry_point {
+    ($name:ident, $mode:expr) => {
+        /// # Safety
+        /// `c` an open cache; `key`/`value` readable for `klen`/`vlen` bytes; `cas_out`
+        /// NULL or writable.
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            c: *const CacheHandle,
+            key: *const c_void,
+            klen: usize,
+            value: *const c_void,
+            vlen: usize,
+            flags: u32,
+            ttl: u32,
+            cas_out: *mut u64,
+        ) -> c_int {
+            let what = stringify!($name);
+            // SAFETY: forwarded contract.
+            unsafe { store(what, $mode, c, key, klen, value, vlen, flags, ttl, cas_out) }
+        }
+    };
 }
 
-/// # Safety
-/// As [`terrace_cache_set`].
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn terrace_cache_add(
-    c: *const CacheHandle,
-    key: *const c_void,
-    klen: usize,
-    value: *const c_void,
-    vlen: usize,
-    flags: u32,
-    ttl: u32,
-    cas_out: *mut u64,
-) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe {
-        store(
-            "terrace_cache_add",
-            Mode::Add,
-            c,
-            key,
-            klen,
-            value,
-            vlen,
-            flags,
-            ttl,
-            cas_out,
-        )
-    }
-}
-
-/// # Safety
-/// As [`terrace_cache_set`].
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn terrace_cache_replace(
-    c: *const CacheHandle,
-    key: *const c_void,
-    klen: usize,
-    value: *const c_void,
-    vlen: usize,
-    flags: u32,
-    ttl: u32,
-    cas_out: *mut u64,
-) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe {
-        store(
-            "terrace_cache_replace",
-            Mode::Replace,
-            c,
-            key,
-            klen,
-            value,
-            vlen,
-            flags,
-            ttl,
-            cas_out,
-        )
-    }
-}
+store_entry_point!(terrace_cache_set, Mode::Set);
+store_entry_point!(terrace_cache_add, Mode::Add);
+store_entry_point!(terrace_cache_replace, Mode::Replace);
 
 /// # Safety
 /// As [`terrace_cache_set`].
