@@ -51,25 +51,42 @@ public class PoolBench {
         new File(path).delete();
     }
 
+    /** One transactional heap of the engine's, created per trial and deleted after it. */
     @State(Scope.Thread)
-    public static class TxAlloc {
+    public abstract static class TransactionalHeapState {
         @Param({"terrace", "llpl"})
         public String engine;
         String path;
         TransactionalHeap llpl;
         dev.terrace.pool.TransactionalHeap terrace;
-        final long[] handles = new long[BATCH];
-        final byte[] data = new byte[100];
 
+        /** Creates the heap, then lets the state fill it. */
         @Setup(Level.Trial)
-        public void setup() {
-            path = heapPath("tx");
+        public void createHeap() {
+            path = heapPath(getClass().getSimpleName());
             if (engine.equals("llpl")) {
                 llpl = TransactionalHeap.createHeap(path, HEAP_BYTES);
             } else {
                 terrace = dev.terrace.pool.TransactionalHeap.createHeap(path, HEAP_BYTES);
             }
+            fill();
         }
+
+        void fill() {}
+
+        @TearDown(Level.Trial)
+        public void deleteHeap() {
+            if (terrace != null) {
+                terrace.close();
+            }
+            delete(path);
+        }
+    }
+
+    @State(Scope.Thread)
+    public static class TxAlloc extends TransactionalHeapState {
+        final long[] handles = new long[BATCH];
+        final byte[] data = new byte[100];
 
         @TearDown(Level.Invocation)
         public void freeBatch() {
@@ -80,14 +97,6 @@ public class PoolBench {
                     terrace.memoryBlockFromHandle(h).free();
                 }
             }
-        }
-
-        @TearDown(Level.Trial)
-        public void tearDown() {
-            if (terrace != null) {
-                terrace.close();
-            }
-            delete(path);
         }
     }
 
@@ -187,41 +196,25 @@ public class PoolBench {
     }
 
     @State(Scope.Thread)
-    public static class Read {
-        @Param({"terrace", "llpl"})
-        public String engine;
-        String path;
-        TransactionalHeap llpl;
-        dev.terrace.pool.TransactionalHeap terrace;
+    public static class Read extends TransactionalHeapState {
         final long[] handles = new long[1024];
         int i;
 
-        @Setup(Level.Trial)
-        public void setup() {
-            path = heapPath("read");
-            if (engine.equals("llpl")) {
-                llpl = TransactionalHeap.createHeap(path, HEAP_BYTES);
+        @Override
+        void fill() {
+            if (llpl != null) {
                 for (int k = 0; k < handles.length; k++) {
                     TransactionalMemoryBlock b = llpl.allocateMemoryBlock(100);
                     b.setLong(0, k);
                     handles[k] = b.handle();
                 }
             } else {
-                terrace = dev.terrace.pool.TransactionalHeap.createHeap(path, HEAP_BYTES);
                 for (int k = 0; k < handles.length; k++) {
                     dev.terrace.pool.TransactionalMemoryBlock b = terrace.allocateMemoryBlock(100);
                     b.setLong(0, k);
                     handles[k] = b.handle();
                 }
             }
-        }
-
-        @TearDown(Level.Trial)
-        public void tearDown() {
-            if (terrace != null) {
-                terrace.close();
-            }
-            delete(path);
         }
     }
 
