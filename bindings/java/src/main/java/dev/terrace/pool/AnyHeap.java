@@ -451,16 +451,20 @@ public abstract sealed class AnyHeap implements AutoCloseable
     }
 
     private long usableSize(long handle) {
-        long usable;
-        try {
-            usable = (long) PoolNative.USABLE_SIZE.invokeExact(pool, handle);
-        } catch (Throwable t) {
-            throw NativeLibrary.rethrow(t);
-        }
+        long usable = usableSizeOrZero(handle);
         if (usable == 0) {
             throw notABlock(handle);
         }
         return usable;
+    }
+
+    /** The pool's usable size of the object at handle, 0 if it is not a live object. */
+    private long usableSizeOrZero(long handle) {
+        try {
+            return (long) PoolNative.USABLE_SIZE.invokeExact(pool, handle);
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        }
     }
 
     private long typeOf(long handle) {
@@ -487,13 +491,7 @@ public abstract sealed class AnyHeap implements AutoCloseable
             checkOpen();
             return false;
         }
-        long usable;
-        try {
-            usable = (long) PoolNative.USABLE_SIZE.invokeExact(pool, handle);
-        } catch (Throwable t) {
-            throw NativeLibrary.rethrow(t);
-        }
-        if (usable == 0) {
+        if (usableSizeOrZero(handle) == 0) {
             return false;
         }
         long type = typeOf(handle);

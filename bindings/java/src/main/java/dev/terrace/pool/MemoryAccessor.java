@@ -155,87 +155,59 @@ public abstract sealed class MemoryAccessor permits AnyMemoryBlock, AnyAccessor 
         return s;
     }
 
-    public void setByte(long offset, byte value) {
-        MemorySegment s = writable(offset, Byte.BYTES);
-        long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(this, at, Byte.BYTES);
-        try {
-            s.set(JAVA_BYTE, offset, value);
-        } catch (RuntimeException e) {
-            heap.failedWrite(implicit);
-            throw e;
-        }
-        heap.afterWrite(at, Byte.BYTES, implicit);
+    /** A store into the payload segment, at offsets the caller checked. */
+    @FunctionalInterface
+    private interface Store {
+        void into(MemorySegment payload);
     }
 
-    public void setShort(long offset, short value) {
-        MemorySegment s = writable(offset, Short.BYTES);
+    /**
+     * The one store protocol: bounds of [offset, offset+length) checked, then the heap's
+     * {@link AnyHeap#beforeWrite} (snapshot, or an implicit transaction), the store, and
+     * {@link AnyHeap#afterWrite} (persist, or commit); a store that throws ends an implicit
+     * transaction with {@link AnyHeap#failedWrite}.
+     */
+    private void store(long offset, long length, Store store) {
+        MemorySegment s = writable(offset, length);
         long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(this, at, Short.BYTES);
-        try {
-            s.set(JAVA_SHORT_UNALIGNED, offset, value);
-        } catch (RuntimeException e) {
-            heap.failedWrite(implicit);
-            throw e;
-        }
-        heap.afterWrite(at, Short.BYTES, implicit);
-    }
-
-    public void setInt(long offset, int value) {
-        MemorySegment s = writable(offset, Integer.BYTES);
-        long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(this, at, Integer.BYTES);
-        try {
-            s.set(JAVA_INT_UNALIGNED, offset, value);
-        } catch (RuntimeException e) {
-            heap.failedWrite(implicit);
-            throw e;
-        }
-        heap.afterWrite(at, Integer.BYTES, implicit);
-    }
-
-    public void setLong(long offset, long value) {
-        MemorySegment s = writable(offset, Long.BYTES);
-        long at = payloadOffset + offset;
-        boolean implicit = heap.beforeWrite(this, at, Long.BYTES);
-        try {
-            s.set(JAVA_LONG_UNALIGNED, offset, value);
-        } catch (RuntimeException e) {
-            heap.failedWrite(implicit);
-            throw e;
-        }
-        heap.afterWrite(at, Long.BYTES, implicit);
-    }
-
-    /** Copies length bytes of src[srcIndex..] into the block at dstOffset. */
-    public void copyFromArray(byte[] src, int srcIndex, long dstOffset, int length) {
-        MemorySegment s = writable(dstOffset, length);
-        Objects.checkFromIndexSize(srcIndex, length, src.length);
-        long at = payloadOffset + dstOffset;
         boolean implicit = heap.beforeWrite(this, at, length);
         try {
-            MemorySegment.copy(src, srcIndex, s, JAVA_BYTE, dstOffset, length);
+            store.into(s);
         } catch (RuntimeException e) {
             heap.failedWrite(implicit);
             throw e;
         }
         heap.afterWrite(at, length, implicit);
+    }
+
+    public void setByte(long offset, byte value) {
+        store(offset, Byte.BYTES, s -> s.set(JAVA_BYTE, offset, value));
+    }
+
+    public void setShort(long offset, short value) {
+        store(offset, Short.BYTES, s -> s.set(JAVA_SHORT_UNALIGNED, offset, value));
+    }
+
+    public void setInt(long offset, int value) {
+        store(offset, Integer.BYTES, s -> s.set(JAVA_INT_UNALIGNED, offset, value));
+    }
+
+    public void setLong(long offset, long value) {
+        store(offset, Long.BYTES, s -> s.set(JAVA_LONG_UNALIGNED, offset, value));
+    }
+
+    /** Copies length bytes of src[srcIndex..] into the block at dstOffset. */
+    public void copyFromArray(byte[] src, int srcIndex, long dstOffset, int length) {
+        Objects.checkFromIndexSize(srcIndex, length, src.length);
+        store(dstOffset, length, s -> MemorySegment.copy(src, srcIndex, s, JAVA_BYTE, dstOffset,
+                length));
     }
 
     /** Copies length bytes of another block or accessor (of any heap) at srcOffset here. */
     public void copyFrom(MemoryAccessor src, long srcOffset, long dstOffset, long length) {
         MemorySegment from = src.segment();
         Objects.checkFromIndexSize(srcOffset, length, from.byteSize());
-        MemorySegment s = writable(dstOffset, length);
-        long at = payloadOffset + dstOffset;
-        boolean implicit = heap.beforeWrite(this, at, length);
-        try {
-            MemorySegment.copy(from, srcOffset, s, dstOffset, length);
-        } catch (RuntimeException e) {
-            heap.failedWrite(implicit);
-            throw e;
-        }
-        heap.afterWrite(at, length, implicit);
+        store(dstOffset, length, s -> MemorySegment.copy(from, srcOffset, s, dstOffset, length));
     }
 
     /** Sets length bytes at offset to value. */
