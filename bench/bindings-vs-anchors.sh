@@ -39,17 +39,7 @@ extra=${EXTRA:-}
 out=${OUT:-$root/bench/out/bindings}
 module=$root/bench/java
 
-java_ok() { # prints the JDK's specification version if it is 22 or newer
-  local v
-  v=$("$1/bin/java" -XshowSettings:properties -version 2>&1 |
-      awk '/java.specification.version/{print $3}') || return 1
-  [ -n "$v" ] && [ "${v%%.*}" -ge 22 ] 2>/dev/null
-}
-if [ -z "${JAVA_HOME:-}" ] || ! java_ok "$JAVA_HOME"; then
-  JAVA_HOME=
-  for j in /usr/lib/jvm/*/; do java_ok "${j%/}" && JAVA_HOME=${j%/}; done
-fi
-[ -n "$JAVA_HOME" ] || { echo "need a JDK >= 22 (set JAVA_HOME)" >&2; exit 1; }
+JAVA_HOME=$("$root/bindings/java/find-jdk") || exit 1
 export JAVA_HOME PATH=$JAVA_HOME/bin:$PATH
 
 if [ "$stage" != run ]; then
