@@ -16,6 +16,7 @@ use crate::memkind::*;
 use crate::native::*;
 use crate::pmemobj::*;
 use crate::pool::*;
+use crate::txn::*;
 
 const OID_NULL: PMEMoid = PMEMoid {
     pool_uuid_lo: 0,
@@ -164,6 +165,14 @@ fn cases() -> Vec<Case> {
         case!(terrace_pool_tx_free(pool, 0) => PANIC_ERRNO),
         case!(terrace_pool_tx_commit(pool) => PANIC_ERRNO),
         case!(terrace_pool_tx_abort(pool) => PANIC_ERRNO),
+        case!(terrace_pool_txn_begin(pool, 0) =~ |t: *mut Txn| t.is_null()),
+        case!(terrace_pool_txn_add_range(ptr::null_mut(), 0, 0) => PANIC_ERRNO),
+        case!(terrace_pool_txn_alloc(ptr::null_mut(), 8, 0, 0) => 0),
+        case!(terrace_pool_txn_alloc_in_class(ptr::null_mut(), 1, 8, 0, 0) => 0),
+        case!(terrace_pool_txn_free(ptr::null_mut(), 0) => PANIC_ERRNO),
+        case!(terrace_pool_txn_commit(ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_pool_txn_abort(ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_pool_persist_mode(pool) => -1),
         // terrace_cache.h
         case!(terrace_cache_open(ptr::null(), ptr::null(), 0) => cache),
         case!(terrace_cache_close(cache) => PANIC_ERRNO),
@@ -220,7 +229,8 @@ fn a_panic_in_any_entry_point_becomes_its_error_value() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
-/// The entry points the sources define: every `extern "C" fn` with a name.
+/// The entry points the sources define: every `extern "C" fn` with a name, and those the
+/// cache's `store_entry_point!` defines.
 fn defined() -> BTreeSet<String> {
     let sources = [
         include_str!("native.rs"),
@@ -228,10 +238,16 @@ fn defined() -> BTreeSet<String> {
         include_str!("pmemobj.rs"),
         include_str!("pool.rs"),
         include_str!("cache.rs"),
+        include_str!("txn.rs"),
     ];
     let mut names = BTreeSet::new();
     for line in sources.iter().flat_map(|s| s.lines()) {
-        if let Some((_, rest)) = line.split_once("extern \"C\" fn ") {
+        // `extern "C" fn name(`, or a macro that defines one: `store_entry_point!(name, `.
+        let rest = line
+            .split_once("extern \"C\" fn ")
+            .or_else(|| line.trim_start().split_once("store_entry_point!("))
+            .map(|(_, rest)| rest);
+        if let Some(rest) = rest {
             let name: String = rest
                 .chars()
                 .take_while(|c| c.is_alphanumeric() || *c == '_')
