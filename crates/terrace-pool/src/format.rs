@@ -94,7 +94,9 @@ pub struct RawPoolHeader {
 pub struct RawState {
     pub root_off: u64,
     pub root_size: u64,
-    pub reserved: [u8; 2032],
+    /// The named-root directory object (terrace-collections), 0 when none.
+    pub directory_off: u64,
+    pub reserved: [u8; 2024],
     /// The class table: entry `i` describes custom allocation class `i` (0: none).
     /// Entries 0 and 255 are never used.
     pub classes: [u64; CLASS_SLOTS],
@@ -197,6 +199,8 @@ pub struct RawPageMeta {
 pub const ROOT_OFF_WORD: u64 = STATE_OFF + offset_of!(RawState, root_off) as u64;
 /// Offset of the root size word.
 pub const ROOT_SIZE_WORD: u64 = STATE_OFF + offset_of!(RawState, root_size) as u64;
+/// Pool offset of the directory word (see [`RawState::directory_off`]).
+pub const DIRECTORY_WORD: u64 = STATE_OFF + offset_of!(RawState, directory_off) as u64;
 pub const META_WORD0: u64 = offset_of!(RawPageMeta, word0) as u64;
 pub const META_WORD1: u64 = offset_of!(RawPageMeta, word1) as u64;
 pub const META_TYPE: u64 = offset_of!(RawPageMeta, type_num) as u64;

@@ -28,7 +28,7 @@ use crate::class::{self, AllocClass, ClassDesc, ClassId};
 use crate::error::{corrupt, PoolError, Result};
 use crate::format::{
     self, ClassEntry, Geometry, PoolHeader, CLASS_SLOTS, CLASS_TABLE_VERSION, FORMAT_VERSION,
-    HEADER_LEN, KIND_RUN, LANES_OFF, POOL_ALIGN, ROOT_OFF_WORD, ROOT_SIZE_WORD, STATE_OFF,
+    HEADER_LEN, KIND_RUN, LANES_OFF, POOL_ALIGN, DIRECTORY_WORD, ROOT_OFF_WORD, ROOT_SIZE_WORD, STATE_OFF,
 };
 use crate::heap::{self, ClassTable, Freeable, Freeing, Heap, HeapStats, Reserved};
 use crate::log::{self, Entries, RedoEntry};
@@ -946,6 +946,35 @@ impl<B: Backend> Pool<B> {
         }
     }
 
+    /// The directory object (named roots, kept by `terrace-collections`), if one was
+    /// created. See "State block" in `docs/pool-format.md`.
+    pub fn directory(&self) -> Result<Option<Oid>> {
+        Ok(Oid::from_offset(self.backend.load_u64(DIRECTORY_WORD)?))
+    }
+
+    /// Allocates the directory object, initialised by `init`, and sets the directory word
+    /// in the same redo log: after a crash both happened or neither. Once only: an
+    /// `InvalidArgument` error when the pool already has a directory.
+    pub fn create_directory(
+        &self,
+        size: u64,
+        type_num: u64,
+        init: impl FnOnce(&ObjectWriter<'_, B>) -> Result<()>,
+    ) -> Result<Oid> {
+        self.ensure_healthy()?;
+        let _guard = self.root_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.directory()?.is_some() {
+            return Err(PoolError::InvalidArgument {
+                what: "directory",
+                detail: "the pool already has one".into(),
+            });
+        }
+        let r = self.reserve(size, type_num)?;
+        let extra = [RedoEntry::set(DIRECTORY_WORD, r.off)];
+        self.finish_alloc(&r, HandleAt::None, init, None, &extra)
+            .inspect_err(|_| self.cancel(&r))
+    }
+
     /// The root object's requested size (0 if there is none yet).
     pub fn root_size(&self) -> Result<u64> {
         self.backend.load_u64(ROOT_SIZE_WORD)
@@ -1139,6 +1168,13 @@ impl<B: Backend> Pool<B> {
             return Err(corrupt(
                 format!("root {root_off:#x} ({root_size} bytes) is not a live root object"),
                 ROOT_OFF_WORD,
+            ));
+        }
+        let dir_off = self.backend.load_u64(DIRECTORY_WORD)?;
+        if dir_off != 0 && self.heap.object(dir_off).is_err() {
+            return Err(corrupt(
+                format!("directory {dir_off:#x} is not a live object"),
+                DIRECTORY_WORD,
             ));
         }
         self.heap
