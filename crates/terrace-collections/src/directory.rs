@@ -1,0 +1,334 @@
+//! Named roots: the pool's object directory (PCJ's `ObjectDirectory`), name → collection
+//! or object. It is itself an ordered map whose header the pool's directory word names
+//! (`Pool::create_directory`); its values are `kind: u64, offset: u64`.
+//!
+//! Owns [`Collections`], the entry point to a pool's collections: one per pool per
+//! process (it holds the directory map open).
+//!
+//! Invariants: a name is bound at most once; a map is created and bound in the same pool
+//! transaction, so after a crash it is bound or does not exist; binding an object never
+//! replaces a binding. Lock order: `bind`, then the directory map's writer, then any other
+//! map's writer, then a pool lane.
+
+use parking_lot::Mutex;
+use terrace_pool::{Backend, Oid, Pool};
+
+use crate::error::{CollectionError, Result};
+use crate::layout::{Geometry, HEADER_SIZE, TYPE_MAP};
+use crate::ordered::{create_header, header_bytes, read_header, OrderedMap};
+
+/// Longest name a binding may have, in bytes.
+pub const MAX_NAME: usize = 64;
+
+/// The directory map's geometry: names up to 64 bytes, 16-byte values.
+pub(crate) fn directory_geometry() -> Geometry {
+    Geometry::new(MAX_NAME as u32, 16)
+}
+
+/// What a name is bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// An [`OrderedMap`]; the offset is its header.
+    OrderedMap,
+    /// A program's own object (traced as reachable, its contents are not interpreted).
+    Object,
+}
+
+impl Kind {
+    pub(crate) fn code(self) -> u64 {
+        match self {
+            Kind::OrderedMap => 1,
+            Kind::Object => 3,
+        }
+    }
+
+    pub(crate) fn from_code(code: u64) -> Option<Kind> {
+        match code {
+            1 => Some(Kind::OrderedMap),
+            3 => Some(Kind::Object),
+            _ => None,
+        }
+    }
+
+    /// The kind's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::OrderedMap => "ordered map",
+            Kind::Object => "object",
+        }
+    }
+}
+
+/// One directory entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    pub name: String,
+    pub kind: Kind,
+    pub oid: Oid,
+}
+
+/// Decodes a directory value; `at` names the entry in errors.
+pub(crate) fn decode_binding(name: &[u8], value: &[u8], at: u64) -> Result<Binding> {
+    let bad = |what: String| CollectionError::corrupt(at, what);
+    let name = std::str::from_utf8(name)
+        .map_err(|_| bad("a directory name is not UTF-8".into()))?
+        .to_owned();
+    if value.len() != 16 {
+        return Err(bad(format!("{name:?} has a {}-byte binding", value.len())));
+    }
+    let code = u64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
+    let off = u64::from_le_bytes(value[8..].try_into().expect("8 bytes"));
+    let kind = Kind::from_code(code).ok_or_else(|| bad(format!("{name:?} has kind {code}")))?;
+    let oid = Oid::from_offset(off).ok_or_else(|| bad(format!("{name:?} is bound to offset 0")))?;
+    Ok(Binding { name, kind, oid })
+}
+
+fn encode_binding(kind: Kind, oid: Oid) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&kind.code().to_le_bytes());
+    v[8..].copy_from_slice(&oid.offset().to_le_bytes());
+    v
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(CollectionError::InvalidArgument {
+            what: "name",
+            detail: format!("{} bytes; names are 1..={MAX_NAME} bytes", name.len()),
+        });
+    }
+    Ok(())
+}
+
+/// How [`Collections::ordered_map`] opens a map.
+#[derive(Clone, Copy, Debug)]
+pub struct MapOptions {
+    /// Longest key (1..=255 bytes); 0 accepts what an existing map was created with.
+    pub max_key: u32,
+    /// Values up to this many bytes (0..=254) are kept in the entry, longer ones in an
+    /// object of their own; 0 accepts an existing map's. Raised to 8.
+    pub inline_value: u32,
+    /// Create the map when the name is unbound.
+    pub create: bool,
+    /// Leaf slots and inner fanout (tests use small ones for deep trees); `None`: 64
+    /// and about 4 KiB inner nodes.
+    pub shape: Option<(u32, u32)>,
+}
+
+impl MapOptions {
+    /// Open or create a map for keys up to `max_key` bytes, values inline up to
+    /// `inline_value` bytes.
+    pub fn create(max_key: u32, inline_value: u32) -> MapOptions {
+        MapOptions {
+            max_key,
+            inline_value,
+            create: true,
+            shape: None,
+        }
+    }
+
+    /// Open an existing map with whatever sizes it has.
+    pub fn existing() -> MapOptions {
+        MapOptions {
+            max_key: 0,
+            inline_value: 0,
+            create: false,
+            shape: None,
+        }
+    }
+
+    fn geometry(&self) -> Result<Geometry> {
+        if self.max_key == 0 || self.max_key > 255 || self.inline_value > 254 {
+            return Err(CollectionError::InvalidArgument {
+                what: "map sizes",
+                detail: format!(
+                    "max key {} (1..=255), inline value {} (0..=254)",
+                    self.max_key, self.inline_value
+                ),
+            });
+        }
+        let mut g = Geometry::new(self.max_key, self.inline_value);
+        if let Some((slots, fanout)) = self.shape {
+            g.leaf_slots = slots;
+            g.fanout = fanout;
+        }
+        g.validate()
+            .map_err(|detail| CollectionError::InvalidArgument {
+                what: "map shape",
+                detail,
+            })?;
+        Ok(g)
+    }
+}
+
+/// A pool's collections and named roots. See the module docs.
+pub struct Collections<'p, B: Backend> {
+    pool: &'p Pool<B>,
+    dir: OrderedMap<'p, B>,
+    bind: Mutex<()>,
+}
+
+impl<'p, B: Backend> Collections<'p, B> {
+    /// Opens the pool's directory, creating it (crash-atomically) on first use. `Busy`
+    /// when this process already has it open.
+    pub fn open(pool: &'p Pool<B>) -> Result<Self> {
+        let header = match pool.directory()? {
+            Some(oid) => oid,
+            None => {
+                let bytes = header_bytes(&directory_geometry());
+                pool.create_directory(HEADER_SIZE, TYPE_MAP, |w| w.write(0, &bytes))?
+            }
+        };
+        if read_header(pool, header.offset())? != directory_geometry() {
+            return Err(CollectionError::corrupt(
+                header.offset(),
+                "the directory map has another geometry",
+            ));
+        }
+        Ok(Collections {
+            pool,
+            dir: OrderedMap::attach(pool, header.offset())?,
+            bind: Mutex::new(()),
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &'p Pool<B> {
+        self.pool
+    }
+
+    /// What `name` is bound to.
+    pub fn lookup(&self, name: &str) -> Result<Option<Binding>> {
+        check_name(name)?;
+        match self.dir.get(name.as_bytes())? {
+            None => Ok(None),
+            Some(v) => decode_binding(name.as_bytes(), &v, self.dir.header().offset()).map(Some),
+        }
+    }
+
+    /// Every binding, by name.
+    pub fn bindings(&self) -> Result<Vec<Binding>> {
+        let at = self.dir.header().offset();
+        self.dir
+            .iter()
+            .map(|e| e.and_then(|(k, v)| decode_binding(&k, &v, at)))
+            .collect()
+    }
+
+    /// Binds `name` to a live object of the program's (not a collection's); crash-atomic.
+    pub fn bind_object(&self, name: &str, oid: Oid) -> Result<()> {
+        check_name(name)?;
+        let type_num = self.pool.type_of(oid)?;
+        if crate::layout::is_collection_type(type_num) {
+            return Err(CollectionError::InvalidArgument {
+                what: "object",
+                detail: format!("{:#x} is a collection's node", oid.offset()),
+            });
+        }
+        let _b = self.bind.lock();
+        if self.dir.contains(name.as_bytes())? {
+            return Err(CollectionError::AlreadyBound { name: name.into() });
+        }
+        self.dir
+            .put(name.as_bytes(), &encode_binding(Kind::Object, oid))?;
+        Ok(())
+    }
+
+    /// Removes the binding of an object (not a map: see [`Collections::destroy`]) and
+    /// returns the object, which the program now owns again.
+    pub fn unbind_object(&self, name: &str) -> Result<Oid> {
+        let _b = self.bind.lock();
+        let b = self
+            .lookup(name)?
+            .ok_or_else(|| CollectionError::NotFound { name: name.into() })?;
+        if b.kind != Kind::Object {
+            return Err(CollectionError::WrongKind {
+                name: name.into(),
+                found: b.kind.name(),
+                expected: Kind::Object.name(),
+            });
+        }
+        self.dir.remove(name.as_bytes())?;
+        Ok(b.oid)
+    }
+
+    /// Opens the ordered map bound to `name`, creating and binding it in one transaction
+    /// when it is unbound and `opts.create`.
+    pub fn ordered_map(&self, name: &str, opts: MapOptions) -> Result<OrderedMap<'p, B>> {
+        check_name(name)?;
+        let _b = self.bind.lock();
+        if let Some(b) = self.lookup(name)? {
+            if b.kind != Kind::OrderedMap {
+                return Err(CollectionError::WrongKind {
+                    name: name.into(),
+                    found: b.kind.name(),
+                    expected: Kind::OrderedMap.name(),
+                });
+            }
+            let map = OrderedMap::attach(self.pool, b.oid.offset())?;
+            let g = map.geometry();
+            if opts.max_key != 0 && opts.max_key != g.key_cap {
+                return Err(CollectionError::Mismatch {
+                    what: "max key",
+                    found: g.key_cap,
+                    asked: opts.max_key,
+                });
+            }
+            if opts.inline_value != 0 && opts.inline_value.max(8) != g.val_area {
+                return Err(CollectionError::Mismatch {
+                    what: "inline value",
+                    found: g.val_area,
+                    asked: opts.inline_value,
+                });
+            }
+            return Ok(map);
+        }
+        if !opts.create {
+            return Err(CollectionError::NotFound { name: name.into() });
+        }
+        let geo = opts.geometry()?;
+        let _w = self.dir.lock()?;
+        let header = self.dir.structural(|tx| {
+            let header = create_header(tx, &geo)?;
+            self.dir.put_tx(
+                tx,
+                name.as_bytes(),
+                &encode_binding(Kind::OrderedMap, header),
+            )?;
+            Ok(header)
+        })?;
+        drop(_w);
+        OrderedMap::attach(self.pool, header.offset())
+    }
+
+    /// Unbinds the map `name` and frees its nodes and values. The unbinding is one
+    /// transaction; the frees follow in batches, so a crash in between leaves nodes no
+    /// root reaches, which [`crate::check()`] reports and [`crate::sweep`] frees. `Busy`
+    /// while the map is open in this process.
+    pub fn destroy(&self, name: &str) -> Result<()> {
+        let _b = self.bind.lock();
+        let b = self
+            .lookup(name)?
+            .ok_or_else(|| CollectionError::NotFound { name: name.into() })?;
+        if b.kind != Kind::OrderedMap {
+            return Err(CollectionError::WrongKind {
+                name: name.into(),
+                found: b.kind.name(),
+                expected: Kind::OrderedMap.name(),
+            });
+        }
+        let map = OrderedMap::attach(self.pool, b.oid.offset())?;
+        let mut objects = map.objects()?;
+        objects.push(b.oid.offset());
+        self.dir.remove(name.as_bytes())?;
+        drop(map);
+        for batch in objects.chunks(128) {
+            let mut tx = self.pool.begin()?;
+            for &off in batch {
+                tx.free(Oid::from_offset(off).expect("nodes are never at offset 0"))?;
+            }
+            tx.commit()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,192 @@
+//! The persistent layout of the ordered map: type numbers, the header, leaf, inner node
+//! and blob formats, and [`Geometry`], the sizes a map fixes at creation. Every integer is
+//! little-endian; every node is one pool object. The commit protocol over these bytes is
+//! in the crate docs.
+//!
+//! Invariants: a map's geometry is written once, in its header, before the header is
+//! published, and never changes; every node's size follows from it. Decoding a geometry
+//! word validates it, so a corrupt header is an error and never an out-of-range size.
+
+/// Pool type numbers `TYPE_BASE..TYPE_BASE + 0x1_0000` are the collections'; programs
+/// must not allocate objects of these types (`check` judges them by reachability).
+pub const TYPE_BASE: u64 = 0x5452_434f_0000_0000; // "TRCO"
+/// A map header (also the directory's).
+pub const TYPE_MAP: u64 = TYPE_BASE | 1;
+/// A leaf node.
+pub const TYPE_LEAF: u64 = TYPE_BASE | 2;
+/// An inner node.
+pub const TYPE_INNER: u64 = TYPE_BASE | 3;
+/// An out-of-line value: `len: u64` then the bytes.
+pub const TYPE_BLOB: u64 = TYPE_BASE | 4;
+
+/// Whether objects of pool type `type_num` belong to the collections.
+pub fn is_collection_type(type_num: u64) -> bool {
+    type_num & !0xffff == TYPE_BASE
+}
+
+/// Header: magic.
+pub const MAP_MAGIC: u64 = u64::from_le_bytes(*b"TRCOMAP1");
+/// Header word offsets: magic, geometry, root node (0: empty map), height (inner levels
+/// above the leaves).
+pub const H_MAGIC: u64 = 0;
+pub const H_GEOMETRY: u64 = 8;
+pub const H_ROOT: u64 = 16;
+pub const H_HEIGHT: u64 = 24;
+/// Bytes of a map header object.
+pub const HEADER_SIZE: u64 = 64;
+
+/// Leaf: the live-slot bitmap word (the commit word of single-leaf updates), then one
+/// fingerprint byte per slot (64 bytes whatever the slot count), then the slots.
+pub const LEAF_BITMAP: u64 = 0;
+pub const LEAF_FPS: u64 = 8;
+pub const LEAF_SLOTS: u64 = 72;
+/// Most slots a leaf has (one bitmap word).
+pub const MAX_LEAF_SLOTS: u32 = 64;
+
+/// Inner node: separator count `n`, then `fanout` child words (`n + 1` used), then
+/// `fanout - 1` separators of `1 + key_cap` bytes (length byte, key bytes).
+pub const INNER_COUNT: u64 = 0;
+pub const INNER_CHILDREN: u64 = 8;
+
+/// A slot's value-length byte saying the value is out of line: the value area's first
+/// word is the offset of a [`TYPE_BLOB`] object.
+pub const OUT_OF_LINE: u8 = 255;
+/// Longest value kept in a slot.
+pub const MAX_INLINE: u32 = 254;
+/// Most inner-node children.
+pub const MAX_FANOUT: u32 = 1024;
+
+/// The sizes a map fixes at creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Longest key in bytes (0..=255).
+    pub key_cap: u32,
+    /// Bytes of a slot's value area (8..=254): values up to this long are inline.
+    pub val_area: u32,
+    /// Slots per leaf (4..=64).
+    pub leaf_slots: u32,
+    /// Children per inner node (4..=1024).
+    pub fanout: u32,
+}
+
+impl Geometry {
+    /// The geometry for keys up to `max_key` bytes and values inline up to
+    /// `inline_value` bytes (raised to 8, the size of an out-of-line reference), with
+    /// 64-slot leaves and inner nodes of about 4 KiB.
+    pub fn new(max_key: u32, inline_value: u32) -> Geometry {
+        let fanout = (4088 / (9 + max_key as u64)).clamp(16, MAX_FANOUT as u64) as u32;
+        Geometry {
+            key_cap: max_key,
+            val_area: inline_value.max(8),
+            leaf_slots: MAX_LEAF_SLOTS,
+            fanout,
+        }
+    }
+
+    /// Validates every field's range.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.key_cap > 255 {
+            return Err(format!("max key {} is above 255", self.key_cap));
+        }
+        if !(8..=MAX_INLINE).contains(&self.val_area) {
+            return Err(format!("value area {} is outside 8..=254", self.val_area));
+        }
+        if !(4..=MAX_LEAF_SLOTS).contains(&self.leaf_slots) {
+            return Err(format!("leaf slots {} outside 4..=64", self.leaf_slots));
+        }
+        if !(4..=MAX_FANOUT).contains(&self.fanout) {
+            return Err(format!("fanout {} outside 4..=1024", self.fanout));
+        }
+        Ok(())
+    }
+
+    /// The header's geometry word.
+    pub fn encode(&self) -> u64 {
+        self.key_cap as u64
+            | (self.val_area as u64) << 8
+            | (self.leaf_slots as u64) << 16
+            | (self.fanout as u64) << 24
+    }
+
+    /// Decodes and validates a geometry word.
+    pub fn decode(word: u64) -> Result<Geometry, String> {
+        if word >> 40 != 0 {
+            return Err(format!("geometry word {word:#x} has unknown bits set"));
+        }
+        let g = Geometry {
+            key_cap: (word & 0xff) as u32,
+            val_area: (word >> 8 & 0xff) as u32,
+            leaf_slots: (word >> 16 & 0xff) as u32,
+            fanout: (word >> 24 & 0xffff) as u32,
+        };
+        g.validate()?;
+        Ok(g)
+    }
+
+    /// Bytes of one leaf slot: key length, value length, key area, value area.
+    pub fn slot_size(&self) -> u64 {
+        2 + self.key_cap as u64 + self.val_area as u64
+    }
+
+    /// Offset of slot `i` in a leaf.
+    pub fn slot_off(&self, i: u32) -> u64 {
+        LEAF_SLOTS + i as u64 * self.slot_size()
+    }
+
+    /// Bytes of a leaf.
+    pub fn leaf_size(&self) -> u64 {
+        self.slot_off(self.leaf_slots)
+    }
+
+    /// The bitmap of a leaf whose every slot is live.
+    pub fn full_bitmap(&self) -> u64 {
+        if self.leaf_slots == 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.leaf_slots) - 1
+        }
+    }
+
+    /// Offset of child word `i` in an inner node.
+    pub fn child_off(&self, i: u32) -> u64 {
+        INNER_CHILDREN + 8 * i as u64
+    }
+
+    /// Offset of separator `i` in an inner node.
+    pub fn sep_off(&self, i: u32) -> u64 {
+        INNER_CHILDREN + 8 * self.fanout as u64 + i as u64 * (1 + self.key_cap as u64)
+    }
+
+    /// Bytes of an inner node.
+    pub fn inner_size(&self) -> u64 {
+        self.sep_off(self.fanout - 1)
+    }
+}
+
+/// A key's fingerprint: the byte a leaf keeps per slot so that a lookup compares only
+/// the keys whose fingerprint matches.
+pub fn fingerprint(key: &[u8]) -> u8 {
+    (xxhash_rust::xxh3::xxh3_64(key) >> 56) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_round_trips_and_rejects_bad_words() {
+        let g = Geometry::new(16, 8);
+        assert_eq!(Geometry::decode(g.encode()), Ok(g));
+        assert_eq!(g.slot_size(), 26);
+        assert!(g.inner_size() <= 4096);
+        assert!(Geometry::decode(1 << 50).is_err());
+        assert!(
+            Geometry::decode(g.encode() & !(0xff << 16)).is_err(),
+            "0 leaf slots"
+        );
+        assert!(
+            Geometry::decode(16 | 4 << 8 | 64 << 16 | 16 << 24).is_err(),
+            "value area 4"
+        );
+    }
+}

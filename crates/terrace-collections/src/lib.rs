@@ -1,0 +1,100 @@
+//! terrace-collections: crash-safe persistent collections inside a Terrace pool, named
+//! roots, and a reachability check — what PCJ offered over libpmemobj and LLPL's
+//! `ConcurrentLongART` offers Cassandra, on `terrace-pool`.
+//!
+//! ```
+//! use std::ops::Bound;
+//! use terrace_collections::{Collections, MapOptions};
+//! use terrace_pool::{Pool, RecordingBackend};
+//! # fn main() -> terrace_collections::Result<()> {
+//! let pool = Pool::create_on(RecordingBackend::new(8 << 20), "example", 2)?;
+//! let colls = Collections::open(&pool)?;
+//! let map = colls.ordered_map("memtable", MapOptions::create(16, 8))?;
+//! map.put(b"apple", &7u64.to_le_bytes())?;
+//! map.put(b"pear", &9u64.to_le_bytes())?;
+//! assert_eq!(map.get(b"apple")?, Some(7u64.to_le_bytes().to_vec()));
+//! let keys: Vec<_> = map
+//!     .range(Bound::Included(b"b".as_slice()), Bound::Unbounded, false)
+//!     .map(|e| e.map(|(k, _)| k))
+//!     .collect::<Result<_, _>>()?;
+//! assert_eq!(keys, vec![b"pear".to_vec()]);
+//! assert!(terrace_collections::check(&pool)?.unreachable.is_empty());
+//! # Ok(()) }
+//! ```
+//!
+//! # The ordered map: why this structure
+//! A B+-tree whose **leaves are unsorted** (a live-slot bitmap word plus one fingerprint
+//! byte per slot, as FPTree and NV-Tree do) and whose inner nodes are sorted arrays. Chosen
+//! by what a persistent map pays for:
+//! - an insert or update that fits its leaf writes one free slot and then one 8-byte
+//!   bitmap word: two persist points, no log, no lane. A sorted leaf would shift half of
+//!   itself (a logged copy of up to kilobytes); an adaptive radix tree (LLPL's
+//!   `LongART`) allocates and logs nodes as prefixes grow, and a skip list writes a
+//!   tower of pointers per insert;
+//! - a lookup reads at most `height` inner nodes, then 64 fingerprint bytes, and compares
+//!   the key of the one or two slots whose fingerprint matches;
+//! - reopening is free: the tree lives in the pool, so a map of a million keys answers its
+//!   first get after the pool's open (no rebuild, unlike FPTree's volatile inner nodes);
+//! - space: a 16-byte key and 8-byte value take a 26-byte slot plus a fingerprint byte.
+//!   A full leaf first moves entries into a sibling with room (a B*-tree's rotation),
+//!   which keeps leaves fuller than splitting alone (measured in the README's table).
+//!
+//! # Layout
+//! See [`layout`]. A map is a header object (magic, geometry, root, height); leaves hold
+//! `bitmap: u64, fingerprints: [u8; 64], slots`, a slot `key_len: u8, value_len: u8,
+//! key[key_cap], value[val_area]`; a value longer than the area lives in a blob object
+//! (`len: u64, bytes`) and the slot holds its offset with `value_len = 255`. Inner nodes
+//! hold `n: u64, children[fanout], separators[fanout-1]` (each `len: u8, key[key_cap]`).
+//!
+//! # Commit protocol and crash argument
+//! Every persistent change is one of two kinds.
+//! 1. **Single-leaf commit** (put of an inline value into a leaf with a free slot;
+//!    replace of an inline value; remove of an inline value that does not empty a
+//!    non-root leaf). The writer (holding the map's writer lock) fills slot `j`, which
+//!    the bitmap marks free, persists it and its fingerprint, then stores the new bitmap
+//!    word (`| 1 << j`, and `& !(1 << i)` for the replaced slot `i`, or just `& !(1 << i)`
+//!    for a remove) and persists it. Crash before the word's persist: the word is the old
+//!    one (an aligned 8-byte store is never torn) and slot `j` was free, so the map is as
+//!    before. Crash after: the new slot was durable before the word, so the map holds the
+//!    new entry. No other byte changed.
+//! 2. **Transactional change** (anything else: the first leaf, a split, a move of entries
+//!    between siblings, an out-of-line value, a remove that empties a leaf, collapsing the
+//!    root, creating a map and binding its name). One pool transaction ([`terrace_pool::Tx`])
+//!    snapshots every live byte it overwrites (bitmaps, slots, inner nodes, header words)
+//!    and allocates and frees nodes and blobs at commit; `terrace-pool`'s undo and redo
+//!    logs make it all-or-nothing (`docs/pool-format.md`, "Transactions"). Slots are
+//!    snapshotted even when free, because a slot freed earlier in the same transaction
+//!    would be live again after a rollback.
+//!
+//! The crash-image suite (`tests/crash.rs`) takes the durable image at every persist
+//! point of random puts, replaces, removes, splits, moves and root changes on a tree of
+//! tiny nodes, plus torn variants, and checks each recovers to the model's state before or
+//! after the operation in flight, with [`check()`] passing and nothing unreachable.
+//!
+//! # Concurrency
+//! Writers of a map serialize on its writer lock; readers take no lock and validate
+//! against sequence counters (a counter per leaf stripe for bitmap changes, one for
+//! transactional changes), retrying when a writer intervened. See [`ordered`].
+//!
+//! # Named roots and reachability
+//! [`Collections`] is the pool's directory: name → map or program object, itself an
+//! ordered map whose header the pool's directory word names. [`check()`] walks it, validates
+//! every node and reports collection objects no name reaches; [`sweep`] frees them.
+//!
+//! # Modules
+//! - [`ordered`]: [`OrderedMap`] and its cursor [`Range`].
+//! - [`directory`]: [`Collections`], named roots.
+//! - [`check`](mod@check): [`check()`], [`sweep`].
+//! - [`layout`]: type numbers and node formats.
+//! - [`error`](mod@error): [`CollectionError`].
+
+pub mod check;
+pub mod directory;
+pub mod error;
+pub mod layout;
+pub mod ordered;
+
+pub use check::{check, sweep, Report};
+pub use directory::{Binding, Collections, Kind, MapOptions, MAX_NAME};
+pub use error::{CollectionError, Result};
+pub use ordered::{OrderedMap, Range};
