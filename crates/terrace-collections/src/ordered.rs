@@ -25,7 +25,7 @@
 //!   `writer` before a map's (see `docs/concurrency.md`).
 
 use std::cmp::Ordering as Cmp;
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::ops::Bound;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
@@ -298,11 +298,20 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     fn route(&self, node: u64, key: &[u8], upper: bool) -> Result<(u32, u32)> {
         let n = self.inner_count(node)?;
         let (mut lo, mut hi) = (0u32, n);
-        let mut buf = [0u8; 256];
+        let mut raw = [0u8; 256];
+        let width = 1 + self.geo.key_cap as usize;
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let len = self.read_sep(node, mid, &mut buf)?;
-            let c = buf[..len].cmp(key);
+            let off = node + self.geo.sep_off(mid);
+            self.b().read(off, &mut raw[..width])?;
+            let len = raw[0] as usize;
+            if len > self.geo.key_cap as usize {
+                return Err(CollectionError::corrupt(
+                    off,
+                    format!("separator of {len} bytes"),
+                ));
+            }
+            let c = raw[1..1 + len].cmp(key);
             if c == Cmp::Less || (upper && c == Cmp::Equal) {
                 lo = mid + 1;
             } else {
@@ -734,43 +743,34 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         }
     }
 
-    /// The live entries of a leaf, `(slot, key)`, sorted by key.
-    fn sorted_entries(&self, leaf: u64) -> Result<Vec<(u32, Vec<u8>)>> {
-        let mut live = self.ld(leaf + LEAF_BITMAP)? & self.geo.full_bitmap();
-        let mut out = Vec::with_capacity(live.count_ones() as usize);
-        while live != 0 {
-            let i = live.trailing_zeros();
-            live &= live - 1;
-            out.push((i, self.read_slot_key(leaf, i)?.key().to_vec()));
-        }
-        out.sort_unstable_by(|a, b| a.1.cmp(&b.1));
-        Ok(out)
+    /// The live slots of a leaf sorted by key, with the leaf's bytes they index.
+    fn sorted_entries(&self, leaf: u64) -> Result<(Vec<u32>, LeafImage)> {
+        let mut image = LeafImage::default();
+        image.load(self, leaf)?;
+        let mut slots = image.live_slots(self, leaf)?;
+        slots.sort_unstable_by(|&a, &b| image.key(&self.geo, a).cmp(image.key(&self.geo, b)));
+        Ok((slots, image))
     }
 
-    /// Copies the given slots of `from` into free slots of `to` and returns the bits of
-    /// `to` they took (the caller commits both bitmaps). Out-of-line values move with
-    /// their slot.
+    /// Copies the given slots of a leaf (from its image) into free slots of `to` and
+    /// returns the bits of `to` they took (the caller commits both bitmaps). Out-of-line
+    /// values move with their slot.
     fn copy_slots(
         &self,
         tx: &mut Tx<'p, B>,
-        from: u64,
+        from: &LeafImage,
         slots: &[u32],
         to: u64,
         to_bitmap: u64,
     ) -> Result<u64> {
-        let size = self.geo.slot_size() as usize;
-        let mut buf = vec![0u8; size];
         let mut free = !to_bitmap & self.geo.full_bitmap();
         let mut taken = 0u64;
         for &s in slots {
             let j = free.trailing_zeros();
             free &= free - 1;
             taken |= 1 << j;
-            self.b().read(from + self.geo.slot_off(s), &mut buf)?;
-            self.txw(tx, to + self.geo.slot_off(j), &buf)?;
-            let mut fp = [0u8; 1];
-            self.b().read(from + LEAF_FPS + s as u64, &mut fp)?;
-            self.txw(tx, to + LEAF_FPS + j as u64, &fp)?;
+            self.txw(tx, to + self.geo.slot_off(j), from.slot(&self.geo, s))?;
+            self.txw(tx, to + LEAF_FPS + j as u64, &[from.fingerprint(s)])?;
         }
         Ok(taken)
     }
@@ -779,9 +779,10 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     /// sibling or its lowest into the left one when that sibling is at most 7/8 full
     /// (which keeps leaves fuller than plain splits do), else splits it.
     fn make_room(&self, tx: &mut Tx<'p, B>, path: &[(u64, u32)], leaf: u64) -> Result<()> {
-        let entries = self.sorted_entries(leaf)?;
+        let (sorted, image) = self.sorted_entries(leaf)?;
+        let key_at = |k: usize| image.key(&self.geo, sorted[k]).to_vec();
+        let cleared = |moved: &[u32]| moved.iter().fold(0u64, |m, &s| m | 1 << s);
         let slots = self.geo.leaf_slots;
-        let bitmap = self.ld(leaf + LEAF_BITMAP)? & self.geo.full_bitmap();
         let min_free = (slots / 8).max(2);
         if let Some(&(parent, i)) = path.last() {
             let n = self.inner_count(parent)?;
@@ -796,29 +797,26 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
                     continue;
                 }
                 let t = (free / 2) as usize;
-                let (moved, sep_entry, sep_index) = if right {
-                    let m = &entries[entries.len() - t..];
-                    (m, &entries[entries.len() - t], i)
+                let (moved, sep, sep_index) = if right {
+                    let at = sorted.len() - t;
+                    (&sorted[at..], key_at(at), i)
                 } else {
-                    (&entries[..t], &entries[t], i - 1)
+                    (&sorted[..t], key_at(t), i - 1)
                 };
-                let moved_slots: Vec<u32> = moved.iter().map(|e| e.0).collect();
-                let taken = self.copy_slots(tx, leaf, &moved_slots, sib, sib_bitmap)?;
-                let cleared = moved_slots.iter().fold(0u64, |m, &s| m | 1 << s);
+                let taken = self.copy_slots(tx, &image, moved, sib, sib_bitmap)?;
                 self.txw_u64(tx, sib + LEAF_BITMAP, sib_bitmap | taken)?;
-                self.txw_u64(tx, leaf + LEAF_BITMAP, bitmap & !cleared)?;
-                self.write_sep(tx, parent, sep_index, &sep_entry.1)?;
+                self.txw_u64(tx, leaf + LEAF_BITMAP, image.bitmap & !cleared(moved))?;
+                self.write_sep(tx, parent, sep_index, &sep)?;
                 return Ok(());
             }
         }
-        let m = entries.len() / 2;
+        let m = sorted.len() / 2;
         let right = self.new_leaf(tx)?;
-        let moved: Vec<u32> = entries[m..].iter().map(|e| e.0).collect();
-        let taken = self.copy_slots(tx, leaf, &moved, right, 0)?;
+        let moved = &sorted[m..];
+        let taken = self.copy_slots(tx, &image, moved, right, 0)?;
         self.b().store_u64(right + LEAF_BITMAP, taken)?;
-        let cleared = moved.iter().fold(0u64, |m, &s| m | 1 << s);
-        self.txw_u64(tx, leaf + LEAF_BITMAP, bitmap & !cleared)?;
-        self.insert_child(tx, path, &entries[m].1, right)
+        self.txw_u64(tx, leaf + LEAF_BITMAP, image.bitmap & !cleared(moved))?;
+        self.insert_child(tx, path, &key_at(m), right)
     }
 
     fn sep_bytes(&self, key: &[u8]) -> Vec<u8> {
@@ -833,24 +831,29 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         self.txw(tx, node + self.geo.sep_off(i), &bytes)
     }
 
-    /// Writes an inner node's separators and children (snapshotting what it overwrites).
+    /// Writes an inner node's count, and its separators and children from index `from`
+    /// on (those before are unchanged), snapshotting what it overwrites.
     fn write_inner(
         &self,
         tx: &mut Tx<'p, B>,
         node: u64,
         seps: &[Vec<u8>],
         children: &[u64],
+        from: usize,
     ) -> Result<()> {
         debug_assert_eq!(seps.len() + 1, children.len());
         self.txw_u64(tx, node + INNER_COUNT, seps.len() as u64)?;
-        let kids: Vec<u8> = children.iter().flat_map(|c| c.to_le_bytes()).collect();
-        self.txw(tx, node + self.geo.child_off(0), &kids)?;
+        let kids: Vec<u8> = children[from..]
+            .iter()
+            .flat_map(|c| c.to_le_bytes())
+            .collect();
+        self.txw(tx, node + self.geo.child_off(from as u32), &kids)?;
         let mut keys = Vec::with_capacity(seps.len() * (1 + self.geo.key_cap as usize));
-        for s in seps {
+        for s in seps.iter().skip(from) {
             keys.extend_from_slice(&self.sep_bytes(s));
         }
         if !keys.is_empty() {
-            self.txw(tx, node + self.geo.sep_off(0), &keys)?;
+            self.txw(tx, node + self.geo.sep_off(from as u32), &keys)?;
         }
         Ok(())
     }
@@ -880,7 +883,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         let Some((&(parent, i), up)) = path.split_last() else {
             let (root, height) = self.root()?;
             let node = tx.alloc(self.geo.inner_size(), TYPE_INNER)?.offset();
-            self.write_inner(tx, node, &[sep.to_vec()], &[root, right])?;
+            self.write_inner(tx, node, &[sep.to_vec()], &[root, right], 0)?;
             self.txw_u64(tx, self.header + H_ROOT, node)?;
             return self.txw_u64(tx, self.header + H_HEIGHT, height + 1);
         };
@@ -888,12 +891,12 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         seps.insert(i as usize, sep.to_vec());
         children.insert(i as usize + 1, right);
         if seps.len() < self.geo.fanout as usize {
-            return self.write_inner(tx, parent, &seps, &children);
+            return self.write_inner(tx, parent, &seps, &children, i as usize);
         }
         let mid = seps.len() / 2;
         let node = tx.alloc(self.geo.inner_size(), TYPE_INNER)?.offset();
-        self.write_inner(tx, node, &seps[mid + 1..], &children[mid + 1..])?;
-        self.write_inner(tx, parent, &seps[..mid], &children[..=mid])?;
+        self.write_inner(tx, node, &seps[mid + 1..], &children[mid + 1..], 0)?;
+        self.write_inner(tx, parent, &seps[..mid], &children[..=mid], 0)?;
         self.insert_child(tx, up, &seps[mid], node)
     }
 
@@ -949,7 +952,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         }
         children.remove(i as usize);
         seps.remove(i.saturating_sub(1) as usize);
-        self.write_inner(tx, parent, &seps, &children)?;
+        self.write_inner(tx, parent, &seps, &children, i.saturating_sub(1) as usize)?;
         if up.is_empty() {
             let (mut root, mut height) = (parent, self.root()?.1);
             while height > 0 && self.inner_count(root)? == 0 {
@@ -982,7 +985,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
             near,
             far,
             reverse,
-            buf: VecDeque::new(),
+            batch: Batch::default(),
+            pos: 0,
             done: false,
         }
     }
@@ -993,20 +997,22 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     }
 
     /// One consistent read of the leaf a cursor's `near` bound routes to: its entries
-    /// within both bounds, in cursor order, and the next `near` (None: no leaf beyond).
-    #[allow(clippy::type_complexity)]
+    /// within both bounds into `out`, in cursor order, and the next `near` (None: no leaf
+    /// beyond).
     fn cursor_step(
         &self,
         near: &Bound<Vec<u8>>,
         far: &Bound<Vec<u8>>,
         reverse: bool,
-    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, Option<Bound<Vec<u8>>>)> {
+        out: &mut Batch,
+    ) -> Result<Option<Bound<Vec<u8>>>> {
         let mut spins = 0;
         loop {
             let attempt = self.read_consistent(|| {
+                out.clear();
                 let (mut node, height) = self.root()?;
                 if node == 0 {
-                    return Ok((0, 0, Attempt::Done((Vec::new(), None))));
+                    return Ok((0, 0, Attempt::Done(None)));
                 }
                 let (mut lower, mut upper) = (None, None);
                 for _ in 0..height {
@@ -1034,19 +1040,34 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
                 if v1 & 1 == 1 {
                     return Ok((0, 0, Attempt::Retry));
                 }
-                let mut live = self.ld(leaf + LEAF_BITMAP)? & self.geo.full_bitmap();
-                let mut out = Vec::new();
-                while live != 0 {
-                    let i = live.trailing_zeros();
-                    live &= live - 1;
-                    let k = self.read_slot_key(leaf, i)?;
-                    let key = k.key();
-                    let (lo, hi) = if reverse { (far, near) } else { (near, far) };
-                    if within(key, lo, true) && within(key, hi, false) {
-                        let mut value = Vec::new();
-                        self.read_value(leaf, i, k.vlen, &mut value)?;
-                        out.push((key.to_vec(), value));
+                out.image.load(self, leaf)?;
+                let (lo, hi) = if reverse { (far, near) } else { (near, far) };
+                for i in out.image.live_slots(self, leaf)? {
+                    let key = out.image.key(&self.geo, i);
+                    if !(within(key, lo, true) && within(key, hi, false)) {
+                        continue;
                     }
+                    let k0 = out.arena.len();
+                    out.arena.extend_from_slice(key);
+                    let v0 = out.arena.len();
+                    let vlen = out.image.vlen(&self.geo, i);
+                    if vlen == OUT_OF_LINE {
+                        let blob = self.slot_blob(leaf, i, vlen)?.expect("out of line");
+                        let len = self.ld(blob)?;
+                        if len > MAX_VALUE || len > self.pool.size() {
+                            return Err(CollectionError::corrupt(
+                                blob,
+                                format!("value of {len} bytes"),
+                            ));
+                        }
+                        out.arena.resize(v0 + len as usize, 0);
+                        self.b().read(blob + 8, &mut out.arena[v0..])?;
+                    } else {
+                        out.arena.extend_from_slice(
+                            &out.image.value_area(&self.geo, i)[..vlen as usize],
+                        );
+                    }
+                    out.entries.push([k0, v0, out.arena.len()]);
                 }
                 let next = if reverse {
                     lower
@@ -1057,16 +1078,18 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
                         .map(|(n, i)| self.sep_vec(n, i).map(Bound::Included))
                         .transpose()?
                 };
-                Ok((leaf, v1, Attempt::Done((out, next))))
+                Ok((leaf, v1, Attempt::Done(next)))
             })?;
             match attempt {
-                Attempt::Done((mut out, next)) => {
+                Attempt::Done(next) => {
+                    let arena = &out.arena;
+                    let key = |e: &[usize; 3]| &arena[e[0]..e[1]];
                     if reverse {
-                        out.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+                        out.entries.sort_unstable_by(|a, b| key(b).cmp(key(a)));
                     } else {
-                        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                        out.entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
                     }
-                    return Ok((out, next));
+                    return Ok(next);
                 }
                 Attempt::Retry => backoff(&mut spins),
             }
@@ -1074,31 +1097,126 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     }
 }
 
-/// A cursor over an ordered map; see [`OrderedMap::range`]. Yields `(key, value)`.
+/// A copy of one leaf's bytes (one read), parsed in place. Slots are read through
+/// [`LeafImage::live_slots`], which validates their lengths first.
+#[derive(Default)]
+struct LeafImage {
+    bytes: Vec<u8>,
+    bitmap: u64,
+}
+
+impl LeafImage {
+    fn load<B: Backend>(&mut self, map: &OrderedMap<'_, B>, leaf: u64) -> Result<()> {
+        self.bytes.resize(map.geo.leaf_size() as usize, 0);
+        map.b().read(leaf, &mut self.bytes)?;
+        let word = u64::from_le_bytes(self.bytes[..8].try_into().expect("8 bytes"));
+        self.bitmap = word & map.geo.full_bitmap();
+        Ok(())
+    }
+
+    /// The live slots, each checked: key and inline value lengths within the geometry.
+    fn live_slots<B: Backend>(&self, map: &OrderedMap<'_, B>, leaf: u64) -> Result<Vec<u32>> {
+        let geo = &map.geo;
+        let mut live = self.bitmap;
+        let mut out = Vec::with_capacity(live.count_ones() as usize);
+        while live != 0 {
+            let i = live.trailing_zeros();
+            live &= live - 1;
+            let slot = self.slot(geo, i);
+            let (klen, vlen) = (slot[0], slot[1]);
+            if klen as u32 > geo.key_cap {
+                let at = leaf + geo.slot_off(i);
+                return Err(CollectionError::corrupt(at, format!("key of {klen} bytes")));
+            }
+            if vlen != OUT_OF_LINE && vlen as u32 > geo.val_area {
+                let at = leaf + geo.slot_off(i);
+                return Err(CollectionError::corrupt(
+                    at,
+                    format!("inline value of {vlen} bytes"),
+                ));
+            }
+            out.push(i);
+        }
+        Ok(out)
+    }
+
+    fn slot(&self, geo: &Geometry, i: u32) -> &[u8] {
+        let at = geo.slot_off(i) as usize;
+        &self.bytes[at..at + geo.slot_size() as usize]
+    }
+
+    fn key(&self, geo: &Geometry, i: u32) -> &[u8] {
+        let slot = self.slot(geo, i);
+        &slot[2..2 + (slot[0] as usize).min(geo.key_cap as usize)]
+    }
+
+    fn vlen(&self, geo: &Geometry, i: u32) -> u8 {
+        self.slot(geo, i)[1]
+    }
+
+    fn value_area(&self, geo: &Geometry, i: u32) -> &[u8] {
+        &self.slot(geo, i)[2 + geo.key_cap as usize..]
+    }
+
+    fn fingerprint(&self, i: u32) -> u8 {
+        self.bytes[LEAF_FPS as usize + i as usize]
+    }
+}
+
+/// The entries of one leaf a cursor read: keys and values in `arena`, each entry
+/// `[key start, value start, value end]`, in cursor order.
+#[derive(Default)]
+struct Batch {
+    image: LeafImage,
+    arena: Vec<u8>,
+    entries: Vec<[usize; 3]>,
+}
+
+impl Batch {
+    fn clear(&mut self) {
+        self.arena.clear();
+        self.entries.clear();
+    }
+}
+
+/// A cursor over an ordered map; see [`OrderedMap::range`]. [`Range::next_entry`] lends
+/// each entry without allocating; as an iterator it yields owned `(key, value)` pairs.
 pub struct Range<'m, 'p, B: Backend> {
     map: &'m OrderedMap<'p, B>,
     /// The bound the cursor has not yet passed (low end ascending, high end descending).
     near: Bound<Vec<u8>>,
     far: Bound<Vec<u8>>,
     reverse: bool,
-    buf: VecDeque<(Vec<u8>, Vec<u8>)>,
+    batch: Batch,
+    pos: usize,
     done: bool,
 }
 
 impl<B: Backend> Range<'_, '_, B> {
-    fn refill(&mut self) -> Result<()> {
-        while self.buf.is_empty() && !self.done {
-            let (entries, next) = self.map.cursor_step(&self.near, &self.far, self.reverse)?;
-            self.buf.extend(entries);
+    /// The next entry, borrowed until the next call; `None` at the end.
+    pub fn next_entry(&mut self) -> Result<Option<(&[u8], &[u8])>> {
+        while self.pos == self.batch.entries.len() && !self.done {
+            self.pos = 0;
+            let next =
+                match self
+                    .map
+                    .cursor_step(&self.near, &self.far, self.reverse, &mut self.batch)
+                {
+                    Ok(next) => next,
+                    Err(e) => {
+                        self.done = true;
+                        self.batch.clear();
+                        return Err(e);
+                    }
+                };
             match next {
                 Some(b) => {
-                    // Stop once the next leaf starts beyond the far bound.
                     let key = match &b {
                         Bound::Included(k) | Bound::Excluded(k) => k.as_slice(),
                         Bound::Unbounded => unreachable!("fences are keys"),
                     };
                     // Ascending, the next leaf's keys are >= its fence; descending, < it.
-                    let beyond = if self.reverse {
+                    self.done = if self.reverse {
                         match &self.far {
                             Bound::Unbounded => false,
                             Bound::Included(f) | Bound::Excluded(f) => key <= f.as_slice(),
@@ -1106,13 +1224,17 @@ impl<B: Backend> Range<'_, '_, B> {
                     } else {
                         !within(key, &self.far, false)
                     };
-                    self.done = beyond;
                     self.near = b;
                 }
                 None => self.done = true,
             }
         }
-        Ok(())
+        let Some(&[k, v, end]) = self.batch.entries.get(self.pos) else {
+            return Ok(None);
+        };
+        self.pos += 1;
+        let arena = &self.batch.arena;
+        Ok(Some((&arena[k..v], &arena[v..end])))
     }
 }
 
@@ -1120,11 +1242,8 @@ impl<B: Backend> Iterator for Range<'_, '_, B> {
     type Item = Result<(Vec<u8>, Vec<u8>)>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if let Err(e) = self.refill() {
-            self.done = true;
-            self.buf.clear();
-            return Some(Err(e));
-        }
-        self.buf.pop_front().map(Ok)
+        self.next_entry()
+            .map(|e| e.map(|(k, v)| (k.to_vec(), v.to_vec())))
+            .transpose()
     }
 }
