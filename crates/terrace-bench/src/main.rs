@@ -15,6 +15,9 @@
 //! memcached-compatible server (`terrace serve`, memcached) for server-level benchmarks
 //! such as `bench/restart-at-scale.sh`; see the `net` module.
 //!
+//! `terrace-bench map --engine terrace|redb [--dir DIR] --keys N --ops N`: the persistent
+//! ordered map against redb; see the `map` module.
+//!
 //! Modules: `args` (parsers of the command line's values), `workload` (a key's bytes,
 //! value size and contents, all derived from its id), `engines` (Terrace, foyer and moka
 //! behind one trait), `windows` (the hit ratio per window of operations), `net` (the
@@ -24,6 +27,7 @@
 
 mod args;
 mod engines;
+mod map;
 mod net;
 mod windows;
 mod workload;
@@ -68,6 +72,9 @@ enum Command {
     NetProbe(net::ProbeArgs),
     /// Print a server's `stats`, optionally once they stop changing.
     NetStats(net::StatsArgs),
+    /// Persistent ordered map: Terrace's (terrace-collections) or redb's; put, get,
+    /// 100-entry scans, bytes per entry, reopen to first get.
+    Map(map::MapArgs),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -472,6 +479,7 @@ fn main() -> ExitCode {
         Command::NetFill(a) => run_net(net::fill(a), a.json),
         Command::NetProbe(a) => run_net(net::probe(a), a.json),
         Command::NetStats(a) => run_net(net::stats(a), a.json),
+        Command::Map(a) => map::run(a).map(|out| println!("{out}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
