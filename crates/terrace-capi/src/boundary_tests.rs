@@ -10,6 +10,7 @@ use std::ffi::{c_void, CStr};
 use std::ptr;
 
 use crate::cache::*;
+use crate::collections::*;
 use crate::error::{self, inject, PANIC_ERRNO};
 use crate::handle::Handle;
 use crate::memkind::*;
@@ -173,6 +174,20 @@ fn cases() -> Vec<Case> {
         case!(terrace_pool_txn_commit(ptr::null_mut()) => PANIC_ERRNO),
         case!(terrace_pool_txn_abort(ptr::null_mut()) => PANIC_ERRNO),
         case!(terrace_pool_persist_mode(pool) => -1),
+        // terrace_collections.h
+        case!(terrace_omap_open(pool, ptr::null(), 0, 0, 0) =~ |m: *mut OmapHandle| m.is_null()),
+        case!(terrace_omap_close(ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_omap_put(ptr::null_mut(), null, 0, null, 0) => PANIC_ERRNO),
+        case!(terrace_omap_get(ptr::null_mut(), null, 0, ptr::null_mut(), 0) => -1),
+        case!(terrace_omap_remove(ptr::null_mut(), null, 0) => PANIC_ERRNO),
+        case!(terrace_omap_len(ptr::null_mut()) => u64::MAX),
+        case!(terrace_omap_cursor_open(ptr::null_mut(), null, 0, null, 0, 0) =~ |c: *mut CursorHandle| c.is_null()),
+        case!(terrace_omap_cursor_next(ptr::null_mut(), ptr::null_mut(), 0, ptr::null_mut(), ptr::null_mut(), 0, ptr::null_mut()) => -1),
+        case!(terrace_omap_cursor_close(ptr::null_mut()) => ()),
+        case!(terrace_omap_destroy(pool, ptr::null()) => PANIC_ERRNO),
+        case!(terrace_pool_bind(pool, ptr::null(), 0) => PANIC_ERRNO),
+        case!(terrace_pool_lookup(pool, ptr::null()) => 0),
+        case!(terrace_pool_unbind(pool, ptr::null()) => 0),
         // terrace_cache.h
         case!(terrace_cache_open(ptr::null(), ptr::null(), 0) => cache),
         case!(terrace_cache_close(cache) => PANIC_ERRNO),
@@ -239,6 +254,7 @@ fn defined() -> BTreeSet<String> {
         include_str!("pool.rs"),
         include_str!("cache.rs"),
         include_str!("txn.rs"),
+        include_str!("collections.rs"),
     ];
     let mut names = BTreeSet::new();
     for line in sources.iter().flat_map(|s| s.lines()) {

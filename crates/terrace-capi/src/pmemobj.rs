@@ -45,6 +45,12 @@ const OID_NULL: PMEMoid = PMEMoid {
 
 /// What a `PMEMobjpool *` points to.
 pub struct PoolHandle {
+    /// The pool's named roots, opened by the first `terrace_omap_open` (or bind). Declared
+    /// before `pool` so that it is dropped first: it borrows `pool` (see
+    /// [`crate::collections`]).
+    pub(crate) collections: crate::collections::LazyCollections,
+    /// Maps open through `terrace_omap_open`; close refuses (`EBUSY`) while any is.
+    pub(crate) open_maps: AtomicUsize,
     pub(crate) pool: Pool<RegionBackend>,
     uuid_lo: u64,
     pub(crate) base: usize,
@@ -152,12 +158,28 @@ pub(crate) fn fail(err: &PoolError) -> c_int {
 
 pub(crate) use crate::error::{fail_with, str_arg};
 
+impl PoolHandle {
+    /// Why the pool cannot be closed now, if it cannot: a transaction holds a lane, or an
+    /// ordered map (which borrows the pool) is open.
+    pub(crate) fn busy(&self) -> Option<&'static str> {
+        if self.active_txs.load(Ordering::Acquire) != 0 || !self.pool.lanes_idle() {
+            return Some("a transaction is active on this pool");
+        }
+        if self.open_maps.load(Ordering::Acquire) != 0 {
+            return Some("an ordered map of this pool is open");
+        }
+        None
+    }
+}
+
 pub(crate) fn publish(pool: Pool<RegionBackend>) -> *mut PoolHandle {
     let base = pool.backend().address(0).map_or(0, |p| p.as_ptr() as usize);
     let handle = Box::into_raw(Box::new(PoolHandle {
         uuid_lo: pool.uuid_lo(),
         len: pool.size() as usize,
         base,
+        collections: Default::default(),
+        open_maps: AtomicUsize::new(0),
         pool,
         active_txs: AtomicUsize::new(0),
         iteration: Mutex::new(Vec::new()),
@@ -252,11 +274,8 @@ pub unsafe extern "C" fn pmemobj_close(pop: *mut PoolHandle) {
         }
         // SAFETY: pop is an open pool (contract).
         let h = unsafe { &*pop };
-        if h.active_txs.load(Ordering::Acquire) != 0 || !h.pool.lanes_idle() {
-            fail_with(
-                libc::EBUSY,
-                "pmemobj_close: a transaction is active on this pool; it stays open",
-            );
+        if let Some(why) = h.busy() {
+            fail_with(libc::EBUSY, &format!("pmemobj_close: {why}; it stays open"));
             return;
         }
         POOLS

@@ -16,7 +16,6 @@
 
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
-use std::sync::atomic::Ordering;
 
 use terrace_pool::{
     Backend, ClassDesc, ClassId, HandleAt, HeaderType, Oid, Pool, PoolError, RunSize,
@@ -170,10 +169,10 @@ pub unsafe extern "C" fn terrace_pool_close(pool: *mut PoolHandle) -> c_int {
         let Some(h) = (unsafe { pool.as_ref() }) else {
             return 0;
         };
-        if h.active_txs.load(Ordering::Acquire) != 0 || !h.pool.lanes_idle() {
+        if let Some(why) = h.busy() {
             return fail_with(
                 libc::EBUSY,
-                "terrace_pool_close: a transaction is active on this pool; it stays open",
+                &format!("terrace_pool_close: {why}; it stays open"),
             );
         }
         // SAFETY: an open pool with no transaction, not used afterwards (contract).

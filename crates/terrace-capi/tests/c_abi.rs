@@ -297,6 +297,18 @@ fn terrace_pool_txn() {
     );
 }
 
+/// terrace_collections.h: ordered maps (put, get with truncation, replace, remove,
+/// length, cursors with every bound flag in both directions, out-of-line values), reopen,
+/// EBUSY rules, named objects, destroy, bad arguments, readers during writes.
+#[test]
+fn terrace_collections() {
+    let out = c_test("terrace_collections.c");
+    assert!(
+        out.contains("terrace_collections: ok"),
+        "unexpected output: {out}"
+    );
+}
+
 /// terrace_cache.h, the tiered cache: every function with its errors and bad input, TTLs,
 /// pinned guards (zero-copy, stable under overwrite, close refused with EBUSY while one
 /// is out), two threads getting and setting at once, statistics, and a warm restart of a
