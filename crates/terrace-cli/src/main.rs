@@ -76,11 +76,16 @@ enum PoolCommand {
         #[arg(long)]
         layout: Option<String>,
     },
-    /// Verify every invariant; exits non-zero naming what is broken and where.
+    /// Verify every invariant of the heap and of every named collection, and list the
+    /// collections' objects no name reaches; exits non-zero naming what is broken and
+    /// where, or when unreachable objects remain.
     Check {
         path: PathBuf,
         #[arg(long)]
         layout: Option<String>,
+        /// Free the unreachable objects (each free is crash-atomic).
+        #[arg(long)]
+        sweep: bool,
     },
     /// Allocated, free and per-class occupancy.
     Stats {
@@ -120,7 +125,11 @@ fn main() -> ExitCode {
             pool::create(&path, size, &layout)
         }
         Command::Pool(PoolCommand::Info { path, layout }) => pool::info(&path, layout.as_deref()),
-        Command::Pool(PoolCommand::Check { path, layout }) => pool::check(&path, layout.as_deref()),
+        Command::Pool(PoolCommand::Check {
+            path,
+            layout,
+            sweep,
+        }) => pool::check(&path, layout.as_deref(), sweep),
         Command::Pool(PoolCommand::Stats { path, layout }) => pool::stats(&path, layout.as_deref()),
     };
     match result {

@@ -117,7 +117,7 @@ fn print_classes(pool: &Pool) {
     }
 }
 
-pub fn check(path: &Path, layout: Option<&str>) -> Result<(), String> {
+pub fn check(path: &Path, layout: Option<&str>, sweep: bool) -> Result<(), String> {
     let pool = open(path, layout)?;
     let report = pool
         .check()
@@ -133,7 +133,39 @@ pub fn check(path: &Path, layout: Option<&str>) -> Result<(), String> {
         report.allocated_bytes,
         report.classes
     );
-    Ok(())
+    let colls = terrace_collections::check(&pool)
+        .map_err(|e| format!("{}: collections inconsistent: {e}", path.display()))?;
+    println!(
+        "collections: {} names, {} ordered maps ({} entries, {} leaves, {} inner nodes, \
+         {} out-of-line values); {} program objects no name binds",
+        colls.bindings,
+        colls
+            .maps
+            .saturating_sub(pool.directory().ok().flatten().is_some() as u64),
+        colls.entries,
+        colls.leaves,
+        colls.inner_nodes,
+        colls.blobs,
+        colls.untracked
+    );
+    if colls.unreachable.is_empty() {
+        return Ok(());
+    }
+    for oid in &colls.unreachable {
+        let type_num = pool.type_of(*oid).unwrap_or(0);
+        println!("unreachable: {:#x} (type {type_num:#x})", oid.offset());
+    }
+    if sweep {
+        let freed = terrace_collections::sweep(&pool, &colls)
+            .map_err(|e| format!("{}: sweep: {e}", path.display()))?;
+        println!("swept: freed {freed} unreachable objects");
+        return Ok(());
+    }
+    Err(format!(
+        "{}: {} collection objects no name reaches (free them with --sweep)",
+        path.display(),
+        colls.unreachable.len()
+    ))
 }
 
 pub fn stats(path: &Path, layout: Option<&str>) -> Result<(), String> {

@@ -1,5 +1,6 @@
 //! The `terrace` command as a user runs it: pool create/info/check/stats, and `check`
-//! naming injected corruption with a non-zero exit; `info` on a directory.
+//! naming injected corruption with a non-zero exit; `check` on collections (an
+//! unreachable node found and swept, a corrupt node named); `info` on a directory.
 
 use std::os::unix::fs::FileExt;
 use std::process::{Command, Output};
@@ -86,6 +87,70 @@ fn pool_commands_and_check_finding_corruption() {
     assert!(!out.status.success());
     let out = terrace(&["pool", "info", "/nonexistent/pool"]);
     assert!(!out.status.success());
+}
+
+#[test]
+fn pool_check_finds_unreachable_and_corrupt_collection_nodes() {
+    use terrace_collections::layout::{H_ROOT, LEAF_BITMAP, TYPE_LEAF};
+    use terrace_collections::{Collections, MapOptions};
+    use terrace_pool::{Backend, HandleAt, Pool};
+
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = dir.path().join("coll.pool");
+    let p = path.to_str().unwrap();
+    let (stray, slot) = {
+        let pool = Pool::create(&path, 16 << 20, "coll").unwrap();
+        let colls = Collections::open(&pool).unwrap();
+        let map = colls
+            .ordered_map("index", MapOptions::create(16, 8))
+            .unwrap();
+        for i in 0..500u64 {
+            map.put(&i.to_be_bytes(), &i.to_le_bytes()).unwrap();
+        }
+        // A leaf no name reaches, as a crash inside `destroy` leaves one.
+        let stray = pool
+            .zalloc(map.geometry().leaf_size(), TYPE_LEAF, HandleAt::None)
+            .unwrap();
+        // The first live slot of the map's leftmost leaf (the root is an inner node).
+        let root = pool
+            .backend()
+            .load_u64(map.header().offset() + H_ROOT)
+            .unwrap();
+        let leaf = pool.backend().load_u64(root + 8).unwrap();
+        let bitmap = pool.backend().load_u64(leaf + LEAF_BITMAP).unwrap();
+        (
+            stray,
+            leaf + map.geometry().slot_off(bitmap.trailing_zeros()),
+        )
+    };
+    let out = terrace(&["pool", "check", p]);
+    let report = text(&out);
+    assert!(!out.status.success(), "{report}");
+    assert!(
+        report.contains(&format!("unreachable: {:#x}", stray.offset()))
+            && report.contains("1 names, 1 ordered maps (500 entries"),
+        "{report}"
+    );
+    let out = terrace(&["pool", "check", p, "--sweep"]);
+    assert!(
+        out.status.success() && text(&out).contains("freed 1"),
+        "{}",
+        text(&out)
+    );
+    let out = terrace(&["pool", "check", p]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // A key length past the map's maximum in a live slot.
+    corrupt(&path, slot, &[99]);
+    let out = terrace(&["pool", "check", p]);
+    let report = text(&out);
+    assert!(!out.status.success(), "{report}");
+    assert!(
+        report.contains("collections inconsistent")
+            && report.contains(&format!("offset {slot:#x}"))
+            && report.contains("key of 99 bytes"),
+        "{report}"
+    );
 }
 
 #[test]

@@ -192,6 +192,15 @@ impl<'p, B: Backend> Collections<'p, B> {
         })
     }
 
+    /// [`Collections::open`] after the opt-in sweep: [`crate::check()`] the pool, free
+    /// the collection objects no name reaches ([`crate::sweep`]) and return how many.
+    /// Run it where no other handle of the pool's collections is open.
+    pub fn open_sweeping(pool: &'p Pool<B>) -> Result<(Self, u64)> {
+        let report = crate::check(pool)?;
+        let freed = crate::sweep(pool, &report)?;
+        Ok((Collections::open(pool)?, freed))
+    }
+
     /// The pool.
     pub fn pool(&self) -> &'p Pool<B> {
         self.pool

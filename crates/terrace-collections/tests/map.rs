@@ -332,6 +332,16 @@ fn check_reports_an_unreachable_node_and_a_corrupt_one() {
     assert_eq!(report.unreachable, vec![stray]);
     assert_eq!(sweep(&pool, &report).unwrap(), 1);
     assert!(check(&pool).unwrap().unreachable.is_empty());
+    // The opt-in sweep at open does the same.
+    let again = pool
+        .zalloc(64, terrace_collections::layout::TYPE_BLOB, HandleAt::None)
+        .unwrap();
+    drop(map);
+    drop(colls);
+    let (colls, freed) = Collections::open_sweeping(&pool).unwrap();
+    assert_eq!(freed, 1);
+    assert!(pool.usable_size(again).is_err(), "the stray blob is freed");
+    let map = colls.ordered_map("m", MapOptions::existing()).unwrap();
     // Corrupt a live slot's key length in the first leaf.
     let mut first = map.iter();
     first.next().unwrap().unwrap();
