@@ -35,11 +35,13 @@ pub const H_HEIGHT: u64 = 24;
 /// Bytes of a map header object.
 pub const HEADER_SIZE: u64 = 64;
 
-/// Leaf: the live-slot bitmap word (the commit word of single-leaf updates), then one
+/// Leaf (and hash bucket: the same layout): the live-slot bitmap word (the commit word of
+/// single-page updates), the next page of a bucket's overflow chain (0 in a leaf), one
 /// fingerprint byte per slot (64 bytes whatever the slot count), then the slots.
 pub const LEAF_BITMAP: u64 = 0;
-pub const LEAF_FPS: u64 = 8;
-pub const LEAF_SLOTS: u64 = 72;
+pub const LEAF_NEXT: u64 = 8;
+pub const LEAF_FPS: u64 = 16;
+pub const LEAF_SLOTS: u64 = 80;
 /// Most slots a leaf has (one bitmap word).
 pub const MAX_LEAF_SLOTS: u32 = 64;
 

@@ -93,6 +93,8 @@ pub mod directory;
 pub mod error;
 pub mod layout;
 pub mod ordered;
+mod page;
+mod sync;
 
 pub use check::{check, sweep, Report};
 pub use directory::{Binding, Collections, Kind, MapOptions, MAX_NAME};

@@ -25,9 +25,8 @@
 //!   `writer` before a map's (see `docs/concurrency.md`).
 
 use std::cmp::Ordering as Cmp;
-use std::collections::HashSet;
 use std::ops::Bound;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 use terrace_pool::{Backend, Oid, Pool, Tx};
@@ -35,59 +34,13 @@ use terrace_pool::{Backend, Oid, Pool, Tx};
 use crate::error::{CollectionError, Result};
 use crate::layout::{
     fingerprint, Geometry, HEADER_SIZE, H_GEOMETRY, H_HEIGHT, H_MAGIC, H_ROOT, INNER_COUNT,
-    LEAF_BITMAP, LEAF_FPS, MAP_MAGIC, OUT_OF_LINE, TYPE_BLOB, TYPE_INNER, TYPE_LEAF, TYPE_MAP,
+    LEAF_BITMAP, LEAF_FPS, MAP_MAGIC, OUT_OF_LINE, TYPE_INNER, TYPE_LEAF, TYPE_MAP,
 };
+use crate::page::{PageImage, Pages, MAX_VALUE};
+use crate::sync::{Attempt, OpenGuard, Seqlocks};
 
-/// Stripe counters readers validate leaves against (a leaf maps to one by its offset).
-const STRIPES: usize = 512;
 /// Deepest tree a reader follows (guards a corrupt height word).
 const MAX_HEIGHT: u64 = 32;
-/// Largest out-of-line value (the blob's length word is 8 bytes; the C ABI returns a
-/// signed 64-bit length).
-const MAX_VALUE: u64 = u32::MAX as u64;
-
-/// Maps open in this process, by (pool uuid, header offset): a map has one writer lock
-/// and one set of counters, so it may be open once per process.
-static OPEN: Mutex<Option<HashSet<(u64, u64)>>> = Mutex::new(None);
-
-struct OpenGuard(u64, u64);
-
-impl OpenGuard {
-    fn register(uuid: u64, header: u64) -> Result<OpenGuard> {
-        let mut open = OPEN.lock();
-        if !open.get_or_insert_with(HashSet::new).insert((uuid, header)) {
-            return Err(CollectionError::Busy { offset: header });
-        }
-        Ok(OpenGuard(uuid, header))
-    }
-}
-
-impl Drop for OpenGuard {
-    fn drop(&mut self) {
-        if let Some(set) = OPEN.lock().as_mut() {
-            set.remove(&(self.0, self.1));
-        }
-    }
-}
-
-/// Where a reader's attempt ended.
-enum Attempt<T> {
-    Done(T),
-    Retry,
-}
-
-/// A leaf slot's two length bytes and its key.
-struct SlotKey {
-    buf: [u8; 258],
-    klen: usize,
-    vlen: u8,
-}
-
-impl SlotKey {
-    fn key(&self) -> &[u8] {
-        &self.buf[2..2 + self.klen]
-    }
-}
 
 /// The way down to a leaf: `(inner node, child index taken)` from the root.
 type Path = Vec<(u64, u32)>;
@@ -98,8 +51,8 @@ pub struct OrderedMap<'p, B: Backend> {
     header: u64,
     geo: Geometry,
     writer: Mutex<()>,
-    structure: AtomicU64,
-    stripes: Box<[AtomicU64]>,
+    pages: Pages<'p, B>,
+    seq: Seqlocks,
     len: AtomicU64,
     counted: AtomicBool,
     _open: OpenGuard,
@@ -151,15 +104,6 @@ pub(crate) fn read_header<B: Backend>(pool: &Pool<B>, header: u64) -> Result<Geo
         .map_err(|what| CollectionError::corrupt(header + H_GEOMETRY, what))
 }
 
-fn backoff(spins: &mut u32) {
-    *spins += 1;
-    if *spins < 64 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-}
-
 /// Whether `key` lies within `bound` taken as the low end (`low`) or the high end.
 fn within(key: &[u8], bound: &Bound<Vec<u8>>, low: bool) -> bool {
     match (bound, low) {
@@ -182,8 +126,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
             header,
             geo,
             writer: Mutex::new(()),
-            structure: AtomicU64::new(0),
-            stripes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            pages: Pages { pool, geo },
+            seq: Seqlocks::default(),
             len: AtomicU64::new(0),
             counted: AtomicBool::new(false),
             _open: open,
@@ -210,16 +154,17 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         self.pool
     }
 
-    fn b(&self) -> &B {
-        self.pool.backend()
+    fn b(&self) -> &'p B {
+        self.pages.b()
     }
 
     fn ld(&self, off: u64) -> Result<u64> {
-        Ok(self.b().load_u64(off)?)
+        self.pages.ld(off)
     }
 
-    fn stripe(&self, leaf: u64) -> &AtomicU64 {
-        &self.stripes[(leaf >> 6) as usize % STRIPES]
+    /// Runs `f` in one pool transaction with readers held off (see [`Seqlocks`]).
+    pub(crate) fn structural<T>(&self, f: impl FnOnce(&mut Tx<'p, B>) -> Result<T>) -> Result<T> {
+        self.seq.structural(self.pool, f)
     }
 
     fn check_key(&self, key: &[u8]) -> Result<()> {
@@ -338,146 +283,24 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         Ok(Some(node))
     }
 
-    fn read_slot_key(&self, leaf: u64, slot: u32) -> Result<SlotKey> {
-        let mut k = SlotKey {
-            buf: [0u8; 258],
-            klen: 0,
-            vlen: 0,
-        };
-        let off = leaf + self.geo.slot_off(slot);
-        let n = 2 + self.geo.key_cap as usize;
-        self.b().read(off, &mut k.buf[..n])?;
-        k.klen = k.buf[0] as usize;
-        k.vlen = k.buf[1];
-        if k.klen > self.geo.key_cap as usize {
-            return Err(CollectionError::corrupt(
-                off,
-                format!("key of {} bytes", k.klen),
-            ));
-        }
-        if k.vlen != OUT_OF_LINE && k.vlen as u32 > self.geo.val_area {
-            return Err(CollectionError::corrupt(
-                off,
-                format!("inline value of {} bytes", k.vlen),
-            ));
-        }
-        Ok(k)
-    }
-
-    /// The leaf's bitmap and the live slot holding `key`, if any.
-    fn leaf_find(&self, leaf: u64, key: &[u8]) -> Result<(u64, Option<u32>)> {
-        let bitmap = self.ld(leaf + LEAF_BITMAP)? & self.geo.full_bitmap();
-        let fp = fingerprint(key);
-        let mut fps = [0u8; 64];
-        self.b()
-            .read(leaf + LEAF_FPS, &mut fps[..self.geo.leaf_slots as usize])?;
-        let mut live = bitmap;
-        while live != 0 {
-            let i = live.trailing_zeros();
-            live &= live - 1;
-            if fps[i as usize] != fp {
-                continue;
-            }
-            if self.read_slot_key(leaf, i)?.key() == key {
-                return Ok((bitmap, Some(i)));
-            }
-        }
-        Ok((bitmap, None))
-    }
-
-    /// The out-of-line blob a slot refers to, if its value is out of line.
-    fn slot_blob(&self, leaf: u64, slot: u32, vlen: u8) -> Result<Option<u64>> {
-        if vlen != OUT_OF_LINE {
-            return Ok(None);
-        }
-        // Slots are not word-aligned: read the reference as bytes.
-        let at = leaf + self.geo.slot_off(slot) + 2 + self.geo.key_cap as u64;
-        let mut word = [0u8; 8];
-        self.b().read(at, &mut word)?;
-        let blob = u64::from_le_bytes(word);
-        if blob == 0 {
-            return Err(CollectionError::corrupt(
-                at,
-                "out-of-line value at offset 0",
-            ));
-        }
-        Ok(Some(blob))
-    }
-
-    /// Copies the value of a live slot into `out` (replacing its contents).
-    fn read_value(&self, leaf: u64, slot: u32, vlen: u8, out: &mut Vec<u8>) -> Result<()> {
-        let area = leaf + self.geo.slot_off(slot) + 2 + self.geo.key_cap as u64;
-        out.clear();
-        match self.slot_blob(leaf, slot, vlen)? {
-            None => {
-                out.resize(vlen as usize, 0);
-                self.b().read(area, out)?;
-            }
-            Some(blob) => {
-                let len = self.ld(blob)?;
-                if len > MAX_VALUE || len > self.pool.size() {
-                    return Err(CollectionError::corrupt(
-                        blob,
-                        format!("value of {len} bytes"),
-                    ));
-                }
-                out.resize(len as usize, 0);
-                self.b().read(blob + 8, out)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs a reader's attempt until it saw a consistent state: `f` gets nothing and
-    /// returns the leaf it validated against (0: none) with its result.
-    fn read_consistent<T>(&self, mut f: impl FnMut() -> Result<(u64, u64, T)>) -> Result<T> {
-        let mut spins = 0;
-        loop {
-            let s1 = self.structure.load(Ordering::Acquire);
-            if s1 & 1 == 0 {
-                let r = f();
-                fence(Ordering::Acquire);
-                let same = self.structure.load(Ordering::Relaxed) == s1;
-                match r {
-                    Ok((leaf, v1, value)) => {
-                        if same && (leaf == 0 || self.stripe(leaf).load(Ordering::Relaxed) == v1) {
-                            return Ok(value);
-                        }
-                    }
-                    Err(e) if same => return Err(e),
-                    Err(_) => {}
-                }
-            }
-            backoff(&mut spins);
-        }
-    }
-
     /// Copies the value of `key` into `out`; false (and `out` unchanged) when absent.
     pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         self.check_key(key)?;
-        let mut spins = 0;
-        loop {
-            let attempt = self.read_consistent(|| {
-                let Some(leaf) = self.descend(key, None)? else {
-                    return Ok((0, 0, Attempt::Done(false)));
-                };
-                let v1 = self.stripe(leaf).load(Ordering::Acquire);
-                if v1 & 1 == 1 {
-                    return Ok((0, 0, Attempt::Retry));
-                }
-                let (_, slot) = self.leaf_find(leaf, key)?;
-                let Some(i) = slot else {
-                    return Ok((leaf, v1, Attempt::Done(false)));
-                };
-                let vlen = self.read_slot_key(leaf, i)?.vlen;
-                self.read_value(leaf, i, vlen, out)?;
-                Ok((leaf, v1, Attempt::Done(true)))
-            })?;
-            match attempt {
-                Attempt::Done(found) => return Ok(found),
-                Attempt::Retry => backoff(&mut spins),
-            }
-        }
+        let fp = fingerprint(key);
+        self.seq.read_consistent(|| {
+            let Some(leaf) = self.descend(key, None)? else {
+                return Ok((0, 0, Attempt::Done(false)));
+            };
+            let Some(v1) = self.seq.page_version(leaf) else {
+                return Ok((0, 0, Attempt::Retry));
+            };
+            let Some(i) = self.pages.find(leaf, key, fp)?.1 else {
+                return Ok((leaf, v1, Attempt::Done(false)));
+            };
+            let vlen = self.pages.read_slot_key(leaf, i)?.vlen;
+            self.pages.read_value(leaf, i, vlen, out)?;
+            Ok((leaf, v1, Attempt::Done(true)))
+        })
     }
 
     /// The value of `key`, if present.
@@ -489,24 +312,17 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     /// Whether `key` is present.
     pub fn contains(&self, key: &[u8]) -> Result<bool> {
         self.check_key(key)?;
-        let mut spins = 0;
-        loop {
-            let attempt = self.read_consistent(|| {
-                let Some(leaf) = self.descend(key, None)? else {
-                    return Ok((0, 0, Attempt::Done(false)));
-                };
-                let v1 = self.stripe(leaf).load(Ordering::Acquire);
-                if v1 & 1 == 1 {
-                    return Ok((0, 0, Attempt::Retry));
-                }
-                let (_, slot) = self.leaf_find(leaf, key)?;
-                Ok((leaf, v1, Attempt::Done(slot.is_some())))
-            })?;
-            match attempt {
-                Attempt::Done(found) => return Ok(found),
-                Attempt::Retry => backoff(&mut spins),
-            }
-        }
+        let fp = fingerprint(key);
+        self.seq.read_consistent(|| {
+            let Some(leaf) = self.descend(key, None)? else {
+                return Ok((0, 0, Attempt::Done(false)));
+            };
+            let Some(v1) = self.seq.page_version(leaf) else {
+                return Ok((0, 0, Attempt::Retry));
+            };
+            let found = self.pages.find(leaf, key, fp)?.1.is_some();
+            Ok((leaf, v1, Attempt::Done(found)))
+        })
     }
 
     /// Entries in the map. The first call counts them (every leaf's bitmap) under the
@@ -586,8 +402,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         while live != 0 {
             let i = live.trailing_zeros();
             live &= live - 1;
-            let vlen = self.read_slot_key(node, i)?.vlen;
-            out.extend(self.slot_blob(node, i, vlen)?);
+            let vlen = self.pages.read_slot_key(node, i)?.vlen;
+            out.extend(self.pages.slot_blob(node, i, vlen)?);
         }
         Ok(())
     }
@@ -622,9 +438,9 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         let Some(leaf) = self.descend(key, None)? else {
             return Ok(None);
         };
-        let (bitmap, old) = self.leaf_find(leaf, key)?;
+        let (bitmap, old) = self.pages.find(leaf, key, fingerprint(key))?;
         if let Some(i) = old {
-            if self.read_slot_key(leaf, i)?.vlen == OUT_OF_LINE {
+            if self.pages.read_slot_key(leaf, i)?.vlen == OUT_OF_LINE {
                 return Ok(None);
             }
         }
@@ -633,69 +449,13 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
             return Ok(None);
         }
         let j = free.trailing_zeros();
-        self.write_slot(leaf, j, key, value.len() as u8, value)?;
-        let b = self.b();
-        b.persist(
-            leaf + self.geo.slot_off(j),
-            2 + self.geo.key_cap as u64 + value.len() as u64,
-        )?;
-        b.persist(leaf + LEAF_FPS + j as u64, 1)?;
+        self.pages
+            .write_slot(leaf, j, key, value.len() as u8, value)?;
+        self.pages.persist_slot(leaf, j, value.len())?;
         let new = (bitmap | 1 << j) & !old.map_or(0, |i| 1u64 << i);
-        let stripe = self.stripe(leaf);
-        let v = stripe.load(Ordering::Relaxed);
-        stripe.store(v + 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        b.store_u64(leaf + LEAF_BITMAP, new)?;
-        stripe.store(v + 2, Ordering::Release);
-        b.persist(leaf + LEAF_BITMAP, 8)?;
+        self.seq
+            .commit_word(self.b(), leaf, leaf + LEAF_BITMAP, new)?;
         Ok(Some(old.is_none()))
-    }
-
-    /// Writes slot `j` (lengths, key, value area) and its fingerprint; not persisted.
-    fn write_slot(&self, leaf: u64, j: u32, key: &[u8], vlen: u8, area: &[u8]) -> Result<()> {
-        let mut buf = [0u8; 2 + 255 + 255];
-        buf[0] = key.len() as u8;
-        buf[1] = vlen;
-        let k = self.geo.key_cap as usize;
-        buf[2..2 + key.len()].copy_from_slice(key);
-        buf[2 + k..2 + k + area.len()].copy_from_slice(area);
-        let off = leaf + self.geo.slot_off(j);
-        let b = self.b();
-        b.write(off, &buf[..2 + k + area.len()])?;
-        b.write(leaf + LEAF_FPS + j as u64, &[fingerprint(key)])?;
-        Ok(())
-    }
-
-    /// Runs `f` in one pool transaction with `structure` odd (readers wait).
-    pub(crate) fn structural<T>(&self, f: impl FnOnce(&mut Tx<'p, B>) -> Result<T>) -> Result<T> {
-        let s = self.structure.load(Ordering::Relaxed);
-        self.structure.store(s + 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        let r = (|| {
-            let mut tx = self.pool.begin()?;
-            let v = f(&mut tx)?;
-            tx.commit()?;
-            Ok(v)
-        })();
-        self.structure.store(s + 2, Ordering::Release);
-        r
-    }
-
-    /// Snapshots `[off, off+len)` in `tx`, then writes `data` there.
-    fn txw(&self, tx: &mut Tx<'p, B>, off: u64, data: &[u8]) -> Result<()> {
-        tx.add_range_direct(off, data.len() as u64)?;
-        self.b().write(off, data)?;
-        Ok(())
-    }
-
-    fn txw_u64(&self, tx: &mut Tx<'p, B>, off: u64, v: u64) -> Result<()> {
-        self.txw(tx, off, &v.to_le_bytes())
-    }
-
-    fn new_leaf(&self, tx: &mut Tx<'p, B>) -> Result<u64> {
-        let leaf = tx.alloc(self.geo.leaf_size(), TYPE_LEAF)?.offset();
-        self.b().store_u64(leaf + LEAF_BITMAP, 0)?;
-        Ok(leaf)
     }
 
     /// A put inside a transaction (writer lock held, `structure` odd): makes room by
@@ -705,49 +465,36 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         loop {
             let (root, _) = self.root()?;
             if root == 0 {
-                let leaf = self.new_leaf(tx)?;
-                self.txw_u64(tx, self.header + H_ROOT, leaf)?;
-                self.txw_u64(tx, self.header + H_HEIGHT, 0)?;
+                let leaf = self.pages.new_page(tx, TYPE_LEAF)?;
+                self.pages.txw_u64(tx, self.header + H_ROOT, leaf)?;
+                self.pages.txw_u64(tx, self.header + H_HEIGHT, 0)?;
             }
             let mut path = Path::new();
             let leaf = self.descend(key, Some(&mut path))?.ok_or_else(|| {
                 CollectionError::corrupt(self.header, "empty root after creating one")
             })?;
-            let (bitmap, old) = self.leaf_find(leaf, key)?;
+            let (bitmap, old) = self.pages.find(leaf, key, fingerprint(key))?;
             let free = !bitmap & self.geo.full_bitmap();
             if free == 0 {
                 self.make_room(tx, &path, leaf)?;
                 continue;
             }
             let j = free.trailing_zeros();
-            let slot = leaf + self.geo.slot_off(j);
-            tx.add_range_direct(slot, self.geo.slot_size())?;
-            tx.add_range_direct(leaf + LEAF_FPS + j as u64, 1)?;
-            if value.len() <= self.geo.val_area as usize {
-                self.write_slot(leaf, j, key, value.len() as u8, value)?;
-            } else {
-                let blob = tx.alloc(8 + value.len() as u64, TYPE_BLOB)?;
-                tx.write(blob, 0, &(value.len() as u64).to_le_bytes())?;
-                tx.write(blob, 8, value)?;
-                self.write_slot(leaf, j, key, OUT_OF_LINE, &blob.offset().to_le_bytes())?;
-            }
+            self.pages.write_slot_tx(tx, leaf, j, key, value)?;
             if let Some(i) = old {
-                let vlen = self.read_slot_key(leaf, i)?.vlen;
-                if let Some(blob) = self.slot_blob(leaf, i, vlen)? {
-                    tx.free(Oid::from_offset(blob).expect("nonzero"))?;
-                }
+                self.pages.free_value_tx(tx, leaf, i)?;
             }
             let new = (bitmap | 1 << j) & !old.map_or(0, |i| 1u64 << i);
-            self.txw_u64(tx, leaf + LEAF_BITMAP, new)?;
+            self.pages.txw_u64(tx, leaf + LEAF_BITMAP, new)?;
             return Ok(old.is_none());
         }
     }
 
     /// The live slots of a leaf sorted by key, with the leaf's bytes they index.
-    fn sorted_entries(&self, leaf: u64) -> Result<(Vec<u32>, LeafImage)> {
-        let mut image = LeafImage::default();
-        image.load(self, leaf)?;
-        let mut slots = image.live_slots(self, leaf)?;
+    fn sorted_entries(&self, leaf: u64) -> Result<(Vec<u32>, PageImage)> {
+        let mut image = PageImage::default();
+        image.load(&self.pages, leaf)?;
+        let mut slots = image.live_slots(&self.geo, leaf)?;
         slots.sort_unstable_by(|&a, &b| image.key(&self.geo, a).cmp(image.key(&self.geo, b)));
         Ok((slots, image))
     }
@@ -758,7 +505,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     fn copy_slots(
         &self,
         tx: &mut Tx<'p, B>,
-        from: &LeafImage,
+        from: &PageImage,
         slots: &[u32],
         to: u64,
         to_bitmap: u64,
@@ -769,8 +516,10 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
             let j = free.trailing_zeros();
             free &= free - 1;
             taken |= 1 << j;
-            self.txw(tx, to + self.geo.slot_off(j), from.slot(&self.geo, s))?;
-            self.txw(tx, to + LEAF_FPS + j as u64, &[from.fingerprint(s)])?;
+            self.pages
+                .txw(tx, to + self.geo.slot_off(j), from.slot(&self.geo, s))?;
+            self.pages
+                .txw(tx, to + LEAF_FPS + j as u64, &[from.fingerprint(s)])?;
         }
         Ok(taken)
     }
@@ -804,18 +553,21 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
                     (&sorted[..t], key_at(t), i - 1)
                 };
                 let taken = self.copy_slots(tx, &image, moved, sib, sib_bitmap)?;
-                self.txw_u64(tx, sib + LEAF_BITMAP, sib_bitmap | taken)?;
-                self.txw_u64(tx, leaf + LEAF_BITMAP, image.bitmap & !cleared(moved))?;
+                self.pages
+                    .txw_u64(tx, sib + LEAF_BITMAP, sib_bitmap | taken)?;
+                self.pages
+                    .txw_u64(tx, leaf + LEAF_BITMAP, image.bitmap & !cleared(moved))?;
                 self.write_sep(tx, parent, sep_index, &sep)?;
                 return Ok(());
             }
         }
         let m = sorted.len() / 2;
-        let right = self.new_leaf(tx)?;
+        let right = self.pages.new_page(tx, TYPE_LEAF)?;
         let moved = &sorted[m..];
         let taken = self.copy_slots(tx, &image, moved, right, 0)?;
         self.b().store_u64(right + LEAF_BITMAP, taken)?;
-        self.txw_u64(tx, leaf + LEAF_BITMAP, image.bitmap & !cleared(moved))?;
+        self.pages
+            .txw_u64(tx, leaf + LEAF_BITMAP, image.bitmap & !cleared(moved))?;
         self.insert_child(tx, path, &key_at(m), right)
     }
 
@@ -828,7 +580,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
 
     fn write_sep(&self, tx: &mut Tx<'p, B>, node: u64, i: u32, key: &[u8]) -> Result<()> {
         let bytes = self.sep_bytes(key);
-        self.txw(tx, node + self.geo.sep_off(i), &bytes)
+        self.pages.txw(tx, node + self.geo.sep_off(i), &bytes)
     }
 
     /// Writes an inner node's count, and its separators and children from index `from`
@@ -842,18 +594,21 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         from: usize,
     ) -> Result<()> {
         debug_assert_eq!(seps.len() + 1, children.len());
-        self.txw_u64(tx, node + INNER_COUNT, seps.len() as u64)?;
+        self.pages
+            .txw_u64(tx, node + INNER_COUNT, seps.len() as u64)?;
         let kids: Vec<u8> = children[from..]
             .iter()
             .flat_map(|c| c.to_le_bytes())
             .collect();
-        self.txw(tx, node + self.geo.child_off(from as u32), &kids)?;
+        self.pages
+            .txw(tx, node + self.geo.child_off(from as u32), &kids)?;
         let mut keys = Vec::with_capacity(seps.len() * (1 + self.geo.key_cap as usize));
         for s in seps.iter().skip(from) {
             keys.extend_from_slice(&self.sep_bytes(s));
         }
         if !keys.is_empty() {
-            self.txw(tx, node + self.geo.sep_off(from as u32), &keys)?;
+            self.pages
+                .txw(tx, node + self.geo.sep_off(from as u32), &keys)?;
         }
         Ok(())
     }
@@ -884,8 +639,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
             let (root, height) = self.root()?;
             let node = tx.alloc(self.geo.inner_size(), TYPE_INNER)?.offset();
             self.write_inner(tx, node, &[sep.to_vec()], &[root, right], 0)?;
-            self.txw_u64(tx, self.header + H_ROOT, node)?;
-            return self.txw_u64(tx, self.header + H_HEIGHT, height + 1);
+            self.pages.txw_u64(tx, self.header + H_ROOT, node)?;
+            return self.pages.txw_u64(tx, self.header + H_HEIGHT, height + 1);
         };
         let (mut seps, mut children) = self.read_inner(parent)?;
         seps.insert(i as usize, sep.to_vec());
@@ -908,26 +663,18 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         let Some(leaf) = self.descend(key, Some(&mut path))? else {
             return Ok(false);
         };
-        let (bitmap, Some(i)) = self.leaf_find(leaf, key)? else {
+        let (bitmap, Some(i)) = self.pages.find(leaf, key, fingerprint(key))? else {
             return Ok(false);
         };
-        let vlen = self.read_slot_key(leaf, i)?.vlen;
+        let vlen = self.pages.read_slot_key(leaf, i)?.vlen;
         let new = bitmap & !(1 << i);
         if vlen != OUT_OF_LINE && (new != 0 || path.is_empty()) {
-            let b = self.b();
-            let stripe = self.stripe(leaf);
-            let v = stripe.load(Ordering::Relaxed);
-            stripe.store(v + 1, Ordering::Relaxed);
-            fence(Ordering::Release);
-            b.store_u64(leaf + LEAF_BITMAP, new)?;
-            stripe.store(v + 2, Ordering::Release);
-            b.persist(leaf + LEAF_BITMAP, 8)?;
+            self.seq
+                .commit_word(self.b(), leaf, leaf + LEAF_BITMAP, new)?;
         } else {
             self.structural(|tx| {
-                if let Some(blob) = self.slot_blob(leaf, i, vlen)? {
-                    tx.free(Oid::from_offset(blob).expect("nonzero"))?;
-                }
-                self.txw_u64(tx, leaf + LEAF_BITMAP, new)?;
+                self.pages.free_value_tx(tx, leaf, i)?;
+                self.pages.txw_u64(tx, leaf + LEAF_BITMAP, new)?;
                 if new == 0 && !path.is_empty() {
                     self.remove_node(tx, &path, leaf)?;
                 }
@@ -943,8 +690,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     fn remove_node(&self, tx: &mut Tx<'p, B>, path: &[(u64, u32)], node: u64) -> Result<()> {
         tx.free(Oid::from_offset(node).expect("nonzero"))?;
         let Some((&(parent, i), up)) = path.split_last() else {
-            self.txw_u64(tx, self.header + H_ROOT, 0)?;
-            return self.txw_u64(tx, self.header + H_HEIGHT, 0);
+            self.pages.txw_u64(tx, self.header + H_ROOT, 0)?;
+            return self.pages.txw_u64(tx, self.header + H_HEIGHT, 0);
         };
         let (mut seps, mut children) = self.read_inner(parent)?;
         if seps.is_empty() {
@@ -962,8 +709,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
                 height -= 1;
             }
             if root != parent {
-                self.txw_u64(tx, self.header + H_ROOT, root)?;
-                self.txw_u64(tx, self.header + H_HEIGHT, height)?;
+                self.pages.txw_u64(tx, self.header + H_ROOT, root)?;
+                self.pages.txw_u64(tx, self.header + H_HEIGHT, height)?;
             }
         }
         Ok(())
@@ -1006,160 +753,68 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         reverse: bool,
         out: &mut Batch,
     ) -> Result<Option<Bound<Vec<u8>>>> {
-        let mut spins = 0;
-        loop {
-            let attempt = self.read_consistent(|| {
-                out.clear();
-                let (mut node, height) = self.root()?;
-                if node == 0 {
-                    return Ok((0, 0, Attempt::Done(None)));
-                }
-                let (mut lower, mut upper) = (None, None);
-                for _ in 0..height {
-                    let (i, n) = match (near, reverse) {
-                        (Bound::Unbounded, false) => (0, self.inner_count(node)?),
-                        (Bound::Unbounded, true) => {
-                            let n = self.inner_count(node)?;
-                            (n, n)
-                        }
-                        (Bound::Excluded(k), true) => self.route(node, k, false)?,
-                        (Bound::Included(k) | Bound::Excluded(k), _) => {
-                            self.route(node, k, true)?
-                        }
-                    };
-                    if i > 0 {
-                        lower = Some((node, i - 1));
+        let next = self.seq.read_consistent(|| {
+            out.clear();
+            let (mut node, height) = self.root()?;
+            if node == 0 {
+                return Ok((0, 0, Attempt::Done(None)));
+            }
+            let (mut lower, mut upper) = (None, None);
+            for _ in 0..height {
+                let (i, n) = match (near, reverse) {
+                    (Bound::Unbounded, false) => (0, self.inner_count(node)?),
+                    (Bound::Unbounded, true) => {
+                        let n = self.inner_count(node)?;
+                        (n, n)
                     }
-                    if i < n {
-                        upper = Some((node, i));
-                    }
-                    node = self.child(node, i)?;
-                }
-                let leaf = node;
-                let v1 = self.stripe(leaf).load(Ordering::Acquire);
-                if v1 & 1 == 1 {
-                    return Ok((0, 0, Attempt::Retry));
-                }
-                out.image.load(self, leaf)?;
-                let (lo, hi) = if reverse { (far, near) } else { (near, far) };
-                for i in out.image.live_slots(self, leaf)? {
-                    let key = out.image.key(&self.geo, i);
-                    if !(within(key, lo, true) && within(key, hi, false)) {
-                        continue;
-                    }
-                    let k0 = out.arena.len();
-                    out.arena.extend_from_slice(key);
-                    let v0 = out.arena.len();
-                    let vlen = out.image.vlen(&self.geo, i);
-                    if vlen == OUT_OF_LINE {
-                        let blob = self.slot_blob(leaf, i, vlen)?.expect("out of line");
-                        let len = self.ld(blob)?;
-                        if len > MAX_VALUE || len > self.pool.size() {
-                            return Err(CollectionError::corrupt(
-                                blob,
-                                format!("value of {len} bytes"),
-                            ));
-                        }
-                        out.arena.resize(v0 + len as usize, 0);
-                        self.b().read(blob + 8, &mut out.arena[v0..])?;
-                    } else {
-                        out.arena.extend_from_slice(
-                            &out.image.value_area(&self.geo, i)[..vlen as usize],
-                        );
-                    }
-                    out.entries.push([k0, v0, out.arena.len()]);
-                }
-                let next = if reverse {
-                    lower
-                        .map(|(n, i)| self.sep_vec(n, i).map(Bound::Excluded))
-                        .transpose()?
-                } else {
-                    upper
-                        .map(|(n, i)| self.sep_vec(n, i).map(Bound::Included))
-                        .transpose()?
+                    (Bound::Excluded(k), true) => self.route(node, k, false)?,
+                    (Bound::Included(k) | Bound::Excluded(k), _) => self.route(node, k, true)?,
                 };
-                Ok((leaf, v1, Attempt::Done(next)))
-            })?;
-            match attempt {
-                Attempt::Done(next) => {
-                    let arena = &out.arena;
-                    let key = |e: &[usize; 3]| &arena[e[0]..e[1]];
-                    if reverse {
-                        out.entries.sort_unstable_by(|a, b| key(b).cmp(key(a)));
-                    } else {
-                        out.entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
-                    }
-                    return Ok(next);
+                if i > 0 {
+                    lower = Some((node, i - 1));
                 }
-                Attempt::Retry => backoff(&mut spins),
+                if i < n {
+                    upper = Some((node, i));
+                }
+                node = self.child(node, i)?;
             }
+            let leaf = node;
+            let Some(v1) = self.seq.page_version(leaf) else {
+                return Ok((0, 0, Attempt::Retry));
+            };
+            out.image.load(&self.pages, leaf)?;
+            let (lo, hi) = if reverse { (far, near) } else { (near, far) };
+            for i in out.image.live_slots(&self.geo, leaf)? {
+                let key = out.image.key(&self.geo, i);
+                if !(within(key, lo, true) && within(key, hi, false)) {
+                    continue;
+                }
+                let k0 = out.arena.len();
+                out.arena.extend_from_slice(key);
+                let v0 = out.arena.len();
+                out.image
+                    .append_value(&self.pages, leaf, i, &mut out.arena)?;
+                out.entries.push([k0, v0, out.arena.len()]);
+            }
+            let next = if reverse {
+                lower
+                    .map(|(n, i)| self.sep_vec(n, i).map(Bound::Excluded))
+                    .transpose()?
+            } else {
+                upper
+                    .map(|(n, i)| self.sep_vec(n, i).map(Bound::Included))
+                    .transpose()?
+            };
+            Ok((leaf, v1, Attempt::Done(next)))
+        })?;
+        let arena = &out.arena;
+        let key = |e: &[usize; 3]| &arena[e[0]..e[1]];
+        if reverse {
+            out.entries.sort_unstable_by(|a, b| key(b).cmp(key(a)));
+        } else {
+            out.entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
         }
-    }
-}
-
-/// A copy of one leaf's bytes (one read), parsed in place. Slots are read through
-/// [`LeafImage::live_slots`], which validates their lengths first.
-#[derive(Default)]
-struct LeafImage {
-    bytes: Vec<u8>,
-    bitmap: u64,
-}
-
-impl LeafImage {
-    fn load<B: Backend>(&mut self, map: &OrderedMap<'_, B>, leaf: u64) -> Result<()> {
-        self.bytes.resize(map.geo.leaf_size() as usize, 0);
-        map.b().read(leaf, &mut self.bytes)?;
-        let word = u64::from_le_bytes(self.bytes[..8].try_into().expect("8 bytes"));
-        self.bitmap = word & map.geo.full_bitmap();
-        Ok(())
-    }
-
-    /// The live slots, each checked: key and inline value lengths within the geometry.
-    fn live_slots<B: Backend>(&self, map: &OrderedMap<'_, B>, leaf: u64) -> Result<Vec<u32>> {
-        let geo = &map.geo;
-        let mut live = self.bitmap;
-        let mut out = Vec::with_capacity(live.count_ones() as usize);
-        while live != 0 {
-            let i = live.trailing_zeros();
-            live &= live - 1;
-            let slot = self.slot(geo, i);
-            let (klen, vlen) = (slot[0], slot[1]);
-            if klen as u32 > geo.key_cap {
-                let at = leaf + geo.slot_off(i);
-                return Err(CollectionError::corrupt(at, format!("key of {klen} bytes")));
-            }
-            if vlen != OUT_OF_LINE && vlen as u32 > geo.val_area {
-                let at = leaf + geo.slot_off(i);
-                return Err(CollectionError::corrupt(
-                    at,
-                    format!("inline value of {vlen} bytes"),
-                ));
-            }
-            out.push(i);
-        }
-        Ok(out)
-    }
-
-    fn slot(&self, geo: &Geometry, i: u32) -> &[u8] {
-        let at = geo.slot_off(i) as usize;
-        &self.bytes[at..at + geo.slot_size() as usize]
-    }
-
-    fn key(&self, geo: &Geometry, i: u32) -> &[u8] {
-        let slot = self.slot(geo, i);
-        &slot[2..2 + (slot[0] as usize).min(geo.key_cap as usize)]
-    }
-
-    fn vlen(&self, geo: &Geometry, i: u32) -> u8 {
-        self.slot(geo, i)[1]
-    }
-
-    fn value_area(&self, geo: &Geometry, i: u32) -> &[u8] {
-        &self.slot(geo, i)[2 + geo.key_cap as usize..]
-    }
-
-    fn fingerprint(&self, i: u32) -> u8 {
-        self.bytes[LEAF_FPS as usize + i as usize]
+        Ok(next)
     }
 }
 
@@ -1167,7 +822,7 @@ impl LeafImage {
 /// `[key start, value start, value end]`, in cursor order.
 #[derive(Default)]
 struct Batch {
-    image: LeafImage,
+    image: PageImage,
     arena: Vec<u8>,
     entries: Vec<[usize; 3]>,
 }

@@ -1,0 +1,327 @@
+//! Slotted pages, the unit both maps store entries in: an ordered map's leaf and a hash
+//! map's bucket page share one layout ([`crate::layout`]): a live-slot bitmap, a next
+//! word, fingerprints, slots of `key_len, value_len, key, value area`, with long values in
+//! blob objects.
+//!
+//! Owns [`Pages`] (reading, finding, writing slots of one geometry) and [`PageImage`] (a
+//! page copied in one read and parsed in place).
+//!
+//! Invariants: a slot is read only when its bitmap bit is set; its lengths are validated
+//! before its bytes are used, so corrupt contents are [`CollectionError::Corrupt`], never
+//! a panic or an out-of-range read. A slot is written only while its bit is clear.
+
+use terrace_pool::{Backend, Oid, Pool, Tx};
+
+use crate::error::{CollectionError, Result};
+use crate::layout::{
+    fingerprint, Geometry, LEAF_BITMAP, LEAF_FPS, LEAF_NEXT, OUT_OF_LINE, TYPE_BLOB,
+};
+
+/// Largest value a collection stores (the C ABI returns a signed 64-bit length; 4 GiB
+/// keeps a blob within any sane pool).
+pub(crate) const MAX_VALUE: u64 = u32::MAX as u64;
+
+/// A slot's two length bytes and its key.
+pub(crate) struct SlotKey {
+    buf: [u8; 258],
+    klen: usize,
+    pub(crate) vlen: u8,
+}
+
+impl SlotKey {
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.buf[2..2 + self.klen]
+    }
+}
+
+/// Slot access for pages of one geometry in one pool.
+pub(crate) struct Pages<'p, B: Backend> {
+    pub(crate) pool: &'p Pool<B>,
+    pub(crate) geo: Geometry,
+}
+
+impl<'p, B: Backend> Pages<'p, B> {
+    pub(crate) fn b(&self) -> &'p B {
+        self.pool.backend()
+    }
+
+    pub(crate) fn ld(&self, off: u64) -> Result<u64> {
+        Ok(self.b().load_u64(off)?)
+    }
+
+    pub(crate) fn bitmap(&self, page: u64) -> Result<u64> {
+        Ok(self.ld(page + LEAF_BITMAP)? & self.geo.full_bitmap())
+    }
+
+    pub(crate) fn next(&self, page: u64) -> Result<u64> {
+        self.ld(page + LEAF_NEXT)
+    }
+
+    pub(crate) fn read_slot_key(&self, page: u64, slot: u32) -> Result<SlotKey> {
+        let mut k = SlotKey {
+            buf: [0u8; 258],
+            klen: 0,
+            vlen: 0,
+        };
+        let off = page + self.geo.slot_off(slot);
+        let n = 2 + self.geo.key_cap as usize;
+        self.b().read(off, &mut k.buf[..n])?;
+        k.klen = k.buf[0] as usize;
+        k.vlen = k.buf[1];
+        if k.klen > self.geo.key_cap as usize {
+            return Err(CollectionError::corrupt(
+                off,
+                format!("key of {} bytes", k.klen),
+            ));
+        }
+        if k.vlen != OUT_OF_LINE && k.vlen as u32 > self.geo.val_area {
+            return Err(CollectionError::corrupt(
+                off,
+                format!("inline value of {} bytes", k.vlen),
+            ));
+        }
+        Ok(k)
+    }
+
+    /// The page's bitmap and the live slot holding `key` (fingerprint `fp`), if any.
+    pub(crate) fn find(&self, page: u64, key: &[u8], fp: u8) -> Result<(u64, Option<u32>)> {
+        let bitmap = self.bitmap(page)?;
+        let mut fps = [0u8; 64];
+        self.b()
+            .read(page + LEAF_FPS, &mut fps[..self.geo.leaf_slots as usize])?;
+        let mut live = bitmap;
+        while live != 0 {
+            let i = live.trailing_zeros();
+            live &= live - 1;
+            if fps[i as usize] == fp && self.read_slot_key(page, i)?.key() == key {
+                return Ok((bitmap, Some(i)));
+            }
+        }
+        Ok((bitmap, None))
+    }
+
+    /// The out-of-line blob a slot refers to, if its value is out of line.
+    pub(crate) fn slot_blob(&self, page: u64, slot: u32, vlen: u8) -> Result<Option<u64>> {
+        if vlen != OUT_OF_LINE {
+            return Ok(None);
+        }
+        // Slots are not word-aligned: read the reference as bytes.
+        let at = page + self.geo.slot_off(slot) + 2 + self.geo.key_cap as u64;
+        let mut word = [0u8; 8];
+        self.b().read(at, &mut word)?;
+        let blob = u64::from_le_bytes(word);
+        if blob == 0 {
+            return Err(CollectionError::corrupt(
+                at,
+                "out-of-line value at offset 0",
+            ));
+        }
+        Ok(Some(blob))
+    }
+
+    /// Appends the bytes of the blob at `blob` to `out`.
+    pub(crate) fn read_blob(&self, blob: u64, out: &mut Vec<u8>) -> Result<()> {
+        let len = self.ld(blob)?;
+        if len > MAX_VALUE || len > self.pool.size() {
+            return Err(CollectionError::corrupt(
+                blob,
+                format!("value of {len} bytes"),
+            ));
+        }
+        let start = out.len();
+        out.resize(start + len as usize, 0);
+        self.b().read(blob + 8, &mut out[start..])?;
+        Ok(())
+    }
+
+    /// Copies the value of a live slot into `out` (replacing its contents).
+    pub(crate) fn read_value(
+        &self,
+        page: u64,
+        slot: u32,
+        vlen: u8,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        out.clear();
+        match self.slot_blob(page, slot, vlen)? {
+            None => {
+                let area = page + self.geo.slot_off(slot) + 2 + self.geo.key_cap as u64;
+                out.resize(vlen as usize, 0);
+                self.b().read(area, out)?;
+                Ok(())
+            }
+            Some(blob) => self.read_blob(blob, out),
+        }
+    }
+
+    /// Writes slot `j` (lengths, key, value area) and its fingerprint; not persisted.
+    pub(crate) fn write_slot(
+        &self,
+        page: u64,
+        j: u32,
+        key: &[u8],
+        vlen: u8,
+        area: &[u8],
+    ) -> Result<()> {
+        let mut buf = [0u8; 2 + 255 + 255];
+        buf[0] = key.len() as u8;
+        buf[1] = vlen;
+        let k = self.geo.key_cap as usize;
+        buf[2..2 + key.len()].copy_from_slice(key);
+        buf[2 + k..2 + k + area.len()].copy_from_slice(area);
+        let off = page + self.geo.slot_off(j);
+        let b = self.b();
+        b.write(off, &buf[..2 + k + area.len()])?;
+        b.write(page + LEAF_FPS + j as u64, &[fingerprint(key)])?;
+        Ok(())
+    }
+
+    /// Persists what [`Pages::write_slot`] wrote for an inline value of `vlen` bytes.
+    pub(crate) fn persist_slot(&self, page: u64, j: u32, vlen: usize) -> Result<()> {
+        let b = self.b();
+        b.persist(
+            page + self.geo.slot_off(j),
+            2 + self.geo.key_cap as u64 + vlen as u64,
+        )?;
+        b.persist(page + LEAF_FPS + j as u64, 1)?;
+        Ok(())
+    }
+
+    /// Writes slot `j` inside `tx`: snapshotted first (a slot freed earlier in the same
+    /// transaction would be live again after a rollback), the value out of line in a new
+    /// blob when it does not fit the area.
+    pub(crate) fn write_slot_tx(
+        &self,
+        tx: &mut Tx<'p, B>,
+        page: u64,
+        j: u32,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<()> {
+        tx.add_range_direct(page + self.geo.slot_off(j), self.geo.slot_size())?;
+        tx.add_range_direct(page + LEAF_FPS + j as u64, 1)?;
+        if value.len() <= self.geo.val_area as usize {
+            return self.write_slot(page, j, key, value.len() as u8, value);
+        }
+        let blob = tx.alloc(8 + value.len() as u64, TYPE_BLOB)?;
+        tx.write(blob, 0, &(value.len() as u64).to_le_bytes())?;
+        tx.write(blob, 8, value)?;
+        self.write_slot(page, j, key, OUT_OF_LINE, &blob.offset().to_le_bytes())
+    }
+
+    /// Frees slot `i`'s out-of-line value in `tx`, if it has one.
+    pub(crate) fn free_value_tx(&self, tx: &mut Tx<'p, B>, page: u64, i: u32) -> Result<()> {
+        let vlen = self.read_slot_key(page, i)?.vlen;
+        if let Some(blob) = self.slot_blob(page, i, vlen)? {
+            tx.free(Oid::from_offset(blob).expect("checked nonzero"))?;
+        }
+        Ok(())
+    }
+
+    /// Snapshots `[off, off+len)` in `tx`, then writes `data` there.
+    pub(crate) fn txw(&self, tx: &mut Tx<'p, B>, off: u64, data: &[u8]) -> Result<()> {
+        tx.add_range_direct(off, data.len() as u64)?;
+        self.b().write(off, data)?;
+        Ok(())
+    }
+
+    pub(crate) fn txw_u64(&self, tx: &mut Tx<'p, B>, off: u64, v: u64) -> Result<()> {
+        self.txw(tx, off, &v.to_le_bytes())
+    }
+
+    /// A new empty page of type `type_num` in `tx`.
+    pub(crate) fn new_page(&self, tx: &mut Tx<'p, B>, type_num: u64) -> Result<u64> {
+        let page = tx.alloc(self.geo.leaf_size(), type_num)?.offset();
+        self.b().store_u64(page + LEAF_BITMAP, 0)?;
+        self.b().store_u64(page + LEAF_NEXT, 0)?;
+        Ok(page)
+    }
+}
+
+/// A copy of one page's bytes (one read), parsed in place. Slots are read through
+/// [`PageImage::live_slots`], which validates their lengths first.
+#[derive(Default)]
+pub(crate) struct PageImage {
+    bytes: Vec<u8>,
+    pub(crate) bitmap: u64,
+}
+
+impl PageImage {
+    pub(crate) fn load<B: Backend>(&mut self, pages: &Pages<'_, B>, page: u64) -> Result<()> {
+        self.bytes.resize(pages.geo.leaf_size() as usize, 0);
+        pages.b().read(page, &mut self.bytes)?;
+        let word = u64::from_le_bytes(self.bytes[..8].try_into().expect("8 bytes"));
+        self.bitmap = word & pages.geo.full_bitmap();
+        Ok(())
+    }
+
+    /// The live slots, each checked: key and inline value lengths within the geometry.
+    pub(crate) fn live_slots(&self, geo: &Geometry, page: u64) -> Result<Vec<u32>> {
+        let mut live = self.bitmap;
+        let mut out = Vec::with_capacity(live.count_ones() as usize);
+        while live != 0 {
+            let i = live.trailing_zeros();
+            live &= live - 1;
+            let slot = self.slot(geo, i);
+            let (klen, vlen) = (slot[0], slot[1]);
+            let at = page + geo.slot_off(i);
+            if klen as u32 > geo.key_cap {
+                return Err(CollectionError::corrupt(at, format!("key of {klen} bytes")));
+            }
+            if vlen != OUT_OF_LINE && vlen as u32 > geo.val_area {
+                return Err(CollectionError::corrupt(
+                    at,
+                    format!("inline value of {vlen} bytes"),
+                ));
+            }
+            out.push(i);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn slot(&self, geo: &Geometry, i: u32) -> &[u8] {
+        let at = geo.slot_off(i) as usize;
+        &self.bytes[at..at + geo.slot_size() as usize]
+    }
+
+    pub(crate) fn key(&self, geo: &Geometry, i: u32) -> &[u8] {
+        let slot = self.slot(geo, i);
+        &slot[2..2 + (slot[0] as usize).min(geo.key_cap as usize)]
+    }
+
+    pub(crate) fn vlen(&self, geo: &Geometry, i: u32) -> u8 {
+        self.slot(geo, i)[1]
+    }
+
+    pub(crate) fn value_area(&self, geo: &Geometry, i: u32) -> &[u8] {
+        &self.slot(geo, i)[2 + geo.key_cap as usize..]
+    }
+
+    pub(crate) fn fingerprint(&self, i: u32) -> u8 {
+        self.bytes[LEAF_FPS as usize + i as usize]
+    }
+
+    /// Appends slot `i`'s value to `out` (reading its blob when out of line).
+    pub(crate) fn append_value<B: Backend>(
+        &self,
+        pages: &Pages<'_, B>,
+        page: u64,
+        i: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let geo = &pages.geo;
+        let vlen = self.vlen(geo, i);
+        if vlen != OUT_OF_LINE {
+            out.extend_from_slice(&self.value_area(geo, i)[..vlen as usize]);
+            return Ok(());
+        }
+        let blob = u64::from_le_bytes(self.value_area(geo, i)[..8].try_into().expect("8 bytes"));
+        if blob == 0 {
+            return Err(CollectionError::corrupt(
+                page + geo.slot_off(i),
+                "out-of-line value at offset 0",
+            ));
+        }
+        pages.read_blob(blob, out)
+    }
+}
