@@ -136,7 +136,7 @@ pub fn check(path: &Path, layout: Option<&str>, sweep: bool) -> Result<(), Strin
     let colls = terrace_collections::check(&pool)
         .map_err(|e| format!("{}: collections inconsistent: {e}", path.display()))?;
     println!(
-        "collections: {} names, {} ordered maps ({} entries, {} leaves, {} inner nodes, \
+        "collections: {} names, {} maps ({} entries, {} pages, {} inner nodes, \
          {} out-of-line values); {} program objects no name binds",
         colls.bindings,
         colls

@@ -128,7 +128,7 @@ fn pool_check_finds_unreachable_and_corrupt_collection_nodes() {
     assert!(!out.status.success(), "{report}");
     assert!(
         report.contains(&format!("unreachable: {:#x}", stray.offset()))
-            && report.contains("1 names, 1 ordered maps (500 entries"),
+            && report.contains("1 names, 1 maps (500 entries"),
         "{report}"
     );
     let out = terrace(&["pool", "check", p, "--sweep"]);

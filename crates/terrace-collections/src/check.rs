@@ -16,9 +16,11 @@ use terrace_pool::{Backend, Oid, Pool};
 
 use crate::directory::{decode_binding, directory_geometry, Kind};
 use crate::error::{CollectionError, Result};
+use crate::hash::{bucket_count, bucket_of, hash_of, read_hash_header, HASH_HEADER_SIZE, HH_TABLE};
 use crate::layout::{
     fingerprint, is_collection_type, Geometry, HEADER_SIZE, H_HEIGHT, H_ROOT, INNER_COUNT,
-    LEAF_BITMAP, LEAF_FPS, OUT_OF_LINE, TYPE_BLOB, TYPE_INNER, TYPE_LEAF, TYPE_MAP,
+    LEAF_BITMAP, LEAF_FPS, LEAF_NEXT, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET, TYPE_HASH, TYPE_INNER,
+    TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
 };
 use crate::ordered::read_header;
 
@@ -30,8 +32,9 @@ const MAX_HEIGHT: u64 = 32;
 pub struct Report {
     /// Names bound in the directory.
     pub bindings: u64,
-    /// Ordered maps reached (the directory included).
+    /// Maps reached (ordered and hash; the directory included).
     pub maps: u64,
+    /// Slotted pages: ordered-map leaves and hash-map bucket pages.
     pub leaves: u64,
     pub inner_nodes: u64,
     /// Entries in the bound maps (the directory's not counted).
@@ -115,6 +118,145 @@ impl<B: Backend> Walker<'_, B> {
         Ok(geo)
     }
 
+    /// Validates one slotted page (a leaf or a bucket page) of `type_num`: its bitmap,
+    /// every live slot's lengths, fingerprint and value, no repeated key, and each key
+    /// `placed` where it lies (`place` names where that is in messages).
+    #[allow(clippy::too_many_arguments)]
+    fn page(
+        &mut self,
+        geo: &Geometry,
+        node: u64,
+        type_num: u64,
+        from: u64,
+        placed: &dyn Fn(&[u8]) -> bool,
+        place: &str,
+        entry: &mut EntryFn<'_, Self>,
+    ) -> Result<()> {
+        self.reach(node, type_num, geo.leaf_size(), from)?;
+        let bitmap = self.u64_at(node + LEAF_BITMAP)?;
+        if bitmap & !geo.full_bitmap() != 0 {
+            return Err(bad(
+                node,
+                format!("bitmap {bitmap:#x} has bits past {} slots", geo.leaf_slots),
+            ));
+        }
+        let fps = self.bytes(node + LEAF_FPS, geo.leaf_slots as usize)?;
+        let mut keys = HashSet::new();
+        let mut live = bitmap;
+        while live != 0 {
+            let i = live.trailing_zeros();
+            live &= live - 1;
+            let at = node + geo.slot_off(i);
+            let slot = self.bytes(at, geo.slot_size() as usize)?;
+            let (klen, vlen) = (slot[0] as usize, slot[1]);
+            if klen > geo.key_cap as usize {
+                return Err(bad(
+                    at,
+                    format!(
+                        "slot {i} holds a key of {klen} bytes, the map's maximum is {}",
+                        geo.key_cap
+                    ),
+                ));
+            }
+            let key = &slot[2..2 + klen];
+            if fps[i as usize] != fingerprint(key) {
+                return Err(bad(
+                    node + LEAF_FPS + i as u64,
+                    format!("slot {i}'s fingerprint does not match its key"),
+                ));
+            }
+            if !placed(key) {
+                return Err(bad(at, format!("slot {i}'s key lies outside {place}")));
+            }
+            if !keys.insert(key.to_vec()) {
+                return Err(bad(at, format!("slot {i} repeats a key of its page")));
+            }
+            let area = &slot[2 + geo.key_cap as usize..];
+            let value = if vlen == OUT_OF_LINE {
+                let blob = u64::from_le_bytes(area[..8].try_into().expect("8 bytes"));
+                let len = match self.live.get(&blob) {
+                    Some(&(_, usable)) if usable >= 8 => self.u64_at(blob)?,
+                    _ => 0,
+                };
+                self.reach(blob, TYPE_BLOB, 8u64.saturating_add(len), at)?;
+                self.report.blobs += 1;
+                self.bytes(blob + 8, len as usize)?
+            } else if vlen as u32 > geo.val_area {
+                return Err(bad(
+                    at,
+                    format!(
+                        "slot {i} holds an inline value of {vlen} bytes, the area is {}",
+                        geo.val_area
+                    ),
+                ));
+            } else {
+                area[..vlen as usize].to_vec()
+            };
+            entry(self, key, &value, at)?;
+        }
+        Ok(())
+    }
+
+    /// Validates the hash map at `header`: state, table, segments, every bucket's chain
+    /// (each key in the bucket its hash addresses); calls `entry` with each entry.
+    fn hash(&mut self, header: u64, from: u64, entry: &mut EntryFn<'_, Self>) -> Result<()> {
+        self.reach(header, TYPE_HASH, HASH_HEADER_SIZE, from)?;
+        let (geo, state) = read_hash_header(self.pool, header)?;
+        self.report.maps += 1;
+        let count = bucket_count(state);
+        let table = self.u64_at(header + HH_TABLE)?;
+        if table == 0 {
+            return Ok(());
+        }
+        let capacity = match self.live.get(&table) {
+            Some(&(_, usable)) if usable >= 8 => self.u64_at(table)?,
+            _ => 0,
+        };
+        self.reach(
+            table,
+            TYPE_TABLE,
+            8u64.saturating_add(capacity.saturating_mul(8)),
+            header + HH_TABLE,
+        )?;
+        let per = geo.fanout as u64;
+        for s in 0..capacity {
+            let at = table + 8 + 8 * s;
+            let segment = self.u64_at(at)?;
+            if segment == 0 {
+                continue;
+            }
+            self.reach(segment, TYPE_SEGMENT, 8 * per, at)?;
+            for w in 0..per {
+                let b = s * per + w;
+                let word = segment + 8 * w;
+                let mut page = self.u64_at(word)?;
+                if page != 0 && b >= count {
+                    return Err(bad(
+                        word,
+                        format!("bucket {b} has pages, the map has {count} buckets"),
+                    ));
+                }
+                let mut from = word;
+                while page != 0 {
+                    let in_bucket = |k: &[u8]| bucket_of(hash_of(k), state) == b;
+                    self.report.leaves += 1;
+                    self.page(
+                        &geo,
+                        page,
+                        TYPE_BUCKET,
+                        from,
+                        &in_bucket,
+                        &format!("bucket {b}"),
+                        entry,
+                    )?;
+                    from = page + LEAF_NEXT;
+                    page = self.u64_at(from)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn node(
         &mut self,
@@ -128,73 +270,19 @@ impl<B: Backend> Walker<'_, B> {
     ) -> Result<()> {
         let in_fences = |k: &[u8]| lo.is_none_or(|l| k >= l) && hi.is_none_or(|h| k < h);
         if level == 0 {
-            self.reach(node, TYPE_LEAF, geo.leaf_size(), from)?;
             self.report.leaves += 1;
-            let bitmap = self.u64_at(node + LEAF_BITMAP)?;
-            if bitmap & !geo.full_bitmap() != 0 {
-                return Err(bad(
-                    node,
-                    format!("bitmap {bitmap:#x} has bits past {} slots", geo.leaf_slots),
-                ));
+            if self.u64_at(node + LEAF_NEXT)? != 0 {
+                return Err(bad(node + LEAF_NEXT, "a leaf with a next page"));
             }
-            let fps = self.bytes(node + LEAF_FPS, geo.leaf_slots as usize)?;
-            let mut keys = HashSet::new();
-            let mut live = bitmap;
-            while live != 0 {
-                let i = live.trailing_zeros();
-                live &= live - 1;
-                let at = node + geo.slot_off(i);
-                let slot = self.bytes(at, geo.slot_size() as usize)?;
-                let (klen, vlen) = (slot[0] as usize, slot[1]);
-                if klen > geo.key_cap as usize {
-                    return Err(bad(
-                        at,
-                        format!(
-                            "slot {i} holds a key of {klen} bytes, the map's maximum is {}",
-                            geo.key_cap
-                        ),
-                    ));
-                }
-                let key = &slot[2..2 + klen];
-                if fps[i as usize] != fingerprint(key) {
-                    return Err(bad(
-                        node + LEAF_FPS + i as u64,
-                        format!("slot {i}'s fingerprint does not match its key"),
-                    ));
-                }
-                if !in_fences(key) {
-                    return Err(bad(
-                        at,
-                        format!("slot {i}'s key lies outside the leaf's key range"),
-                    ));
-                }
-                if !keys.insert(key.to_vec()) {
-                    return Err(bad(at, format!("slot {i} repeats a key of its leaf")));
-                }
-                let area = &slot[2 + geo.key_cap as usize..];
-                let value = if vlen == OUT_OF_LINE {
-                    let blob = u64::from_le_bytes(area[..8].try_into().expect("8 bytes"));
-                    let len = match self.live.get(&blob) {
-                        Some(&(_, usable)) if usable >= 8 => self.u64_at(blob)?,
-                        _ => 0,
-                    };
-                    self.reach(blob, TYPE_BLOB, 8u64.saturating_add(len), at)?;
-                    self.report.blobs += 1;
-                    self.bytes(blob + 8, len as usize)?
-                } else if vlen as u32 > geo.val_area {
-                    return Err(bad(
-                        at,
-                        format!(
-                            "slot {i} holds an inline value of {vlen} bytes, the area is {}",
-                            geo.val_area
-                        ),
-                    ));
-                } else {
-                    area[..vlen as usize].to_vec()
-                };
-                entry(self, key, &value, at)?;
-            }
-            return Ok(());
+            return self.page(
+                geo,
+                node,
+                TYPE_LEAF,
+                from,
+                &in_fences,
+                "the leaf's key range",
+                entry,
+            );
         }
         self.reach(node, TYPE_INNER, geo.inner_size(), from)?;
         self.report.inner_nodes += 1;
@@ -268,6 +356,12 @@ pub fn check<B: Backend>(pool: &Pool<B>) -> Result<Report> {
             match b.kind {
                 Kind::OrderedMap => {
                     w.map(b.oid.offset(), at, &mut |w, _, _, _| {
+                        w.report.entries += 1;
+                        Ok(())
+                    })?;
+                }
+                Kind::HashMap => {
+                    w.hash(b.oid.offset(), at, &mut |w, _, _, _| {
                         w.report.entries += 1;
                         Ok(())
                     })?;

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use terrace_pool::{Backend, Oid, Pool};
 
 use crate::error::{CollectionError, Result};
+use crate::hash::{create_hash_header, hash_geometry, HashMap};
 use crate::layout::{Geometry, HEADER_SIZE, TYPE_MAP};
 use crate::ordered::{create_header, header_bytes, read_header, OrderedMap};
 
@@ -30,6 +31,8 @@ pub(crate) fn directory_geometry() -> Geometry {
 pub enum Kind {
     /// An [`OrderedMap`]; the offset is its header.
     OrderedMap,
+    /// A [`HashMap`]; the offset is its header.
+    HashMap,
     /// A program's own object (traced as reachable, its contents are not interpreted).
     Object,
 }
@@ -38,6 +41,7 @@ impl Kind {
     pub(crate) fn code(self) -> u64 {
         match self {
             Kind::OrderedMap => 1,
+            Kind::HashMap => 2,
             Kind::Object => 3,
         }
     }
@@ -45,6 +49,7 @@ impl Kind {
     pub(crate) fn from_code(code: u64) -> Option<Kind> {
         match code {
             1 => Some(Kind::OrderedMap),
+            2 => Some(Kind::HashMap),
             3 => Some(Kind::Object),
             _ => None,
         }
@@ -54,6 +59,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::OrderedMap => "ordered map",
+            Kind::HashMap => "hash map",
             Kind::Object => "object",
         }
     }
@@ -100,7 +106,26 @@ fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// How [`Collections::ordered_map`] opens a map.
+/// Refuses sizes other than an existing map's (0 accepts them).
+fn check_sizes(opts: &MapOptions, g: &Geometry) -> Result<()> {
+    if opts.max_key != 0 && opts.max_key != g.key_cap {
+        return Err(CollectionError::Mismatch {
+            what: "max key",
+            found: g.key_cap,
+            asked: opts.max_key,
+        });
+    }
+    if opts.inline_value != 0 && opts.inline_value.max(8) != g.val_area {
+        return Err(CollectionError::Mismatch {
+            what: "inline value",
+            found: g.val_area,
+            asked: opts.inline_value,
+        });
+    }
+    Ok(())
+}
+
+/// How [`Collections::ordered_map`] and [`Collections::hash_map`] open a map.
 #[derive(Clone, Copy, Debug)]
 pub struct MapOptions {
     /// Longest key (1..=255 bytes); 0 accepts what an existing map was created with.
@@ -110,8 +135,9 @@ pub struct MapOptions {
     pub inline_value: u32,
     /// Create the map when the name is unbound.
     pub create: bool,
-    /// Leaf slots and inner fanout (tests use small ones for deep trees); `None`: 64
-    /// and about 4 KiB inner nodes.
+    /// Slots per leaf or bucket page, and children per inner node or buckets per hash
+    /// segment (tests use small ones for deep trees and many splits); `None`: 64 slots,
+    /// about 4 KiB inner nodes, 512-bucket segments.
     pub shape: Option<(u32, u32)>,
 }
 
@@ -137,7 +163,7 @@ impl MapOptions {
         }
     }
 
-    fn geometry(&self) -> Result<Geometry> {
+    fn geometry(&self, kind: Kind) -> Result<Geometry> {
         if self.max_key == 0 || self.max_key > 255 || self.inline_value > 254 {
             return Err(CollectionError::InvalidArgument {
                 what: "map sizes",
@@ -147,7 +173,10 @@ impl MapOptions {
                 ),
             });
         }
-        let mut g = Geometry::new(self.max_key, self.inline_value);
+        let mut g = match kind {
+            Kind::HashMap => hash_geometry(self.max_key, self.inline_value),
+            _ => Geometry::new(self.max_key, self.inline_value),
+        };
         if let Some((slots, fanout)) = self.shape {
             g.leaf_slots = slots;
             g.fanout = fanout;
@@ -264,73 +293,87 @@ impl<'p, B: Backend> Collections<'p, B> {
     /// Opens the ordered map bound to `name`, creating and binding it in one transaction
     /// when it is unbound and `opts.create`.
     pub fn ordered_map(&self, name: &str, opts: MapOptions) -> Result<OrderedMap<'p, B>> {
+        let (header, created) = self.open_or_create(name, Kind::OrderedMap, &opts, |tx, geo| {
+            create_header(tx, geo)
+        })?;
+        let map = OrderedMap::attach(self.pool, header)?;
+        if !created {
+            check_sizes(&opts, &map.geometry())?;
+        }
+        Ok(map)
+    }
+
+    /// Opens the hash map bound to `name`, creating and binding it in one transaction
+    /// when it is unbound and `opts.create`. Its `shape` is (page slots, buckets per
+    /// segment).
+    pub fn hash_map(&self, name: &str, opts: MapOptions) -> Result<HashMap<'p, B>> {
+        let (header, created) = self.open_or_create(name, Kind::HashMap, &opts, |tx, geo| {
+            create_hash_header(tx, geo)
+        })?;
+        let map = HashMap::attach(self.pool, header)?;
+        if !created {
+            check_sizes(&opts, &map.geometry())?;
+        }
+        Ok(map)
+    }
+
+    /// The header `name` binds (of `kind`), or a new one created by `create` and bound
+    /// in the same transaction; whether it was created.
+    fn open_or_create(
+        &self,
+        name: &str,
+        kind: Kind,
+        opts: &MapOptions,
+        create: impl FnOnce(&mut terrace_pool::Tx<'p, B>, &Geometry) -> Result<Oid>,
+    ) -> Result<(u64, bool)> {
         check_name(name)?;
         let _b = self.bind.lock();
         if let Some(b) = self.lookup(name)? {
-            if b.kind != Kind::OrderedMap {
+            if b.kind != kind {
                 return Err(CollectionError::WrongKind {
                     name: name.into(),
                     found: b.kind.name(),
-                    expected: Kind::OrderedMap.name(),
+                    expected: kind.name(),
                 });
             }
-            let map = OrderedMap::attach(self.pool, b.oid.offset())?;
-            let g = map.geometry();
-            if opts.max_key != 0 && opts.max_key != g.key_cap {
-                return Err(CollectionError::Mismatch {
-                    what: "max key",
-                    found: g.key_cap,
-                    asked: opts.max_key,
-                });
-            }
-            if opts.inline_value != 0 && opts.inline_value.max(8) != g.val_area {
-                return Err(CollectionError::Mismatch {
-                    what: "inline value",
-                    found: g.val_area,
-                    asked: opts.inline_value,
-                });
-            }
-            return Ok(map);
+            return Ok((b.oid.offset(), false));
         }
         if !opts.create {
             return Err(CollectionError::NotFound { name: name.into() });
         }
-        let geo = opts.geometry()?;
+        let geo = opts.geometry(kind)?;
         let _w = self.dir.lock()?;
         let header = self.dir.structural(|tx| {
-            let header = create_header(tx, &geo)?;
-            self.dir.put_tx(
-                tx,
-                name.as_bytes(),
-                &encode_binding(Kind::OrderedMap, header),
-            )?;
+            let header = create(tx, &geo)?;
+            self.dir
+                .put_tx(tx, name.as_bytes(), &encode_binding(kind, header))?;
             Ok(header)
         })?;
-        drop(_w);
-        OrderedMap::attach(self.pool, header.offset())
+        Ok((header.offset(), true))
     }
 
-    /// Unbinds the map `name` and frees its nodes and values. The unbinding is one
-    /// transaction; the frees follow in batches, so a crash in between leaves nodes no
-    /// root reaches, which [`crate::check()`] reports and [`crate::sweep`] frees. `Busy`
-    /// while the map is open in this process.
+    /// Unbinds the map `name` (either kind) and frees its nodes and values. The
+    /// unbinding is one transaction; the frees follow in batches, so a crash in between
+    /// leaves nodes no root reaches, which [`crate::check()`] reports and [`crate::sweep`]
+    /// frees. `Busy` while the map is open in this process.
     pub fn destroy(&self, name: &str) -> Result<()> {
         let _b = self.bind.lock();
         let b = self
             .lookup(name)?
             .ok_or_else(|| CollectionError::NotFound { name: name.into() })?;
-        if b.kind != Kind::OrderedMap {
-            return Err(CollectionError::WrongKind {
-                name: name.into(),
-                found: b.kind.name(),
-                expected: Kind::OrderedMap.name(),
-            });
-        }
-        let map = OrderedMap::attach(self.pool, b.oid.offset())?;
-        let mut objects = map.objects()?;
+        let mut objects = match b.kind {
+            Kind::OrderedMap => OrderedMap::attach(self.pool, b.oid.offset())?.objects()?,
+            Kind::HashMap => HashMap::attach(self.pool, b.oid.offset())?.objects()?,
+            Kind::Object => {
+                return Err(CollectionError::WrongKind {
+                    name: name.into(),
+                    found: b.kind.name(),
+                    expected: "map",
+                })
+            }
+        };
         objects.push(b.oid.offset());
         self.dir.remove(name.as_bytes())?;
-        drop(map);
         for batch in objects.chunks(128) {
             let mut tx = self.pool.begin()?;
             for &off in batch {

@@ -18,6 +18,14 @@ pub const TYPE_LEAF: u64 = TYPE_BASE | 2;
 pub const TYPE_INNER: u64 = TYPE_BASE | 3;
 /// An out-of-line value: `len: u64` then the bytes.
 pub const TYPE_BLOB: u64 = TYPE_BASE | 4;
+/// A hash map header.
+pub const TYPE_HASH: u64 = TYPE_BASE | 5;
+/// A hash map bucket page (the leaf layout).
+pub const TYPE_BUCKET: u64 = TYPE_BASE | 6;
+/// A hash map segment: bucket words.
+pub const TYPE_SEGMENT: u64 = TYPE_BASE | 7;
+/// A hash map table: `capacity`, then segment offsets.
+pub const TYPE_TABLE: u64 = TYPE_BASE | 8;
 
 /// Whether objects of pool type `type_num` belong to the collections.
 pub fn is_collection_type(type_num: u64) -> bool {

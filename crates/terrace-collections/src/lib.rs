@@ -91,6 +91,7 @@
 pub mod check;
 pub mod directory;
 pub mod error;
+pub mod hash;
 pub mod layout;
 pub mod ordered;
 mod page;
@@ -99,4 +100,5 @@ mod sync;
 pub use check::{check, sweep, Report};
 pub use directory::{Binding, Collections, Kind, MapOptions, MAX_NAME};
 pub use error::{CollectionError, Result};
+pub use hash::{HashIter, HashMap};
 pub use ordered::{OrderedMap, Range};

@@ -1,11 +1,12 @@
-//! The collections' crash-image suite: creating a named map, then random puts (inline and
-//! out of line), replaces and removes on a tree of tiny nodes (4-slot leaves, fanout 4:
-//! splits, moves into siblings, root splits, leaf removals and root collapses all happen
-//! within a few hundred operations), run on the recording backend. For every persist
+//! The collections' crash-image suite: creating a named ordered map and a named hash map,
+//! then random puts (inline and out of line), replaces and removes on tiny nodes (4-slot
+//! leaves and pages, fanout 4, 4-bucket segments: splits, moves into siblings, root
+//! splits, leaf removals, root collapses, overflow pages, bucket splits and table growth
+//! all happen within a few hundred operations), run on the recording backend. For every persist
 //! point, the exact durable image and a torn variant (a random subset of the lines still
 //! dirty also written back) are recovered and checked: the pool opens and its `check`
-//! passes, the collections' `check` passes with nothing unreachable, and the map's entries
-//! equal the `BTreeMap` model before or after the operation in flight (after, once the
+//! passes, the collections' `check` passes with nothing unreachable, and the maps' entries
+//! equal the `BTreeMap` models before or after the operation in flight (after, once the
 //! operation's last persist completed).
 
 use std::collections::BTreeMap;
@@ -15,7 +16,9 @@ use terrace_collections::{check, Collections, MapOptions};
 use terrace_pool::{Pool, RecordingBackend};
 
 const LAYOUT: &str = "collections-crash";
-type Model = Option<BTreeMap<Vec<u8>, Vec<u8>>>;
+/// The ordered map's and the hash map's entries (`None`: not bound).
+type Entries = Option<BTreeMap<Vec<u8>, Vec<u8>>>;
+type Model = (Entries, Entries);
 
 struct Rng(u64);
 impl Rng {
@@ -38,21 +41,38 @@ fn options() -> MapOptions {
     }
 }
 
-/// What the image holds: the map's entries, or `None` when "m" is not bound.
+/// What the image holds: each map's entries, or `None` when its name is not bound.
 fn read_model(pool: &Pool<RecordingBackend>, what: &str) -> Model {
     let colls = Collections::open(pool).unwrap_or_else(|e| panic!("{what}: directory: {e}"));
-    let binding = colls
-        .lookup("m")
-        .unwrap_or_else(|e| panic!("{what}: lookup: {e}"))?;
-    let map = colls
-        .ordered_map(&binding.name, MapOptions::existing())
-        .unwrap_or_else(|e| panic!("{what}: open map: {e}"));
-    let entries = map
-        .iter()
-        .collect::<Result<BTreeMap<_, _>, _>>()
-        .unwrap_or_else(|e| panic!("{what}: scan: {e}"));
-    assert_eq!(map.len().unwrap(), entries.len() as u64, "{what}: len");
-    Some(entries)
+    let bound = |name: &str| {
+        colls
+            .lookup(name)
+            .unwrap_or_else(|e| panic!("{what}: lookup: {e}"))
+            .is_some()
+    };
+    let ordered = bound("m").then(|| {
+        let map = colls
+            .ordered_map("m", MapOptions::existing())
+            .unwrap_or_else(|e| panic!("{what}: open map: {e}"));
+        let entries = map
+            .iter()
+            .collect::<Result<BTreeMap<_, _>, _>>()
+            .unwrap_or_else(|e| panic!("{what}: scan: {e}"));
+        assert_eq!(map.len().unwrap(), entries.len() as u64, "{what}: len");
+        entries
+    });
+    let hash = bound("h").then(|| {
+        let map = colls
+            .hash_map("h", MapOptions::existing())
+            .unwrap_or_else(|e| panic!("{what}: open hash map: {e}"));
+        let entries = map
+            .iter()
+            .collect::<Result<BTreeMap<_, _>, _>>()
+            .unwrap_or_else(|e| panic!("{what}: hash scan: {e}"));
+        assert_eq!(map.len().unwrap(), entries.len() as u64, "{what}: hash len");
+        entries
+    });
+    (ordered, hash)
 }
 
 fn verify(image: Vec<u8>, allowed: &[&Model], what: &str) {
@@ -69,38 +89,54 @@ fn verify(image: Vec<u8>, allowed: &[&Model], what: &str) {
     let state = read_model(&pool, what);
     assert!(
         allowed.contains(&&state),
-        "{what}: the map holds {} entries, none of the allowed states",
-        state.as_ref().map_or(0, |m| m.len())
+        "{what}: the maps hold {} and {} entries, none of the allowed states",
+        state.0.as_ref().map_or(0, |m| m.len()),
+        state.1.as_ref().map_or(0, |m| m.len())
     );
 }
 
 fn run_sequence(seed: u64, ops: usize) -> usize {
     let pool = Pool::create_on(RecordingBackend::new(4 << 20), LAYOUT, 2).expect("pool");
     pool.backend().start_recording();
-    let mut states: Vec<Model> = vec![None];
+    let mut states: Vec<Model> = vec![(None, None)];
     let mut ends = Vec::new();
     let mut rng = Rng(seed);
     {
         let colls = Collections::open(&pool).expect("directory");
         let map = colls.ordered_map("m", options()).expect("map");
         let mut model = BTreeMap::new();
-        states.push(Some(model.clone()));
+        states.push((Some(model.clone()), None));
+        ends.push(pool.backend().recorded_points());
+        let hash = colls.hash_map("h", options()).expect("hash map");
+        let mut hash_model = BTreeMap::new();
+        states.push((Some(model.clone()), Some(hash_model.clone())));
         ends.push(pool.backend().recorded_points());
         for i in 0..ops {
             let key = format!("k{:03}", rng.below(if i < ops / 2 { 48 } else { 24 })).into_bytes();
+            let on_hash = rng.below(2) == 0;
             if rng.below(3) == 0 {
-                map.remove(&key).expect("remove");
-                model.remove(&key);
+                if on_hash {
+                    hash.remove(&key).expect("hash remove");
+                    hash_model.remove(&key);
+                } else {
+                    map.remove(&key).expect("remove");
+                    model.remove(&key);
+                }
             } else {
                 let len = match rng.below(6) {
                     0 => 40 + rng.below(200) as usize,
                     _ => rng.below(13) as usize,
                 };
                 let value: Vec<u8> = (0..len).map(|b| (b as u64 ^ rng.next()) as u8).collect();
-                map.put(&key, &value).expect("put");
-                model.insert(key, value);
+                if on_hash {
+                    hash.put(&key, &value).expect("hash put");
+                    hash_model.insert(key, value);
+                } else {
+                    map.put(&key, &value).expect("put");
+                    model.insert(key, value);
+                }
             }
-            states.push(Some(model.clone()));
+            states.push((Some(model.clone()), Some(hash_model.clone())));
             ends.push(pool.backend().recorded_points());
         }
     }
@@ -134,7 +170,7 @@ fn every_persist_point_of_the_collections_recovers() {
     let start = Instant::now();
     let mut total = 0;
     for seed in [1u64, 2, 3] {
-        let points = run_sequence(seed, 160);
+        let points = run_sequence(seed, 240);
         eprintln!("seq {seed}: {points} persist points");
         total += points;
     }
