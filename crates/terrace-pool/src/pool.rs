@@ -27,8 +27,9 @@ use crate::backend::{Backend, RegionBackend};
 use crate::class::{self, AllocClass, ClassDesc, ClassId};
 use crate::error::{corrupt, PoolError, Result};
 use crate::format::{
-    self, ClassEntry, Geometry, PoolHeader, CLASS_SLOTS, CLASS_TABLE_VERSION, FORMAT_VERSION,
-    HEADER_LEN, KIND_RUN, LANES_OFF, POOL_ALIGN, DIRECTORY_WORD, ROOT_OFF_WORD, ROOT_SIZE_WORD, STATE_OFF,
+    self, ClassEntry, Geometry, PoolHeader, CLASS_SLOTS, CLASS_TABLE_VERSION, DIRECTORY_WORD,
+    FORMAT_VERSION, HEADER_LEN, KIND_RUN, LANES_OFF, POOL_ALIGN, ROOT_OFF_WORD, ROOT_SIZE_WORD,
+    STATE_OFF,
 };
 use crate::heap::{self, ClassTable, Freeable, Freeing, Heap, HeapStats, Reserved};
 use crate::log::{self, Entries, RedoEntry};
