@@ -1,7 +1,7 @@
 /*
  * terrace_collections.h — crash-safe persistent collections inside a Terrace pool:
- * ordered maps (bytes -> bytes, with range cursors) and named roots (a directory,
- * name -> map or object, in the pool). Link with -lterrace; include after terrace_pool.h.
+ * ordered maps (bytes -> bytes, with range cursors), hash maps, and named roots (a
+ * directory, name -> map or object, in the pool). Link with -lterrace; include after terrace_pool.h.
  *
  * Conventions (as terrace_pool.h): functions returning int give 0 or a positive errno
  * value (also stored in errno); functions returning a pointer give NULL, and those
@@ -80,10 +80,37 @@ int terrace_omap_cursor_next(terrace_omap_cursor *cursor, void *key, size_t key_
                              size_t *key_len, void *value, size_t value_cap, size_t *value_len);
 void terrace_omap_cursor_close(terrace_omap_cursor *cursor);
 
-/* Unbinds the map name and frees its nodes and values (EBUSY while it is open in this
- * process, ENOENT when unbound, EEXIST when name is not a map). A crash midway leaves
- * objects no name reaches, which `terrace pool check --sweep` frees. */
+/* Unbinds the map name (ordered or hash) and frees its nodes and values (EBUSY while it
+ * is open in this process, ENOENT when unbound, EEXIST when name is not a map). A crash
+ * midway leaves objects no name reaches, which `terrace pool check --sweep` frees. */
 int terrace_omap_destroy(terrace_pool *pool, const char *name);
+
+/* ---- hash maps ----
+ *
+ * Bytes -> bytes for point lookups: linear hashing over chains of the same pages, grown
+ * one bucket split at a time (no operation rehashes the whole map). Every call is as its
+ * terrace_omap_* namesake, with the same errors and crash atomicity; iteration is in no
+ * order, one bucket at a time. */
+typedef struct terrace_hmap terrace_hmap;
+typedef struct terrace_hmap_iter terrace_hmap_iter;
+
+terrace_hmap *terrace_hmap_open(terrace_pool *pool, const char *name, uint32_t max_key,
+                                uint32_t inline_value, int flags);
+int terrace_hmap_close(terrace_hmap *map);
+int terrace_hmap_put(terrace_hmap *map, const void *key, size_t key_len, const void *value,
+                     size_t value_len);
+int64_t terrace_hmap_get(terrace_hmap *map, const void *key, size_t key_len, void *buf,
+                         size_t cap);
+int terrace_hmap_remove(terrace_hmap *map, const void *key, size_t key_len);
+uint64_t terrace_hmap_len(terrace_hmap *map);
+/* Every entry, bucket by bucket; entries changed meanwhile may or may not be seen, and a
+ * bucket split during the walk may show one twice. */
+terrace_hmap_iter *terrace_hmap_iter_open(terrace_hmap *map);
+int terrace_hmap_iter_next(terrace_hmap_iter *iter, void *key, size_t key_cap, size_t *key_len,
+                           void *value, size_t value_cap, size_t *value_len);
+void terrace_hmap_iter_close(terrace_hmap_iter *iter);
+/* As terrace_omap_destroy. */
+int terrace_hmap_destroy(terrace_pool *pool, const char *name);
 
 /* ---- named objects ---- */
 

@@ -1,8 +1,11 @@
-//! Persistent collections by handle (`include/terrace_collections.h`): ordered maps and
-//! named objects in a pool's directory, over `terrace-collections`.
+//! Persistent collections by handle (`include/terrace_collections.h`): ordered maps, hash
+//! maps and named objects in a pool's directory, over `terrace-collections`.
 //!
 //! Owns [`LazyCollections`] (a pool handle's directory, opened on first use),
-//! [`OmapHandle`] (an open ordered map) and [`CursorHandle`] (a range cursor).
+//! [`MapHandle`] (an open map of either kind: `terrace_omap *` and `terrace_hmap *`) and
+//! [`CursorHandle`] (an ordered map's range cursor or a hash map's iterator). Each call
+//! of the two map families has one implementation here, which the `terrace_omap_*` and
+//! `terrace_hmap_*` entry points share.
 //!
 //! Invariants:
 //! - the directory and every map borrow their pool, which lives in its `PoolHandle` box:
@@ -21,7 +24,9 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use terrace_collections::{CollectionError, Collections, MapOptions, OrderedMap, Range};
+use terrace_collections::{
+    CollectionError, Collections, HashIter, HashMap, Kind, MapOptions, OrderedMap, Range,
+};
 use terrace_pool::{Oid, Pool, RegionBackend};
 
 use crate::error::{self, fail_with, str_arg};
@@ -85,17 +90,59 @@ impl LazyCollections {
     }
 }
 
-/// What a `terrace_omap *` points to.
-pub struct OmapHandle {
-    map: OrderedMap<'static, RegionBackend>,
+/// An open map of either kind.
+enum AnyMap {
+    Ordered(OrderedMap<'static, RegionBackend>),
+    Hash(HashMap<'static, RegionBackend>),
+}
+
+impl AnyMap {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<bool, CollectionError> {
+        match self {
+            AnyMap::Ordered(m) => m.put(key, value),
+            AnyMap::Hash(m) => m.put(key, value),
+        }
+    }
+
+    fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, CollectionError> {
+        match self {
+            AnyMap::Ordered(m) => m.get_into(key, out),
+            AnyMap::Hash(m) => m.get_into(key, out),
+        }
+    }
+
+    fn remove(&self, key: &[u8]) -> Result<bool, CollectionError> {
+        match self {
+            AnyMap::Ordered(m) => m.remove(key),
+            AnyMap::Hash(m) => m.remove(key),
+        }
+    }
+
+    fn len(&self) -> Result<u64, CollectionError> {
+        match self {
+            AnyMap::Ordered(m) => m.len(),
+            AnyMap::Hash(m) => m.len(),
+        }
+    }
+}
+
+/// What a `terrace_omap *` or `terrace_hmap *` points to.
+pub struct MapHandle {
+    map: AnyMap,
     pool: *const PoolHandle,
     cursors: AtomicUsize,
 }
 
-/// What a `terrace_omap_cursor *` points to.
+/// A cursor of either kind.
+enum AnyCursor {
+    Range(Range<'static, 'static, RegionBackend>),
+    Hash(HashIter<'static, 'static, RegionBackend>),
+}
+
+/// What a `terrace_omap_cursor *` or `terrace_hmap_iter *` points to.
 pub struct CursorHandle {
-    range: Range<'static, 'static, RegionBackend>,
-    map: *const OmapHandle,
+    cursor: AnyCursor,
+    map: *const MapHandle,
 }
 
 /// `len` bytes at `p`; NULL is allowed for 0 bytes.
@@ -123,7 +170,7 @@ unsafe fn bytes<'a>(
 
 /// # Safety
 /// `map` NULL or a live map handle.
-unsafe fn map_arg<'a>(what: &str, map: *const OmapHandle) -> Result<&'a OmapHandle, c_int> {
+unsafe fn map_arg<'a>(what: &str, map: *const MapHandle) -> Result<&'a MapHandle, c_int> {
     // SAFETY: contract.
     unsafe { map.as_ref() }.ok_or_else(|| fail_with(libc::EINVAL, &format!("{what}: map is NULL")))
 }
@@ -151,22 +198,22 @@ unsafe fn pool_and_name<'a>(
 
 /// # Safety
 /// `pool` NULL or an open pool; `name` NULL or NUL-terminated.
-#[no_mangle]
-pub unsafe extern "C" fn terrace_omap_open(
+unsafe fn map_open(
+    what: &'static str,
     pool: *mut PoolHandle,
     name: *const c_char,
     max_key: u32,
     inline_value: u32,
     flags: c_int,
-) -> *mut OmapHandle {
-    const WHAT: &str = "terrace_omap_open";
-    error::boundary(WHAT, std::ptr::null_mut(), || {
+    kind: Kind,
+) -> *mut MapHandle {
+    error::boundary(what, std::ptr::null_mut(), || {
         // SAFETY: contract.
-        let Ok((h, name)) = (unsafe { pool_and_name(WHAT, pool, name) }) else {
+        let Ok((h, name)) = (unsafe { pool_and_name(what, pool, name) }) else {
             return std::ptr::null_mut();
         };
         if flags & !TERRACE_OMAP_CREATE != 0 {
-            fail_with(libc::EINVAL, &format!("{WHAT}: unknown flags {flags:#x}"));
+            fail_with(libc::EINVAL, &format!("{what}: unknown flags {flags:#x}"));
             return std::ptr::null_mut();
         }
         let opts = MapOptions {
@@ -175,21 +222,21 @@ pub unsafe extern "C" fn terrace_omap_open(
             create: flags & TERRACE_OMAP_CREATE != 0,
             shape: None,
         };
-        let opened = h
-            .collections
-            .get(h)
-            .and_then(|dir| dir.ordered_map(name, opts));
+        let opened = h.collections.get(h).and_then(|dir| match kind {
+            Kind::HashMap => dir.hash_map(name, opts).map(AnyMap::Hash),
+            _ => dir.ordered_map(name, opts).map(AnyMap::Ordered),
+        });
         match opened {
             Ok(map) => {
                 h.open_maps.fetch_add(1, Ordering::AcqRel);
-                Box::into_raw(Box::new(OmapHandle {
+                Box::into_raw(Box::new(MapHandle {
                     map,
                     pool: pool.cast_const(),
                     cursors: AtomicUsize::new(0),
                 }))
             }
             Err(e) => {
-                fail_coll(WHAT, &e);
+                fail_coll(what, &e);
                 std::ptr::null_mut()
             }
         }
@@ -198,10 +245,8 @@ pub unsafe extern "C" fn terrace_omap_open(
 
 /// # Safety
 /// `map` NULL or a live map handle, not used after a successful close.
-#[no_mangle]
-pub unsafe extern "C" fn terrace_omap_close(map: *mut OmapHandle) -> c_int {
-    const WHAT: &str = "terrace_omap_close";
-    error::boundary(WHAT, libc::EIO, || {
+unsafe fn map_close(what: &'static str, map: *mut MapHandle) -> c_int {
+    error::boundary(what, libc::EIO, || {
         // SAFETY: contract.
         let Some(m) = (unsafe { map.as_ref() }) else {
             return 0;
@@ -209,7 +254,7 @@ pub unsafe extern "C" fn terrace_omap_close(map: *mut OmapHandle) -> c_int {
         if m.cursors.load(Ordering::Acquire) != 0 {
             return fail_with(
                 libc::EBUSY,
-                &format!("{WHAT}: a cursor over this map is open"),
+                &format!("{what}: a cursor over this map is open"),
             );
         }
         // SAFETY: created by Box::into_raw in terrace_omap_open; no cursor borrows it.
@@ -224,23 +269,22 @@ pub unsafe extern "C" fn terrace_omap_close(map: *mut OmapHandle) -> c_int {
 
 /// # Safety
 /// `map` NULL or a live map handle; `key` and `value` valid for their lengths.
-#[no_mangle]
-pub unsafe extern "C" fn terrace_omap_put(
-    map: *mut OmapHandle,
+unsafe fn map_put(
+    what: &'static str,
+    map: *mut MapHandle,
     key: *const c_void,
     key_len: usize,
     value: *const c_void,
     value_len: usize,
 ) -> c_int {
-    const WHAT: &str = "terrace_omap_put";
-    error::boundary(WHAT, libc::EIO, || {
+    error::boundary(what, libc::EIO, || {
         // SAFETY: contract.
         let args = unsafe {
-            map_arg(WHAT, map).and_then(|m| {
+            map_arg(what, map).and_then(|m| {
                 Ok((
                     m,
-                    bytes(WHAT, "key", key, key_len)?,
-                    bytes(WHAT, "value", value, value_len)?,
+                    bytes(what, "key", key, key_len)?,
+                    bytes(what, "value", value, value_len)?,
                 ))
             })
         };
@@ -250,7 +294,7 @@ pub unsafe extern "C" fn terrace_omap_put(
         };
         match m.map.put(key, value) {
             Ok(_) => 0,
-            Err(e) => fail_coll(WHAT, &e),
+            Err(e) => fail_coll(what, &e),
         }
     })
 }
@@ -263,26 +307,25 @@ thread_local! {
 /// # Safety
 /// `map` NULL or a live map handle; `key` valid for `key_len` bytes; `buf` valid for
 /// `cap` writable bytes (NULL when `cap` is 0).
-#[no_mangle]
-pub unsafe extern "C" fn terrace_omap_get(
-    map: *mut OmapHandle,
+unsafe fn map_get(
+    what: &'static str,
+    map: *mut MapHandle,
     key: *const c_void,
     key_len: usize,
     buf: *mut c_void,
     cap: usize,
 ) -> i64 {
-    const WHAT: &str = "terrace_omap_get";
-    error::boundary(WHAT, -1, || {
+    error::boundary(what, -1, || {
         // SAFETY: contract.
         let args =
-            unsafe { map_arg(WHAT, map).and_then(|m| Ok((m, bytes(WHAT, "key", key, key_len)?))) };
+            unsafe { map_arg(what, map).and_then(|m| Ok((m, bytes(what, "key", key, key_len)?))) };
         let Ok((m, key)) = args else {
             return -1;
         };
         if cap > 0 && buf.is_null() {
             fail_with(
                 libc::EINVAL,
-                &format!("{WHAT}: buf is NULL with capacity {cap}"),
+                &format!("{what}: buf is NULL with capacity {cap}"),
             );
             return -1;
         }
@@ -296,11 +339,11 @@ pub unsafe extern "C" fn terrace_omap_get(
                 out.len() as i64
             }
             Ok(false) => {
-                fail_with(libc::ENOENT, &format!("{WHAT}: no such key"));
+                fail_with(libc::ENOENT, &format!("{what}: no such key"));
                 -1
             }
             Err(e) => {
-                fail_coll(WHAT, &e);
+                fail_coll(what, &e);
                 -1
             }
         })
@@ -309,41 +352,38 @@ pub unsafe extern "C" fn terrace_omap_get(
 
 /// # Safety
 /// `map` NULL or a live map handle; `key` valid for `key_len` bytes.
-#[no_mangle]
-pub unsafe extern "C" fn terrace_omap_remove(
-    map: *mut OmapHandle,
+unsafe fn map_remove(
+    what: &'static str,
+    map: *mut MapHandle,
     key: *const c_void,
     key_len: usize,
 ) -> c_int {
-    const WHAT: &str = "terrace_omap_remove";
-    error::boundary(WHAT, libc::EIO, || {
+    error::boundary(what, libc::EIO, || {
         // SAFETY: contract.
         let args =
-            unsafe { map_arg(WHAT, map).and_then(|m| Ok((m, bytes(WHAT, "key", key, key_len)?))) };
+            unsafe { map_arg(what, map).and_then(|m| Ok((m, bytes(what, "key", key, key_len)?))) };
         let (m, key) = match args {
             Ok(a) => a,
             Err(code) => return code,
         };
         match m.map.remove(key) {
             Ok(true) => 0,
-            Ok(false) => fail_with(libc::ENOENT, &format!("{WHAT}: no such key")),
-            Err(e) => fail_coll(WHAT, &e),
+            Ok(false) => fail_with(libc::ENOENT, &format!("{what}: no such key")),
+            Err(e) => fail_coll(what, &e),
         }
     })
 }
 
 /// # Safety
 /// `map` NULL or a live map handle.
-#[no_mangle]
-pub unsafe extern "C" fn terrace_omap_len(map: *mut OmapHandle) -> u64 {
-    const WHAT: &str = "terrace_omap_len";
-    error::boundary(WHAT, u64::MAX, || {
+unsafe fn map_len(what: &'static str, map: *mut MapHandle) -> u64 {
+    error::boundary(what, u64::MAX, || {
         // SAFETY: contract.
-        let Ok(m) = (unsafe { map_arg(WHAT, map) }) else {
+        let Ok(m) = (unsafe { map_arg(what, map) }) else {
             return u64::MAX;
         };
         m.map.len().unwrap_or_else(|e| {
-            fail_coll(WHAT, &e);
+            fail_coll(what, &e);
             u64::MAX
         })
     })
@@ -354,22 +394,22 @@ pub unsafe extern "C" fn terrace_omap_len(map: *mut OmapHandle) -> u64 {
 /// lengths.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_omap_cursor_open(
-    map: *mut OmapHandle,
+    map: *mut MapHandle,
     lo: *const c_void,
     lo_len: usize,
     hi: *const c_void,
     hi_len: usize,
     flags: c_int,
 ) -> *mut CursorHandle {
-    const WHAT: &str = "terrace_omap_cursor_open";
-    error::boundary(WHAT, std::ptr::null_mut(), || {
+    let what = "terrace_omap_cursor_open";
+    error::boundary(what, std::ptr::null_mut(), || {
         // SAFETY: contract.
-        let Ok(m) = (unsafe { map_arg(WHAT, map) }) else {
+        let Ok(m) = (unsafe { map_arg(what, map) }) else {
             return std::ptr::null_mut();
         };
         let known = TERRACE_OMAP_REVERSE | TERRACE_OMAP_LO_EXCLUSIVE | TERRACE_OMAP_HI_INCLUSIVE;
         if flags & !known != 0 {
-            fail_with(libc::EINVAL, &format!("{WHAT}: unknown flags {flags:#x}"));
+            fail_with(libc::EINVAL, &format!("{what}: unknown flags {flags:#x}"));
             return std::ptr::null_mut();
         }
         // SAFETY: contract (NULL means unbounded whatever the length).
@@ -377,7 +417,7 @@ pub unsafe extern "C" fn terrace_omap_cursor_open(
             if p.is_null() {
                 return Ok(Bound::Unbounded);
             }
-            let k = bytes(WHAT, "bound", p, len)?;
+            let k = bytes(what, "bound", p, len)?;
             Ok::<_, c_int>(if inclusive {
                 Bound::Included(k)
             } else {
@@ -389,13 +429,20 @@ pub unsafe extern "C" fn terrace_omap_cursor_open(
         let (Ok(lo), Ok(hi)) = (lo, hi) else {
             return std::ptr::null_mut();
         };
-        let map_ref: *const OrderedMap<'static, RegionBackend> = &m.map;
+        let AnyMap::Ordered(ordered) = &m.map else {
+            fail_with(
+                libc::EINVAL,
+                &format!("{what}: a hash map has no key order (terrace_hmap_iter_open)"),
+            );
+            return std::ptr::null_mut();
+        };
+        let map_ref: *const OrderedMap<'static, RegionBackend> = ordered;
         // SAFETY: the map handle outlives the cursor: terrace_omap_close refuses while
         // `cursors` counts it (module docs).
         let map_static: &'static OrderedMap<'static, RegionBackend> = unsafe { &*map_ref };
         m.cursors.fetch_add(1, Ordering::AcqRel);
         Box::into_raw(Box::new(CursorHandle {
-            range: map_static.range(lo, hi, flags & TERRACE_OMAP_REVERSE != 0),
+            cursor: AnyCursor::Range(map_static.range(lo, hi, flags & TERRACE_OMAP_REVERSE != 0)),
             map: map.cast_const(),
         }))
     })
@@ -404,8 +451,9 @@ pub unsafe extern "C" fn terrace_omap_cursor_open(
 /// # Safety
 /// `cursor` NULL or a live cursor used by no other thread; the buffers valid for their
 /// capacities (NULL when 0); `key_len`, `value_len` NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn terrace_omap_cursor_next(
+#[allow(clippy::too_many_arguments)] // the C signature plus the entry point's name
+unsafe fn map_cursor_next(
+    what: &'static str,
     cursor: *mut CursorHandle,
     key: *mut c_void,
     key_cap: usize,
@@ -414,21 +462,24 @@ pub unsafe extern "C" fn terrace_omap_cursor_next(
     value_cap: usize,
     value_len: *mut usize,
 ) -> c_int {
-    const WHAT: &str = "terrace_omap_cursor_next";
-    error::boundary(WHAT, -1, || {
+    error::boundary(what, -1, || {
         // SAFETY: contract.
         let Some(c) = (unsafe { cursor.as_mut() }) else {
-            fail_with(libc::EINVAL, &format!("{WHAT}: cursor is NULL"));
+            fail_with(libc::EINVAL, &format!("{what}: cursor is NULL"));
             return -1;
         };
         if (key_cap > 0 && key.is_null()) || (value_cap > 0 && value.is_null()) {
             fail_with(
                 libc::EINVAL,
-                &format!("{WHAT}: a buffer is NULL with a nonzero capacity"),
+                &format!("{what}: a buffer is NULL with a nonzero capacity"),
             );
             return -1;
         }
-        match c.range.next_entry() {
+        let next = match &mut c.cursor {
+            AnyCursor::Range(r) => r.next_entry(),
+            AnyCursor::Hash(h) => h.next_entry(),
+        };
+        match next {
             Ok(None) => 0,
             Ok(Some((k, v))) => {
                 // SAFETY: each destination is valid for its capacity (contract); the
@@ -454,7 +505,7 @@ pub unsafe extern "C" fn terrace_omap_cursor_next(
                 1
             }
             Err(e) => {
-                fail_coll(WHAT, &e);
+                fail_coll(what, &e);
                 -1
             }
         }
@@ -463,9 +514,8 @@ pub unsafe extern "C" fn terrace_omap_cursor_next(
 
 /// # Safety
 /// `cursor` NULL or a live cursor, not used afterwards.
-#[no_mangle]
-pub unsafe extern "C" fn terrace_omap_cursor_close(cursor: *mut CursorHandle) {
-    error::boundary("terrace_omap_cursor_close", (), || {
+unsafe fn map_cursor_close(what: &'static str, cursor: *mut CursorHandle) {
+    error::boundary(what, (), || {
         if cursor.is_null() {
             return;
         }
@@ -480,18 +530,16 @@ pub unsafe extern "C" fn terrace_omap_cursor_close(cursor: *mut CursorHandle) {
 
 /// # Safety
 /// `pool` NULL or an open pool; `name` NULL or NUL-terminated.
-#[no_mangle]
-pub unsafe extern "C" fn terrace_omap_destroy(pool: *mut PoolHandle, name: *const c_char) -> c_int {
-    const WHAT: &str = "terrace_omap_destroy";
-    error::boundary(WHAT, libc::EIO, || {
+unsafe fn map_destroy(what: &'static str, pool: *mut PoolHandle, name: *const c_char) -> c_int {
+    error::boundary(what, libc::EIO, || {
         // SAFETY: contract.
-        let (h, name) = match unsafe { pool_and_name(WHAT, pool, name) } {
+        let (h, name) = match unsafe { pool_and_name(what, pool, name) } {
             Ok(a) => a,
             Err(code) => return code,
         };
         match h.collections.get(h).and_then(|dir| dir.destroy(name)) {
             Ok(()) => 0,
-            Err(e) => fail_coll(WHAT, &e),
+            Err(e) => fail_coll(what, &e),
         }
     })
 }
@@ -504,17 +552,17 @@ pub unsafe extern "C" fn terrace_pool_bind(
     name: *const c_char,
     off: u64,
 ) -> c_int {
-    const WHAT: &str = "terrace_pool_bind";
-    error::boundary(WHAT, libc::EIO, || {
+    let what = "terrace_pool_bind";
+    error::boundary(what, libc::EIO, || {
         // SAFETY: contract.
-        let (h, name) = match unsafe { pool_and_name(WHAT, pool, name) } {
+        let (h, name) = match unsafe { pool_and_name(what, pool, name) } {
             Ok(a) => a,
             Err(code) => return code,
         };
         let Some(oid) = Oid::from_offset(off) else {
             return fail_with(
                 libc::EINVAL,
-                &format!("{WHAT}: offset 0 is the null object"),
+                &format!("{what}: offset 0 is the null object"),
             );
         };
         match h
@@ -523,7 +571,7 @@ pub unsafe extern "C" fn terrace_pool_bind(
             .and_then(|dir| dir.bind_object(name, oid))
         {
             Ok(()) => 0,
-            Err(e) => fail_coll(WHAT, &e),
+            Err(e) => fail_coll(what, &e),
         }
     })
 }
@@ -532,20 +580,20 @@ pub unsafe extern "C" fn terrace_pool_bind(
 /// `pool` NULL or an open pool; `name` NULL or NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_lookup(pool: *mut PoolHandle, name: *const c_char) -> u64 {
-    const WHAT: &str = "terrace_pool_lookup";
-    error::boundary(WHAT, 0, || {
+    let what = "terrace_pool_lookup";
+    error::boundary(what, 0, || {
         // SAFETY: contract.
-        let Ok((h, name)) = (unsafe { pool_and_name(WHAT, pool, name) }) else {
+        let Ok((h, name)) = (unsafe { pool_and_name(what, pool, name) }) else {
             return 0;
         };
         match h.collections.get(h).and_then(|dir| dir.lookup(name)) {
             Ok(Some(b)) => b.oid.offset(),
             Ok(None) => {
-                fail_with(libc::ENOENT, &format!("{WHAT}: {name:?} is not bound"));
+                fail_with(libc::ENOENT, &format!("{what}: {name:?} is not bound"));
                 0
             }
             Err(e) => {
-                fail_coll(WHAT, &e);
+                fail_coll(what, &e);
                 0
             }
         }
@@ -556,18 +604,298 @@ pub unsafe extern "C" fn terrace_pool_lookup(pool: *mut PoolHandle, name: *const
 /// `pool` NULL or an open pool; `name` NULL or NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn terrace_pool_unbind(pool: *mut PoolHandle, name: *const c_char) -> u64 {
-    const WHAT: &str = "terrace_pool_unbind";
-    error::boundary(WHAT, 0, || {
+    let what = "terrace_pool_unbind";
+    error::boundary(what, 0, || {
         // SAFETY: contract.
-        let Ok((h, name)) = (unsafe { pool_and_name(WHAT, pool, name) }) else {
+        let Ok((h, name)) = (unsafe { pool_and_name(what, pool, name) }) else {
             return 0;
         };
         match h.collections.get(h).and_then(|dir| dir.unbind_object(name)) {
             Ok(oid) => oid.offset(),
             Err(e) => {
-                fail_coll(WHAT, &e);
+                fail_coll(what, &e);
                 0
             }
         }
     })
+}
+
+// ---- the entry points: ordered maps (terrace_omap_*) and hash maps (terrace_hmap_*) ----
+
+/// # Safety
+/// `pool` NULL or an open pool; `name` NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_open(
+    pool: *mut PoolHandle,
+    name: *const c_char,
+    max_key: u32,
+    inline_value: u32,
+    flags: c_int,
+) -> *mut MapHandle {
+    // SAFETY: the caller's contract is map_open's.
+    unsafe {
+        map_open(
+            "terrace_omap_open",
+            pool,
+            name,
+            max_key,
+            inline_value,
+            flags,
+            Kind::OrderedMap,
+        )
+    }
+}
+
+/// # Safety
+/// `pool` NULL or an open pool; `name` NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_open(
+    pool: *mut PoolHandle,
+    name: *const c_char,
+    max_key: u32,
+    inline_value: u32,
+    flags: c_int,
+) -> *mut MapHandle {
+    // SAFETY: the caller's contract is map_open's.
+    unsafe {
+        map_open(
+            "terrace_hmap_open",
+            pool,
+            name,
+            max_key,
+            inline_value,
+            flags,
+            Kind::HashMap,
+        )
+    }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle, not used after a successful close.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_close(map: *mut MapHandle) -> c_int {
+    // SAFETY: the caller's contract is map_close's.
+    unsafe { map_close("terrace_omap_close", map) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle, not used after a successful close.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_close(map: *mut MapHandle) -> c_int {
+    // SAFETY: the caller's contract is map_close's.
+    unsafe { map_close("terrace_hmap_close", map) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle; `key` and `value` valid for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_put(
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+    value: *const c_void,
+    value_len: usize,
+) -> c_int {
+    // SAFETY: the caller's contract is map_put's.
+    unsafe { map_put("terrace_omap_put", map, key, key_len, value, value_len) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle; `key` and `value` valid for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_put(
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+    value: *const c_void,
+    value_len: usize,
+) -> c_int {
+    // SAFETY: the caller's contract is map_put's.
+    unsafe { map_put("terrace_hmap_put", map, key, key_len, value, value_len) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle; `key` valid for `key_len` bytes; `buf` valid for
+/// `cap` writable bytes (NULL when `cap` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_get(
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+    buf: *mut c_void,
+    cap: usize,
+) -> i64 {
+    // SAFETY: the caller's contract is map_get's.
+    unsafe { map_get("terrace_omap_get", map, key, key_len, buf, cap) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle; `key` valid for `key_len` bytes; `buf` valid for
+/// `cap` writable bytes (NULL when `cap` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_get(
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+    buf: *mut c_void,
+    cap: usize,
+) -> i64 {
+    // SAFETY: the caller's contract is map_get's.
+    unsafe { map_get("terrace_hmap_get", map, key, key_len, buf, cap) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle; `key` valid for `key_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_remove(
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+) -> c_int {
+    // SAFETY: the caller's contract is map_remove's.
+    unsafe { map_remove("terrace_omap_remove", map, key, key_len) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle; `key` valid for `key_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_remove(
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+) -> c_int {
+    // SAFETY: the caller's contract is map_remove's.
+    unsafe { map_remove("terrace_hmap_remove", map, key, key_len) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_len(map: *mut MapHandle) -> u64 {
+    // SAFETY: the caller's contract is map_len's.
+    unsafe { map_len("terrace_omap_len", map) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_len(map: *mut MapHandle) -> u64 {
+    // SAFETY: the caller's contract is map_len's.
+    unsafe { map_len("terrace_hmap_len", map) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_iter_open(map: *mut MapHandle) -> *mut CursorHandle {
+    let what = "terrace_hmap_iter_open";
+    error::boundary(what, std::ptr::null_mut(), || {
+        // SAFETY: contract.
+        let Ok(m) = (unsafe { map_arg(what, map) }) else {
+            return std::ptr::null_mut();
+        };
+        let AnyMap::Hash(hash) = &m.map else {
+            fail_with(
+                libc::EINVAL,
+                &format!("{what}: an ordered map iterates with terrace_omap_cursor_open"),
+            );
+            return std::ptr::null_mut();
+        };
+        let map_ref: *const HashMap<'static, RegionBackend> = hash;
+        // SAFETY: the map handle outlives the iterator: terrace_hmap_close refuses while
+        // `cursors` counts it (module docs).
+        let map_static: &'static HashMap<'static, RegionBackend> = unsafe { &*map_ref };
+        m.cursors.fetch_add(1, Ordering::AcqRel);
+        Box::into_raw(Box::new(CursorHandle {
+            cursor: AnyCursor::Hash(map_static.iter()),
+            map: map.cast_const(),
+        }))
+    })
+}
+
+/// # Safety
+/// `cursor` NULL or a live cursor used by no other thread; the buffers valid for their
+/// capacities (NULL when 0); `key_len`, `value_len` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_cursor_next(
+    cursor: *mut CursorHandle,
+    key: *mut c_void,
+    key_cap: usize,
+    key_len: *mut usize,
+    value: *mut c_void,
+    value_cap: usize,
+    value_len: *mut usize,
+) -> c_int {
+    // SAFETY: the caller's contract is map_cursor_next's.
+    unsafe {
+        map_cursor_next(
+            "terrace_omap_cursor_next",
+            cursor,
+            key,
+            key_cap,
+            key_len,
+            value,
+            value_cap,
+            value_len,
+        )
+    }
+}
+
+/// # Safety
+/// As [`terrace_omap_cursor_next`].
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_iter_next(
+    cursor: *mut CursorHandle,
+    key: *mut c_void,
+    key_cap: usize,
+    key_len: *mut usize,
+    value: *mut c_void,
+    value_cap: usize,
+    value_len: *mut usize,
+) -> c_int {
+    // SAFETY: the caller's contract is map_cursor_next's.
+    unsafe {
+        map_cursor_next(
+            "terrace_hmap_iter_next",
+            cursor,
+            key,
+            key_cap,
+            key_len,
+            value,
+            value_cap,
+            value_len,
+        )
+    }
+}
+
+/// # Safety
+/// `cursor` NULL or a live cursor, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_cursor_close(cursor: *mut CursorHandle) {
+    // SAFETY: the caller's contract is map_cursor_close's.
+    unsafe { map_cursor_close("terrace_omap_cursor_close", cursor) }
+}
+
+/// # Safety
+/// `cursor` NULL or a live cursor, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_iter_close(cursor: *mut CursorHandle) {
+    // SAFETY: the caller's contract is map_cursor_close's.
+    unsafe { map_cursor_close("terrace_hmap_iter_close", cursor) }
+}
+
+/// # Safety
+/// `pool` NULL or an open pool; `name` NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_destroy(pool: *mut PoolHandle, name: *const c_char) -> c_int {
+    // SAFETY: the caller's contract is map_destroy's.
+    unsafe { map_destroy("terrace_omap_destroy", pool, name) }
+}
+
+/// # Safety
+/// `pool` NULL or an open pool; `name` NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_destroy(pool: *mut PoolHandle, name: *const c_char) -> c_int {
+    // SAFETY: the caller's contract is map_destroy's.
+    unsafe { map_destroy("terrace_hmap_destroy", pool, name) }
 }
