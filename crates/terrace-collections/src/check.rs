@@ -18,9 +18,9 @@ use crate::directory::{decode_binding, directory_geometry, Kind};
 use crate::error::{CollectionError, Result};
 use crate::hash::{bucket_count, bucket_of, hash_of, read_hash_header, HASH_HEADER_SIZE, HH_TABLE};
 use crate::layout::{
-    fingerprint, is_collection_type, Geometry, HEADER_SIZE, H_HEIGHT, H_ROOT, INNER_COUNT,
-    LEAF_BITMAP, LEAF_FPS, LEAF_NEXT, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET, TYPE_HASH, TYPE_INNER,
-    TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
+    fingerprint, is_collection_type, prefix_word, Geometry, HEADER_SIZE, H_HEIGHT, H_ROOT,
+    INNER_COUNT, LEAF_BITMAP, LEAF_FPS, LEAF_NEXT, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET, TYPE_HASH,
+    TYPE_INNER, TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
 };
 use crate::ordered::read_header;
 
@@ -299,6 +299,12 @@ impl<B: Backend> Walker<'_, B> {
                 return Err(bad(at, format!("separator {i} of {len} bytes")));
             }
             let sep = raw[1..1 + len].to_vec();
+            if self.u64_at(node + geo.prefix_off(i))? != prefix_word(&sep) {
+                return Err(bad(
+                    node + geo.prefix_off(i),
+                    format!("separator {i}'s prefix word does not match it"),
+                ));
+            }
             if !in_fences(&sep) || seps.last().is_some_and(|p| *p >= sep) {
                 return Err(bad(at, format!("separator {i} is out of order")));
             }

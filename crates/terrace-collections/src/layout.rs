@@ -54,7 +54,9 @@ pub const LEAF_SLOTS: u64 = 80;
 pub const MAX_LEAF_SLOTS: u32 = 64;
 
 /// Inner node: separator count `n`, then `fanout` child words (`n + 1` used), then
-/// `fanout - 1` separators of `1 + key_cap` bytes (length byte, key bytes).
+/// `fanout - 1` separator prefixes (each separator's first 8 bytes, zero-padded, as a
+/// big-endian word: a binary search compares words and reads a whole separator only on a
+/// tie), then `fanout - 1` separators of `1 + key_cap` bytes (length byte, key bytes).
 pub const INNER_COUNT: u64 = 0;
 pub const INNER_CHILDREN: u64 = 8;
 
@@ -84,7 +86,7 @@ impl Geometry {
     /// `inline_value` bytes (raised to 8, the size of an out-of-line reference), with
     /// 64-slot leaves and inner nodes of about 4 KiB.
     pub fn new(max_key: u32, inline_value: u32) -> Geometry {
-        let fanout = (4088 / (9 + max_key as u64)).clamp(16, MAX_FANOUT as u64) as u32;
+        let fanout = (4088 / (17 + max_key as u64)).clamp(16, MAX_FANOUT as u64) as u32;
         Geometry {
             key_cap: max_key,
             val_area: inline_value.max(8),
@@ -162,15 +164,29 @@ impl Geometry {
         INNER_CHILDREN + 8 * i as u64
     }
 
+    /// Offset of separator `i`'s prefix word in an inner node.
+    pub fn prefix_off(&self, i: u32) -> u64 {
+        INNER_CHILDREN + 8 * self.fanout as u64 + 8 * i as u64
+    }
+
     /// Offset of separator `i` in an inner node.
     pub fn sep_off(&self, i: u32) -> u64 {
-        INNER_CHILDREN + 8 * self.fanout as u64 + i as u64 * (1 + self.key_cap as u64)
+        self.prefix_off(self.fanout - 1) + i as u64 * (1 + self.key_cap as u64)
     }
 
     /// Bytes of an inner node.
     pub fn inner_size(&self) -> u64 {
         self.sep_off(self.fanout - 1)
     }
+}
+
+/// A key's prefix word: its first 8 bytes, zero-padded, big-endian. Prefix words order as
+/// the keys do, except that equal words say nothing.
+pub fn prefix_word(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = key.len().min(8);
+    b[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(b)
 }
 
 /// A key's fingerprint: the byte a leaf keeps per slot so that a lookup compares only

@@ -33,8 +33,8 @@ use terrace_pool::{Backend, Oid, Pool, Tx};
 
 use crate::error::{CollectionError, Result};
 use crate::layout::{
-    fingerprint, Geometry, HEADER_SIZE, H_GEOMETRY, H_HEIGHT, H_MAGIC, H_ROOT, INNER_COUNT,
-    LEAF_BITMAP, LEAF_FPS, MAP_MAGIC, OUT_OF_LINE, TYPE_INNER, TYPE_LEAF, TYPE_MAP,
+    fingerprint, prefix_word, Geometry, HEADER_SIZE, H_GEOMETRY, H_HEIGHT, H_MAGIC, H_ROOT,
+    INNER_COUNT, LEAF_BITMAP, LEAF_FPS, MAP_MAGIC, OUT_OF_LINE, TYPE_INNER, TYPE_LEAF, TYPE_MAP,
 };
 use crate::page::{PageImage, Pages, MAX_VALUE};
 use crate::sync::{Attempt, OpenGuard, Seqlocks};
@@ -243,20 +243,17 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     fn route(&self, node: u64, key: &[u8], upper: bool) -> Result<(u32, u32)> {
         let n = self.inner_count(node)?;
         let (mut lo, mut hi) = (0u32, n);
+        let want = prefix_word(key);
         let mut raw = [0u8; 256];
-        let width = 1 + self.geo.key_cap as usize;
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let off = node + self.geo.sep_off(mid);
-            self.b().read(off, &mut raw[..width])?;
-            let len = raw[0] as usize;
-            if len > self.geo.key_cap as usize {
-                return Err(CollectionError::corrupt(
-                    off,
-                    format!("separator of {len} bytes"),
-                ));
-            }
-            let c = raw[1..1 + len].cmp(key);
+            let c = match self.ld(node + self.geo.prefix_off(mid))?.cmp(&want) {
+                Cmp::Equal => {
+                    let len = self.read_sep(node, mid, &mut raw)?;
+                    raw[..len].cmp(key)
+                }
+                other => other,
+            };
             if c == Cmp::Less || (upper && c == Cmp::Equal) {
                 lo = mid + 1;
             } else {
@@ -579,6 +576,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     }
 
     fn write_sep(&self, tx: &mut Tx<'p, B>, node: u64, i: u32, key: &[u8]) -> Result<()> {
+        self.pages
+            .txw_u64(tx, node + self.geo.prefix_off(i), prefix_word(key))?;
         let bytes = self.sep_bytes(key);
         self.pages.txw(tx, node + self.geo.sep_off(i), &bytes)
     }
@@ -609,6 +608,12 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         if !keys.is_empty() {
             self.pages
                 .txw(tx, node + self.geo.sep_off(from as u32), &keys)?;
+            let prefixes: Vec<u8> = seps[from..]
+                .iter()
+                .flat_map(|s| prefix_word(s).to_le_bytes())
+                .collect();
+            self.pages
+                .txw(tx, node + self.geo.prefix_off(from as u32), &prefixes)?;
         }
         Ok(())
     }
