@@ -1,8 +1,10 @@
-//! Process-kill test: a child process appends keys to a map in a pool file and replaces
-//! older ones with values of random length (inline and out of line) until it is SIGKILLed
-//! at a random moment; the parent reopens the pool, which must hold keys `0..n` with no
-//! gap, every value intact, both checks passing and nothing unreachable. Repeated on the
-//! same file, so each round also recovers over the earlier ones.
+//! Process-kill test: a child process appends keys to an ordered map and a hash map in a
+//! pool file and replaces older ones with values of random length (inline and out of
+//! line) until it is SIGKILLed at a random moment; the parent reopens the pool, whose
+//! ordered map must hold keys `0..n` with no gap and whose hash map keys `0..m` with `m`
+//! within one of `n` (the child writes the ordered map first), every value intact, both
+//! checks passing and nothing unreachable. Repeated on the same file, so each round also
+//! recovers over the earlier ones.
 
 use std::process::Command;
 use std::time::Duration;
@@ -47,6 +49,9 @@ fn kill_child_worker() {
     let map = colls
         .ordered_map("kill", MapOptions::create(8, 16))
         .expect("map");
+    let hash = colls
+        .hash_map("kill-hash", MapOptions::create(8, 16))
+        .expect("hash map");
     let mut rng = std::process::id() as u64 | 1;
     let mut next = || {
         rng ^= rng << 13;
@@ -63,6 +68,7 @@ fn kill_child_worker() {
             next() % 9
         } as usize;
         map.put(&key(n), &value(n, len)).expect("append");
+        hash.put(&key(n), &value(n, len)).expect("hash append");
         n += 1;
         let old = next() % n;
         let len = if next() % 3 == 0 {
@@ -71,6 +77,7 @@ fn kill_child_worker() {
             next() % 9
         } as usize;
         map.put(&key(old), &value(old, len)).expect("replace");
+        hash.put(&key(old), &value(old, len)).expect("hash replace");
         if !announced {
             println!("{READY}");
             announced = true;
@@ -82,7 +89,7 @@ fn kill_child_worker() {
 fn a_killed_writer_leaves_a_consistent_map() {
     let dir = pool_dir();
     let path = dir.path().join("pool");
-    drop(Pool::create(&path, 64 << 20, LAYOUT).expect("create"));
+    drop(Pool::create(&path, 256 << 20, LAYOUT).expect("create"));
     let exe = std::env::current_exe().expect("test binary");
     let mut rng = 7u64;
     for round in 0..5 {
@@ -125,6 +132,29 @@ fn a_killed_writer_leaves_a_consistent_map() {
             expected += 1;
         }
         assert!(expected > 0, "round {round}: nothing survived");
+        let hash = colls
+            .hash_map("kill-hash", MapOptions::existing())
+            .expect("hash map");
+        let mut keys = Vec::new();
+        for entry in hash.iter() {
+            let (k, v) = entry.expect("hash scan");
+            let i = u64::from_be_bytes(k.as_slice().try_into().expect("8-byte key"));
+            assert!(
+                intact(i, &v),
+                "round {round}: hash key {i} holds a torn value"
+            );
+            keys.push(i);
+        }
+        keys.sort_unstable();
+        let m = keys.len() as u64;
+        assert!(
+            keys.iter().enumerate().all(|(j, &i)| i == j as u64),
+            "round {round}: a gap in the hash map"
+        );
+        assert!(
+            m + 1 >= expected && m <= expected,
+            "round {round}: hash map {m} keys, ordered {expected}"
+        );
         eprintln!(
             "round {round}: {expected} keys, {} out-of-line values",
             report.blobs
