@@ -89,6 +89,14 @@ public final class NativeLibrary {
                 () -> new UnsatisfiedLinkError("libterrace.so has no symbol " + name));
     }
 
+    /**
+     * Whether the loaded library exports a symbol: a binding for functions newer than some
+     * builds of the library checks this before binding them, to fail with a clear message.
+     */
+    public static boolean hasSymbol(String name) {
+        return LOOKUP.find(name).isPresent();
+    }
+
     /** A plain downcall handle (may block, may be slow: pool open, tx commit, cache open). */
     public static MethodHandle downcall(String name, FunctionDescriptor descriptor) {
         return LINKER.downcallHandle(symbol(name), descriptor);

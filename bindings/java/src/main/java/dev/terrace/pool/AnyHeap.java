@@ -2,13 +2,17 @@ package dev.terrace.pool;
 
 import static java.lang.foreign.ValueLayout.JAVA_LONG;
 
+import dev.terrace.internal.HeapAccess;
 import dev.terrace.internal.NativeLibrary;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.locks.LockSupport;
@@ -87,6 +91,31 @@ public abstract sealed class AnyHeap implements AutoCloseable
     /** Whether handles are validated against the pool's object table (fixed at open). */
     private final boolean validateHandles;
     private final Map<Long, Byte> classes = new ConcurrentHashMap<>();
+    /**
+     * Objects whose native state lives in this pool (the collections' ordered maps), opened
+     * under this heap's lock by {@link #attach}: {@link #close()} closes them first.
+     */
+    private final Set<AutoCloseable> dependents = ConcurrentHashMap.newKeySet();
+
+    static {
+        HeapAccess.install(new HeapAccess.Bridge() {
+            @Override
+            public MemorySegment pool(AnyHeap heap) {
+                heap.checkOpen();
+                return heap.pool;
+            }
+
+            @Override
+            public <T extends AutoCloseable> T attach(AnyHeap heap, Supplier<T> opener) {
+                return heap.attach(opener);
+            }
+
+            @Override
+            public void detach(AnyHeap heap, AutoCloseable dependent) {
+                heap.dependents.remove(dependent);
+            }
+        });
+    }
     /**
      * Threads with a transaction on this heap, counted before the native begin: with
      * {@link #closing} (Dekker-style, both volatile) a close either sees the count or the
@@ -509,6 +538,42 @@ public abstract sealed class AnyHeap implements AutoCloseable
         }
     }
 
+    /** See {@link HeapAccess.Bridge#attach}. */
+    private synchronized <T extends AutoCloseable> T attach(Supplier<T> opener) {
+        if (closed || closing) {
+            throw new IllegalStateException("heap " + path + " is closing or closed");
+        }
+        T dependent = opener.get();
+        dependents.add(dependent);
+        return dependent;
+    }
+
+    /**
+     * Closes the dependents (ordered maps of dev.terrace.collections) before the heap: each
+     * waits for its calls in flight. The first failure is rethrown after trying them all.
+     */
+    private void closeDependents() {
+        List<AutoCloseable> open = new ArrayList<>(dependents);
+        RuntimeException failure = null;
+        for (AutoCloseable dependent : open) {
+            try {
+                dependent.close();
+                dependents.remove(dependent);
+            } catch (Exception e) {
+                RuntimeException r = e instanceof RuntimeException re ? re
+                        : new IllegalStateException("closing " + dependent + " failed", e);
+                if (failure == null) {
+                    failure = r;
+                } else {
+                    failure.addSuppressed(r);
+                }
+            }
+        }
+        if (failure != null) {
+            throw failure;
+        }
+    }
+
     /**
      * The payload of the block at handle. Regular blocks, by default: checked in Java only
      * (handle positive, aligned, in the pool; size header positive and fitting in the pool
@@ -841,8 +906,9 @@ public abstract sealed class AnyHeap implements AutoCloseable
 
     /**
      * Closes the heap: every block, accessor and range of it becomes unusable (their use throws
-     * {@link IllegalStateException}), then the pool file is unmapped. Closing twice does
-     * nothing.
+     * {@link IllegalStateException}), then the pool file is unmapped. Ordered maps of
+     * {@code dev.terrace.collections} open on this heap are closed first (their iterators
+     * with them). Closing twice does nothing.
      *
      * @throws IllegalStateException while a transaction is active on this heap, or while
      *     another thread is inside a call on it (the heap stays open; a transaction that
@@ -857,6 +923,12 @@ public abstract sealed class AnyHeap implements AutoCloseable
         if (activeTransactions.get() != 0) {
             closing = false;
             throw new IllegalStateException("heap " + path + " has an active transaction");
+        }
+        try {
+            closeDependents();
+        } catch (RuntimeException e) {
+            closing = false;
+            throw e;
         }
         try {
             arena.close();
