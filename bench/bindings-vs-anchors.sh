@@ -6,17 +6,25 @@
 #   B  persistent heap vs LLPL 1.2.0 (libpmemobj with PMEM_IS_PMEM_FORCE=1), and a one-shot
 #      pool utilization fill to failure;
 #   C  off-heap cache vs OHC 0.7.4, Chronicle Map, MapDB 3.1.0 and Caffeine 3.3.1 at each
-#      of THREADS, with -prof gc, and a one-shot Java heap held after a fill.
+#      of THREADS, with -prof gc, and a one-shot Java heap held after a fill;
+#   D  persistent ordered map (ConcurrentLongIndex) vs LLPL 1.2.0's ConcurrentLongART
+#      (libpmemobj, PMEM_IS_PMEM_FORCE=1), ConcurrentSkipListMap and MapDB 3.1.0's file-backed
+#      treeMap: put, get, scan100 over KEYS entries; and a one-shot reopen of a heap holding
+#      REOPEN_KEYS keys until the first get returns (terrace, llpl), with the terrace pool's
+#      bytes per entry.
 # RUNS repeats every suite (each run is every engine, one after the other); the summary
 # gives the medians over runs and the ratios next to the issue's targets.
 #
 #   bench/bindings-vs-anchors.sh [DIR]         DIR: heaps and file kinds (default /dev/shm)
 #   RUNS=3 JMH="-f 2 -wi 3 -w 2s -i 5 -r 2s" SUITES="A C" bench/bindings-vs-anchors.sh
 #
-# Settings (env): RUNS (1), SUITES ("A B C"), JMH (options of the timed suites, default
+# Settings (env): RUNS (1), SUITES ("A B C D"), JMH (options of the timed suites, default
 # "-f 1 -wi 2 -w 1s -i 3 -r 1s": about 12 minutes on 2 cores), BATCH_JMH (suite A's single
 # shots, "-f 1 -wi 5 -i 15"), THREADS ("1 2"), KEYS (200000), CAPACITY_MIB (64),
-# VALUE_SIZE (100), EXTRA (more JMH options for every suite, e.g. "-p size=64,4096").
+# VALUE_SIZE (100), MAP_JMH (suite D's options, default "-f 1 -wi 3 -w 2s -i 5 -r 2s": LLPL's
+# tree needs the longer warmup, its get measured 1.8 us after two 1 s warmups, 0.47 us after
+# three of 2 s; about 5 minutes), REOPEN_KEYS (1000000), EXTRA (more JMH options for every
+# suite, e.g. "-p size=64,4096").
 # STAGE=build only builds, STAGE=run only runs what was built; OUT sets where the JSON and
 # logs go (default bench/out/bindings, replaced each run); the summary script also takes
 # several such directories joined by ":" (suites run apart with SUITES and OUT).
@@ -28,13 +36,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-/dev/shm}
 runs=${RUNS:-1}
 stage=${STAGE:-all}
-suites=${SUITES:-A B C}
+suites=${SUITES:-A B C D}
 jmh=${JMH:--f 1 -wi 2 -w 1s -i 3 -r 1s}
 batch_jmh=${BATCH_JMH:--f 1 -wi 5 -i 15}
 threads=${THREADS:-1 2}
 keys=${KEYS:-200000}
 capacity=${CAPACITY_MIB:-64}
 value_size=${VALUE_SIZE:-100}
+map_jmh=${MAP_JMH:--f 1 -wi 3 -w 2s -i 5 -r 2s}
+reopen_keys=${REOPEN_KEYS:-1000000}
 extra=${EXTRA:-}
 out=${OUT:-$root/bench/out/bindings}
 module=$root/bench/java
@@ -94,6 +104,9 @@ for i in $(seq "$runs"); do
          jvm -Dbench.keys="$keys" -Dbench.capacityMiB="$capacity" -Dbench.valueSize="$value_size" \
            dev.terrace.bench.OneShot heap > "$out/heap.$i.jsonl" 2> "$out/heap.$i.log" ||
            echo "warning: heap failed" ;;
+      D) bench "map.$i" 'MapBench' $map_jmh -p keys="$keys" -p dir="$dir"
+         jvm -Dbench.reopenKeys="$reopen_keys" dev.terrace.bench.OneShot reopen \
+           > "$out/reopen.$i.jsonl" 2> "$out/reopen.$i.log" || echo "warning: reopen failed" ;;
     esac
   done
 done

@@ -54,6 +54,13 @@ for path in sorted(p for out in outs for p in glob.glob(f"{out}/*.jsonl")):
             oneshot_err[k] = r["error"]
         elif r["kind"] == "util":
             oneshot[k].append(r["utilization"])
+        elif r["kind"] in ("reopen", "fill"):
+            oneshot[k].append(r["ms"])
+            if r["kind"] == "reopen" and not r.get("first_get_ok", True):
+                oneshot_err[k] = "first get returned a wrong value"
+        elif r["kind"] == "bytes":
+            oneshot[("bytes", r["engine"], "allocated")].append(r["allocated_per_entry"])
+            oneshot[("bytes", r["engine"], "used")].append(r["used_per_entry"])
         else:
             oneshot[k].append(r["heap_delta_bytes"])
 
@@ -180,6 +187,40 @@ heap = {e: med(oneshot, ("heap", e, None)) for e in ENG_C}
 print("| — | Java heap held after fill (MiB) | "
       + " | ".join("—" if heap[e] is None else f"{heap[e] / 2**20:.1f}" for e in ENG_C)
       + " | | | values off the heap |")
+
+ENG_D = ["terrace", "llpl", "skiplist", "mapdb"]
+if any(k[0].startswith("MapBench.") for k in score) or any(k[0] in ("reopen", "bytes") for k in oneshot):
+    print()
+    print(f"## D. Persistent ordered map vs LLPL 1.2.0 ConcurrentLongART, ns/op (median of {runs} run(s))")
+    print("| operation | " + " | ".join(ENG_D) + " | LLPL / Terrace | target |")
+    print("|---" * (len(ENG_D) + 3) + "|")
+    for bench, label in (("MapBench.put", "put (new random 16 B key)"),
+                         ("MapBench.get", "get (random hit)"),
+                         ("MapBench.scan100", "scan100 (100 entries from a random key)")):
+        v = {e: med(score, (bench, e, None, None, 1)) for e in ENG_D}
+        r = ratio(v["llpl"], v["terrace"])
+        c = verdict(f"D {bench} llpl/terrace", r, lambda r: r >= 2)
+        print(f"| {label} | " + " | ".join(fmt(v[e]) for e in ENG_D)
+              + f" | {rfmt(r)} | ≥ 2× {c} |")
+    print()
+    print("Reopen of a heap holding the one-shot's keys (1M by default) until the first get returns, "
+          "by heap size (a Terrace pool opens slower the larger it is)")
+    print("| heap MiB | Terrace (ms) | LLPL (ms) | LLPL / Terrace | fill ms, Terrace / LLPL (info) |")
+    print("|---|---|---|---|---|")
+    sizes = sorted({k[2] for k in list(oneshot) + list(oneshot_err)
+                    if k[0] in ("reopen", "fill") and k[2] is not None})
+    for sz in sizes:
+        ro = {e: med(oneshot, ("reopen", e, sz)) for e in ("terrace", "llpl")}
+        fi = {e: med(oneshot, ("fill", e, sz)) for e in ("terrace", "llpl")}
+        err = {e: oneshot_err.get(("reopen", e, sz)) for e in ("terrace", "llpl")}
+        cell = {e: fmt(ro[e]) + (" (" + err[e][:50] + ")" if err[e] else "") for e in ro}
+        print(f"| {sz} | {cell['terrace']} | {cell['llpl']} | {rfmt(ratio(ro['llpl'], ro['terrace']))} "
+              f"| {fmt(fi['terrace'])} / {fmt(fi['llpl'])} |")
+    ba = med(oneshot, ("bytes", "terrace", "allocated"))
+    bu = med(oneshot, ("bytes", "terrace", "used"))
+    print()
+    print("Terrace pool bytes per entry (16 B keys, 8 B values): "
+          f"{fmt(ba)} allocated (objects), {fmt(bu)} used (heap pages not free)")
 
 print()
 missed = [n for n, v in verdicts if v == "MISSED"]
