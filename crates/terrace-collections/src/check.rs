@@ -19,7 +19,7 @@ use crate::error::{CollectionError, Result};
 use crate::hash::{bucket_count, bucket_of, hash_of, read_hash_header, HASH_HEADER_SIZE, HH_TABLE};
 use crate::layout::{
     fingerprint, is_collection_type, prefix_word, Geometry, HEADER_SIZE, H_HEIGHT, H_ROOT,
-    INNER_COUNT, LEAF_BITMAP, LEAF_FPS, LEAF_NEXT, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET, TYPE_HASH,
+    INNER_COUNT, LEAF_BITMAP, LEAF_FPS, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET, TYPE_HASH,
     TYPE_INNER, TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
 };
 use crate::ordered::read_header;
@@ -249,7 +249,7 @@ impl<B: Backend> Walker<'_, B> {
                         &format!("bucket {b}"),
                         entry,
                     )?;
-                    from = page + LEAF_NEXT;
+                    from = page + geo.next_off();
                     page = self.u64_at(from)?;
                 }
             }
@@ -271,8 +271,8 @@ impl<B: Backend> Walker<'_, B> {
         let in_fences = |k: &[u8]| lo.is_none_or(|l| k >= l) && hi.is_none_or(|h| k < h);
         if level == 0 {
             self.report.leaves += 1;
-            if self.u64_at(node + LEAF_NEXT)? != 0 {
-                return Err(bad(node + LEAF_NEXT, "a leaf with a next page"));
+            if self.u64_at(node + geo.next_off())? != 0 {
+                return Err(bad(node + geo.next_off(), "a leaf with a next page"));
             }
             return self.page(
                 geo,

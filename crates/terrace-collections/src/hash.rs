@@ -31,7 +31,7 @@ use terrace_pool::{Backend, Oid, Pool, Tx};
 
 use crate::error::{CollectionError, Result};
 use crate::layout::{
-    Geometry, LEAF_BITMAP, LEAF_NEXT, OUT_OF_LINE, TYPE_BUCKET, TYPE_HASH, TYPE_SEGMENT, TYPE_TABLE,
+    Geometry, LEAF_BITMAP, OUT_OF_LINE, TYPE_BUCKET, TYPE_HASH, TYPE_SEGMENT, TYPE_TABLE,
 };
 use crate::page::{PageImage, Pages, MAX_VALUE};
 use crate::sync::{Attempt, OpenGuard, Seqlocks};
@@ -450,7 +450,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
             None => {
                 let page = self.pages.new_page(tx, TYPE_BUCKET)?;
                 match chain.last() {
-                    Some(&last) => self.pages.txw_u64(tx, last + LEAF_NEXT, page)?,
+                    Some(&last) => self.pages.txw_u64(tx, last + self.geo.next_off(), page)?,
                     None => self.pages.txw_u64(tx, word, page)?,
                 }
                 grew = !chain.is_empty();
@@ -572,7 +572,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
             if prev == 0 {
                 head = page;
             } else {
-                b.store_u64(prev + LEAF_NEXT, page)?;
+                b.store_u64(prev + self.geo.next_off(), page)?;
             }
             prev = page;
         }

@@ -43,15 +43,16 @@ pub const H_HEIGHT: u64 = 24;
 /// Bytes of a map header object.
 pub const HEADER_SIZE: u64 = 64;
 
-/// Leaf (and hash bucket: the same layout): the live-slot bitmap word (the commit word of
-/// single-page updates), the next page of a bucket's overflow chain (0 in a leaf), one
-/// fingerprint byte per slot (64 bytes whatever the slot count), then the slots.
+/// Leaf (and hash bucket page: the same layout), sized in whole cache lines and allocated
+/// 64-byte aligned: the first line holds the live-slot bitmap word (the commit word of
+/// single-page updates) and one fingerprint byte per slot (56 bytes whatever the slot
+/// count), so a lookup reads one line before the slot it wants; then the slots; then the
+/// next page of a bucket's overflow chain (0 in a leaf), at [`Geometry::next_off`].
 pub const LEAF_BITMAP: u64 = 0;
-pub const LEAF_NEXT: u64 = 8;
-pub const LEAF_FPS: u64 = 16;
-pub const LEAF_SLOTS: u64 = 80;
-/// Most slots a leaf has (one bitmap word).
-pub const MAX_LEAF_SLOTS: u32 = 64;
+pub const LEAF_FPS: u64 = 8;
+pub const LEAF_SLOTS: u64 = 64;
+/// Most slots a page has (the fingerprints fill the rest of its first cache line).
+pub const MAX_LEAF_SLOTS: u32 = 56;
 
 /// Inner node: separator count `n`, then `fanout` child words (`n + 1` used), then
 /// `fanout - 1` separator prefixes (each separator's first 8 bytes, zero-padded, as a
@@ -75,7 +76,7 @@ pub struct Geometry {
     pub key_cap: u32,
     /// Bytes of a slot's value area (8..=254): values up to this long are inline.
     pub val_area: u32,
-    /// Slots per leaf (4..=64).
+    /// Slots per leaf or bucket page (4..=56).
     pub leaf_slots: u32,
     /// Children per inner node (4..=1024).
     pub fanout: u32,
@@ -104,7 +105,7 @@ impl Geometry {
             return Err(format!("value area {} is outside 8..=254", self.val_area));
         }
         if !(4..=MAX_LEAF_SLOTS).contains(&self.leaf_slots) {
-            return Err(format!("leaf slots {} outside 4..=64", self.leaf_slots));
+            return Err(format!("leaf slots {} outside 4..=56", self.leaf_slots));
         }
         if !(4..=MAX_FANOUT).contains(&self.fanout) {
             return Err(format!("fanout {} outside 4..=1024", self.fanout));
@@ -145,9 +146,16 @@ impl Geometry {
         LEAF_SLOTS + i as u64 * self.slot_size()
     }
 
-    /// Bytes of a leaf.
+    /// Offset of a page's next word (8-byte aligned, after the slots).
+    pub fn next_off(&self) -> u64 {
+        self.slot_off(self.leaf_slots).next_multiple_of(8)
+    }
+
+    /// Bytes of a leaf or bucket page: whole cache lines, so that the pool's size class
+    /// for it (every class from 1 KiB up is a multiple of 32, and a multiple of 64 is a
+    /// class) keeps every page 64-byte aligned.
     pub fn leaf_size(&self) -> u64 {
-        self.slot_off(self.leaf_slots)
+        (self.next_off() + 8).next_multiple_of(64)
     }
 
     /// The bitmap of a leaf whose every slot is live.
@@ -204,6 +212,7 @@ mod tests {
         let g = Geometry::new(16, 8);
         assert_eq!(Geometry::decode(g.encode()), Ok(g));
         assert_eq!(g.slot_size(), 26);
+        assert_eq!(g.leaf_size(), 1536, "56 slots of 26 bytes, header and next word");
         assert!(g.inner_size() <= 4096);
         assert!(Geometry::decode(1 << 50).is_err());
         assert!(

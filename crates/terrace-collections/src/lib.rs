@@ -35,13 +35,16 @@
 //!   the key of the one or two slots whose fingerprint matches;
 //! - reopening is free: the tree lives in the pool, so a map of a million keys answers its
 //!   first get after the pool's open (no rebuild, unlike FPTree's volatile inner nodes);
+//! - a lookup touches the leaf's first cache line (bitmap and fingerprints) and the line
+//!   or two of the slot it wants;
 //! - space: a 16-byte key and 8-byte value take a 26-byte slot plus a fingerprint byte.
 //!   A full leaf first moves entries into a sibling with room (a B*-tree's rotation),
 //!   which keeps leaves fuller than splitting alone (measured in the README's table).
 //!
 //! # Layout
 //! See [`layout`]. A map is a header object (magic, geometry, root, height); leaves hold
-//! `bitmap: u64, fingerprints: [u8; 64], slots`, a slot `key_len: u8, value_len: u8,
+//! `bitmap: u64, fingerprints: [u8; 56]` (one cache line), `slots, next: u64` (in whole,
+//! 64-byte aligned cache lines), a slot `key_len: u8, value_len: u8,
 //! key[key_cap], value[val_area]`; a value longer than the area lives in a blob object
 //! (`len: u64, bytes`) and the slot holds its offset with `value_len = 255`. Inner nodes
 //! hold `n: u64, children[fanout], separators[fanout-1]` (each `len: u8, key[key_cap]`).

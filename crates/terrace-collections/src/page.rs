@@ -14,7 +14,7 @@ use terrace_pool::{Backend, Oid, Pool, Tx};
 
 use crate::error::{CollectionError, Result};
 use crate::layout::{
-    fingerprint, Geometry, LEAF_BITMAP, LEAF_FPS, LEAF_NEXT, OUT_OF_LINE, TYPE_BLOB,
+    fingerprint, Geometry, LEAF_BITMAP, LEAF_FPS, MAX_LEAF_SLOTS, OUT_OF_LINE, TYPE_BLOB,
 };
 
 /// Largest value a collection stores (the C ABI returns a signed 64-bit length; 4 GiB
@@ -32,6 +32,23 @@ impl SlotKey {
     pub(crate) fn key(&self) -> &[u8] {
         &self.buf[2..2 + self.klen]
     }
+}
+
+/// Bit `i` set where `fps[i] == fp`: eight bytes at a time, each zero byte of
+/// `word ^ fp repeated` found exactly (no false positive) and its high bit gathered.
+fn fingerprint_matches(fps: &[u8; 64], fp: u8) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let pattern = u64::from_ne_bytes([fp; 8]);
+    let mut out = 0u64;
+    for (c, chunk) in fps.chunks_exact(8).enumerate() {
+        let x = u64::from_le_bytes(chunk.try_into().expect("8 bytes")) ^ pattern;
+        // High bit of each byte set iff that byte of x is zero.
+        let zero = !(((x & LOW7) + LOW7) | x | LOW7);
+        // Gather the eight high bits (byte k's to bit k).
+        let bits = ((zero >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56;
+        out |= bits << (8 * c);
+    }
+    out
 }
 
 /// Slot access for pages of one geometry in one pool.
@@ -54,7 +71,7 @@ impl<'p, B: Backend> Pages<'p, B> {
     }
 
     pub(crate) fn next(&self, page: u64) -> Result<u64> {
-        self.ld(page + LEAF_NEXT)
+        self.ld(page + self.geo.next_off())
     }
 
     pub(crate) fn read_slot_key(&self, page: u64, slot: u32) -> Result<SlotKey> {
@@ -86,14 +103,17 @@ impl<'p, B: Backend> Pages<'p, B> {
     /// The page's bitmap and the live slot holding `key` (fingerprint `fp`), if any.
     pub(crate) fn find(&self, page: u64, key: &[u8], fp: u8) -> Result<(u64, Option<u32>)> {
         let bitmap = self.bitmap(page)?;
+        // The fingerprint area is 56 bytes whatever the slot count (the rest of the
+        // bitmap's cache line): one fixed-size read and a word-at-a-time comparison,
+        // masked by the bitmap, leave the one or two slots whose key is worth reading.
         let mut fps = [0u8; 64];
         self.b()
-            .read(page + LEAF_FPS, &mut fps[..self.geo.leaf_slots as usize])?;
-        let mut live = bitmap;
-        while live != 0 {
-            let i = live.trailing_zeros();
-            live &= live - 1;
-            if fps[i as usize] == fp && self.read_slot_key(page, i)?.key() == key {
+            .read(page + LEAF_FPS, &mut fps[..MAX_LEAF_SLOTS as usize])?;
+        let mut candidates = fingerprint_matches(&fps, fp) & bitmap;
+        while candidates != 0 {
+            let i = candidates.trailing_zeros();
+            candidates &= candidates - 1;
+            if self.read_slot_key(page, i)?.key() == key {
                 return Ok((bitmap, Some(i)));
             }
         }
@@ -233,7 +253,7 @@ impl<'p, B: Backend> Pages<'p, B> {
     pub(crate) fn new_page(&self, tx: &mut Tx<'p, B>, type_num: u64) -> Result<u64> {
         let page = tx.alloc(self.geo.leaf_size(), type_num)?.offset();
         self.b().store_u64(page + LEAF_BITMAP, 0)?;
-        self.b().store_u64(page + LEAF_NEXT, 0)?;
+        self.b().store_u64(page + self.geo.next_off(), 0)?;
         Ok(page)
     }
 }
@@ -323,5 +343,31 @@ impl PageImage {
             ));
         }
         pages.read_blob(blob, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint_matches;
+
+    #[test]
+    fn fingerprint_matches_finds_exactly_the_equal_bytes() {
+        let mut state = 7u64;
+        for round in 0..2000 {
+            let mut fps = [0u8; 64];
+            for f in fps.iter_mut() {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                // Few distinct values, zeros and 0x80s included: collisions and borrows.
+                *f = [0u8, 1, 0x7f, 0x80, 0xff, state as u8][(state >> 40) as usize % 6];
+            }
+            let fp = fps[round % 64];
+            let want = fps
+                .iter()
+                .enumerate()
+                .fold(0u64, |m, (i, &f)| m | ((f == fp) as u64) << i);
+            assert_eq!(fingerprint_matches(&fps, fp), want, "{fps:?} {fp}");
+        }
     }
 }

@@ -244,6 +244,9 @@ fn a_file_pool_reopens_with_its_maps() {
             map.put(&k, &v).unwrap();
             model.insert(k, v);
         }
+        for leaf in pool.objects(Some(TYPE_LEAF)).unwrap() {
+            assert_eq!(leaf.oid.offset() % 64, 0, "leaves are cache-line aligned");
+        }
         let stats = pool.stats();
         let per = (stats.heap_bytes - stats.free_bytes) as f64 / model.len() as f64;
         eprintln!("bytes per 8-byte key, 8-byte value entry: {per:.1}");
