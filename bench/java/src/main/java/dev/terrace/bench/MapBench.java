@@ -22,8 +22,11 @@ import org.openjdk.jmh.annotations.TearDown;
  * Each trial pre-fills KEYS entries (outside the timing). put: a new random key (a counter
  * through splitmix64, so no key repeats) into that map; the keys one iteration put are removed
  * after it, outside the timing, so every iteration starts from KEYS entries. get: a random
- * present key. scan100: 100 entries ascending from a random present key (inclusive), summing
- * their values, through each engine's iterator (closed after).
+ * present key taken from the array of pre-filled keys (a random array slot and a random key
+ * object: two cache misses that every engine pays). getMade: the same random key made from
+ * its number (a 16-byte allocation and some arithmetic, no memory read), which leaves each
+ * engine's own misses. scan100: 100 entries ascending from a random present key (inclusive),
+ * summing their values, through each engine's iterator (closed after).
  */
 @BenchmarkMode(Mode.AverageTime)
 @OutputTimeUnit(TimeUnit.NANOSECONDS)
@@ -105,6 +108,11 @@ public class MapBench {
     @Benchmark
     public long get(Maps s) {
         return s.map.get(s.present[s.randomPresent()]);
+    }
+
+    @Benchmark
+    public long getMade(Maps s) {
+        return s.map.get(OrderedEngine.key(s.randomPresent()));
     }
 
     @Benchmark
