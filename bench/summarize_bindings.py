@@ -195,7 +195,8 @@ if any(k[0].startswith("MapBench.") for k in score) or any(k[0] in ("reopen", "b
     print("| operation | " + " | ".join(ENG_D) + " | LLPL / Terrace | target |")
     print("|---" * (len(ENG_D) + 3) + "|")
     for bench, label in (("MapBench.put", "put (new random 16 B key)"),
-                         ("MapBench.get", "get (random hit)"),
+                         ("MapBench.get", "get (random hit, key from an array)"),
+                         ("MapBench.getMade", "get (random hit, key made)"),
                          ("MapBench.scan100", "scan100 (100 entries from a random key)")):
         v = {e: med(score, (bench, e, None, None, 1)) for e in ENG_D}
         r = ratio(v["llpl"], v["terrace"])
