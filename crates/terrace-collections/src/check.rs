@@ -19,8 +19,8 @@ use crate::error::{CollectionError, Result};
 use crate::hash::{bucket_count, bucket_of, hash_of, read_hash_header, HASH_HEADER_SIZE, HH_TABLE};
 use crate::layout::{
     fingerprint, is_collection_type, prefix_word, Geometry, HEADER_SIZE, H_HEIGHT, H_ROOT,
-    INNER_COUNT, LEAF_BITMAP, LEAF_FPS, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET, TYPE_HASH,
-    TYPE_INNER, TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
+    INNER_COUNT, LEAF_BITMAP, LEAF_FPS, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET, TYPE_HASH, TYPE_INNER,
+    TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
 };
 use crate::ordered::read_header;
 

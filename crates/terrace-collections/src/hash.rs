@@ -33,7 +33,7 @@ use crate::error::{CollectionError, Result};
 use crate::layout::{
     Geometry, LEAF_BITMAP, OUT_OF_LINE, TYPE_BUCKET, TYPE_HASH, TYPE_SEGMENT, TYPE_TABLE,
 };
-use crate::page::{PageImage, Pages, MAX_VALUE};
+use crate::page::{PageImage, Pages, Slot, MAX_VALUE};
 use crate::sync::{Attempt, OpenGuard, Seqlocks};
 
 /// Header: magic.
@@ -264,7 +264,13 @@ impl<'p, B: Backend> HashMap<'p, B> {
 
     /// Finds `key` in its bucket: the page and slot holding it, if any, recording the
     /// pages read in `seen`. `None` (retry) when a page was being changed.
-    fn locate(&self, key: &[u8], h: u64, seen: &mut Seen) -> Result<Option<Option<(u64, u32)>>> {
+    fn locate(
+        &self,
+        key: &[u8],
+        h: u64,
+        seen: &mut Seen,
+        slot: &mut Slot,
+    ) -> Result<Option<Option<(u64, u32)>>> {
         let state = self.state()?;
         let mut page = self.bucket_head(bucket_of(h, state))?;
         let fp = (h >> 56) as u8;
@@ -276,7 +282,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
                 return Ok(None);
             };
             seen.push((page, v));
-            if let (_, Some(i)) = self.pages.find(page, key, fp)? {
+            if let (_, Some(i)) = self.pages.find_into(page, key, fp, slot)? {
                 return Ok(Some(Some((page, i))));
             }
             page = self.pages.next(page)?;
@@ -289,16 +295,17 @@ impl<'p, B: Backend> HashMap<'p, B> {
         self.check_key(key)?;
         let h = hash_of(key);
         let mut seen = Seen::new();
+        let mut slot = Slot::default();
         self.seq.read_consistent(|| {
             seen.clear();
-            let Some(found) = self.locate(key, h, &mut seen)? else {
+            let Some(found) = self.locate(key, h, &mut seen, &mut slot)? else {
                 return Ok((0, 0, Attempt::Retry));
             };
             let Some((page, i)) = found else {
                 return Ok((0, 0, self.settle(&seen, false)));
             };
-            let vlen = self.pages.read_slot_key(page, i)?.vlen;
-            self.pages.read_value(page, i, vlen, out)?;
+            out.clear();
+            slot.append_value(&self.pages, page + self.geo.slot_off(i), out)?;
             Ok((0, 0, self.settle(&seen, true)))
         })
     }
@@ -314,9 +321,10 @@ impl<'p, B: Backend> HashMap<'p, B> {
         self.check_key(key)?;
         let h = hash_of(key);
         let mut seen = Seen::new();
+        let mut slot = Slot::default();
         self.seq.read_consistent(|| {
             seen.clear();
-            let Some(found) = self.locate(key, h, &mut seen)? else {
+            let Some(found) = self.locate(key, h, &mut seen, &mut slot)? else {
                 return Ok((0, 0, Attempt::Retry));
             };
             Ok((0, 0, self.settle(&seen, found.is_some())))
@@ -394,7 +402,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
             let (bitmap, old) = self.pages.find(page, key, fp)?;
             let free = !bitmap & self.geo.full_bitmap();
             if let Some(i) = old {
-                if free == 0 || self.pages.read_slot_key(page, i)?.vlen == OUT_OF_LINE {
+                if free == 0 || self.pages.slot_vlen(page, i)? == OUT_OF_LINE {
                     return Ok(None);
                 }
                 target = Some((page, bitmap, Some(i)));
@@ -585,11 +593,12 @@ impl<'p, B: Backend> HashMap<'p, B> {
         let _w = self.lock();
         let h = hash_of(key);
         let mut seen = Seen::new();
-        let Some((page, i)) = self.locate(key, h, &mut seen)?.flatten() else {
+        let mut slot = Slot::default();
+        let Some((page, i)) = self.locate(key, h, &mut seen, &mut slot)?.flatten() else {
             return Ok(false);
         };
         let bitmap = self.pages.bitmap(page)?;
-        if self.pages.read_slot_key(page, i)?.vlen != OUT_OF_LINE {
+        if self.pages.slot_vlen(page, i)? != OUT_OF_LINE {
             self.seq
                 .commit_word(self.b(), page, page + LEAF_BITMAP, bitmap & !(1 << i))?;
         } else {
@@ -625,7 +634,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
                     while live != 0 {
                         let i = live.trailing_zeros();
                         live &= live - 1;
-                        let vlen = self.pages.read_slot_key(page, i)?.vlen;
+                        let vlen = self.pages.slot_vlen(page, i)?;
                         out.extend(self.pages.slot_blob(page, i, vlen)?);
                     }
                 }

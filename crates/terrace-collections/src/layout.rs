@@ -212,7 +212,11 @@ mod tests {
         let g = Geometry::new(16, 8);
         assert_eq!(Geometry::decode(g.encode()), Ok(g));
         assert_eq!(g.slot_size(), 26);
-        assert_eq!(g.leaf_size(), 1536, "56 slots of 26 bytes, header and next word");
+        assert_eq!(
+            g.leaf_size(),
+            1536,
+            "56 slots of 26 bytes, header and next word"
+        );
         assert!(g.inner_size() <= 4096);
         assert!(Geometry::decode(1 << 50).is_err());
         assert!(

@@ -36,7 +36,7 @@ use crate::layout::{
     fingerprint, prefix_word, Geometry, HEADER_SIZE, H_GEOMETRY, H_HEIGHT, H_MAGIC, H_ROOT,
     INNER_COUNT, LEAF_BITMAP, LEAF_FPS, MAP_MAGIC, OUT_OF_LINE, TYPE_INNER, TYPE_LEAF, TYPE_MAP,
 };
-use crate::page::{PageImage, Pages, MAX_VALUE};
+use crate::page::{PageImage, Pages, Slot, MAX_VALUE};
 use crate::sync::{Attempt, OpenGuard, Seqlocks};
 
 /// Deepest tree a reader follows (guards a corrupt height word).
@@ -242,18 +242,32 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     /// `< key`.
     fn route(&self, node: u64, key: &[u8], upper: bool) -> Result<(u32, u32)> {
         let n = self.inner_count(node)?;
-        let (mut lo, mut hi) = (0u32, n);
         let want = prefix_word(key);
+        // How many prefix words are below `want`, by a branchless binary search (a
+        // conditional move per probe instead of a mispredicted branch).
+        let (mut base, mut len) = (0u32, n);
+        while len > 1 {
+            let half = len / 2;
+            let below = self.ld(node + self.geo.prefix_off(base + half))? < want;
+            base = if below { base + half } else { base };
+            len -= half;
+        }
+        if n > 0 && self.ld(node + self.geo.prefix_off(base))? < want {
+            base += 1;
+        }
+        // Separators whose prefix word equals the key's are ordered by their whole bytes
+        // (rare for keys that differ in their first eight bytes).
+        let mut end = base;
+        while end < n && self.ld(node + self.geo.prefix_off(end))? == want {
+            end += 1;
+        }
         let mut raw = [0u8; 256];
+        let mut lo = base;
+        let mut hi = end;
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let c = match self.ld(node + self.geo.prefix_off(mid))?.cmp(&want) {
-                Cmp::Equal => {
-                    let len = self.read_sep(node, mid, &mut raw)?;
-                    raw[..len].cmp(key)
-                }
-                other => other,
-            };
+            let len = self.read_sep(node, mid, &mut raw)?;
+            let c = raw[..len].cmp(key);
             if c == Cmp::Less || (upper && c == Cmp::Equal) {
                 lo = mid + 1;
             } else {
@@ -284,6 +298,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         self.check_key(key)?;
         let fp = fingerprint(key);
+        let mut slot = Slot::default();
         self.seq.read_consistent(|| {
             let Some(leaf) = self.descend(key, None)? else {
                 return Ok((0, 0, Attempt::Done(false)));
@@ -291,11 +306,11 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
             let Some(v1) = self.seq.page_version(leaf) else {
                 return Ok((0, 0, Attempt::Retry));
             };
-            let Some(i) = self.pages.find(leaf, key, fp)?.1 else {
+            let Some(i) = self.pages.find_into(leaf, key, fp, &mut slot)?.1 else {
                 return Ok((leaf, v1, Attempt::Done(false)));
             };
-            let vlen = self.pages.read_slot_key(leaf, i)?.vlen;
-            self.pages.read_value(leaf, i, vlen, out)?;
+            out.clear();
+            slot.append_value(&self.pages, leaf + self.geo.slot_off(i), out)?;
             Ok((leaf, v1, Attempt::Done(true)))
         })
     }
@@ -399,7 +414,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         while live != 0 {
             let i = live.trailing_zeros();
             live &= live - 1;
-            let vlen = self.pages.read_slot_key(node, i)?.vlen;
+            let vlen = self.pages.slot_vlen(node, i)?;
             out.extend(self.pages.slot_blob(node, i, vlen)?);
         }
         Ok(())
@@ -437,7 +452,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         };
         let (bitmap, old) = self.pages.find(leaf, key, fingerprint(key))?;
         if let Some(i) = old {
-            if self.pages.read_slot_key(leaf, i)?.vlen == OUT_OF_LINE {
+            if self.pages.slot_vlen(leaf, i)? == OUT_OF_LINE {
                 return Ok(None);
             }
         }
@@ -671,7 +686,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         let (bitmap, Some(i)) = self.pages.find(leaf, key, fingerprint(key))? else {
             return Ok(false);
         };
-        let vlen = self.pages.read_slot_key(leaf, i)?.vlen;
+        let vlen = self.pages.slot_vlen(leaf, i)?;
         let new = bitmap & !(1 << i);
         if vlen != OUT_OF_LINE && (new != 0 || path.is_empty()) {
             self.seq

@@ -21,16 +21,92 @@ use crate::layout::{
 /// keeps a blob within any sane pool).
 pub(crate) const MAX_VALUE: u64 = u32::MAX as u64;
 
-/// A slot's two length bytes and its key.
-pub(crate) struct SlotKey {
-    buf: [u8; 258],
-    klen: usize,
-    pub(crate) vlen: u8,
+/// One slot's bytes (lengths, key area, value area), read in one copy: a lookup compares
+/// the key and takes an inline value from the same read. Slots of up to 64 bytes (keys
+/// and inline values that small) live on the stack.
+pub(crate) struct Slot {
+    small: [u8; 64],
+    big: Vec<u8>,
+    len: usize,
 }
 
-impl SlotKey {
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            small: [0; 64],
+            big: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl Slot {
+    fn bytes(&self) -> &[u8] {
+        if self.len <= self.small.len() {
+            &self.small[..self.len]
+        } else {
+            &self.big[..self.len]
+        }
+    }
+
+    fn fill<B: Backend>(&mut self, pages: &Pages<'_, B>, page: u64, i: u32) -> Result<()> {
+        let geo = &pages.geo;
+        let off = page + geo.slot_off(i);
+        self.len = geo.slot_size() as usize;
+        let buf = if self.len <= self.small.len() {
+            &mut self.small[..self.len]
+        } else {
+            self.big.resize(self.len, 0);
+            &mut self.big[..]
+        };
+        pages.b().read(off, buf)?;
+        let (klen, vlen) = (buf[0] as u32, buf[1]);
+        if klen > geo.key_cap {
+            return Err(CollectionError::corrupt(
+                off,
+                format!("key of {klen} bytes"),
+            ));
+        }
+        if vlen != OUT_OF_LINE && vlen as u32 > geo.val_area {
+            return Err(CollectionError::corrupt(
+                off,
+                format!("inline value of {vlen} bytes"),
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn key(&self) -> &[u8] {
-        &self.buf[2..2 + self.klen]
+        let b = self.bytes();
+        &b[2..2 + b[0] as usize]
+    }
+
+    pub(crate) fn vlen(&self) -> u8 {
+        self.bytes()[1]
+    }
+
+    /// Appends the value to `out`: the inline bytes, or the blob's (`key_cap` locates the
+    /// value area).
+    pub(crate) fn append_value<B: Backend>(
+        &self,
+        pages: &Pages<'_, B>,
+        at: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let area = &self.bytes()[2 + pages.geo.key_cap as usize..];
+        let vlen = self.vlen();
+        if vlen != OUT_OF_LINE {
+            out.extend_from_slice(&area[..vlen as usize]);
+            return Ok(());
+        }
+        let blob = u64::from_le_bytes(area[..8].try_into().expect("8 bytes"));
+        if blob == 0 {
+            return Err(CollectionError::corrupt(
+                at,
+                "out-of-line value at offset 0",
+            ));
+        }
+        pages.read_blob(blob, out)
     }
 }
 
@@ -74,34 +150,40 @@ impl<'p, B: Backend> Pages<'p, B> {
         self.ld(page + self.geo.next_off())
     }
 
-    pub(crate) fn read_slot_key(&self, page: u64, slot: u32) -> Result<SlotKey> {
-        let mut k = SlotKey {
-            buf: [0u8; 258],
-            klen: 0,
-            vlen: 0,
-        };
+    /// A live slot's value length byte (`OUT_OF_LINE` for a blob), its lengths checked.
+    pub(crate) fn slot_vlen(&self, page: u64, slot: u32) -> Result<u8> {
         let off = page + self.geo.slot_off(slot);
-        let n = 2 + self.geo.key_cap as usize;
-        self.b().read(off, &mut k.buf[..n])?;
-        k.klen = k.buf[0] as usize;
-        k.vlen = k.buf[1];
-        if k.klen > self.geo.key_cap as usize {
+        let mut lens = [0u8; 2];
+        self.b().read(off, &mut lens)?;
+        let [klen, vlen] = lens;
+        if klen as u32 > self.geo.key_cap {
             return Err(CollectionError::corrupt(
                 off,
-                format!("key of {} bytes", k.klen),
+                format!("key of {klen} bytes"),
             ));
         }
-        if k.vlen != OUT_OF_LINE && k.vlen as u32 > self.geo.val_area {
+        if vlen != OUT_OF_LINE && vlen as u32 > self.geo.val_area {
             return Err(CollectionError::corrupt(
                 off,
-                format!("inline value of {} bytes", k.vlen),
+                format!("inline value of {vlen} bytes"),
             ));
         }
-        Ok(k)
+        Ok(vlen)
     }
 
     /// The page's bitmap and the live slot holding `key` (fingerprint `fp`), if any.
     pub(crate) fn find(&self, page: u64, key: &[u8], fp: u8) -> Result<(u64, Option<u32>)> {
+        self.find_into(page, key, fp, &mut Slot::default())
+    }
+
+    /// [`Pages::find`], leaving the found slot's bytes in `slot`.
+    pub(crate) fn find_into(
+        &self,
+        page: u64,
+        key: &[u8],
+        fp: u8,
+        slot: &mut Slot,
+    ) -> Result<(u64, Option<u32>)> {
         let bitmap = self.bitmap(page)?;
         // The fingerprint area is 56 bytes whatever the slot count (the rest of the
         // bitmap's cache line): one fixed-size read and a word-at-a-time comparison,
@@ -113,7 +195,8 @@ impl<'p, B: Backend> Pages<'p, B> {
         while candidates != 0 {
             let i = candidates.trailing_zeros();
             candidates &= candidates - 1;
-            if self.read_slot_key(page, i)?.key() == key {
+            slot.fill(self, page, i)?;
+            if slot.key() == key {
                 return Ok((bitmap, Some(i)));
             }
         }
@@ -152,26 +235,6 @@ impl<'p, B: Backend> Pages<'p, B> {
         out.resize(start + len as usize, 0);
         self.b().read(blob + 8, &mut out[start..])?;
         Ok(())
-    }
-
-    /// Copies the value of a live slot into `out` (replacing its contents).
-    pub(crate) fn read_value(
-        &self,
-        page: u64,
-        slot: u32,
-        vlen: u8,
-        out: &mut Vec<u8>,
-    ) -> Result<()> {
-        out.clear();
-        match self.slot_blob(page, slot, vlen)? {
-            None => {
-                let area = page + self.geo.slot_off(slot) + 2 + self.geo.key_cap as u64;
-                out.resize(vlen as usize, 0);
-                self.b().read(area, out)?;
-                Ok(())
-            }
-            Some(blob) => self.read_blob(blob, out),
-        }
     }
 
     /// Writes slot `j` (lengths, key, value area) and its fingerprint; not persisted.
@@ -231,7 +294,7 @@ impl<'p, B: Backend> Pages<'p, B> {
 
     /// Frees slot `i`'s out-of-line value in `tx`, if it has one.
     pub(crate) fn free_value_tx(&self, tx: &mut Tx<'p, B>, page: u64, i: u32) -> Result<()> {
-        let vlen = self.read_slot_key(page, i)?.vlen;
+        let vlen = self.slot_vlen(page, i)?;
         if let Some(blob) = self.slot_blob(page, i, vlen)? {
             tx.free(Oid::from_offset(blob).expect("checked nonzero"))?;
         }
