@@ -19,8 +19,8 @@ use crate::error::{CollectionError, Result};
 use crate::hash::{bucket_count, bucket_of, hash_of, read_hash_header, HASH_HEADER_SIZE, HH_TABLE};
 use crate::layout::{
     fingerprint, is_collection_type, prefix_word, Geometry, HEADER_SIZE, H_HEIGHT, H_ROOT,
-    INNER_COUNT, LEAF_BITMAP, LEAF_FPS, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET, TYPE_HASH, TYPE_INNER,
-    TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
+    INNER_COUNT, INNER_SAMPLE_OFF, LEAF_BITMAP, LEAF_FPS, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET,
+    TYPE_HASH, TYPE_INNER, TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
 };
 use crate::ordered::read_header;
 
@@ -309,6 +309,16 @@ impl<B: Backend> Walker<'_, B> {
                 return Err(bad(at, format!("separator {i} is out of order")));
             }
             seps.push(sep);
+        }
+        let samples = crate::ordered::sample_words(geo, &seps);
+        for (k, &want) in samples.iter().enumerate() {
+            let at = node + INNER_SAMPLE_OFF + 8 * k as u64;
+            if self.u64_at(at)? != want {
+                return Err(bad(
+                    at,
+                    format!("sample word {k} does not match the separators"),
+                ));
+            }
         }
         for i in 0..=n as u32 {
             let at = node + geo.child_off(i);

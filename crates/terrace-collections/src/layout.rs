@@ -54,12 +54,17 @@ pub const LEAF_SLOTS: u64 = 64;
 /// Most slots a page has (the fingerprints fill the rest of its first cache line).
 pub const MAX_LEAF_SLOTS: u32 = 56;
 
-/// Inner node: separator count `n`, then `fanout` child words (`n + 1` used), then
-/// `fanout - 1` separator prefixes (each separator's first 8 bytes, zero-padded, as a
-/// big-endian word: a binary search compares words and reads a whole separator only on a
-/// tie), then `fanout - 1` separators of `1 + key_cap` bytes (length byte, key bytes).
+/// Inner node, first cache line: separator count `n`, then [`INNER_SAMPLES`] sample
+/// words (sample `k` is the prefix word of separator `(k + 1) * block`, or `u64::MAX`
+/// past `n`; see [`Geometry::sample_block`]), so a search reads this line, then the one
+/// block of prefix words the samples point it to. Then `fanout` child words (`n + 1`
+/// used), `fanout - 1` separator prefix words (each separator's first 8 bytes, zero-padded,
+/// as a big-endian word: the search compares words and reads a whole separator only on a
+/// tie), and `fanout - 1` separators of `1 + key_cap` bytes (length byte, key bytes).
 pub const INNER_COUNT: u64 = 0;
-pub const INNER_CHILDREN: u64 = 8;
+pub const INNER_SAMPLE_OFF: u64 = 8;
+pub const INNER_SAMPLES: u32 = 7;
+pub const INNER_CHILDREN: u64 = 64;
 
 /// A slot's value-length byte saying the value is out of line: the value area's first
 /// word is the offset of a [`TYPE_BLOB`] object.
@@ -87,7 +92,7 @@ impl Geometry {
     /// `inline_value` bytes (raised to 8, the size of an out-of-line reference), with
     /// 64-slot leaves and inner nodes of about 4 KiB.
     pub fn new(max_key: u32, inline_value: u32) -> Geometry {
-        let fanout = (4088 / (17 + max_key as u64)).clamp(16, MAX_FANOUT as u64) as u32;
+        let fanout = (4032 / (17 + max_key as u64)).clamp(16, MAX_FANOUT as u64) as u32;
         Geometry {
             key_cap: max_key,
             val_area: inline_value.max(8),
@@ -172,6 +177,12 @@ impl Geometry {
         INNER_CHILDREN + 8 * i as u64
     }
 
+    /// Separators per sampled block of an inner node: the samples split the prefix words
+    /// into at most `INNER_SAMPLES + 1` blocks.
+    pub fn sample_block(&self) -> u32 {
+        (self.fanout - 1).div_ceil(INNER_SAMPLES + 1)
+    }
+
     /// Offset of separator `i`'s prefix word in an inner node.
     pub fn prefix_off(&self, i: u32) -> u64 {
         INNER_CHILDREN + 8 * self.fanout as u64 + 8 * i as u64
@@ -184,7 +195,8 @@ impl Geometry {
 
     /// Bytes of an inner node.
     pub fn inner_size(&self) -> u64 {
-        self.sep_off(self.fanout - 1)
+        // Whole cache lines, so the node is 64-byte aligned (as a page is).
+        self.sep_off(self.fanout - 1).next_multiple_of(64)
     }
 }
 

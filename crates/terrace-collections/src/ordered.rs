@@ -34,7 +34,8 @@ use terrace_pool::{Backend, Oid, Pool, Tx};
 use crate::error::{CollectionError, Result};
 use crate::layout::{
     fingerprint, prefix_word, Geometry, HEADER_SIZE, H_GEOMETRY, H_HEIGHT, H_MAGIC, H_ROOT,
-    INNER_COUNT, LEAF_BITMAP, LEAF_FPS, MAP_MAGIC, OUT_OF_LINE, TYPE_INNER, TYPE_LEAF, TYPE_MAP,
+    INNER_COUNT, INNER_SAMPLES, INNER_SAMPLE_OFF, LEAF_BITMAP, LEAF_FPS, MAP_MAGIC, OUT_OF_LINE,
+    TYPE_INNER, TYPE_LEAF, TYPE_MAP,
 };
 use crate::page::{PageImage, Pages, Slot, MAX_VALUE};
 use crate::sync::{Attempt, OpenGuard, Seqlocks};
@@ -102,6 +103,18 @@ pub(crate) fn read_header<B: Backend>(pool: &Pool<B>, header: u64) -> Result<Geo
     }
     Geometry::decode(b.load_u64(header + H_GEOMETRY)?)
         .map_err(|what| CollectionError::corrupt(header + H_GEOMETRY, what))
+}
+
+/// An inner node's sample words for separators `seps` (see [`crate::layout`]).
+pub(crate) fn sample_words(geo: &Geometry, seps: &[Vec<u8>]) -> [u64; INNER_SAMPLES as usize] {
+    let block = geo.sample_block() as usize;
+    let mut out = [u64::MAX; INNER_SAMPLES as usize];
+    for (k, w) in out.iter_mut().enumerate() {
+        if let Some(s) = seps.get((k + 1) * block) {
+            *w = prefix_word(s);
+        }
+    }
+    out
 }
 
 /// Whether `key` lies within `bound` taken as the low end (`low`) or the high end.
@@ -243,16 +256,27 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     fn route(&self, node: u64, key: &[u8], upper: bool) -> Result<(u32, u32)> {
         let n = self.inner_count(node)?;
         let want = prefix_word(key);
-        // How many prefix words are below `want`, by a branchless binary search (a
-        // conditional move per probe instead of a mispredicted branch).
-        let (mut base, mut len) = (0u32, n);
+        // The samples (in the count's cache line) pick the block of prefix words holding
+        // the first one not below `want`: each sample is its block's first word.
+        let mut samples = [0u8; 8 * INNER_SAMPLES as usize];
+        self.b().read(node + INNER_SAMPLE_OFF, &mut samples)?;
+        let block = self.geo.sample_block();
+        let mut first = 0u32;
+        for (k, w) in samples.chunks_exact(8).enumerate() {
+            let sample = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+            first += ((k as u32 + 1) * block < n && sample < want) as u32;
+        }
+        let start = first * block;
+        // How many prefix words of the block are below `want`, by a branchless binary
+        // search (a conditional move per probe instead of a mispredicted branch).
+        let (mut base, mut len) = (start, block.min(n.saturating_sub(start)));
         while len > 1 {
             let half = len / 2;
             let below = self.ld(node + self.geo.prefix_off(base + half))? < want;
             base = if below { base + half } else { base };
             len -= half;
         }
-        if n > 0 && self.ld(node + self.geo.prefix_off(base))? < want {
+        if len == 1 && self.ld(node + self.geo.prefix_off(base))? < want {
             base += 1;
         }
         // Separators whose prefix word equals the key's are ordered by their whole bytes
@@ -593,6 +617,11 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     fn write_sep(&self, tx: &mut Tx<'p, B>, node: u64, i: u32, key: &[u8]) -> Result<()> {
         self.pages
             .txw_u64(tx, node + self.geo.prefix_off(i), prefix_word(key))?;
+        let block = self.geo.sample_block();
+        if i > 0 && i % block == 0 && i / block <= INNER_SAMPLES {
+            let at = node + INNER_SAMPLE_OFF + 8 * (i / block - 1) as u64;
+            self.pages.txw_u64(tx, at, prefix_word(key))?;
+        }
         let bytes = self.sep_bytes(key);
         self.pages.txw(tx, node + self.geo.sep_off(i), &bytes)
     }
@@ -610,6 +639,11 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         debug_assert_eq!(seps.len() + 1, children.len());
         self.pages
             .txw_u64(tx, node + INNER_COUNT, seps.len() as u64)?;
+        let samples: Vec<u8> = sample_words(&self.geo, seps)
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        self.pages.txw(tx, node + INNER_SAMPLE_OFF, &samples)?;
         let kids: Vec<u8> = children[from..]
             .iter()
             .flat_map(|c| c.to_le_bytes())
