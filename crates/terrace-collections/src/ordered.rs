@@ -618,7 +618,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         self.pages
             .txw_u64(tx, node + self.geo.prefix_off(i), prefix_word(key))?;
         let block = self.geo.sample_block();
-        if i > 0 && i % block == 0 && i / block <= INNER_SAMPLES {
+        if i > 0 && i.is_multiple_of(block) && i / block <= INNER_SAMPLES {
             let at = node + INNER_SAMPLE_OFF + 8 * (i / block - 1) as u64;
             self.pages.txw_u64(tx, at, prefix_word(key))?;
         }
