@@ -722,14 +722,24 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         };
         let vlen = self.pages.slot_vlen(leaf, i)?;
         let new = bitmap & !(1 << i);
-        if vlen != OUT_OF_LINE && (new != 0 || path.is_empty()) {
+        let merge_into = self.merge_target(&path, new.count_ones())?;
+        if vlen != OUT_OF_LINE && (new != 0 || path.is_empty()) && merge_into.is_none() {
             self.seq
                 .commit_word(self.b(), leaf, leaf + LEAF_BITMAP, new)?;
         } else {
             self.structural(|tx| {
                 self.pages.free_value_tx(tx, leaf, i)?;
                 self.pages.txw_u64(tx, leaf + LEAF_BITMAP, new)?;
-                if new == 0 && !path.is_empty() {
+                if let Some(sibling) = merge_into {
+                    let mut image = PageImage::default();
+                    image.load(&self.pages, leaf)?;
+                    let live = image.live_slots(&self.geo, leaf)?;
+                    let sib_bitmap = self.pages.bitmap(sibling)?;
+                    let taken = self.copy_slots(tx, &image, &live, sibling, sib_bitmap)?;
+                    self.pages
+                        .txw_u64(tx, sibling + LEAF_BITMAP, sib_bitmap | taken)?;
+                }
+                if (new == 0 || merge_into.is_some()) && !path.is_empty() {
                     self.remove_node(tx, &path, leaf)?;
                 }
                 Ok(())
@@ -737,6 +747,24 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         }
         self.count(false, true);
         Ok(true)
+    }
+
+    /// Where a leaf left with `live` entries merges, if it should: a leaf at most a
+    /// quarter full goes into the sibling that takes over its key range when it is
+    /// removed (the left one; the right one for a parent's first child), when the two fit
+    /// in three quarters of a leaf. Keeps scans from walking near-empty leaves after many
+    /// removes.
+    fn merge_target(&self, path: &[(u64, u32)], live: u32) -> Result<Option<u64>> {
+        let slots = self.geo.leaf_slots;
+        let Some(&(parent, i)) = path.last() else {
+            return Ok(None);
+        };
+        if live == 0 || live > slots / 4 || self.inner_count(parent)? == 0 {
+            return Ok(None);
+        }
+        let sibling = self.child(parent, if i > 0 { i - 1 } else { 1 })?;
+        let fits = self.pages.bitmap(sibling)?.count_ones() + live <= slots * 3 / 4;
+        Ok(fits.then_some(sibling))
     }
 
     /// Frees `node` (an empty leaf, or an inner node left with no child) and removes it

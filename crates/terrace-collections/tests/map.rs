@@ -385,3 +385,39 @@ fn check_reports_an_unreachable_node_and_a_corrupt_one() {
         "{scan:?}"
     );
 }
+
+#[test]
+fn removes_merge_near_empty_leaves_into_their_siblings() {
+    let pool = Pool::create_on(RecordingBackend::new(32 << 20), "map", 2).unwrap();
+    let colls = Collections::open(&pool).unwrap();
+    let map = colls.ordered_map("m", MapOptions::create(16, 8)).unwrap();
+    let mut rng = Rng(21);
+    let mut keys: Vec<Vec<u8>> = (0..20_000)
+        .map(|_| rng.next().to_be_bytes().repeat(2))
+        .collect();
+    for k in &keys {
+        map.put(k, b"8 bytes!").unwrap();
+    }
+    let full = check(&pool).unwrap().leaves;
+    // Remove 95% in random order: without merges the leaves would stay, nearly empty.
+    for i in (1..keys.len()).rev() {
+        keys.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let kept = keys.split_off(19_000);
+    for k in &keys {
+        assert!(map.remove(k).unwrap());
+    }
+    let report = check(&pool).unwrap();
+    let slots = map.geometry().leaf_slots as u64;
+    // Every leaf but a few holds more than a quarter of its slots or was merged away.
+    assert!(
+        report.leaves <= 1 + 2 * kept.len() as u64 / (slots / 4),
+        "{} leaves for {} entries (from {full})",
+        report.leaves,
+        kept.len()
+    );
+    let mut sorted = kept.clone();
+    sorted.sort();
+    let scanned: Vec<Vec<u8>> = map.iter().map(|e| e.unwrap().0).collect();
+    assert_eq!(scanned, sorted);
+}
