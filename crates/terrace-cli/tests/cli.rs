@@ -116,7 +116,10 @@ fn pool_check_finds_unreachable_and_corrupt_collection_nodes() {
             .backend()
             .load_u64(map.header().offset() + H_ROOT)
             .unwrap();
-        let leaf = pool.backend().load_u64(root + 8).unwrap();
+        let leaf = pool
+            .backend()
+            .load_u64(root + map.geometry().child_off(0))
+            .unwrap();
         let bitmap = pool.backend().load_u64(leaf + LEAF_BITMAP).unwrap();
         (
             stray,
