@@ -34,7 +34,7 @@ import java.util.function.Consumer;
  */
 public final class ConcurrentLongIndex implements AutoCloseable {
     /** The longest key any map takes (the C ABI's limit). */
-    public static final int MAX_KEY_LENGTH = OmapNative.MAX_KEY;
+    public static final int MAX_KEY_LENGTH = MapNative.MAX_KEY;
     private static final int VALUE_BYTES = Long.BYTES;
 
     private final NativeOrderedMap map;
@@ -192,22 +192,22 @@ public final class ConcurrentLongIndex implements AutoCloseable {
         return new LongIterator(map, map.openCursor(lo, loInclusive, hi, hiInclusive, reverse));
     }
 
-    private static final class LongIterator extends NativeOrderedMap.EntryIterator<Entry> {
+    private static final class LongIterator extends NativeMap.EntryIterator<Entry> {
         private final NativeOrderedMap map;
 
-        LongIterator(NativeOrderedMap map, NativeOrderedMap.Cursor cursor) {
+        LongIterator(NativeOrderedMap map, NativeMap.Cursor cursor) {
             super(cursor);
             this.map = map;
             start();
         }
 
         @Override
-        MemorySegment valueBuffer(NativeOrderedMap.Scratch s) {
+        MemorySegment valueBuffer(NativeMap.Scratch s) {
             return s.word;
         }
 
         @Override
-        Entry decode(NativeOrderedMap.Scratch s, byte[] key, long valueLen, MemorySegment buf) {
+        Entry decode(NativeMap.Scratch s, byte[] key, long valueLen, MemorySegment buf) {
             if (valueLen != VALUE_BYTES) {
                 throw new IllegalStateException(map + " holds a value of " + valueLen
                         + " bytes where a long was expected");

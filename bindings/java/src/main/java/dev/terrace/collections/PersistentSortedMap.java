@@ -1,11 +1,7 @@
 package dev.terrace.collections;
 
-import static java.lang.foreign.ValueLayout.JAVA_BYTE;
-
 import dev.terrace.pool.AnyHeap;
 import dev.terrace.pool.HeapException;
-import java.lang.foreign.MemorySegment;
-import java.util.AbstractMap;
 import java.util.Map;
 
 /**
@@ -28,15 +24,16 @@ import java.util.Map;
  * for a null, empty or too long key (or bound) or a null value, {@link HeapException} with the
  * errno for what the library reports (12, ENOMEM: the heap is full).
  */
-public final class PersistentSortedMap implements AutoCloseable {
+public final class PersistentSortedMap extends BytesMap {
     /** Value bytes kept in the entry unless another size is given at creation. */
     public static final int DEFAULT_INLINE_VALUE = 32;
     /** The longest key any map takes (the C ABI's limit). */
-    public static final int MAX_KEY_LENGTH = OmapNative.MAX_KEY;
+    public static final int MAX_KEY_LENGTH = MapNative.MAX_KEY;
     /** The largest inline value size (the C ABI's limit). */
-    public static final int MAX_INLINE_VALUE = OmapNative.MAX_INLINE_VALUE;
+    public static final int MAX_INLINE_VALUE = MapNative.MAX_INLINE_VALUE;
 
-    private final NativeOrderedMap map;
+    /** The map, as the ordered map it is (for the cursors). */
+    private final NativeOrderedMap ordered;
 
     /**
      * Opens the map bound to name in heap, creating it with {@value #DEFAULT_INLINE_VALUE}
@@ -64,7 +61,8 @@ public final class PersistentSortedMap implements AutoCloseable {
     }
 
     private PersistentSortedMap(NativeOrderedMap map) {
-        this.map = map;
+        super(map);
+        this.ordered = map;
     }
 
     /**
@@ -84,57 +82,14 @@ public final class PersistentSortedMap implements AutoCloseable {
         NativeOrderedMap.destroy(heap, name);
     }
 
-    /** The name the map is bound to in its heap. */
-    public String name() {
-        return map.name;
-    }
-
-    /**
-     * The longest key: as given when opened, or {@value #MAX_KEY_LENGTH} after
-     * {@link #open(AnyHeap, String)} (then the library checks the map's own).
-     */
-    public int maxKeyLength() {
-        return map.maxKey;
-    }
-
-    /** The value of key as a new array, or null when key is not in the map. */
-    public byte[] get(byte[] key) {
-        return map.getBytes(key);
-    }
-
-    /** Maps key to a copy of value (any length, empty included), replacing any value. */
-    public void put(byte[] key, byte[] value) {
-        map.putBytes(key, value);
-    }
-
-    /** Removes key; false when it was not in the map. */
-    public boolean remove(byte[] key) {
-        return map.remove(key);
-    }
-
-    /** Whether key is in the map. */
-    public boolean containsKey(byte[] key) {
-        return map.contains(key);
-    }
-
-    /** Entries in the map. */
-    public long size() {
-        return map.size();
-    }
-
-    /** Whether the map has no entry. */
-    public boolean isEmpty() {
-        return map.size() == 0;
-    }
-
     /** The lowest key; NoSuchElementException when the map is empty. */
     public byte[] firstKey() {
-        return map.endKey(false);
+        return ordered.endKey(false);
     }
 
     /** The highest key; NoSuchElementException when the map is empty. */
     public byte[] lastKey() {
-        return map.endKey(true);
+        return ordered.endKey(true);
     }
 
     /** Every entry, ascending. */
@@ -164,58 +119,7 @@ public final class PersistentSortedMap implements AutoCloseable {
 
     private AutoCloseableIterator<Map.Entry<byte[], byte[]>> iterator(byte[] lo,
             boolean loInclusive, byte[] hi, boolean hiInclusive, boolean reverse) {
-        return new BytesIterator(map, map.openCursor(lo, loInclusive, hi, hiInclusive,
-                reverse));
-    }
-
-    private static final class BytesIterator
-            extends NativeOrderedMap.EntryIterator<Map.Entry<byte[], byte[]>> {
-        private final NativeOrderedMap map;
-
-        BytesIterator(NativeOrderedMap map, NativeOrderedMap.Cursor cursor) {
-            super(cursor);
-            this.map = map;
-            start();
-        }
-
-        @Override
-        MemorySegment valueBuffer(NativeOrderedMap.Scratch s) {
-            return s.value;
-        }
-
-        @Override
-        Map.Entry<byte[], byte[]> decode(NativeOrderedMap.Scratch s, byte[] key,
-                long valueLen, MemorySegment buf) {
-            byte[] value;
-            if (valueLen <= buf.byteSize()) {
-                value = new byte[Math.toIntExact(valueLen)];
-                MemorySegment.copy(buf, JAVA_BYTE, 0, value, 0, value.length);
-            } else {
-                if (valueLen <= NativeOrderedMap.MAX_BUFFERED) {
-                    s.valueBuffer(valueLen);
-                }
-                value = map.reread(key);
-                if (value == null) {
-                    return null;
-                }
-            }
-            return new AbstractMap.SimpleImmutableEntry<>(key, value);
-        }
-    }
-
-    /** Closes the map (its open iterators too); closing twice does nothing. */
-    @Override
-    public void close() {
-        map.close();
-    }
-
-    /** Whether the map (or its heap) has been closed. */
-    public boolean isClosed() {
-        return map.isClosed();
-    }
-
-    @Override
-    public String toString() {
-        return "PersistentSortedMap[" + map + "]";
+        return new NativeMap.BytesIterator(ordered, ordered.openCursor(lo, loInclusive, hi,
+                hiInclusive, reverse));
     }
 }
