@@ -24,7 +24,7 @@
 //! next split drops). Concurrency as [`crate::ordered`]: one writer at a time, readers
 //! validate every page they read against its stripe and the structure counter.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 use terrace_pool::{Backend, Oid, Pool, Tx};
@@ -34,7 +34,7 @@ use crate::layout::{
     Geometry, LEAF_BITMAP, OUT_OF_LINE, TYPE_BUCKET, TYPE_HASH, TYPE_SEGMENT, TYPE_TABLE,
 };
 use crate::page::{PageImage, Pages, Slot, MAX_VALUE};
-use crate::sync::{Attempt, OpenGuard, Seqlocks};
+use crate::sync::{Attempt, LazyCount, OpenGuard, Seqlocks};
 
 /// Header: magic.
 pub const HASH_MAGIC: u64 = u64::from_le_bytes(*b"TRCHASH1");
@@ -132,8 +132,7 @@ pub struct HashMap<'p, B: Backend> {
     pages: Pages<'p, B>,
     seq: Seqlocks,
     writer: Mutex<()>,
-    len: AtomicU64,
-    counted: AtomicBool,
+    count: LazyCount,
     _open: OpenGuard,
 }
 
@@ -159,8 +158,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
             pages: Pages { pool, geo },
             seq: Seqlocks::default(),
             writer: Mutex::new(()),
-            len: AtomicU64::new(0),
-            counted: AtomicBool::new(false),
+            count: LazyCount::default(),
             _open: open,
         })
     }
@@ -334,35 +332,20 @@ impl<'p, B: Backend> HashMap<'p, B> {
     /// Entries in the map. The first call counts them under the writer lock; later
     /// calls read a counter writers keep.
     pub fn len(&self) -> Result<u64> {
-        if !self.counted.load(Ordering::Acquire) {
-            let _w = self.writer.lock();
-            if !self.counted.load(Ordering::Relaxed) {
-                let mut n = 0u64;
-                for b in 0..bucket_count(self.state()?) {
-                    for page in self.chain(self.bucket_head(b)?)? {
-                        n += self.pages.bitmap(page)?.count_ones() as u64;
-                    }
+        self.count.get(&self.writer, || {
+            let mut n = 0u64;
+            for b in 0..bucket_count(self.state()?) {
+                for page in self.chain(self.bucket_head(b)?)? {
+                    n += self.pages.bitmap(page)?.count_ones() as u64;
                 }
-                self.len.store(n, Ordering::Relaxed);
-                self.counted.store(true, Ordering::Release);
             }
-        }
-        Ok(self.len.load(Ordering::Relaxed))
+            Ok(n)
+        })
     }
 
     /// Whether the map has no entry.
     pub fn is_empty(&self) -> Result<bool> {
         Ok(self.len()? == 0)
-    }
-
-    fn count(&self, added: bool, removed: bool) {
-        if self.counted.load(Ordering::Relaxed) && added != removed {
-            if added {
-                self.len.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.len.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, ()> {
@@ -383,7 +366,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
                 .seq
                 .structural(self.pool, |tx| self.put_tx(tx, key, h, value))?,
         };
-        self.count(added, false);
+        self.count.record(added, false);
         Ok(added)
     }
 
@@ -608,7 +591,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
                     .txw_u64(tx, page + LEAF_BITMAP, bitmap & !(1 << i))
             })?;
         }
-        self.count(false, true);
+        self.count.record(false, true);
         Ok(true)
     }
 

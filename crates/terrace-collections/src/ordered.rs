@@ -26,7 +26,6 @@
 
 use std::cmp::Ordering as Cmp;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 use terrace_pool::{Backend, Oid, Pool, Tx};
@@ -38,7 +37,7 @@ use crate::layout::{
     TYPE_INNER, TYPE_LEAF, TYPE_MAP,
 };
 use crate::page::{PageImage, Pages, Slot, MAX_VALUE};
-use crate::sync::{Attempt, OpenGuard, Seqlocks};
+use crate::sync::{Attempt, LazyCount, OpenGuard, Seqlocks};
 
 /// Deepest tree a reader follows (guards a corrupt height word).
 const MAX_HEIGHT: u64 = 32;
@@ -54,8 +53,7 @@ pub struct OrderedMap<'p, B: Backend> {
     writer: Mutex<()>,
     pages: Pages<'p, B>,
     seq: Seqlocks,
-    len: AtomicU64,
-    counted: AtomicBool,
+    count: LazyCount,
     _open: OpenGuard,
 }
 
@@ -141,8 +139,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
             writer: Mutex::new(()),
             pages: Pages { pool, geo },
             seq: Seqlocks::default(),
-            len: AtomicU64::new(0),
-            counted: AtomicBool::new(false),
+            count: LazyCount::default(),
             _open: open,
         })
     }
@@ -364,35 +361,19 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     /// Entries in the map. The first call counts them (every leaf's bitmap) under the
     /// writer lock; later calls read a counter writers keep.
     pub fn len(&self) -> Result<u64> {
-        if !self.counted.load(Ordering::Acquire) {
-            let _w = self.writer.lock();
-            if !self.counted.load(Ordering::Relaxed) {
-                let mut n = 0u64;
-                self.for_each_leaf(&mut |leaf| {
-                    n +=
-                        (self.ld(leaf + LEAF_BITMAP)? & self.geo.full_bitmap()).count_ones() as u64;
-                    Ok(())
-                })?;
-                self.len.store(n, Ordering::Relaxed);
-                self.counted.store(true, Ordering::Release);
-            }
-        }
-        Ok(self.len.load(Ordering::Relaxed))
+        self.count.get(&self.writer, || {
+            let mut n = 0u64;
+            self.for_each_leaf(&mut |leaf| {
+                n += (self.ld(leaf + LEAF_BITMAP)? & self.geo.full_bitmap()).count_ones() as u64;
+                Ok(())
+            })?;
+            Ok(n)
+        })
     }
 
     /// Whether the map has no entry.
     pub fn is_empty(&self) -> Result<bool> {
         Ok(self.len()? == 0)
-    }
-
-    fn count(&self, added: bool, removed: bool) {
-        if self.counted.load(Ordering::Relaxed) && added != removed {
-            if added {
-                self.len.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.len.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
     }
 
     /// Visits every leaf (writer lock held, or no concurrent writer).
@@ -457,11 +438,11 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         }
         let _w = self.lock()?;
         if let Some(added) = self.put_fast(key, value)? {
-            self.count(added, false);
+            self.count.record(added, false);
             return Ok(added);
         }
         let added = self.structural(|tx| self.put_tx(tx, key, value))?;
-        self.count(added, false);
+        self.count.record(added, false);
         Ok(added)
     }
 
@@ -745,7 +726,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
                 Ok(())
             })?;
         }
-        self.count(false, true);
+        self.count.record(false, true);
         Ok(true)
     }
 

@@ -10,7 +10,7 @@
 //! trusted. The counters are volatile: they start at 0 at every open.
 
 use std::collections::HashSet;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use terrace_pool::{Backend, Pool, Tx};
@@ -154,5 +154,43 @@ impl Seqlocks {
         })();
         self.structure.store(s + 2, Ordering::Release);
         r
+    }
+}
+
+/// An open collection's entry count, which nothing persistent keeps: counted on the first
+/// request (with the collection's writer lock held, so no writer changes it meanwhile),
+/// then kept by the writers' [`LazyCount::record`].
+#[derive(Default)]
+pub(crate) struct LazyCount {
+    len: AtomicU64,
+    counted: AtomicBool,
+}
+
+impl LazyCount {
+    /// The count; the first call takes `writer` and runs `count`.
+    pub(crate) fn get<G>(
+        &self,
+        writer: &Mutex<G>,
+        count: impl FnOnce() -> Result<u64>,
+    ) -> Result<u64> {
+        if !self.counted.load(Ordering::Acquire) {
+            let _w = writer.lock();
+            if !self.counted.load(Ordering::Relaxed) {
+                self.len.store(count()?, Ordering::Relaxed);
+                self.counted.store(true, Ordering::Release);
+            }
+        }
+        Ok(self.len.load(Ordering::Relaxed))
+    }
+
+    /// A writer's change (writer lock held): an entry added, removed, or neither.
+    pub(crate) fn record(&self, added: bool, removed: bool) {
+        if self.counted.load(Ordering::Relaxed) && added != removed {
+            if added {
+                self.len.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 }

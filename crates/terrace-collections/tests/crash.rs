@@ -9,30 +9,20 @@
 //! equal the `BTreeMap` models before or after the operation in flight (after, once the
 //! operation's last persist completed).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use terrace_collections::{check, Collections, MapOptions};
 use terrace_pool::{Pool, RecordingBackend};
 
+use common::Rng;
+
 const LAYOUT: &str = "collections-crash";
 /// The ordered map's and the hash map's entries (`None`: not bound).
 type Entries = Option<BTreeMap<Vec<u8>, Vec<u8>>>;
 type Model = (Entries, Entries);
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn options() -> MapOptions {
     MapOptions {

@@ -2,25 +2,15 @@
 //! removes on 4-slot pages (chains, overflow pages, a split per overflow, table growth),
 //! inline and out-of-line values; iteration; reopen from a file; readers during writes.
 
+mod common;
+
 use std::collections::HashMap as Model;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use terrace_collections::{check, CollectionError, Collections, MapOptions};
 use terrace_pool::{Pool, RecordingBackend};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use common::Rng;
 
 fn tiny() -> MapOptions {
     MapOptions {

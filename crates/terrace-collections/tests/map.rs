@@ -3,6 +3,8 @@
 //! every value length (inline and out of line); reopen from a file; concurrent readers
 //! with a writer; named roots; `check` on injected leaks and corrupt nodes.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,19 +15,7 @@ use terrace_collections::{
 };
 use terrace_pool::{Backend, HandleAt, Pool, RecordingBackend};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use common::Rng;
 
 fn key(rng: &mut Rng, space: u64) -> Vec<u8> {
     let k = rng.below(space);
