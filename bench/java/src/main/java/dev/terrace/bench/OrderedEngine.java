@@ -47,7 +47,7 @@ interface OrderedEngine extends AutoCloseable {
             case "terrace" -> new Terrace(path, heapBytes);
             case "llpl" -> new Llpl(path, heapBytes);
             case "skiplist" -> new SkipList();
-            case "mapdb" -> new MapDb(path);
+            case "mapdb" -> MapDb.open(path);
             default -> throw new IllegalArgumentException("unknown engine " + engine);
         };
     }
@@ -151,9 +151,14 @@ interface OrderedEngine extends AutoCloseable {
         }
     }
 
-    final class SkipList implements OrderedEngine {
-        final ConcurrentSkipListMap<byte[], Long> map =
-                new ConcurrentSkipListMap<>(Arrays::compareUnsigned);
+    /** An engine over a ConcurrentNavigableMap: the skip list and MapDB's tree differ in how
+     * they are made and closed only. */
+    abstract class Navigable implements OrderedEngine {
+        final ConcurrentNavigableMap<byte[], Long> map;
+
+        Navigable(ConcurrentNavigableMap<byte[], Long> map) {
+            this.map = map;
+        }
 
         @Override
         public void put(byte[] key, long value) {
@@ -174,6 +179,12 @@ interface OrderedEngine extends AutoCloseable {
         @Override
         public long scan(byte[] from, int n) {
             return sum(map.tailMap(from, true), n);
+        }
+    }
+
+    final class SkipList extends Navigable {
+        SkipList() {
+            super(new ConcurrentSkipListMap<>(Arrays::compareUnsigned));
         }
 
         @Override
@@ -182,38 +193,20 @@ interface OrderedEngine extends AutoCloseable {
         }
     }
 
-    final class MapDb implements OrderedEngine {
+    final class MapDb extends Navigable {
         final String path;
         final DB db;
-        final ConcurrentNavigableMap<byte[], Long> map;
 
-        MapDb(String path) {
+        MapDb(String path, DB db) {
+            super(db.treeMap("bench", Serializer.BYTE_ARRAY, Serializer.LONG).createOrOpen());
             this.path = path;
+            this.db = db;
+        }
+
+        static MapDb open(String path) {
             new File(path).delete();
-            db = DBMaker.fileDB(path).fileMmapEnable().cleanerHackEnable().fileLockDisable()
-                    .make();
-            map = db.treeMap("bench", Serializer.BYTE_ARRAY, Serializer.LONG).createOrOpen();
-        }
-
-        @Override
-        public void put(byte[] key, long value) {
-            map.put(key, value);
-        }
-
-        @Override
-        public long get(byte[] key) {
-            Long v = map.get(key);
-            return v == null ? 0 : v;
-        }
-
-        @Override
-        public void remove(byte[] key) {
-            map.remove(key);
-        }
-
-        @Override
-        public long scan(byte[] from, int n) {
-            return sum(map.tailMap(from, true), n);
+            return new MapDb(path, DBMaker.fileDB(path).fileMmapEnable().cleanerHackEnable()
+                    .fileLockDisable().make());
         }
 
         @Override
