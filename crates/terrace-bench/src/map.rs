@@ -87,9 +87,7 @@ trait Store {
 }
 
 struct Terrace {
-    // Field order: the map and directory borrow the pool (dropped first).
     map: terrace_collections::OrderedMap<'static, terrace_pool::RegionBackend>,
-    colls: terrace_collections::Collections<'static, terrace_pool::RegionBackend>,
     pool: &'static terrace_pool::Pool,
 }
 
@@ -103,13 +101,14 @@ impl Terrace {
         };
         // Leaked for the run's length (the benchmark process ends after it).
         let pool: &'static terrace_pool::Pool = Box::leak(Box::new(pool));
+        // The directory is needed only to find (or create) the map.
         let colls = terrace_collections::Collections::open(pool)?;
         let opts = match create {
             Some((_, k, v)) => terrace_collections::MapOptions::create(k, v),
             None => terrace_collections::MapOptions::existing(),
         };
         let map = colls.ordered_map("bench", opts)?;
-        Ok(Terrace { map, colls, pool })
+        Ok(Terrace { map, pool })
     }
 }
 
@@ -141,7 +140,6 @@ impl Store for Terrace {
         Ok(seen)
     }
     fn bytes_used(&mut self) -> Result<u64> {
-        let _ = &self.colls;
         let s = self.pool.stats();
         Ok(s.heap_bytes - s.free_bytes)
     }

@@ -342,7 +342,7 @@ impl<'p, B: Backend> Collections<'p, B> {
             return Err(CollectionError::NotFound { name: name.into() });
         }
         let geo = opts.geometry(kind)?;
-        let _w = self.dir.lock()?;
+        let _w = self.dir.lock();
         let header = self.dir.structural(|tx| {
             let header = create(tx, &geo)?;
             self.dir

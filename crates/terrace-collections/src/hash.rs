@@ -197,16 +197,6 @@ impl<'p, B: Backend> HashMap<'p, B> {
         Ok(state)
     }
 
-    fn check_key(&self, key: &[u8]) -> Result<()> {
-        if key.len() > self.geo.key_cap as usize {
-            return Err(CollectionError::KeyTooLong {
-                len: key.len(),
-                max: self.geo.key_cap,
-            });
-        }
-        Ok(())
-    }
-
     /// The pool offset of bucket `b`'s word (0 when its segment does not exist yet).
     fn bucket_word(&self, b: u64) -> Result<u64> {
         let table = self.ld(self.header + HH_TABLE)?;
@@ -290,7 +280,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
 
     /// Copies the value of `key` into `out`; false (and `out` unchanged) when absent.
     pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
-        self.check_key(key)?;
+        self.geo.check_key(key)?;
         let h = hash_of(key);
         let mut seen = Seen::new();
         let mut slot = Slot::default();
@@ -316,7 +306,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
 
     /// Whether `key` is present.
     pub fn contains(&self, key: &[u8]) -> Result<bool> {
-        self.check_key(key)?;
+        self.geo.check_key(key)?;
         let h = hash_of(key);
         let mut seen = Seen::new();
         let mut slot = Slot::default();
@@ -354,7 +344,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
 
     /// Inserts or replaces `key`'s value; crash-atomic. Returns whether the key was new.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.check_key(key)?;
+        self.geo.check_key(key)?;
         if value.len() as u64 > MAX_VALUE {
             return Err(CollectionError::ValueTooLong { len: value.len() });
         }
@@ -381,7 +371,12 @@ impl<'p, B: Backend> HashMap<'p, B> {
         }
         let fp = (h >> 56) as u8;
         let mut target = None;
-        for page in self.chain(head)? {
+        let (mut page, mut visited) = (head, 0);
+        while page != 0 {
+            visited += 1;
+            if visited > MAX_CHAIN {
+                return Err(CollectionError::corrupt(head, "bucket chain does not end"));
+            }
             let (bitmap, old) = self.pages.find(page, key, fp)?;
             let free = !bitmap & self.geo.full_bitmap();
             if let Some(i) = old {
@@ -394,6 +389,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
             if target.is_none() && free != 0 {
                 target = Some((page, bitmap, None));
             }
+            page = self.pages.next(page)?;
         }
         let Some((page, bitmap, old)) = target else {
             return Ok(None);
@@ -572,7 +568,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
 
     /// Removes `key`; crash-atomic. Returns whether it was present.
     pub fn remove(&self, key: &[u8]) -> Result<bool> {
-        self.check_key(key)?;
+        self.geo.check_key(key)?;
         let _w = self.lock();
         let h = hash_of(key);
         let mut seen = Seen::new();

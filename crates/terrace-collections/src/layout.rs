@@ -146,6 +146,17 @@ impl Geometry {
         2 + self.key_cap as u64 + self.val_area as u64
     }
 
+    /// Refuses a key longer than the map's maximum.
+    pub fn check_key(&self, key: &[u8]) -> Result<(), crate::CollectionError> {
+        if key.len() > self.key_cap as usize {
+            return Err(crate::CollectionError::KeyTooLong {
+                len: key.len(),
+                max: self.key_cap,
+            });
+        }
+        Ok(())
+    }
+
     /// Offset of slot `i` in a leaf.
     pub fn slot_off(&self, i: u32) -> u64 {
         LEAF_SLOTS + i as u64 * self.slot_size()

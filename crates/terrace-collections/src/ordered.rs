@@ -177,16 +177,6 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         self.seq.structural(self.pool, f)
     }
 
-    fn check_key(&self, key: &[u8]) -> Result<()> {
-        if key.len() > self.geo.key_cap as usize {
-            return Err(CollectionError::KeyTooLong {
-                len: key.len(),
-                max: self.geo.key_cap,
-            });
-        }
-        Ok(())
-    }
-
     /// The root node and the height (0: the root is a leaf); root 0 for an empty map.
     fn root(&self) -> Result<(u64, u64)> {
         let root = self.ld(self.header + H_ROOT)?;
@@ -317,7 +307,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
 
     /// Copies the value of `key` into `out`; false (and `out` unchanged) when absent.
     pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
-        self.check_key(key)?;
+        self.geo.check_key(key)?;
         let fp = fingerprint(key);
         let mut slot = Slot::default();
         self.seq.read_consistent(|| {
@@ -344,7 +334,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
 
     /// Whether `key` is present.
     pub fn contains(&self, key: &[u8]) -> Result<bool> {
-        self.check_key(key)?;
+        self.geo.check_key(key)?;
         let fp = fingerprint(key);
         self.seq.read_consistent(|| {
             let Some(leaf) = self.descend(key, None)? else {
@@ -398,7 +388,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
 
     /// Every object of the map but its header: nodes and out-of-line values.
     pub(crate) fn objects(&self) -> Result<Vec<u64>> {
-        let _w = self.lock()?;
+        let _w = self.lock();
         let (root, height) = self.root()?;
         let mut out = Vec::new();
         if root != 0 {
@@ -425,18 +415,18 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         Ok(())
     }
 
-    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, ()>> {
-        Ok(self.writer.lock())
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ()> {
+        self.writer.lock()
     }
 
     /// Inserts or replaces `key`'s value; crash-atomic (after a crash the map holds the
     /// old value or the new one). Returns whether the key was new.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.check_key(key)?;
+        self.geo.check_key(key)?;
         if value.len() as u64 > MAX_VALUE {
             return Err(CollectionError::ValueTooLong { len: value.len() });
         }
-        let _w = self.lock()?;
+        let _w = self.lock();
         if let Some(added) = self.put_fast(key, value)? {
             self.count.record(added, false);
             return Ok(added);
@@ -692,8 +682,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
 
     /// Removes `key`; crash-atomic. Returns whether it was present.
     pub fn remove(&self, key: &[u8]) -> Result<bool> {
-        self.check_key(key)?;
-        let _w = self.lock()?;
+        self.geo.check_key(key)?;
+        let _w = self.lock();
         let mut path = Path::new();
         let Some(leaf) = self.descend(key, Some(&mut path))? else {
             return Ok(false);

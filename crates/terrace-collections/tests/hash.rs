@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::HashMap as Model;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use terrace_collections::{check, CollectionError, Collections, MapOptions};
 use terrace_pool::{Pool, RecordingBackend};
@@ -109,21 +109,26 @@ fn readers_see_consistent_values_while_buckets_split() {
     let map = colls.hash_map("h", tiny()).unwrap();
     let val = |k: &[u8]| k.repeat(2);
     let stop = AtomicBool::new(false);
+    let seen = AtomicU64::new(0);
     std::thread::scope(|s| {
         for r in 0..2u64 {
-            let (map, stop) = (&map, &stop);
+            let (map, stop, seen) = (&map, &stop, &seen);
             s.spawn(move || {
                 let mut rng = Rng(r + 3);
                 while !stop.load(Ordering::Relaxed) {
                     let k = format!("{:05}", rng.below(3000)).into_bytes();
                     if let Some(v) = map.get(&k).unwrap() {
                         assert_eq!(v, val(&k));
+                        seen.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             });
         }
         let mut rng = Rng(4);
-        for _ in 0..30_000 {
+        let mut ops = 0;
+        // Writes go on until the readers have read during them.
+        while ops < 30_000 || seen.load(Ordering::Relaxed) == 0 {
+            ops += 1;
             let k = format!("{:05}", rng.below(3000)).into_bytes();
             if rng.below(4) == 0 {
                 map.remove(&k).unwrap();
@@ -133,5 +138,6 @@ fn readers_see_consistent_values_while_buckets_split() {
         }
         stop.store(true, Ordering::Relaxed);
     });
+    assert!(seen.load(Ordering::Relaxed) > 0);
     assert!(check(&pool).unwrap().unreachable.is_empty());
 }

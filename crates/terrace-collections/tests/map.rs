@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use terrace_collections::layout::{H_ROOT, LEAF_BITMAP, TYPE_LEAF};
 use terrace_collections::{
@@ -272,15 +272,17 @@ fn readers_see_consistent_values_while_a_writer_splits_and_removes() {
         map.put(&k, &val(&k)).unwrap();
     }
     let stop = AtomicBool::new(false);
+    let seen = AtomicU64::new(0);
     std::thread::scope(|s| {
         for r in 0..2u64 {
-            let (map, stop) = (&map, &stop);
+            let (map, stop, seen) = (&map, &stop, &seen);
             s.spawn(move || {
                 let mut rng = Rng(r + 11);
                 while !stop.load(Ordering::Relaxed) {
                     let k = format!("{:05}", rng.below(600)).into_bytes();
                     if let Some(v) = map.get(&k).unwrap() {
                         assert_eq!(v, val(&k));
+                        seen.fetch_add(1, Ordering::Relaxed);
                     }
                     let mut last: Option<Vec<u8>> = None;
                     for e in map
@@ -296,7 +298,10 @@ fn readers_see_consistent_values_while_a_writer_splits_and_removes() {
             });
         }
         let mut rng = Rng(5);
-        for _ in 0..20_000 {
+        let mut ops = 0;
+        // Writes go on until the readers have read during them.
+        while ops < 20_000 || seen.load(Ordering::Relaxed) == 0 {
+            ops += 1;
             let k = format!("{:05}", rng.below(600)).into_bytes();
             if rng.below(2) == 0 {
                 map.put(&k, &val(&k)).unwrap();
@@ -306,6 +311,7 @@ fn readers_see_consistent_values_while_a_writer_splits_and_removes() {
         }
         stop.store(true, Ordering::Relaxed);
     });
+    assert!(seen.load(Ordering::Relaxed) > 0);
     assert!(check(&pool).unwrap().unreachable.is_empty());
 }
 
