@@ -69,10 +69,10 @@ fn fail_coll(what: &str, err: &CollectionError) -> c_int {
 
 /// The pool of `h` with the lifetime of its box (see the module docs).
 fn static_pool(h: &PoolHandle) -> &'static Pool<RegionBackend> {
+    // The pool lives in the handle's box until `pmemobj_close` frees it, which refuses
+    // while a map is open and drops the directory (this borrow's other holder) first.
     let pool: *const Pool<RegionBackend> = &h.pool;
-    // SAFETY: the pool lives in the handle's box until `pmemobj_close` frees it, which
-    // refuses while a map is open and drops the directory (the only other holder of this
-    // borrow) before the pool.
+    // SAFETY: the box outlives every holder of the borrow, as said just above.
     unsafe { &*pool }
 }
 

@@ -69,7 +69,7 @@ static void expect_range(terrace_omap *m, unsigned lo, unsigned hi, int flags, i
 struct reader {
     terrace_omap *map;
     atomic_int *stop;
-    long checked;
+    atomic_long checked;
     int failed;
 };
 
@@ -219,7 +219,11 @@ int main(int argc, char **argv) {
     struct reader readers[2] = {{m, &stop, 0, 0}, {m, &stop, 0, 0}};
     pthread_t threads[2];
     for (int t = 0; t < 2; t++) CHECK(pthread_create(&threads[t], NULL, read_loop, &readers[t]) == 0);
-    for (unsigned round = 0; round < 20000; round++) {
+    /* Writes go on until both readers have read during them (bounded: 10 M rounds). */
+    for (unsigned round = 0; round < 20000 || (round < 10000000 &&
+                                                (atomic_load(&readers[0].checked) == 0 ||
+                                                 atomic_load(&readers[1].checked) == 0));
+         round++) {
         char key[16], val[48];
         key_of((round * 7919u) % 400 + 100000, key);
         size_t kl = strlen(key);
@@ -236,8 +240,9 @@ int main(int argc, char **argv) {
         CHECK(pthread_join(threads[t], NULL) == 0);
         CHECK(!readers[t].failed);
     }
-    fprintf(stderr, "readers checked %ld and %ld values during the writes\n", readers[0].checked,
-            readers[1].checked);
+    CHECK(atomic_load(&readers[0].checked) > 0 && atomic_load(&readers[1].checked) > 0);
+    fprintf(stderr, "readers checked %ld and %ld values during the writes\n",
+            atomic_load(&readers[0].checked), atomic_load(&readers[1].checked));
 
     /* A hash map: puts, replaces, removes, iteration against a presence table. */
     terrace_hmap *h = terrace_hmap_open(p, "h", 16, 16, TERRACE_OMAP_CREATE);
