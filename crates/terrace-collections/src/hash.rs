@@ -54,11 +54,8 @@ pub const MAX_LEVEL: u64 = 48;
 /// Longest chain a reader follows (guards a cycle in corrupt next words).
 const MAX_CHAIN: usize = 1 << 16;
 
-/// A key's 64-bit hash: its bucket (low bits) and its fingerprint (top byte, as
-/// [`crate::layout::fingerprint`]).
-pub(crate) fn hash_of(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(key)
-}
+/// A key's 64-bit hash ([`crate::layout::key_hash`]): its bucket is the low bits.
+pub(crate) use crate::layout::key_hash as hash_of;
 
 /// The bucket of hash `h` under `state`.
 pub(crate) fn bucket_of(h: u64, state: u64) -> u64 {
@@ -261,7 +258,6 @@ impl<'p, B: Backend> HashMap<'p, B> {
     ) -> Result<Option<Option<(u64, u32)>>> {
         let state = self.state()?;
         let mut page = self.bucket_head(bucket_of(h, state))?;
-        let fp = (h >> 56) as u8;
         while page != 0 {
             if seen.len() >= MAX_CHAIN {
                 return Err(CollectionError::corrupt(page, "bucket chain does not end"));
@@ -270,7 +266,8 @@ impl<'p, B: Backend> HashMap<'p, B> {
                 return Ok(None);
             };
             seen.push((page, v));
-            if let (_, Some(i)) = self.pages.find_into(page, key, fp, slot)? {
+            self.pages.prefetch(page, h);
+            if let (_, Some(i)) = self.pages.find_into(page, key, h, slot)? {
                 return Ok(Some(Some((page, i))));
             }
             page = self.pages.next(page)?;
@@ -369,7 +366,6 @@ impl<'p, B: Backend> HashMap<'p, B> {
         if head == 0 {
             return Ok(None);
         }
-        let fp = (h >> 56) as u8;
         let mut target = None;
         let (mut page, mut visited) = (head, 0);
         while page != 0 {
@@ -377,7 +373,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
             if visited > MAX_CHAIN {
                 return Err(CollectionError::corrupt(head, "bucket chain does not end"));
             }
-            let (bitmap, old) = self.pages.find(page, key, fp)?;
+            let (bitmap, old) = self.pages.find(page, key, h)?;
             let free = !bitmap & self.geo.full_bitmap();
             if let Some(i) = old {
                 if free == 0 || self.pages.slot_vlen(page, i)? == OUT_OF_LINE {
@@ -394,7 +390,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
         let Some((page, bitmap, old)) = target else {
             return Ok(None);
         };
-        let j = (!bitmap & self.geo.full_bitmap()).trailing_zeros();
+        let j = self.geo.pick_slot(!bitmap & self.geo.full_bitmap(), h);
         self.pages
             .write_slot(page, j, key, value.len() as u8, value)?;
         self.pages.persist_slot(page, j, value.len())?;
@@ -418,12 +414,11 @@ impl<'p, B: Backend> HashMap<'p, B> {
         let b = bucket_of(h, state);
         let word = self.ensure_bucket_word(tx, b)?;
         let head = self.ld(word)?;
-        let fp = (h >> 56) as u8;
         let chain = self.chain(head)?;
         let mut old = None;
         let mut room = None;
         for &page in &chain {
-            let (bitmap, found) = self.pages.find(page, key, fp)?;
+            let (bitmap, found) = self.pages.find(page, key, h)?;
             if let Some(i) = found {
                 old = Some((page, i));
             }
@@ -445,7 +440,7 @@ impl<'p, B: Backend> HashMap<'p, B> {
             }
         };
         let bitmap = self.pages.bitmap(page)?;
-        let j = (!bitmap & self.geo.full_bitmap()).trailing_zeros();
+        let j = self.geo.pick_slot(!bitmap & self.geo.full_bitmap(), h);
         self.pages.write_slot_tx(tx, page, j, key, value)?;
         self.pages
             .txw_u64(tx, page + LEAF_BITMAP, bitmap | 1 << j)?;

@@ -162,6 +162,26 @@ impl Geometry {
         LEAF_SLOTS + i as u64 * self.slot_size()
     }
 
+    /// The home slot of a key of hash `h` in a page: writers put an entry in the first
+    /// free slot at or after it (wrapping), so a lookup can fetch the slot's cache line
+    /// together with the page's first line instead of after it. Placement only: readers
+    /// find entries by fingerprint wherever they are, so nothing depends on it.
+    pub fn home_slot(&self, h: u64) -> u32 {
+        ((((h >> 24) & 0xffff_ffff) * self.leaf_slots as u64) >> 32) as u32
+    }
+
+    /// The slot a new entry of hash `h` takes among the `free` ones (bits of a page's
+    /// slots; not 0): the first free slot at or after its home slot, else the lowest.
+    pub fn pick_slot(&self, free: u64, h: u64) -> u32 {
+        debug_assert!(free != 0);
+        let above = free & (u64::MAX << self.home_slot(h));
+        if above != 0 {
+            above.trailing_zeros()
+        } else {
+            free.trailing_zeros()
+        }
+    }
+
     /// Offset of a page's next word (8-byte aligned, after the slots).
     pub fn next_off(&self) -> u64 {
         self.slot_off(self.leaf_slots).next_multiple_of(8)
@@ -220,10 +240,21 @@ pub fn prefix_word(key: &[u8]) -> u64 {
     u64::from_be_bytes(b)
 }
 
-/// A key's fingerprint: the byte a leaf keeps per slot so that a lookup compares only
-/// the keys whose fingerprint matches.
+/// A key's 64-bit hash. Its top byte is the key's fingerprint, bits 24..56 pick its home
+/// slot in a page ([`Geometry::home_slot`]), and a hash map's bucket is its low bits.
+pub fn key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
+}
+
+/// The fingerprint of a key of hash `h`: the byte a page keeps per slot so that a lookup
+/// compares only the keys whose fingerprint matches.
+pub fn fingerprint_of(h: u64) -> u8 {
+    (h >> 56) as u8
+}
+
+/// A key's fingerprint ([`fingerprint_of`] its [`key_hash`]).
 pub fn fingerprint(key: &[u8]) -> u8 {
-    (xxhash_rust::xxh3::xxh3_64(key) >> 56) as u8
+    fingerprint_of(key_hash(key))
 }
 
 #[cfg(test)]
@@ -242,6 +273,20 @@ mod tests {
         );
         assert!(g.inner_size() <= 4096);
         assert!(Geometry::decode(1 << 50).is_err());
+        // Placement: the home slot when free, the next free one after it, else wrap.
+        let h = (0..u64::MAX)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .find(|&h| g.home_slot(h) == 40)
+            .unwrap();
+        let all = g.full_bitmap();
+        assert_eq!(g.pick_slot(all, h), 40);
+        assert_eq!(g.pick_slot(all & !(0b111 << 40), h), 43);
+        assert_eq!(
+            g.pick_slot(0b110, h),
+            1,
+            "nothing free at or above 40: the lowest"
+        );
+        assert!((0..1000u64).all(|i| g.home_slot(i << 40) < g.leaf_slots));
         assert!(
             Geometry::decode(g.encode() & !(0xff << 16)).is_err(),
             "0 leaf slots"

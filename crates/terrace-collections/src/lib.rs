@@ -36,13 +36,17 @@
 //! - reopening is free: the tree lives in the pool, so a map of a million keys answers its
 //!   first get after the pool's open (no rebuild, unlike FPTree's volatile inner nodes);
 //! - a lookup touches the leaf's first cache line (bitmap and fingerprints) and the line
-//!   or two of the slot it wants;
+//!   or two of the slot it wants, and fetches them together: writers put an entry at or
+//!   just after a home slot its hash picks ([`layout::Geometry::pick_slot`]), so the reader
+//!   prefetches that slot's lines with the first line instead of missing on them after
+//!   it (placement only: a reader finds an entry by fingerprint wherever it is);
 //! - space: a 16-byte key and 8-byte value take a 26-byte slot plus a fingerprint byte.
 //!   A full leaf first moves entries into a sibling with room (a B*-tree's rotation),
 //!   which keeps leaves fuller than splitting alone: 34.4 bytes per entry at 1M keys
 //!   (README). A leaf a remove leaves a quarter full merges into its sibling;
-//! - inner nodes search prefix words (each separator's first 8 bytes) branch-free within
-//!   the block that samples in the node's first cache line point to.
+//! - inner nodes count the prefix words (each separator's first 8 bytes) below the key,
+//!   branch-free, within the block that samples in the node's first cache line point to;
+//!   the block's lines and its children's are prefetched together.
 //!
 //! # Layout
 //! See [`layout`]. A map is a header object (magic, geometry, root, height); leaves hold

@@ -32,7 +32,7 @@ use terrace_pool::{Backend, Oid, Pool, Tx};
 
 use crate::error::{CollectionError, Result};
 use crate::layout::{
-    fingerprint, prefix_word, Geometry, HEADER_SIZE, H_GEOMETRY, H_HEIGHT, H_MAGIC, H_ROOT,
+    key_hash, prefix_word, Geometry, HEADER_SIZE, H_GEOMETRY, H_HEIGHT, H_MAGIC, H_ROOT,
     INNER_COUNT, INNER_SAMPLES, INNER_SAMPLE_OFF, LEAF_BITMAP, LEAF_FPS, MAP_MAGIC, OUT_OF_LINE,
     TYPE_INNER, TYPE_LEAF, TYPE_MAP,
 };
@@ -179,8 +179,10 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
 
     /// The root node and the height (0: the root is a leaf); root 0 for an empty map.
     fn root(&self) -> Result<(u64, u64)> {
-        let root = self.ld(self.header + H_ROOT)?;
-        let height = self.ld(self.header + H_HEIGHT)?;
+        const _: () = assert!(H_HEIGHT == H_ROOT + 8);
+        let mut words = [0u64; 2];
+        self.pages.lds(self.header + H_ROOT, &mut words)?;
+        let [root, height] = words;
         if height > MAX_HEIGHT {
             return Err(CollectionError::corrupt(
                 self.header + H_HEIGHT,
@@ -191,7 +193,11 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     }
 
     fn inner_count(&self, node: u64) -> Result<u32> {
-        let n = self.ld(node + INNER_COUNT)?;
+        self.checked_count(node, self.ld(node + INNER_COUNT)?)
+    }
+
+    /// `n`, read as `node`'s separator count, if it is one.
+    fn checked_count(&self, node: u64, n: u64) -> Result<u32> {
         if n >= self.geo.fanout as u64 {
             return Err(CollectionError::corrupt(
                 node,
@@ -241,31 +247,38 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     /// Child index for `key` in `node`: the number of separators `<= key` (`upper`) or
     /// `< key`.
     fn route(&self, node: u64, key: &[u8], upper: bool) -> Result<(u32, u32)> {
-        let n = self.inner_count(node)?;
+        // The first line: the count, then the samples, which pick the block of prefix
+        // words holding the first one not below `want` (each sample is its block's first
+        // word).
+        const _: () = assert!(INNER_COUNT == 0 && INNER_SAMPLE_OFF == 8 && INNER_SAMPLES == 7);
+        let mut line = [0u64; 8];
+        self.pages.lds(node, &mut line)?;
+        let n = self.checked_count(node, line[0])?;
         let want = prefix_word(key);
-        // The samples (in the count's cache line) pick the block of prefix words holding
-        // the first one not below `want`: each sample is its block's first word.
-        let mut samples = [0u8; 8 * INNER_SAMPLES as usize];
-        self.b().read(node + INNER_SAMPLE_OFF, &mut samples)?;
         let block = self.geo.sample_block();
         let mut first = 0u32;
-        for (k, w) in samples.chunks_exact(8).enumerate() {
-            let sample = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        for (k, &sample) in line[1..].iter().enumerate() {
             first += ((k as u32 + 1) * block < n && sample < want) as u32;
         }
         let start = first * block;
-        // How many prefix words of the block are below `want`, by a branchless binary
-        // search (a conditional move per probe instead of a mispredicted branch).
-        let (mut base, mut len) = (start, block.min(n.saturating_sub(start)));
-        while len > 1 {
-            let half = len / 2;
-            let below = self.ld(node + self.geo.prefix_off(base + half))? < want;
-            base = if below { base + half } else { base };
-            len -= half;
+        let len = block.min(n.saturating_sub(start));
+        // The search reads the block's prefix words, then one of its children: fetch
+        // their lines together rather than one miss after another.
+        self.pages
+            .prefetch_range(node + self.geo.prefix_off(start), 8 * len as u64);
+        self.pages
+            .prefetch_range(node + self.geo.child_off(start), 8 * (len as u64 + 1));
+        // How many prefix words of the block are below `want`: a count over the whole
+        // block (16 words for 16-byte keys), whose loads do not wait for each other as a binary
+        // search's do, and with no branch on the comparisons to mispredict.
+        let mut below = 0;
+        let mut words = [0u64; 32];
+        for from in (start..start + len).step_by(words.len()) {
+            let words = &mut words[..(start + len - from).min(32) as usize];
+            self.pages.lds(node + self.geo.prefix_off(from), words)?;
+            below += words.iter().map(|&w| (w < want) as u32).sum::<u32>();
         }
-        if len == 1 && self.ld(node + self.geo.prefix_off(base))? < want {
-            base += 1;
-        }
+        let base = start + below;
         // Separators whose prefix word equals the key's are ordered by their whole bytes
         // (rare for keys that differ in their first eight bytes).
         let mut end = base;
@@ -308,16 +321,17 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     /// Copies the value of `key` into `out`; false (and `out` unchanged) when absent.
     pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         self.geo.check_key(key)?;
-        let fp = fingerprint(key);
+        let h = key_hash(key);
         let mut slot = Slot::default();
         self.seq.read_consistent(|| {
             let Some(leaf) = self.descend(key, None)? else {
                 return Ok((0, 0, Attempt::Done(false)));
             };
+            self.pages.prefetch(leaf, h);
             let Some(v1) = self.seq.page_version(leaf) else {
                 return Ok((0, 0, Attempt::Retry));
             };
-            let Some(i) = self.pages.find_into(leaf, key, fp, &mut slot)?.1 else {
+            let Some(i) = self.pages.find_into(leaf, key, h, &mut slot)?.1 else {
                 return Ok((leaf, v1, Attempt::Done(false)));
             };
             out.clear();
@@ -335,15 +349,16 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
     /// Whether `key` is present.
     pub fn contains(&self, key: &[u8]) -> Result<bool> {
         self.geo.check_key(key)?;
-        let fp = fingerprint(key);
+        let h = key_hash(key);
         self.seq.read_consistent(|| {
             let Some(leaf) = self.descend(key, None)? else {
                 return Ok((0, 0, Attempt::Done(false)));
             };
+            self.pages.prefetch(leaf, h);
             let Some(v1) = self.seq.page_version(leaf) else {
                 return Ok((0, 0, Attempt::Retry));
             };
-            let found = self.pages.find(leaf, key, fp)?.1.is_some();
+            let found = self.pages.find(leaf, key, h)?.1.is_some();
             Ok((leaf, v1, Attempt::Done(found)))
         })
     }
@@ -445,7 +460,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         let Some(leaf) = self.descend(key, None)? else {
             return Ok(None);
         };
-        let (bitmap, old) = self.pages.find(leaf, key, fingerprint(key))?;
+        let h = key_hash(key);
+        let (bitmap, old) = self.pages.find(leaf, key, h)?;
         if let Some(i) = old {
             if self.pages.slot_vlen(leaf, i)? == OUT_OF_LINE {
                 return Ok(None);
@@ -455,7 +471,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         if free == 0 {
             return Ok(None);
         }
-        let j = free.trailing_zeros();
+        let j = self.geo.pick_slot(free, h);
         self.pages
             .write_slot(leaf, j, key, value.len() as u8, value)?;
         self.pages.persist_slot(leaf, j, value.len())?;
@@ -480,13 +496,14 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
             let leaf = self.descend(key, Some(&mut path))?.ok_or_else(|| {
                 CollectionError::corrupt(self.header, "empty root after creating one")
             })?;
-            let (bitmap, old) = self.pages.find(leaf, key, fingerprint(key))?;
+            let h = key_hash(key);
+            let (bitmap, old) = self.pages.find(leaf, key, h)?;
             let free = !bitmap & self.geo.full_bitmap();
             if free == 0 {
                 self.make_room(tx, &path, leaf)?;
                 continue;
             }
-            let j = free.trailing_zeros();
+            let j = self.geo.pick_slot(free, h);
             self.pages.write_slot_tx(tx, leaf, j, key, value)?;
             if let Some(i) = old {
                 self.pages.free_value_tx(tx, leaf, i)?;
@@ -520,8 +537,8 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         let mut free = !to_bitmap & self.geo.full_bitmap();
         let mut taken = 0u64;
         for &s in slots {
-            let j = free.trailing_zeros();
-            free &= free - 1;
+            let j = self.geo.pick_slot(free, key_hash(from.key(&self.geo, s)));
+            free &= !(1 << j);
             taken |= 1 << j;
             self.pages
                 .txw(tx, to + self.geo.slot_off(j), from.slot(&self.geo, s))?;
@@ -688,7 +705,7 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         let Some(leaf) = self.descend(key, Some(&mut path))? else {
             return Ok(false);
         };
-        let (bitmap, Some(i)) = self.pages.find(leaf, key, fingerprint(key))? else {
+        let (bitmap, Some(i)) = self.pages.find(leaf, key, key_hash(key))? else {
             return Ok(false);
         };
         let vlen = self.pages.slot_vlen(leaf, i)?;

@@ -14,7 +14,8 @@ use terrace_pool::{Backend, Oid, Pool, Tx};
 
 use crate::error::{CollectionError, Result};
 use crate::layout::{
-    fingerprint, Geometry, LEAF_BITMAP, LEAF_FPS, MAX_LEAF_SLOTS, OUT_OF_LINE, TYPE_BLOB,
+    fingerprint, fingerprint_of, Geometry, LEAF_BITMAP, LEAF_FPS, MAX_LEAF_SLOTS, OUT_OF_LINE,
+    TYPE_BLOB,
 };
 
 /// Largest value a collection stores (the C ABI returns a signed 64-bit length; 4 GiB
@@ -110,21 +111,16 @@ impl Slot {
     }
 }
 
-/// Bit `i` set where `fps[i] == fp`: eight bytes at a time, each zero byte of
-/// `word ^ fp repeated` found exactly (no false positive) and its high bit gathered.
-fn fingerprint_matches(fps: &[u8; 64], fp: u8) -> u64 {
+/// Bit `k` (of the low eight) set where byte `k` of the little-endian `word` equals `fp`:
+/// each zero byte of `word ^ fp repeated` found exactly (no false positive) and its high
+/// bit gathered.
+fn fingerprint_matches(word: u64, fp: u8) -> u64 {
     const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    let pattern = u64::from_ne_bytes([fp; 8]);
-    let mut out = 0u64;
-    for (c, chunk) in fps.chunks_exact(8).enumerate() {
-        let x = u64::from_le_bytes(chunk.try_into().expect("8 bytes")) ^ pattern;
-        // High bit of each byte set iff that byte of x is zero.
-        let zero = !(((x & LOW7) + LOW7) | x | LOW7);
-        // Gather the eight high bits (byte k's to bit k).
-        let bits = ((zero >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56;
-        out |= bits << (8 * c);
-    }
-    out
+    let x = word ^ u64::from_ne_bytes([fp; 8]);
+    // High bit of each byte set iff that byte of x is zero.
+    let zero = !(((x & LOW7) + LOW7) | x | LOW7);
+    // Gather the eight high bits (byte k's to bit k).
+    ((zero >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56
 }
 
 /// Slot access for pages of one geometry in one pool.
@@ -140,6 +136,11 @@ impl<'p, B: Backend> Pages<'p, B> {
 
     pub(crate) fn ld(&self, off: u64) -> Result<u64> {
         Ok(self.b().load_u64(off)?)
+    }
+
+    /// Loads `out.len()` consecutive words from `off` (one bounds check).
+    pub(crate) fn lds(&self, off: u64, out: &mut [u64]) -> Result<()> {
+        Ok(self.b().load_words(off, out)?)
     }
 
     pub(crate) fn bitmap(&self, page: u64) -> Result<u64> {
@@ -171,9 +172,31 @@ impl<'p, B: Backend> Pages<'p, B> {
         Ok(vlen)
     }
 
-    /// The page's bitmap and the live slot holding `key` (fingerprint `fp`), if any.
-    pub(crate) fn find(&self, page: u64, key: &[u8], fp: u8) -> Result<(u64, Option<u32>)> {
-        self.find_into(page, key, fp, &mut Slot::default())
+    /// Starts loading what a lookup of hash `h` in `page` reads: the page's first line
+    /// and the lines of its home slot and the one after it, where [`Pages::pick_slot`]
+    /// most often put the entry, so their misses overlap instead of following each other.
+    pub(crate) fn prefetch(&self, page: u64, h: u64) {
+        let b = self.b();
+        b.prefetch(page);
+        let slot = page + self.geo.slot_off(self.geo.home_slot(h));
+        b.prefetch(slot);
+        b.prefetch(slot + 2 * self.geo.slot_size() - 1);
+    }
+
+    /// Starts loading every cache line of `[off, off + len)` (a hint, as
+    /// [`Pages::prefetch`]).
+    pub(crate) fn prefetch_range(&self, off: u64, len: u64) {
+        let b = self.b();
+        let mut line = off & !63;
+        while line < off + len {
+            b.prefetch(line);
+            line += 64;
+        }
+    }
+
+    /// The page's bitmap and the live slot holding `key` (hash `h`), if any.
+    pub(crate) fn find(&self, page: u64, key: &[u8], h: u64) -> Result<(u64, Option<u32>)> {
+        self.find_into(page, key, h, &mut Slot::default())
     }
 
     /// [`Pages::find`], leaving the found slot's bytes in `slot`.
@@ -181,17 +204,23 @@ impl<'p, B: Backend> Pages<'p, B> {
         &self,
         page: u64,
         key: &[u8],
-        fp: u8,
+        h: u64,
         slot: &mut Slot,
     ) -> Result<(u64, Option<u32>)> {
-        let bitmap = self.bitmap(page)?;
-        // The fingerprint area is 56 bytes whatever the slot count (the rest of the
-        // bitmap's cache line): one fixed-size read and a word-at-a-time comparison,
-        // masked by the bitmap, leave the one or two slots whose key is worth reading.
-        let mut fps = [0u8; 64];
-        self.b()
-            .read(page + LEAF_FPS, &mut fps[..MAX_LEAF_SLOTS as usize])?;
-        let mut candidates = fingerprint_matches(&fps, fp) & bitmap;
+        let fp = fingerprint_of(h);
+        // The first line: the bitmap, then the fingerprint area, 56 bytes whatever the
+        // slot count. Its seven words, each compared eight bytes at once and masked by the
+        // bitmap, leave the one or two slots whose key is worth reading. (Loaded as words,
+        // not copied out as bytes: bytes read back as words stall on store forwarding.)
+        const _: () = assert!(LEAF_BITMAP == 0 && LEAF_FPS == 8 && MAX_LEAF_SLOTS == 56);
+        let mut line = [0u64; 8];
+        self.lds(page + LEAF_BITMAP, &mut line)?;
+        let bitmap = line[0] & self.geo.full_bitmap();
+        let mut candidates = 0u64;
+        for (c, &word) in line[1..].iter().enumerate() {
+            candidates |= fingerprint_matches(word, fp) << (8 * c);
+        }
+        candidates &= bitmap;
         while candidates != 0 {
             let i = candidates.trailing_zeros();
             candidates &= candidates - 1;
@@ -430,7 +459,11 @@ mod tests {
                 .iter()
                 .enumerate()
                 .fold(0u64, |m, (i, &f)| m | ((f == fp) as u64) << i);
-            assert_eq!(fingerprint_matches(&fps, fp), want, "{fps:?} {fp}");
+            let got = fps.chunks_exact(8).enumerate().fold(0u64, |m, (c, chunk)| {
+                let word = u64::from_le_bytes(chunk.try_into().unwrap());
+                m | fingerprint_matches(word, fp) << (8 * c)
+            });
+            assert_eq!(got, want, "{fps:?} {fp}");
         }
     }
 }

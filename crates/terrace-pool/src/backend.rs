@@ -37,6 +37,15 @@ pub trait Backend: Send + Sync {
     fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<()>;
     /// Atomic little-endian word load.
     fn load_u64(&self, offset: u64) -> Result<u64>;
+    /// Atomic little-endian word loads of `out.len()` consecutive words from `offset`,
+    /// each as [`Backend::load_u64`] would (one bounds check for all of them where the
+    /// backend can).
+    fn load_words(&self, offset: u64, out: &mut [u64]) -> Result<()> {
+        for (i, w) in out.iter_mut().enumerate() {
+            *w = self.load_u64(offset + 8 * i as u64)?;
+        }
+        Ok(())
+    }
     /// Atomic little-endian word store.
     fn store_u64(&self, offset: u64, value: u64) -> Result<()>;
     /// Atomic `|=`; returns the old value.
@@ -52,6 +61,12 @@ pub trait Backend: Send + Sync {
     fn address(&self, offset: u64) -> Option<NonNull<u8>> {
         let _ = offset;
         None
+    }
+    /// A hint that the cache line holding `offset` is about to be read: mapped backends
+    /// start loading it (so several independent misses overlap); others ignore it. Never
+    /// fails, whatever the offset.
+    fn prefetch(&self, offset: u64) {
+        let _ = offset;
     }
 }
 
@@ -119,6 +134,10 @@ impl Backend for RegionBackend {
         self.mem.load_u64(offset)
     }
     #[inline]
+    fn load_words(&self, offset: u64, out: &mut [u64]) -> Result<()> {
+        self.mem.load_words(offset, out)
+    }
+    #[inline]
     fn store_u64(&self, offset: u64, value: u64) -> Result<()> {
         self.mem.store_u64(offset, value)
     }
@@ -152,5 +171,9 @@ impl Backend for RegionBackend {
     #[inline]
     fn address(&self, offset: u64) -> Option<NonNull<u8>> {
         self.mem.address(offset).ok()
+    }
+    #[inline]
+    fn prefetch(&self, offset: u64) {
+        self.mem.prefetch(offset)
     }
 }

@@ -109,6 +109,26 @@ impl Mapped {
         Ok(u64::from_le(self.word(offset)?.load(Ordering::Acquire)))
     }
 
+    /// Loads `out.len()` consecutive words from `offset` (8-byte aligned), each an atomic
+    /// acquire load as [`Mapped::load_u64`], after one bounds check for them all.
+    #[inline]
+    pub(crate) fn load_words(&self, offset: u64, out: &mut [u64]) -> Result<()> {
+        if !offset.is_multiple_of(8) {
+            return Err(misaligned(offset));
+        }
+        let at = self.check(offset, 8 * out.len() as u64)?;
+        // SAFETY: `at..at + 8 * out.len()` is inside the mapping (checked), 8-byte aligned
+        // (the base is page aligned, the offset checked above), and the mapping outlives
+        // `self`; as in `word`, pool words are only ever accessed atomically.
+        let words = unsafe {
+            std::slice::from_raw_parts(self.base.as_ptr().add(at).cast::<AtomicU64>(), out.len())
+        };
+        for (w, o) in words.iter().zip(out.iter_mut()) {
+            *o = u64::from_le(w.load(Ordering::Acquire));
+        }
+        Ok(())
+    }
+
     #[inline]
     pub(crate) fn store_u64(&self, offset: u64, value: u64) -> Result<()> {
         self.word(offset)?.store(value.to_le(), Ordering::Release);
@@ -136,6 +156,25 @@ impl Mapped {
         // SAFETY: `at <= len`, so the result is inside or one past the mapping, and
         // derived from a non-null base.
         Ok(unsafe { NonNull::new_unchecked(self.base.as_ptr().add(at)) })
+    }
+
+    /// Starts loading the cache line holding `offset` into the caches; an offset outside
+    /// the mapping is ignored (a prefetch never faults, but the address is only formed
+    /// for offsets inside).
+    #[inline]
+    pub(crate) fn prefetch(&self, offset: u64) {
+        if offset >= self.len {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: `offset < len`, so the address is inside the mapping; a prefetch
+            // reads nothing architecturally and cannot fault.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(self.base.as_ptr().add(offset as usize).cast::<i8>())
+            };
+        }
     }
 }
 
