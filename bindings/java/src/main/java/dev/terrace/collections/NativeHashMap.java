@@ -74,9 +74,9 @@ final class NativeHashMap extends NativeMap {
 
     /** A cursor over every entry, bucket by bucket (terrace_hmap_iter_open). */
     Cursor openIterator() {
-        enter();
+        Scratch s = enter();
         try {
-            MemorySegment state = scratch().state;
+            MemorySegment state = s.state;
             long it = (long) HmapNative.ITER_OPEN.invokeExact(state, map);
             if (it == 0) {
                 throw failure("opening an iterator", MapNative.errno(state));
@@ -85,7 +85,7 @@ final class NativeHashMap extends NativeMap {
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 }

@@ -10,6 +10,10 @@ import dev.terrace.pool.HeapException;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.invoke.MethodHandle;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.lang.ref.ReferenceQueue;
+import java.lang.ref.WeakReference;
 import java.nio.charset.StandardCharsets;
 import java.util.AbstractMap;
 import java.util.ArrayList;
@@ -19,7 +23,6 @@ import java.util.Objects;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
-import java.util.concurrent.atomic.LongAdder;
 
 /**
  * One open map of a heap, of either kind of {@code include/terrace_collections.h}: what
@@ -30,8 +33,10 @@ import java.util.concurrent.atomic.LongAdder;
  * cursor as a {@link Kind}.
  *
  * <p>Lifetime: opened under the heap's lock and registered with it, so the heap's
- * {@code close()} closes the map first. Calls in flight are counted; {@link #close()} marks the
- * map closed, waits for them, closes every cursor still open (their iterators then throw
+ * {@code close()} closes the map first. A thread inside a call marks itself in its own
+ * scratch (one volatile store per call, not a shared counter that every thread's calls would
+ * contend on); {@link #close()} marks the map closed, waits for every thread marked as inside
+ * a call on it, closes every cursor still open (their iterators then throw
  * {@link IllegalStateException}) and then the native map, so no call overlaps the native close
  * (which the C ABI forbids) and no cursor outlives its map. Every call after that throws
  * {@link IllegalStateException}.
@@ -58,6 +63,16 @@ abstract class NativeMap implements AutoCloseable {
     private static final int KEY_BUFFER = MapNative.MAX_KEY + 1;
 
     private static final ThreadLocal<Scratch> SCRATCH = ThreadLocal.withInitial(Scratch::new);
+    private static final VarHandle IN_CALL;
+
+    static {
+        try {
+            IN_CALL = MethodHandles.lookup().findVarHandle(Scratch.class, "inCall",
+                    NativeMap.class);
+        } catch (ReflectiveOperationException e) {
+            throw new ExceptionInInitializerError(e);
+        }
+    }
 
     /**
      * A kind of map: its noun in messages ("ordered map", with its article) and its calls made
@@ -72,8 +87,20 @@ abstract class NativeMap implements AutoCloseable {
         M make(AnyHeap heap, String name, int maxKey, long map);
     }
 
-    /** One thread's native buffers; see the class comment. */
+    /**
+     * One thread's native buffers (see the class comment) and its in-call marker. Every
+     * thread's scratch is in {@link #ALL} (weakly: it goes with its thread), so that a
+     * closing map can wait for the threads inside a call on it.
+     */
     static final class Scratch {
+        static final Set<WeakReference<Scratch>> ALL = ConcurrentHashMap.newKeySet();
+        private static final ReferenceQueue<Scratch> GONE = new ReferenceQueue<>();
+
+        /**
+         * The map this thread is inside a call on, or null: written by this thread only
+         * (see {@link NativeMap#tryEnter()}), read by closing maps.
+         */
+        volatile NativeMap inCall;
         final MemorySegment state;
         final MemorySegment key;
         /** A second key buffer: a cursor's high bound. */
@@ -95,6 +122,10 @@ abstract class NativeMap implements AutoCloseable {
             state = arena.allocate(MapNative.STATE);
             value = arena.allocate(INITIAL_VALUE_BUFFER, 8);
             in = value;
+            for (var gone = GONE.poll(); gone != null; gone = GONE.poll()) {
+                ALL.remove(gone);
+            }
+            ALL.add(new WeakReference<>(this, GONE));
         }
 
         /** The key buffer holding key. */
@@ -134,7 +165,6 @@ abstract class NativeMap implements AutoCloseable {
     final long map;
     /** "ordered map 'name' of heap path", for messages. */
     final String description;
-    private final LongAdder inFlight = new LongAdder();
     private final Set<Cursor> cursors = ConcurrentHashMap.newKeySet();
     private volatile boolean closed;
 
@@ -302,11 +332,14 @@ abstract class NativeMap implements AutoCloseable {
             return;
         }
         closed = true;
-        for (int spins = 0; inFlight.sum() != 0; spins++) {
-            if (spins < SPINS_BEFORE_YIELD) {
-                Thread.onSpinWait();
-            } else {
-                Thread.yield();
+        for (WeakReference<Scratch> ref : Scratch.ALL) {
+            Scratch s = ref.get();
+            for (int spins = 0; s != null && s.inCall == this; spins++) {
+                if (spins < SPINS_BEFORE_YIELD) {
+                    Thread.onSpinWait();
+                } else {
+                    Thread.yield();
+                }
             }
         }
         for (Cursor c : new ArrayList<>(cursors)) {
@@ -329,16 +362,39 @@ abstract class NativeMap implements AutoCloseable {
         return closed;
     }
 
-    void enter() {
-        inFlight.increment();
-        if (closed) {
-            inFlight.decrement();
+    /**
+     * Marks the calling thread as calling into this map (its {@link Scratch#inCall}) and
+     * returns its buffers; throws IllegalStateException when the map is closed. Every
+     * native call on the map runs between this and {@link #exit(Scratch)}; such calls do not
+     * nest (a thread is inside one map call at a time).
+     */
+    Scratch enter() {
+        Scratch s = tryEnter();
+        if (s == null) {
             throw new IllegalStateException(description + " is closed");
         }
+        return s;
     }
 
-    void exit() {
-        inFlight.decrement();
+    /**
+     * {@link #enter()}, or null when the map is closed. The volatile store of the marker and
+     * the read of {@code closed} after it pair with {@link #close()}'s store of
+     * {@code closed} and its read of every marker after it: one of the two sides sees the
+     * other's store, so either this call sees the map closed or the close waits for it.
+     */
+    Scratch tryEnter() {
+        Scratch s = SCRATCH.get();
+        s.inCall = this;
+        if (closed) {
+            IN_CALL.setRelease(s, null);
+            return null;
+        }
+        return s;
+    }
+
+    /** Ends the call {@link #enter()} began (its native calls are done). */
+    static void exit(Scratch s) {
+        IN_CALL.setRelease(s, null);
     }
 
     // ------------------------------------------------------------------ checks and errors
@@ -380,9 +436,8 @@ abstract class NativeMap implements AutoCloseable {
         if (value == null) {
             throw new IllegalArgumentException("value is null (" + description + ")");
         }
-        enter();
+        Scratch s = enter();
         try {
-            Scratch s = SCRATCH.get();
             MemorySegment k = s.key(key);
             int rc;
             if (value.length <= MAX_BUFFERED) {
@@ -400,21 +455,20 @@ abstract class NativeMap implements AutoCloseable {
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 
     /** key's value as a new array, or null when key is not in the map. */
     byte[] getBytes(byte[] key) {
         int n = checkKey(key);
-        enter();
+        Scratch s = enter();
         try {
-            Scratch s = SCRATCH.get();
             return readValue(s, s.key(key), n);
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 
@@ -447,9 +501,8 @@ abstract class NativeMap implements AutoCloseable {
     /** Whether key is in the map (no value copied). */
     boolean contains(byte[] key) {
         int n = checkKey(key);
-        enter();
+        Scratch s = enter();
         try {
-            Scratch s = SCRATCH.get();
             long length = nativeGet(s.state, map, s.key(key), n, MemorySegment.NULL, 0L);
             if (length >= 0) {
                 return true;
@@ -462,16 +515,15 @@ abstract class NativeMap implements AutoCloseable {
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 
     /** Removes key; false when it was not in the map. */
     boolean remove(byte[] key) {
         int n = checkKey(key);
-        enter();
+        Scratch s = enter();
         try {
-            Scratch s = SCRATCH.get();
             int rc = nativeRemove(map, s.key(key), n);
             if (rc == 0) {
                 return true;
@@ -483,15 +535,14 @@ abstract class NativeMap implements AutoCloseable {
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 
     /** Entries in the map. */
     long size() {
-        enter();
+        Scratch s = enter();
         try {
-            Scratch s = SCRATCH.get();
             long n = nativeLen(s.state, map);
             if (n == -1L) { // UINT64_MAX: an error
                 throw failure("len", MapNative.errno(s.state));
@@ -500,20 +551,19 @@ abstract class NativeMap implements AutoCloseable {
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 
     /** The value of key, read again into a new array because the cursor's copy was cut. */
     byte[] reread(byte[] key) {
-        enter();
+        Scratch s = enter();
         try {
-            Scratch s = SCRATCH.get();
             return readValue(s, s.key(key), key.length);
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 
@@ -543,7 +593,7 @@ abstract class NativeMap implements AutoCloseable {
          * closes itself.
          */
         boolean next(Scratch s, MemorySegment valueBuf) {
-            enter();
+            Scratch entered = enter(); // the thread's own: s
             try {
                 long c = handle.get();
                 if (c == 0) {
@@ -562,7 +612,7 @@ abstract class NativeMap implements AutoCloseable {
             } catch (Throwable t) {
                 throw NativeLibrary.rethrow(t);
             } finally {
-                exit();
+                exit(entered);
             }
         }
 
@@ -585,13 +635,14 @@ abstract class NativeMap implements AutoCloseable {
             if (handle.get() == 0) {
                 return;
             }
-            inFlight.increment();
+            Scratch s = tryEnter();
+            if (s == null) {
+                return; // the map's close closed it
+            }
             try {
-                if (!closed) {
-                    closeNative();
-                }
+                closeNative();
             } finally {
-                inFlight.decrement();
+                exit(s);
             }
         }
     }

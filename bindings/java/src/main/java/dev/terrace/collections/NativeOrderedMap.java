@@ -107,9 +107,8 @@ final class NativeOrderedMap extends NativeMap {
     /** Puts key → value as 8 little-endian bytes. */
     void putLong(byte[] key, long value) {
         int n = checkKey(key);
-        enter();
+        Scratch s = enter();
         try {
-            Scratch s = scratch();
             MemorySegment word = s.word;
             word.set(LONG_LE, 0, value);
             int rc = (int) OmapNative.PUT.invokeExact(map, s.key(key), (long) n, word, 8L);
@@ -119,16 +118,15 @@ final class NativeOrderedMap extends NativeMap {
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 
     /** key's long value, or absent when key is not in the map. */
     long getLong(byte[] key, long absent) {
         int n = checkKey(key);
-        enter();
+        Scratch s = enter();
         try {
-            Scratch s = scratch();
             MemorySegment word = s.word;
             long length = (long) OmapNative.GET.invokeExact(s.state, map, s.key(key), (long) n,
                     word, 8L);
@@ -146,7 +144,7 @@ final class NativeOrderedMap extends NativeMap {
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 
@@ -158,9 +156,8 @@ final class NativeOrderedMap extends NativeMap {
     long removeLong(byte[] key, long absent, LongConsumer removed) {
         int n = checkKey(key);
         long old;
-        enter();
+        Scratch s = enter();
         try {
-            Scratch s = scratch();
             MemorySegment k = s.key(key);
             long length = (long) OmapNative.GET.invokeExact(s.state, map, k, (long) n, s.word,
                     8L);
@@ -186,7 +183,7 @@ final class NativeOrderedMap extends NativeMap {
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
         if (removed != null) {
             removed.accept(old);
@@ -214,11 +211,10 @@ final class NativeOrderedMap extends NativeMap {
         int flags = (reverse ? OmapNative.REVERSE : 0)
                 | (lo != null && !loInclusive ? OmapNative.LO_EXCLUSIVE : 0)
                 | (hi != null && hiInclusive ? OmapNative.HI_INCLUSIVE : 0);
-        enter();
+        Scratch s = enter();
         try {
             // the bounds go through the thread's key buffers: the library copies them at
             // open (its cursor owns its bounds), so they need not outlive this call
-            Scratch s = scratch();
             MemorySegment loSeg = MemorySegment.NULL;
             MemorySegment hiSeg = MemorySegment.NULL;
             if (lo != null) {
@@ -238,7 +234,7 @@ final class NativeOrderedMap extends NativeMap {
         } catch (Throwable t) {
             throw NativeLibrary.rethrow(t);
         } finally {
-            exit();
+            exit(s);
         }
     }
 

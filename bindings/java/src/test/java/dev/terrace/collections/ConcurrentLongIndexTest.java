@@ -234,6 +234,68 @@ class ConcurrentLongIndexTest {
         }
     }
 
+    /**
+     * Closing the heap while threads are inside gets, puts and iterations waits for their
+     * native calls (the heap's close unmaps the pool: a call left running would fault); every
+     * call after that throws IllegalStateException, and nothing else is thrown.
+     */
+    @Test
+    void closingTheHeapWaitsForCallsInsideIt() throws Exception {
+        for (int round = 0; round < 5; round++) {
+            AnyHeap heap = MapFixture.create("raw", files.newPath());
+            ConcurrentLongIndex index = new ConcurrentLongIndex(heap, "busy", 8);
+            for (int i = 0; i < 2_000; i++) {
+                index.put(keyOf(i), i);
+            }
+            List<Thread> threads = new ArrayList<>();
+            AtomicReference<Throwable> wrong = new AtomicReference<>();
+            CountDownLatch running = new CountDownLatch(3);
+            for (int t = 0; t < 3; t++) {
+                int kind = t;
+                threads.add(Thread.ofPlatform().start(() -> {
+                    Random random = new Random(kind);
+                    running.countDown();
+                    try {
+                        for (long n = 0; ; n++) {
+                            byte[] key = keyOf(random.nextInt(2_000));
+                            switch (kind) {
+                                case 0 -> index.get(key);
+                                case 1 -> index.put(key, n);
+                                default -> {
+                                    try (var it = index.getTailEntryIterator(key, true)) {
+                                        for (int k = 0; k < 10 && it.hasNext(); k++) {
+                                            it.next();
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    } catch (IllegalStateException closed) {
+                        // the end this test waits for
+                    } catch (Throwable t2) {
+                        wrong.compareAndSet(null, t2);
+                    }
+                }));
+            }
+            running.await();
+            Thread.sleep(20);
+            heap.close();
+            for (Thread t : threads) {
+                t.join(TimeUnit.SECONDS.toMillis(30));
+                assertFalse(t.isAlive(), "a caller did not stop after the close");
+            }
+            if (wrong.get() != null) {
+                fail("a call failed otherwise than as closed", wrong.get());
+            }
+            assertTrue(index.isClosed());
+        }
+    }
+
+    /** Key i: its eight big-endian bytes. */
+    private static byte[] keyOf(long i) {
+        return java.nio.ByteBuffer.allocate(8).putLong(i).array();
+    }
+
     @Test
     void aClosedIndexAndItsIteratorsThrow() {
         AnyHeap heap = MapFixture.create("raw", files.newPath());
