@@ -137,7 +137,7 @@ pub fn check(path: &Path, layout: Option<&str>, sweep: bool) -> Result<(), Strin
         .map_err(|e| format!("{}: collections inconsistent: {e}", path.display()))?;
     println!(
         "collections: {} names, {} maps ({} entries, {} pages, {} inner nodes, \
-         {} out-of-line values); {} program objects no name binds",
+         {} out-of-line values), {} arrays; {} program objects no name binds",
         colls.bindings,
         colls
             .maps
@@ -146,6 +146,7 @@ pub fn check(path: &Path, layout: Option<&str>, sweep: bool) -> Result<(), Strin
         colls.leaves,
         colls.inner_nodes,
         colls.blobs,
+        colls.arrays,
         colls.untracked
     );
     if colls.unreachable.is_empty() {

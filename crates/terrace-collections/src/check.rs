@@ -1,5 +1,5 @@
 //! Reachability and structure: [`check()`] walks every named root of a pool, validates every
-//! node of every map against the layout and the tree's invariants, and reports the
+//! node of every map and every array's header against the layout and the tree's invariants, and reports the
 //! collections' objects that no root reaches (what a crash in [`Collections::destroy`]
 //! or a program's bug leaves behind); [`sweep`] frees those.
 //!
@@ -14,13 +14,14 @@ use std::collections::{HashMap, HashSet};
 
 use terrace_pool::{Backend, Oid, Pool};
 
+use crate::array::{read_array_header, ARRAY_HEADER};
 use crate::directory::{decode_binding, directory_geometry, Kind};
 use crate::error::{CollectionError, Result};
 use crate::hash::{bucket_count, bucket_of, hash_of, read_hash_header, HASH_HEADER_SIZE, HH_TABLE};
 use crate::layout::{
     fingerprint, is_collection_type, prefix_word, Geometry, HEADER_SIZE, H_HEIGHT, H_ROOT,
-    INNER_COUNT, INNER_SAMPLE_OFF, LEAF_BITMAP, LEAF_FPS, OUT_OF_LINE, TYPE_BLOB, TYPE_BUCKET,
-    TYPE_HASH, TYPE_INNER, TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
+    INNER_COUNT, INNER_SAMPLE_OFF, LEAF_BITMAP, LEAF_FPS, OUT_OF_LINE, TYPE_ARRAY, TYPE_BLOB,
+    TYPE_BUCKET, TYPE_HASH, TYPE_INNER, TYPE_LEAF, TYPE_MAP, TYPE_SEGMENT, TYPE_TABLE,
 };
 use crate::ordered::read_header;
 
@@ -34,6 +35,8 @@ pub struct Report {
     pub bindings: u64,
     /// Maps reached (ordered and hash; the directory included).
     pub maps: u64,
+    /// Arrays reached.
+    pub arrays: u64,
     /// Slotted pages: ordered-map leaves and hash-map bucket pages.
     pub leaves: u64,
     pub inner_nodes: u64,
@@ -381,6 +384,13 @@ pub fn check<B: Backend>(pool: &Pool<B>) -> Result<Report> {
                         w.report.entries += 1;
                         Ok(())
                     })?;
+                }
+                Kind::Array => {
+                    let off = b.oid.offset();
+                    w.reach(off, TYPE_ARRAY, ARRAY_HEADER, at)?;
+                    let usable = w.live.get(&off).map_or(0, |&(_, usable)| usable);
+                    read_array_header(pool, off, usable)?;
+                    w.report.arrays += 1;
                 }
                 Kind::Object => {
                     let off = b.oid.offset();

@@ -1,18 +1,19 @@
 //! Named roots: the pool's object directory (PCJ's `ObjectDirectory`), name → collection
-//! or object. It is itself an ordered map whose header the pool's directory word names
+//! (map or array) or object. It is itself an ordered map whose header the pool's directory word names
 //! (`Pool::create_directory`); its values are `kind: u64, offset: u64`.
 //!
 //! Owns [`Collections`], the entry point to a pool's collections: one per pool per
 //! process (it holds the directory map open).
 //!
-//! Invariants: a name is bound at most once; a map is created and bound in the same pool
-//! transaction, so after a crash it is bound or does not exist; binding an object never
+//! Invariants: a name is bound at most once; a map or array is created and bound in the
+//! same pool transaction, so after a crash it is bound or does not exist; binding an object never
 //! replaces a binding. Lock order: `bind`, then the directory map's writer, then any other
 //! map's writer, then a pool lane.
 
 use parking_lot::Mutex;
 use terrace_pool::{Backend, Oid, Pool};
 
+use crate::array::{create_array, PersistentArray};
 use crate::error::{CollectionError, Result};
 use crate::hash::{create_hash_header, hash_geometry, HashMap};
 use crate::layout::{Geometry, HEADER_SIZE, TYPE_MAP};
@@ -35,6 +36,8 @@ pub enum Kind {
     HashMap,
     /// A program's own object (traced as reachable, its contents are not interpreted).
     Object,
+    /// A [`PersistentArray`]; the offset is its object.
+    Array,
 }
 
 impl Kind {
@@ -43,6 +46,7 @@ impl Kind {
             Kind::OrderedMap => 1,
             Kind::HashMap => 2,
             Kind::Object => 3,
+            Kind::Array => 4,
         }
     }
 
@@ -51,6 +55,7 @@ impl Kind {
             1 => Some(Kind::OrderedMap),
             2 => Some(Kind::HashMap),
             3 => Some(Kind::Object),
+            4 => Some(Kind::Array),
             _ => None,
         }
     }
@@ -61,6 +66,7 @@ impl Kind {
             Kind::OrderedMap => "ordered map",
             Kind::HashMap => "hash map",
             Kind::Object => "object",
+            Kind::Array => "array",
         }
     }
 }
@@ -187,6 +193,37 @@ impl MapOptions {
                 detail,
             })?;
         Ok(g)
+    }
+}
+
+/// How [`Collections::array`] opens an array.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayOptions {
+    /// Elements (at least 1); 0 accepts an existing array's.
+    pub length: u64,
+    /// Bytes per element (1..=4096); 0 accepts an existing array's.
+    pub element_size: u32,
+    /// Create the array (zeroed) when the name is unbound.
+    pub create: bool,
+}
+
+impl ArrayOptions {
+    /// Open or create an array of `length` elements of `element_size` bytes.
+    pub fn create(length: u64, element_size: u32) -> ArrayOptions {
+        ArrayOptions {
+            length,
+            element_size,
+            create: true,
+        }
+    }
+
+    /// Open an existing array with whatever sizes it has.
+    pub fn existing() -> ArrayOptions {
+        ArrayOptions {
+            length: 0,
+            element_size: 0,
+            create: false,
+        }
     }
 }
 
@@ -317,6 +354,35 @@ impl<'p, B: Backend> Collections<'p, B> {
         Ok(map)
     }
 
+    /// Opens the array bound to `name`, creating it (zeroed) and binding it in one
+    /// transaction when it is unbound and `opts.create`; sizes other than 0 must match an
+    /// existing array's.
+    pub fn array(&self, name: &str, opts: ArrayOptions) -> Result<PersistentArray<'p, B>> {
+        let (header, created) = self.bind_new(name, Kind::Array, opts.create, |tx| {
+            create_array(tx, self.pool.size(), opts.length, opts.element_size)
+        })?;
+        let array = PersistentArray::attach(self.pool, header)?;
+        if !created {
+            let sizes = [
+                ("length", array.len(), opts.length),
+                (
+                    "element size",
+                    array.element_size() as u64,
+                    opts.element_size as u64,
+                ),
+            ];
+            for (what, found, asked) in sizes {
+                if asked != 0 && asked != found {
+                    return Err(CollectionError::InvalidArgument {
+                        what: "array sizes",
+                        detail: format!("the array has {what} {found}, caller asks for {asked}"),
+                    });
+                }
+            }
+        }
+        Ok(array)
+    }
+
     /// The header `name` binds (of `kind`), or a new one created by `create` and bound
     /// in the same transaction; whether it was created.
     fn open_or_create(
@@ -325,6 +391,22 @@ impl<'p, B: Backend> Collections<'p, B> {
         kind: Kind,
         opts: &MapOptions,
         create: impl FnOnce(&mut terrace_pool::Tx<'p, B>, &Geometry) -> Result<Oid>,
+    ) -> Result<(u64, bool)> {
+        self.bind_new(name, kind, opts.create, |tx| {
+            let geo = opts.geometry(kind)?;
+            create(tx, &geo)
+        })
+    }
+
+    /// The object `name` binds (of `kind`), or a new one made by `create` and bound in
+    /// the same transaction when the name is unbound and `create_missing`; whether it was
+    /// created.
+    fn bind_new(
+        &self,
+        name: &str,
+        kind: Kind,
+        create_missing: bool,
+        create: impl FnOnce(&mut terrace_pool::Tx<'p, B>) -> Result<Oid>,
     ) -> Result<(u64, bool)> {
         check_name(name)?;
         let _b = self.bind.lock();
@@ -338,13 +420,12 @@ impl<'p, B: Backend> Collections<'p, B> {
             }
             return Ok((b.oid.offset(), false));
         }
-        if !opts.create {
+        if !create_missing {
             return Err(CollectionError::NotFound { name: name.into() });
         }
-        let geo = opts.geometry(kind)?;
         let _w = self.dir.lock();
         let header = self.dir.structural(|tx| {
-            let header = create(tx, &geo)?;
+            let header = create(tx)?;
             self.dir
                 .put_tx(tx, name.as_bytes(), &encode_binding(kind, header))?;
             Ok(header)
@@ -352,7 +433,7 @@ impl<'p, B: Backend> Collections<'p, B> {
         Ok((header.offset(), true))
     }
 
-    /// Unbinds the map `name` (either kind) and frees its nodes and values. The
+    /// Unbinds the map `name` (either kind), or the array, and frees its nodes and values. The
     /// unbinding is one transaction; the frees follow in batches, so a crash in between
     /// leaves nodes no root reaches, which [`crate::check()`] reports and [`crate::sweep`]
     /// frees. `Busy` while the map is open in this process.
@@ -364,11 +445,16 @@ impl<'p, B: Backend> Collections<'p, B> {
         let mut objects = match b.kind {
             Kind::OrderedMap => OrderedMap::attach(self.pool, b.oid.offset())?.objects()?,
             Kind::HashMap => HashMap::attach(self.pool, b.oid.offset())?.objects()?,
+            // Opened (and closed) only to refuse an array open in this process.
+            Kind::Array => {
+                PersistentArray::attach(self.pool, b.oid.offset())?;
+                Vec::new()
+            }
             Kind::Object => {
                 return Err(CollectionError::WrongKind {
                     name: name.into(),
                     found: b.kind.name(),
-                    expected: "map",
+                    expected: "map or array",
                 })
             }
         };

@@ -26,6 +26,8 @@ pub const TYPE_BUCKET: u64 = TYPE_BASE | 6;
 pub const TYPE_SEGMENT: u64 = TYPE_BASE | 7;
 /// A hash map table: `capacity`, then segment offsets.
 pub const TYPE_TABLE: u64 = TYPE_BASE | 8;
+/// A persistent array: header and elements in one object ([`crate::array`]).
+pub const TYPE_ARRAY: u64 = TYPE_BASE | 9;
 
 /// Whether objects of pool type `type_num` belong to the collections.
 pub fn is_collection_type(type_num: u64) -> bool {

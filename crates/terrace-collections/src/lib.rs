@@ -95,8 +95,13 @@
 //! against sequence counters (a counter per leaf stripe for bitmap changes, one for
 //! transactional changes), retrying when a writer intervened. See [`ordered`].
 //!
+//! # The array
+//! [`PersistentArray`]: a fixed number of fixed-size elements in one object; an 8-byte
+//! element is set by one atomic store (no log), anything else in one transaction, and
+//! readers never see a torn element. See [`array`](mod@array).
+//!
 //! # Named roots and reachability
-//! [`Collections`] is the pool's directory: name → map or program object, itself an
+//! [`Collections`] is the pool's directory: name → map, array or program object, itself an
 //! ordered map whose header the pool's directory word names. [`check()`] walks it, validates
 //! every node and reports collection objects no name reaches; [`sweep`] frees them.
 //!
@@ -105,11 +110,13 @@
 //! - [`hash`]: [`HashMap`] and its iterator [`HashIter`].
 //! - `page`: slotted pages (leaves and buckets); `sync`: the readers' sequence counters
 //!   and the registry of open collections.
+//! - [`array`](mod@array): [`PersistentArray`], fixed-size elements in one object.
 //! - [`directory`]: [`Collections`], named roots.
 //! - [`check`](mod@check): [`check()`], [`sweep`].
 //! - [`layout`]: type numbers and node formats.
 //! - [`error`](mod@error): [`CollectionError`].
 
+pub mod array;
 pub mod check;
 pub mod directory;
 pub mod error;
@@ -119,8 +126,9 @@ pub mod ordered;
 mod page;
 mod sync;
 
+pub use array::PersistentArray;
 pub use check::{check, sweep, Report};
-pub use directory::{Binding, Collections, Kind, MapOptions, MAX_NAME};
+pub use directory::{ArrayOptions, Binding, Collections, Kind, MapOptions, MAX_NAME};
 pub use error::{CollectionError, Result};
 pub use hash::{HashIter, HashMap};
 pub use ordered::{OrderedMap, Range};
