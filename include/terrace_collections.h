@@ -1,7 +1,8 @@
 /*
  * terrace_collections.h — crash-safe persistent collections inside a Terrace pool:
- * ordered maps (bytes -> bytes, with range cursors), hash maps, and named roots (a
- * directory, name -> map or object, in the pool). Link with -lterrace; include after terrace_pool.h.
+ * ordered maps (bytes -> bytes, with range cursors), hash maps, arrays of fixed-size
+ * elements, and named roots (a directory, name -> map, array or object, in the pool).
+ * Link with -lterrace; include after terrace_pool.h.
  *
  * Conventions (as terrace_pool.h): functions returning int give 0 or a positive errno
  * value (also stored in errno); functions returning a pointer give NULL, and those
@@ -10,9 +11,9 @@
  *
  * Every update of a map is crash-atomic: after a crash the map holds the old or the new
  * entry, and a put or remove that returned is durable. Any number of threads may use one
- * map handle at once (readers take no lock; writers of one map take turns). A map is
- * open at most once per process (EBUSY); terrace_pool_close refuses (EBUSY) while a map
- * of the pool is open, and terrace_omap_close while a cursor over the map is open.
+ * map handle at once (readers take no lock; writers of one map take turns). A map or array
+ * is open at most once per process (EBUSY); terrace_pool_close refuses (EBUSY) while a
+ * map or array of the pool is open, and terrace_omap_close while a cursor over the map is open.
  *
  * Pool type numbers 0x5452434f00000000..0x5452434f0000ffff are the collections'; a
  * program must not allocate objects of those types. `terrace pool check POOL` validates
@@ -111,6 +112,39 @@ int terrace_hmap_iter_next(terrace_hmap_iter *iter, void *key, size_t key_cap, s
 void terrace_hmap_iter_close(terrace_hmap_iter *iter);
 /* As terrace_omap_destroy. */
 int terrace_hmap_destroy(terrace_pool *pool, const char *name);
+
+/* ---- arrays ---- */
+
+/* Opaque open array: a fixed number of fixed-size elements in one pool object, bound by
+ * name (PCJ's PersistentArray). Created zeroed; its size never changes. */
+typedef struct terrace_array terrace_array;
+
+/* terrace_array_open: create (and name) the array when the name is unbound. */
+#define TERRACE_ARRAY_CREATE 1
+
+/* Opens the array bound to name; with TERRACE_ARRAY_CREATE, creates it (length elements
+ * of element_size bytes, 1..=4096, zeroed) and binds it in one transaction if the name is
+ * unbound. Opening an existing array takes 0 or its own sizes. NULL with errno: ENOENT,
+ * EEXIST (bound to something else), EINVAL (bad or other sizes), EBUSY (already open in
+ * this process), ENOMEM (pool full). */
+terrace_array *terrace_array_open(terrace_pool *pool, const char *name, uint64_t length,
+                                  uint32_t element_size, int flags);
+/* Closes the handle (NULL: nothing); no other call on it may overlap. */
+int terrace_array_close(terrace_array *array);
+/* Elements, and bytes per element; 0 with errno EINVAL for NULL. */
+uint64_t terrace_array_len(const terrace_array *array);
+uint32_t terrace_array_element_size(const terrace_array *array);
+/* Copies len bytes, whole elements, from element index on into buf. Consistent with
+ * every write of more than 8 bytes (it holds such a write whole or not at all). EINVAL
+ * for a range past the end or a length that is not whole elements. */
+int terrace_array_get(const terrace_array *array, uint64_t index, void *buf, size_t len);
+/* Writes len bytes, whole elements (at most 16 KiB), from element index on; crash-atomic:
+ * after a crash all of them hold the new bytes or none does. One 8-byte element is one
+ * atomic store and a persist; anything else is one transaction. EINVAL as for get. */
+int terrace_array_set(const terrace_array *array, uint64_t index, const void *data, size_t len);
+/* Unbinds and frees the array bound to name. ENOENT (unbound), EEXIST (not an array),
+ * EBUSY (open in this process). */
+int terrace_array_destroy(terrace_pool *pool, const char *name);
 
 /* ---- named objects ---- */
 

@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::ffi::{c_void, CStr};
 use std::ptr;
 
+use crate::arrays::*;
 use crate::cache::*;
 use crate::collections::*;
 use crate::error::{self, inject, PANIC_ERRNO};
@@ -195,6 +196,13 @@ fn cases() -> Vec<Case> {
         case!(terrace_hmap_iter_next(ptr::null_mut(), ptr::null_mut(), 0, ptr::null_mut(), ptr::null_mut(), 0, ptr::null_mut()) => -1),
         case!(terrace_hmap_iter_close(ptr::null_mut()) => ()),
         case!(terrace_hmap_destroy(pool, ptr::null()) => PANIC_ERRNO),
+        case!(terrace_array_open(pool, ptr::null(), 0, 0, 0) =~ |a: *mut ArrayHandle| a.is_null()),
+        case!(terrace_array_close(ptr::null_mut()) => PANIC_ERRNO),
+        case!(terrace_array_len(ptr::null()) => 0),
+        case!(terrace_array_element_size(ptr::null()) => 0),
+        case!(terrace_array_get(ptr::null(), 0, null, 0) => PANIC_ERRNO),
+        case!(terrace_array_set(ptr::null(), 0, null, 0) => PANIC_ERRNO),
+        case!(terrace_array_destroy(pool, ptr::null()) => PANIC_ERRNO),
         case!(terrace_pool_bind(pool, ptr::null(), 0) => PANIC_ERRNO),
         case!(terrace_pool_lookup(pool, ptr::null()) => 0),
         case!(terrace_pool_unbind(pool, ptr::null()) => 0),
@@ -265,6 +273,7 @@ fn defined() -> BTreeSet<String> {
         include_str!("cache.rs"),
         include_str!("txn.rs"),
         include_str!("collections.rs"),
+        include_str!("arrays.rs"),
     ];
     let mut names = BTreeSet::new();
     for line in sources.iter().flat_map(|s| s.lines()) {

@@ -41,7 +41,7 @@ pub const TERRACE_OMAP_LO_EXCLUSIVE: c_int = 2;
 /// `terrace_omap_cursor_open`: the high bound is inclusive.
 pub const TERRACE_OMAP_HI_INCLUSIVE: c_int = 4;
 
-type Dir = Collections<'static, RegionBackend>;
+pub(crate) type Dir = Collections<'static, RegionBackend>;
 
 /// A pool handle's directory, opened by the first call that needs it.
 #[derive(Default)]
@@ -60,7 +60,7 @@ fn errno_of(err: &CollectionError) -> c_int {
     }
 }
 
-fn fail_coll(what: &str, err: &CollectionError) -> c_int {
+pub(crate) fn fail_coll(what: &str, err: &CollectionError) -> c_int {
     match err {
         CollectionError::Pool(e) => fail(e),
         other => fail_with(errno_of(other), &format!("{what}: {other}")),
@@ -77,7 +77,7 @@ fn static_pool(h: &PoolHandle) -> &'static Pool<RegionBackend> {
 }
 
 impl LazyCollections {
-    fn get(&self, h: &PoolHandle) -> Result<&Dir, CollectionError> {
+    pub(crate) fn get(&self, h: &PoolHandle) -> Result<&Dir, CollectionError> {
         if let Some(c) = self.cell.get() {
             return Ok(c);
         }
@@ -149,7 +149,7 @@ pub struct CursorHandle {
 ///
 /// # Safety
 /// `p` NULL or valid for `len` bytes for `'a`.
-unsafe fn bytes<'a>(
+pub(crate) unsafe fn bytes<'a>(
     what: &str,
     name: &str,
     p: *const c_void,
@@ -177,7 +177,7 @@ unsafe fn map_arg<'a>(what: &str, map: *const MapHandle) -> Result<&'a MapHandle
 
 /// # Safety
 /// `pool` NULL or an open pool; `name` NULL or NUL-terminated.
-unsafe fn pool_and_name<'a>(
+pub(crate) unsafe fn pool_and_name<'a>(
     what: &str,
     pool: *mut PoolHandle,
     name: *const c_char,

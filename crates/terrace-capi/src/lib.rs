@@ -4,7 +4,8 @@
 //! unchanged against Terrace) and `include/libpmemobj.h` (the libpmemobj-compatible subset
 //! over the persistent pool) and `include/terrace_pool.h` (the native pool API, [`pool`])
 //! and `include/terrace_cache.h` (the tiered cache, [`cache`]) and
-//! `include/terrace_collections.h` (ordered maps and named roots, [`collections`]).
+//! `include/terrace_collections.h` (ordered maps, hash maps and named roots,
+//! [`collections`]; arrays, [`arrays`]).
 //!
 //! Conventions shared by both APIs:
 //! - a kind handle (`terrace_kind_t`, `memkind_t`) is an opaque, never-dereferenced
@@ -16,10 +17,12 @@
 //!   header documents, with `errno` `EIO`, never an unwind into C;
 //! - freeing a pointer no kind owns (foreign, or from a destroyed kind) does nothing.
 //!
-//! Modules: [`cache`] (`terrace_cache.h`), [`collections`] (`terrace_collections.h`), [`native`] (`terrace.h`), [`memkind`]
+//! Modules: [`cache`] (`terrace_cache.h`), [`collections`] and [`arrays`]
+//! (`terrace_collections.h`), [`native`] (`terrace.h`), [`memkind`]
 //! (`memkind.h`), [`pmemobj`] (`libpmemobj.h`), [`pool`] (`terrace_pool.h`), [`handle`]
 //! (kind handles), [`error`] (the thread's last error, `errno`, the panic boundary).
 
+pub mod arrays;
 pub mod cache;
 pub mod collections;
 pub mod error;

@@ -49,7 +49,8 @@ pub struct PoolHandle {
     /// before `pool` so that it is dropped first: it borrows `pool` (see
     /// [`crate::collections`]).
     pub(crate) collections: crate::collections::LazyCollections,
-    /// Maps open through `terrace_omap_open`; close refuses (`EBUSY`) while any is.
+    /// Maps and arrays open through `terrace_omap_open`, `terrace_hmap_open` and
+    /// `terrace_array_open`; close refuses (`EBUSY`) while any is.
     pub(crate) open_maps: AtomicUsize,
     pub(crate) pool: Pool<RegionBackend>,
     uuid_lo: u64,
@@ -159,14 +160,14 @@ pub(crate) fn fail(err: &PoolError) -> c_int {
 pub(crate) use crate::error::{fail_with, str_arg};
 
 impl PoolHandle {
-    /// Why the pool cannot be closed now, if it cannot: a transaction holds a lane, or an
-    /// ordered map (which borrows the pool) is open.
+    /// Why the pool cannot be closed now, if it cannot: a transaction holds a lane, or a
+    /// map or array (which borrows the pool) is open.
     pub(crate) fn busy(&self) -> Option<&'static str> {
         if self.active_txs.load(Ordering::Acquire) != 0 || !self.pool.lanes_idle() {
             return Some("a transaction is active on this pool");
         }
         if self.open_maps.load(Ordering::Acquire) != 0 {
-            return Some("an ordered map of this pool is open");
+            return Some("a map or array of this pool is open");
         }
         None
     }

@@ -299,7 +299,8 @@ fn terrace_pool_txn() {
 
 /// terrace_collections.h: ordered maps (put, get with truncation, replace, remove,
 /// length, cursors with every bound flag in both directions, out-of-line values), reopen,
-/// EBUSY rules, named objects, destroy, bad arguments, readers during writes.
+/// EBUSY rules, named objects, destroy, bad arguments, readers during writes; arrays
+/// (runs and words against a model, reopening, EBUSY, destroy).
 #[test]
 fn terrace_collections() {
     let out = c_test("terrace_collections.c");

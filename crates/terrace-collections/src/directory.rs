@@ -438,10 +438,27 @@ impl<'p, B: Backend> Collections<'p, B> {
     /// leaves nodes no root reaches, which [`crate::check()`] reports and [`crate::sweep`]
     /// frees. `Busy` while the map is open in this process.
     pub fn destroy(&self, name: &str) -> Result<()> {
+        self.destroy_of(name, None)
+    }
+
+    /// [`Collections::destroy`] when `name` is bound to a collection of `kind`;
+    /// `WrongKind` when it is bound to anything else.
+    pub fn destroy_kind(&self, name: &str, kind: Kind) -> Result<()> {
+        self.destroy_of(name, Some(kind))
+    }
+
+    fn destroy_of(&self, name: &str, only: Option<Kind>) -> Result<()> {
         let _b = self.bind.lock();
         let b = self
             .lookup(name)?
             .ok_or_else(|| CollectionError::NotFound { name: name.into() })?;
+        if let Some(kind) = only.filter(|&k| k != b.kind) {
+            return Err(CollectionError::WrongKind {
+                name: name.into(),
+                found: b.kind.name(),
+                expected: kind.name(),
+            });
+        }
         let mut objects = match b.kind {
             Kind::OrderedMap => OrderedMap::attach(self.pool, b.oid.offset())?.objects()?,
             Kind::HashMap => HashMap::attach(self.pool, b.oid.offset())?.objects()?,

@@ -307,6 +307,62 @@ int main(int argc, char **argv) {
     CHECK(terrace_hmap_destroy(p, "h") == 0);
     CHECK(terrace_hmap_open(p, "h", 16, 16, 0) == NULL && errno == ENOENT);
 
+    /* Arrays: bad arguments, words and runs against a model, EBUSY rules, reopening by
+     * name with the stored sizes, destroy only of an array. */
+    CHECK(terrace_array_open(p, "a", 0, 8, TERRACE_ARRAY_CREATE) == NULL && errno == EINVAL);
+    CHECK(terrace_array_open(p, "a", 10, 4097, TERRACE_ARRAY_CREATE) == NULL && errno == EINVAL);
+    CHECK(terrace_array_open(p, "a", 10, 8, 0) == NULL && errno == ENOENT);
+    CHECK(terrace_array_open(p, "m", 10, 8, TERRACE_ARRAY_CREATE) == NULL && errno == EEXIST);
+    {
+        enum { LEN = 100, ELEM = 12 };
+        static unsigned char model[LEN * ELEM];
+        unsigned char buf[LEN * ELEM];
+        terrace_array *a = terrace_array_open(p, "a", LEN, ELEM, TERRACE_ARRAY_CREATE);
+        CHECK(a != NULL);
+        CHECK(terrace_array_open(p, "a", 0, 0, 0) == NULL && errno == EBUSY);
+        CHECK(terrace_array_len(a) == LEN && terrace_array_element_size(a) == ELEM);
+        CHECK(terrace_array_len(NULL) == 0 && errno == EINVAL);
+        CHECK(terrace_array_get(a, 0, buf, sizeof buf) == 0);
+        CHECK(memcmp(buf, model, sizeof buf) == 0);
+        for (unsigned n = 0; n < 500; n++) {
+            unsigned first = (n * 37) % LEN, count = 1 + n % 4;
+            if (first + count > LEN)
+                count = LEN - first;
+            for (unsigned b = 0; b < count * ELEM; b++)
+                buf[b] = (unsigned char)(n + b);
+            CHECK(terrace_array_set(a, first, buf, count * ELEM) == 0);
+            memcpy(model + first * ELEM, buf, count * ELEM);
+        }
+        CHECK(terrace_array_get(a, 0, buf, sizeof buf) == 0);
+        CHECK(memcmp(buf, model, sizeof buf) == 0);
+        CHECK(terrace_array_get(a, 7, buf, ELEM) == 0 && memcmp(buf, model + 7 * ELEM, ELEM) == 0);
+        CHECK(terrace_array_get(a, LEN, buf, ELEM) == EINVAL);
+        CHECK(terrace_array_get(a, LEN - 1, buf, 2 * ELEM) == EINVAL);
+        CHECK(terrace_array_get(a, 0, buf, ELEM + 1) == EINVAL);
+        CHECK(terrace_array_get(a, 0, NULL, ELEM) == EINVAL);
+        CHECK(terrace_array_set(a, 0, buf, 0) == EINVAL);
+        CHECK(terrace_array_set(a, LEN, buf, ELEM) == EINVAL);
+        CHECK(terrace_array_destroy(p, "a") == EBUSY);
+        CHECK(terrace_array_destroy(p, "m") == EEXIST);
+        CHECK(terrace_pool_close(p) == EBUSY);
+        CHECK(terrace_array_close(a) == 0);
+        a = terrace_array_open(p, "a", LEN, 0, 0);
+        CHECK(a != NULL && terrace_array_element_size(a) == ELEM);
+        CHECK(terrace_array_get(a, 0, buf, sizeof buf) == 0 && memcmp(buf, model, sizeof buf) == 0);
+        CHECK(terrace_array_close(a) == 0);
+        CHECK(terrace_array_open(p, "a", LEN + 1, 0, 0) == NULL && errno == EINVAL);
+
+        terrace_array *w = terrace_array_open(p, "w", 4, 8, TERRACE_ARRAY_CREATE);
+        CHECK(w != NULL);
+        uint64_t word = 0x0123456789abcdefULL, back = 0;
+        CHECK(terrace_array_set(w, 3, &word, 8) == 0);
+        CHECK(terrace_array_get(w, 3, &back, 8) == 0 && back == word);
+        CHECK(terrace_array_close(w) == 0);
+        CHECK(terrace_array_destroy(p, "w") == 0);
+        CHECK(terrace_array_destroy(p, "w") == ENOENT);
+        CHECK(terrace_pool_lookup(p, "a") != 0);
+    }
+
     /* Destroy: refused while open, then the name is gone and the pool checks clean. */
     CHECK(terrace_omap_destroy(p, "m") == EBUSY);
     CHECK(terrace_omap_close(m) == 0);
@@ -314,6 +370,15 @@ int main(int argc, char **argv) {
     CHECK(terrace_pool_lookup(p, "m") == 0 && errno == ENOENT);
     CHECK(terrace_omap_destroy(p, "m") == ENOENT);
     CHECK(terrace_pool_unbind(p, "config") == obj);
+    CHECK(terrace_pool_close(p) == 0);
+    /* The array stays bound (and the pool checks clean with it), and opens again. */
+    p = terrace_pool_open(path, "coll");
+    CHECK(p != NULL);
+    {
+        terrace_array *a = terrace_array_open(p, "a", 0, 0, 0);
+        CHECK(a != NULL && terrace_array_len(a) == 100);
+        CHECK(terrace_array_close(a) == 0);
+    }
     CHECK(terrace_pool_close(p) == 0);
     CHECK(terrace_pool_check(path, "coll") == 0);
     unlink(path);
