@@ -10,10 +10,6 @@ import dev.terrace.pool.HeapException;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.invoke.MethodHandle;
-import java.lang.invoke.MethodHandles;
-import java.lang.invoke.VarHandle;
-import java.lang.ref.ReferenceQueue;
-import java.lang.ref.WeakReference;
 import java.nio.charset.StandardCharsets;
 import java.util.AbstractMap;
 import java.util.ArrayList;
@@ -33,19 +29,16 @@ import java.util.concurrent.atomic.AtomicLong;
  * cursor as a {@link Kind}.
  *
  * <p>Lifetime: opened under the heap's lock and registered with it, so the heap's
- * {@code close()} closes the map first. A thread inside a call marks itself in its own
- * scratch (one volatile store per call, not a shared counter that every thread's calls would
- * contend on); {@link #close()} marks the map closed, waits for every thread marked as inside
- * a call on it, closes every cursor still open (their iterators then throw
- * {@link IllegalStateException}) and then the native map, so no call overlaps the native close
- * (which the C ABI forbids) and no cursor outlives its map. Every call after that throws
- * {@link IllegalStateException}.
+ * {@code close()} closes the map first. {@link #close()} waits for the calls in flight (see
+ * {@link NativeCollection}), closes every cursor still open (their iterators then throw
+ * {@link IllegalStateException}) and then the native map, so no cursor outlives its map.
+ * Every call after that throws {@link IllegalStateException}.
  *
  * <p>Arguments travel through per-thread native buffers (two key buffers of 256 bytes, an
  * 8-byte word for a long value, value buffers that grow to the largest value the thread
- * handled, up to {@value #MAX_BUFFERED} bytes; larger values use an arena of their own), so a
- * get or put is one downcall and allocates nothing native. The buffers are in automatic
- * arenas: the GC frees them with their thread. Both kinds share them.
+ * handled, up to {@value NativeCollection#MAX_BUFFERED} bytes; larger values use an arena of
+ * their own), so a get or put is one downcall and allocates nothing native. The buffers are
+ * in automatic arenas: the GC frees them with their thread. Both kinds share them.
  *
  * <p>Errors: a key the binding can check (null, empty, longer than the map's maximum) throws
  * {@link IllegalArgumentException} before any native call, as does EINVAL from the library
@@ -54,25 +47,8 @@ import java.util.concurrent.atomic.AtomicLong;
  * is full; ENOENT from an open without create; EEXIST: the name is bound to something else;
  * EBUSY: this process has the map open already).
  */
-abstract class NativeMap implements AutoCloseable {
-    private static final long INITIAL_VALUE_BUFFER = 256;
-    /** Largest value kept in a thread's buffers; larger ones get an arena of their own. */
-    static final long MAX_BUFFERED = 1L << 20;
-    private static final int SPINS_BEFORE_YIELD = 1 << 10;
-    /** Bytes of a key buffer: the longest key the C ABI takes, and one. */
-    private static final int KEY_BUFFER = MapNative.MAX_KEY + 1;
+abstract class NativeMap extends NativeCollection {
 
-    private static final ThreadLocal<Scratch> SCRATCH = ThreadLocal.withInitial(Scratch::new);
-    private static final VarHandle IN_CALL;
-
-    static {
-        try {
-            IN_CALL = MethodHandles.lookup().findVarHandle(Scratch.class, "inCall",
-                    NativeMap.class);
-        } catch (ReflectiveOperationException e) {
-            throw new ExceptionInInitializerError(e);
-        }
-    }
 
     /**
      * A kind of map: its noun in messages ("ordered map", with its article) and its calls made
@@ -87,94 +63,19 @@ abstract class NativeMap implements AutoCloseable {
         M make(AnyHeap heap, String name, int maxKey, long map);
     }
 
-    /**
-     * One thread's native buffers (see the class comment) and its in-call marker. Every
-     * thread's scratch is in {@link #ALL} (weakly: it goes with its thread), so that a
-     * closing map can wait for the threads inside a call on it.
-     */
-    static final class Scratch {
-        static final Set<WeakReference<Scratch>> ALL = ConcurrentHashMap.newKeySet();
-        private static final ReferenceQueue<Scratch> GONE = new ReferenceQueue<>();
-
-        /**
-         * The map this thread is inside a call on, or null: written by this thread only
-         * (see {@link NativeMap#tryEnter()}), read by closing maps.
-         */
-        volatile NativeMap inCall;
-        final MemorySegment state;
-        final MemorySegment key;
-        /** A second key buffer: a cursor's high bound. */
-        final MemorySegment hi;
-        final MemorySegment keyLen;
-        final MemorySegment valueLen;
-        final MemorySegment word;
-        MemorySegment value;
-        private MemorySegment in;
-
-        Scratch() {
-            Arena arena = Arena.ofAuto();
-            MemorySegment fixed = arena.allocate(2 * KEY_BUFFER + 24, 16);
-            key = fixed.asSlice(0, KEY_BUFFER);
-            hi = fixed.asSlice(KEY_BUFFER, KEY_BUFFER);
-            keyLen = fixed.asSlice(2 * KEY_BUFFER, 8);
-            valueLen = fixed.asSlice(2 * KEY_BUFFER + 8, 8);
-            word = fixed.asSlice(2 * KEY_BUFFER + 16, 8);
-            state = arena.allocate(MapNative.STATE);
-            value = arena.allocate(INITIAL_VALUE_BUFFER, 8);
-            in = value;
-            for (var gone = GONE.poll(); gone != null; gone = GONE.poll()) {
-                ALL.remove(gone);
-            }
-            ALL.add(new WeakReference<>(this, GONE));
-        }
-
-        /** The key buffer holding key. */
-        MemorySegment key(byte[] k) {
-            MemorySegment.copy(k, 0, key, JAVA_BYTE, 0, k.length);
-            return key;
-        }
-
-        /** The value output buffer, grown to at least needed bytes. */
-        MemorySegment valueBuffer(long needed) {
-            if (value.byteSize() < needed) {
-                value = Arena.ofAuto().allocate(Math.max(needed, value.byteSize() * 2), 8);
-            }
-            return value;
-        }
-
-        /** A buffer holding v (at most MAX_BUFFERED bytes). */
-        MemorySegment input(byte[] v) {
-            if (in.byteSize() < v.length) {
-                in = Arena.ofAuto().allocate(Math.max(v.length, in.byteSize() * 2), 8);
-            }
-            MemorySegment.copy(v, 0, in, JAVA_BYTE, 0, v.length);
-            return in;
-        }
-    }
-
-    static Scratch scratch() {
-        return SCRATCH.get();
-    }
 
     final Kind kind;
-    final AnyHeap heap;
-    final String name;
     /** Longest key: as given at open, or {@value MapNative#MAX_KEY} when opened with 0. */
     final int maxKey;
     /** The native map. */
     final long map;
-    /** "ordered map 'name' of heap path", for messages. */
-    final String description;
     private final Set<Cursor> cursors = ConcurrentHashMap.newKeySet();
-    private volatile boolean closed;
 
     NativeMap(Kind kind, AnyHeap heap, String name, int maxKey, long map) {
+        super(heap, name, kind.noun() + " '" + name + "' of heap " + heap.path());
         this.kind = kind;
-        this.heap = heap;
-        this.name = name;
         this.maxKey = maxKey != 0 ? maxKey : MapNative.MAX_KEY;
         this.map = map;
-        this.description = kind.noun() + " '" + name + "' of heap " + heap.path();
     }
 
     // ------------------------------------------------------------------ the kind's calls
@@ -328,19 +229,8 @@ abstract class NativeMap implements AutoCloseable {
      */
     @Override
     public synchronized void close() {
-        if (closed) {
+        if (!closeAndAwaitCalls()) {
             return;
-        }
-        closed = true;
-        for (WeakReference<Scratch> ref : Scratch.ALL) {
-            Scratch s = ref.get();
-            for (int spins = 0; s != null && s.inCall == this; spins++) {
-                if (spins < SPINS_BEFORE_YIELD) {
-                    Thread.onSpinWait();
-                } else {
-                    Thread.yield();
-                }
-            }
         }
         for (Cursor c : new ArrayList<>(cursors)) {
             c.closeNative();
@@ -358,44 +248,6 @@ abstract class NativeMap implements AutoCloseable {
         }
     }
 
-    boolean isClosed() {
-        return closed;
-    }
-
-    /**
-     * Marks the calling thread as calling into this map (its {@link Scratch#inCall}) and
-     * returns its buffers; throws IllegalStateException when the map is closed. Every
-     * native call on the map runs between this and {@link #exit(Scratch)}; such calls do not
-     * nest (a thread is inside one map call at a time).
-     */
-    Scratch enter() {
-        Scratch s = tryEnter();
-        if (s == null) {
-            throw new IllegalStateException(description + " is closed");
-        }
-        return s;
-    }
-
-    /**
-     * {@link #enter()}, or null when the map is closed. The volatile store of the marker and
-     * the read of {@code closed} after it pair with {@link #close()}'s store of
-     * {@code closed} and its read of every marker after it: one of the two sides sees the
-     * other's store, so either this call sees the map closed or the close waits for it.
-     */
-    Scratch tryEnter() {
-        Scratch s = SCRATCH.get();
-        s.inCall = this;
-        if (closed) {
-            IN_CALL.setRelease(s, null);
-            return null;
-        }
-        return s;
-    }
-
-    /** Ends the call {@link #enter()} began (its native calls are done). */
-    static void exit(Scratch s) {
-        IN_CALL.setRelease(s, null);
-    }
 
     // ------------------------------------------------------------------ checks and errors
 
@@ -674,7 +526,7 @@ abstract class NativeMap implements AutoCloseable {
         abstract E decode(Scratch s, byte[] key, long valueLen, MemorySegment buf);
 
         private E fetch() {
-            Scratch s = SCRATCH.get();
+            Scratch s = scratch();
             while (true) {
                 MemorySegment buf = valueBuffer(s);
                 if (!cursor.next(s, buf)) {
@@ -754,6 +606,6 @@ abstract class NativeMap implements AutoCloseable {
 
     @Override
     public String toString() {
-        return description + (closed ? " (closed)" : "");
+        return description + (isClosed() ? " (closed)" : "");
     }
 }
