@@ -264,21 +264,7 @@ fn read_model(pool: &Pool<RecordingBackend>, what: &str) -> Model {
 }
 
 fn verify(image: Vec<u8>, allowed: &[&Model], what: &str) {
-    let pool = Pool::open_on(RecordingBackend::from_image(image), LAYOUT)
-        .unwrap_or_else(|e| panic!("{what}: recovery: {e}"));
-    pool.check()
-        .unwrap_or_else(|e| panic!("{what}: pool check: {e}"));
-    let report = check(&pool).unwrap_or_else(|e| panic!("{what}: collections check: {e}"));
-    assert!(
-        report.unreachable.is_empty(),
-        "{what}: unreachable {:?}",
-        report.unreachable
-    );
-    let state = read_model(&pool, what);
-    assert!(
-        allowed.contains(&&state),
-        "{what}: none of the allowed states"
-    );
+    common::verify_image(image, LAYOUT, allowed, what, read_model);
 }
 
 #[test]

@@ -14,7 +14,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use terrace_collections::{check, Collections, MapOptions};
+use terrace_collections::{Collections, MapOptions};
 use terrace_pool::{Pool, RecordingBackend};
 
 use common::Rng;
@@ -66,23 +66,7 @@ fn read_model(pool: &Pool<RecordingBackend>, what: &str) -> Model {
 }
 
 fn verify(image: Vec<u8>, allowed: &[&Model], what: &str) {
-    let pool = Pool::open_on(RecordingBackend::from_image(image), LAYOUT)
-        .unwrap_or_else(|e| panic!("{what}: recovery: {e}"));
-    pool.check()
-        .unwrap_or_else(|e| panic!("{what}: pool check: {e}"));
-    let report = check(&pool).unwrap_or_else(|e| panic!("{what}: collections check: {e}"));
-    assert!(
-        report.unreachable.is_empty(),
-        "{what}: unreachable {:?}",
-        report.unreachable
-    );
-    let state = read_model(&pool, what);
-    assert!(
-        allowed.contains(&&state),
-        "{what}: the maps hold {} and {} entries, none of the allowed states",
-        state.0.as_ref().map_or(0, |m| m.len()),
-        state.1.as_ref().map_or(0, |m| m.len())
-    );
+    common::verify_image(image, LAYOUT, allowed, what, read_model);
 }
 
 fn run_sequence(seed: u64, ops: usize) -> usize {

@@ -1,7 +1,38 @@
 //! What the collections' integration tests share: a small deterministic generator
-//! (splitmix64), so every run of a test sees the same operations.
+//! (splitmix64), so every run of a test sees the same operations, and the check of one
+//! crash image.
 
 #![allow(dead_code)] // each test file uses its own part
+
+use terrace_pool::{Pool, RecordingBackend};
+
+/// Recovers a crash image and checks it: the pool opens and its check passes, the
+/// collections' check passes with nothing unreachable, and the state `read` finds in it
+/// is one of `allowed`.
+pub fn verify_image<M: PartialEq>(
+    image: Vec<u8>,
+    layout: &str,
+    allowed: &[&M],
+    what: &str,
+    read: impl Fn(&Pool<RecordingBackend>, &str) -> M,
+) {
+    let pool = Pool::open_on(RecordingBackend::from_image(image), layout)
+        .unwrap_or_else(|e| panic!("{what}: recovery: {e}"));
+    pool.check()
+        .unwrap_or_else(|e| panic!("{what}: pool check: {e}"));
+    let report = terrace_collections::check(&pool)
+        .unwrap_or_else(|e| panic!("{what}: collections check: {e}"));
+    assert!(
+        report.unreachable.is_empty(),
+        "{what}: unreachable {:?}",
+        report.unreachable
+    );
+    let state = read(&pool, what);
+    assert!(
+        allowed.contains(&&state),
+        "{what}: none of the allowed states"
+    );
+}
 
 pub struct Rng(pub u64);
 

@@ -168,21 +168,8 @@ final class NativeArray extends NativeCollection {
     }
 
     @Override
-    public synchronized void close() {
-        if (!closeAndAwaitCalls()) {
-            return;
-        }
-        int rc;
-        try {
-            rc = (int) Calls.CLOSE.invokeExact(array);
-        } catch (Throwable t) {
-            throw NativeLibrary.rethrow(t);
-        } finally {
-            HeapAccess.bridge().detach(heap, this);
-        }
-        if (rc != 0) {
-            throw NativeMap.failure("closing " + description + " (closed anyway)", rc, null);
-        }
+    int nativeClose() throws Throwable {
+        return (int) Calls.CLOSE.invokeExact(array);
     }
 
     /** Throws IndexOutOfBoundsException unless elements first..first+count exist. */

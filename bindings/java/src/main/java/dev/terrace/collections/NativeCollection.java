@@ -2,6 +2,8 @@ package dev.terrace.collections;
 
 import static java.lang.foreign.ValueLayout.JAVA_BYTE;
 
+import dev.terrace.internal.HeapAccess;
+import dev.terrace.internal.NativeLibrary;
 import dev.terrace.pool.AnyHeap;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -125,16 +127,42 @@ abstract class NativeCollection implements AutoCloseable {
         this.description = description;
     }
 
-    /** Closes the collection (its calls in flight first); closing twice does nothing. */
+    /**
+     * Closes the collection: waits for the calls in flight, runs
+     * {@link #beforeNativeClose()}, then closes the native handle and unregisters from the
+     * heap. Closing twice does nothing.
+     */
     @Override
-    public abstract void close();
+    public final synchronized void close() {
+        if (!closeAndAwaitCalls()) {
+            return;
+        }
+        beforeNativeClose();
+        int rc;
+        try {
+            rc = nativeClose();
+        } catch (Throwable t) {
+            throw NativeLibrary.rethrow(t);
+        } finally {
+            HeapAccess.bridge().detach(heap, this);
+        }
+        if (rc != 0) {
+            throw NativeMap.failure("closing " + description + " (closed anyway)", rc, null);
+        }
+    }
+
+    /** What has to close before the native handle (nothing by default). */
+    void beforeNativeClose() {}
+
+    /** Closes the native handle: 0 or an errno. Called once, with no call in flight. */
+    abstract int nativeClose() throws Throwable;
 
     /**
      * Marks the collection closed and waits until no thread is inside a call on it; false
-     * (and nothing done) when it was closed already. The caller then closes the native
-     * handle (under its own lock, so that two closes do not race).
+     * (and nothing done) when it was closed already. Runs under close's lock, so that two
+     * closes do not race.
      */
-    final boolean closeAndAwaitCalls() {
+    private boolean closeAndAwaitCalls() {
         if (closed) {
             return false;
         }

@@ -223,31 +223,18 @@ abstract class NativeMap extends NativeCollection {
         bridge.detach(heap, done);
     }
 
-    /**
-     * Closes the map: waits for calls in flight, closes open cursors, then the native map.
-     * Closing twice does nothing.
-     */
+    /** Closes the cursors still open: the native map's close refuses while one is. */
     @Override
-    public synchronized void close() {
-        if (!closeAndAwaitCalls()) {
-            return;
-        }
+    void beforeNativeClose() {
         for (Cursor c : new ArrayList<>(cursors)) {
             c.closeNative();
         }
-        int rc;
-        try {
-            rc = (int) kind.close().invokeExact(map);
-        } catch (Throwable t) {
-            throw NativeLibrary.rethrow(t);
-        } finally {
-            HeapAccess.bridge().detach(heap, this);
-        }
-        if (rc != 0) {
-            throw failure("closing " + description + " (closed anyway)", rc, null);
-        }
     }
 
+    @Override
+    int nativeClose() throws Throwable {
+        return (int) kind.close().invokeExact(map);
+    }
 
     // ------------------------------------------------------------------ checks and errors
 
