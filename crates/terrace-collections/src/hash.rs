@@ -277,6 +277,27 @@ impl<'p, B: Backend> HashMap<'p, B> {
 
     /// Copies the value of `key` into `out`; false (and `out` unchanged) when absent.
     pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        let found = self.read_slot(key, |slot, at| {
+            out.clear();
+            slot.append_value(&self.pages, at, out)
+        })?;
+        Ok(found.is_some())
+    }
+
+    /// Copies the first `buf.len()` bytes of `key`'s value into `buf` and returns the
+    /// value's whole length; `None` when absent. Nothing is allocated.
+    pub fn get_to(&self, key: &[u8], buf: &mut [u8]) -> Result<Option<u64>> {
+        self.read_slot(key, |slot, at| slot.copy_value(&self.pages, at, buf))
+    }
+
+    /// Finds `key` and runs `read` on its slot (bytes and pool offset) within one
+    /// consistent attempt; `None` when absent. `read` runs once per attempt that finds the
+    /// key; the last attempt's result is returned.
+    fn read_slot<T>(
+        &self,
+        key: &[u8],
+        mut read: impl FnMut(&Slot, u64) -> Result<T>,
+    ) -> Result<Option<T>> {
         self.geo.check_key(key)?;
         let h = hash_of(key);
         let mut seen = Seen::new();
@@ -287,11 +308,10 @@ impl<'p, B: Backend> HashMap<'p, B> {
                 return Ok((0, 0, Attempt::Retry));
             };
             let Some((page, i)) = found else {
-                return Ok((0, 0, self.settle(&seen, false)));
+                return Ok((0, 0, self.settle(&seen, None)));
             };
-            out.clear();
-            slot.append_value(&self.pages, page + self.geo.slot_off(i), out)?;
-            Ok((0, 0, self.settle(&seen, true)))
+            let value = read(&slot, page + self.geo.slot_off(i))?;
+            Ok((0, 0, self.settle(&seen, Some(value))))
         })
     }
 

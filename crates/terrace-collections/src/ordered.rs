@@ -320,23 +320,44 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
 
     /// Copies the value of `key` into `out`; false (and `out` unchanged) when absent.
     pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        let found = self.read_slot(key, |slot, at| {
+            out.clear();
+            slot.append_value(&self.pages, at, out)
+        })?;
+        Ok(found.is_some())
+    }
+
+    /// Copies the first `buf.len()` bytes of `key`'s value into `buf` and returns the
+    /// value's whole length (compare it with `buf.len()` to see a cut); `None` when absent.
+    /// Nothing is allocated.
+    pub fn get_to(&self, key: &[u8], buf: &mut [u8]) -> Result<Option<u64>> {
+        self.read_slot(key, |slot, at| slot.copy_value(&self.pages, at, buf))
+    }
+
+    /// Finds `key` and runs `read` on its slot (the slot's bytes, and its pool offset)
+    /// within one consistent attempt; `None` when absent. `read` runs once per attempt
+    /// that finds the key; the last attempt's result is returned.
+    fn read_slot<T>(
+        &self,
+        key: &[u8],
+        mut read: impl FnMut(&Slot, u64) -> Result<T>,
+    ) -> Result<Option<T>> {
         self.geo.check_key(key)?;
         let h = key_hash(key);
         let mut slot = Slot::default();
         self.seq.read_consistent(|| {
             let Some(leaf) = self.descend(key, None)? else {
-                return Ok((0, 0, Attempt::Done(false)));
+                return Ok((0, 0, Attempt::Done(None)));
             };
             self.pages.prefetch(leaf, h);
             let Some(v1) = self.seq.page_version(leaf) else {
                 return Ok((0, 0, Attempt::Retry));
             };
             let Some(i) = self.pages.find_into(leaf, key, h, &mut slot)?.1 else {
-                return Ok((leaf, v1, Attempt::Done(false)));
+                return Ok((leaf, v1, Attempt::Done(None)));
             };
-            out.clear();
-            slot.append_value(&self.pages, leaf + self.geo.slot_off(i), out)?;
-            Ok((leaf, v1, Attempt::Done(true)))
+            let value = read(&slot, leaf + self.geo.slot_off(i))?;
+            Ok((leaf, v1, Attempt::Done(Some(value))))
         })
     }
 

@@ -86,6 +86,28 @@ impl Slot {
         self.bytes()[1]
     }
 
+    /// Copies the first `buf.len()` bytes of the value into `buf` and returns its whole
+    /// length (`at`: the slot's offset, for errors).
+    pub(crate) fn copy_value<B: Backend>(
+        &self,
+        pages: &Pages<'_, B>,
+        at: u64,
+        buf: &mut [u8],
+    ) -> Result<u64> {
+        let area = &self.bytes()[2 + pages.geo.key_cap as usize..];
+        let vlen = self.vlen();
+        if vlen != OUT_OF_LINE {
+            let n = (vlen as usize).min(buf.len());
+            buf[..n].copy_from_slice(&area[..n]);
+            return Ok(vlen as u64);
+        }
+        let blob = u64::from_le_bytes(area[..8].try_into().expect("8 bytes"));
+        let len = pages.blob_len(blob, at)?;
+        let n = (len as usize).min(buf.len());
+        pages.b().read(blob + 8, &mut buf[..n])?;
+        Ok(len)
+    }
+
     /// Appends the value to `out`: the inline bytes, or the blob's (`key_cap` locates the
     /// value area).
     pub(crate) fn append_value<B: Backend>(
@@ -101,13 +123,7 @@ impl Slot {
             return Ok(());
         }
         let blob = u64::from_le_bytes(area[..8].try_into().expect("8 bytes"));
-        if blob == 0 {
-            return Err(CollectionError::corrupt(
-                at,
-                "out-of-line value at offset 0",
-            ));
-        }
-        pages.read_blob(blob, out)
+        pages.read_blob(blob, at, out)
     }
 }
 
@@ -251,8 +267,14 @@ impl<'p, B: Backend> Pages<'p, B> {
         Ok(Some(blob))
     }
 
-    /// Appends the bytes of the blob at `blob` to `out`.
-    pub(crate) fn read_blob(&self, blob: u64, out: &mut Vec<u8>) -> Result<()> {
+    /// The length of the blob at `blob` that the slot at `at` refers to, checked.
+    pub(crate) fn blob_len(&self, blob: u64, at: u64) -> Result<u64> {
+        if blob == 0 {
+            return Err(CollectionError::corrupt(
+                at,
+                "out-of-line value at offset 0",
+            ));
+        }
         let len = self.ld(blob)?;
         if len > MAX_VALUE || len > self.pool.size() {
             return Err(CollectionError::corrupt(
@@ -260,6 +282,12 @@ impl<'p, B: Backend> Pages<'p, B> {
                 format!("value of {len} bytes"),
             ));
         }
+        Ok(len)
+    }
+
+    /// Appends the bytes of the blob at `blob`, which the slot at `at` refers to, to `out`.
+    pub(crate) fn read_blob(&self, blob: u64, at: u64, out: &mut Vec<u8>) -> Result<()> {
+        let len = self.blob_len(blob, at)?;
         let start = out.len();
         out.resize(start + len as usize, 0);
         self.b().read(blob + 8, &mut out[start..])?;
@@ -428,13 +456,7 @@ impl PageImage {
             return Ok(());
         }
         let blob = u64::from_le_bytes(self.value_area(geo, i)[..8].try_into().expect("8 bytes"));
-        if blob == 0 {
-            return Err(CollectionError::corrupt(
-                page + geo.slot_off(i),
-                "out-of-line value at offset 0",
-            ));
-        }
-        pages.read_blob(blob, out)
+        pages.read_blob(blob, page + geo.slot_off(i), out)
     }
 }
 

@@ -108,7 +108,18 @@ fn random_operations_match_a_btreemap_on_tiny_nodes() {
                 assert_eq!(added, model.insert(k, v).is_none());
             }
             6..=8 => assert_eq!(map.remove(&k).unwrap(), model.remove(&k).is_some()),
-            _ => assert_eq!(map.get(&k).unwrap(), model.get(&k).cloned()),
+            _ => {
+                let want = model.get(&k);
+                assert_eq!(map.get(&k).unwrap().as_ref(), want);
+                // get_to: the whole length, and as much of the value as fits.
+                let mut buf = vec![0u8; rng.below(40) as usize];
+                let got = map.get_to(&k, &mut buf).unwrap();
+                assert_eq!(got, want.map(|v| v.len() as u64));
+                if let Some(v) = want {
+                    let n = v.len().min(buf.len());
+                    assert_eq!(buf[..n], v[..n]);
+                }
+            }
         }
         if round % 500 == 499 {
             assert_eq!(map.len().unwrap(), model.len() as u64);
