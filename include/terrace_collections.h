@@ -58,6 +58,11 @@ int terrace_omap_put(terrace_omap *map, const void *key, size_t key_len, const v
  * (compare with cap to detect truncation); -1 with errno ENOENT when absent. */
 int64_t terrace_omap_get(terrace_omap *map, const void *key, size_t key_len, void *buf,
                          size_t cap);
+/* As terrace_omap_get, but a failure is returned as a negative errno value (-ENOENT when
+ * absent) and errno is not the channel: for bindings that would otherwise capture errno
+ * after every call. A miss records no message. */
+int64_t terrace_omap_find(terrace_omap *map, const void *key, size_t key_len, void *buf,
+                          size_t cap);
 /* 0 when removed, ENOENT when absent. */
 int terrace_omap_remove(terrace_omap *map, const void *key, size_t key_len);
 /* Entries in the map; UINT64_MAX with errno on error. The first call on a handle counts
@@ -102,6 +107,8 @@ int terrace_hmap_put(terrace_hmap *map, const void *key, size_t key_len, const v
                      size_t value_len);
 int64_t terrace_hmap_get(terrace_hmap *map, const void *key, size_t key_len, void *buf,
                          size_t cap);
+int64_t terrace_hmap_find(terrace_hmap *map, const void *key, size_t key_len, void *buf,
+                          size_t cap);
 int terrace_hmap_remove(terrace_hmap *map, const void *key, size_t key_len);
 uint64_t terrace_hmap_len(terrace_hmap *map);
 /* Every entry, bucket by bucket; entries changed meanwhile may or may not be seen, and a

@@ -18,7 +18,6 @@
 //!   any number of threads at once (readers take no lock, writers serialize inside);
 //! - no panic crosses the boundary: every entry point runs under [`error::boundary`].
 
-use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -104,10 +103,10 @@ impl AnyMap {
         }
     }
 
-    fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, CollectionError> {
+    fn get_to(&self, key: &[u8], buf: &mut [u8]) -> Result<Option<u64>, CollectionError> {
         match self {
-            AnyMap::Ordered(m) => m.get_into(key, out),
-            AnyMap::Hash(m) => m.get_into(key, out),
+            AnyMap::Ordered(m) => m.get_to(key, buf),
+            AnyMap::Hash(m) => m.get_to(key, buf),
         }
     }
 
@@ -299,14 +298,47 @@ unsafe fn map_put(
     })
 }
 
-thread_local! {
-    /// A get's value before it is copied out (reused: no allocation per call).
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
+/// Copies up to `cap` bytes of `key`'s value into `buf`: the value's whole length, or the
+/// errno of the failure (`ENOENT` when absent, with no message recorded: a miss is not an
+/// error to describe; any other failure is recorded as usual).
+///
 /// # Safety
 /// `map` NULL or a live map handle; `key` valid for `key_len` bytes; `buf` valid for
 /// `cap` writable bytes (NULL when `cap` is 0).
+unsafe fn map_lookup(
+    what: &'static str,
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+    buf: *mut c_void,
+    cap: usize,
+) -> Result<u64, c_int> {
+    // SAFETY: contract.
+    let (m, key) =
+        unsafe { map_arg(what, map).and_then(|m| Ok((m, bytes(what, "key", key, key_len)?))) }?;
+    if cap > 0 && buf.is_null() {
+        return Err(fail_with(
+            libc::EINVAL,
+            &format!("{what}: buf is NULL with capacity {cap}"),
+        ));
+    }
+    let out: &mut [u8] = if cap == 0 {
+        &mut []
+    } else {
+        // SAFETY: non-null and valid for cap writable bytes (contract).
+        unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), cap) }
+    };
+    match m.map.get_to(key, out) {
+        Ok(Some(len)) => Ok(len),
+        Ok(None) => Err(libc::ENOENT),
+        Err(e) => Err(fail_coll(what, &e)),
+    }
+}
+
+/// `terrace_omap_get` / `terrace_hmap_get`: the length, or -1 with errno.
+///
+/// # Safety
+/// As [`map_lookup`].
 unsafe fn map_get(
     what: &'static str,
     map: *mut MapHandle,
@@ -316,37 +348,37 @@ unsafe fn map_get(
     cap: usize,
 ) -> i64 {
     error::boundary(what, -1, || {
-        // SAFETY: contract.
-        let args =
-            unsafe { map_arg(what, map).and_then(|m| Ok((m, bytes(what, "key", key, key_len)?))) };
-        let Ok((m, key)) = args else {
-            return -1;
-        };
-        if cap > 0 && buf.is_null() {
-            fail_with(
-                libc::EINVAL,
-                &format!("{what}: buf is NULL with capacity {cap}"),
-            );
-            return -1;
-        }
-        SCRATCH.with_borrow_mut(|out| match m.map.get_into(key, out) {
-            Ok(true) => {
-                let n = out.len().min(cap);
-                if n > 0 {
-                    // SAFETY: buf is valid for cap >= n bytes (contract) and is not `out`.
-                    unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), buf.cast::<u8>(), n) };
-                }
-                out.len() as i64
-            }
-            Ok(false) => {
+        // SAFETY: the caller's contract is map_lookup's.
+        match unsafe { map_lookup(what, map, key, key_len, buf, cap) } {
+            Ok(len) => len as i64,
+            Err(libc::ENOENT) => {
                 fail_with(libc::ENOENT, &format!("{what}: no such key"));
                 -1
             }
-            Err(e) => {
-                fail_coll(what, &e);
-                -1
-            }
-        })
+            Err(_) => -1,
+        }
+    })
+}
+
+/// `terrace_omap_find` / `terrace_hmap_find`: the length, or a negative errno (errno is
+/// not the channel, so a binding need not capture it).
+///
+/// # Safety
+/// As [`map_lookup`].
+unsafe fn map_find(
+    what: &'static str,
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+    buf: *mut c_void,
+    cap: usize,
+) -> i64 {
+    error::boundary(what, -(libc::EIO as i64), || {
+        // SAFETY: the caller's contract is map_lookup's.
+        match unsafe { map_lookup(what, map, key, key_len, buf, cap) } {
+            Ok(len) => len as i64,
+            Err(code) => -(code as i64),
+        }
     })
 }
 
@@ -742,6 +774,36 @@ pub unsafe extern "C" fn terrace_hmap_get(
 ) -> i64 {
     // SAFETY: the caller's contract is map_get's.
     unsafe { map_get("terrace_hmap_get", map, key, key_len, buf, cap) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle; `key` valid for `key_len` bytes; `buf` valid for
+/// `cap` writable bytes (NULL when `cap` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn terrace_omap_find(
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+    buf: *mut c_void,
+    cap: usize,
+) -> i64 {
+    // SAFETY: the caller's contract is map_find's.
+    unsafe { map_find("terrace_omap_find", map, key, key_len, buf, cap) }
+}
+
+/// # Safety
+/// `map` NULL or a live map handle; `key` valid for `key_len` bytes; `buf` valid for
+/// `cap` writable bytes (NULL when `cap` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn terrace_hmap_find(
+    map: *mut MapHandle,
+    key: *const c_void,
+    key_len: usize,
+    buf: *mut c_void,
+    cap: usize,
+) -> i64 {
+    // SAFETY: the caller's contract is map_find's.
+    unsafe { map_find("terrace_hmap_find", map, key, key_len, buf, cap) }
 }
 
 /// # Safety

@@ -122,10 +122,14 @@ int main(int argc, char **argv) {
     CHECK(terrace_omap_put(m, NULL, 3, "v", 1) == EINVAL);
     CHECK(terrace_omap_put(NULL, "k", 1, "v", 1) == EINVAL);
     CHECK(terrace_omap_get(m, "nope", 4, NULL, 0) == -1 && errno == ENOENT);
+    errno = 0;
+    CHECK(terrace_omap_find(m, "nope", 4, NULL, 0) == -ENOENT);
+    CHECK(terrace_omap_find(NULL, "nope", 4, NULL, 0) == -EINVAL);
+    CHECK(terrace_omap_find(m, "0123456789abcdefX", 17, NULL, 0) == -EINVAL);
     CHECK(terrace_omap_remove(m, "nope", 4) == ENOENT);
 
     /* Puts, replaces (new generation), removes of the odd keys. */
-    unsigned char value[1024], got[1024];
+    unsigned char value[1024], got[1024], got2[1024];
     for (unsigned gen = 0; gen < 2; gen++)
         for (unsigned i = 0; i < KEYS; i++) {
             char key[16];
@@ -144,12 +148,15 @@ int main(int argc, char **argv) {
         char key[16];
         key_of(i, key);
         int64_t n = terrace_omap_get(m, key, strlen(key), got, sizeof got);
+        int64_t found = terrace_omap_find(m, key, strlen(key), got2, sizeof got2);
         if (i % 2) {
             CHECK(n == -1 && errno == ENOENT);
+            CHECK(found == -ENOENT);
             continue;
         }
         size_t len = value_of(i, 1, value);
         CHECK(n == (int64_t)len && memcmp(got, value, len) == 0);
+        CHECK(found == n && memcmp(got2, value, len) == 0);
         /* Truncation: the full length comes back, cap bytes are copied. */
         if (len > 4) {
             memset(got, 0, sizeof got);
@@ -279,6 +286,17 @@ int main(int argc, char **argv) {
         CHECK(n == (int64_t)len && memcmp(got, value, len) == 0);
     }
     CHECK(terrace_hmap_len(h) == live);
+    for (unsigned i = 0; i < KEYS; i++) {
+        char key[16];
+        key_of(i, key);
+        int64_t n = terrace_hmap_find(h, key, strlen(key), got, 4);
+        if (!present[i]) {
+            CHECK(n == -ENOENT);
+            continue;
+        }
+        size_t len = value_of(i, 1, value);
+        CHECK(n == (int64_t)len && memcmp(got, value, len < 4 ? len : 4) == 0);
+    }
     /* A handle of the other kind is refused (the C types differ; a cast gets past them). */
     CHECK(terrace_omap_cursor_open((terrace_omap *)h, NULL, 0, NULL, 0, 0) == NULL && errno == EINVAL);
     CHECK(terrace_hmap_iter_open((terrace_hmap *)m) == NULL && errno == EINVAL);
