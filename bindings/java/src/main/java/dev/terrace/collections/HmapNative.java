@@ -19,7 +19,7 @@ final class HmapNative {
     /** put(map, key, key_len, value, value_len) → 0 or errno. */
     static final MethodHandle PUT = NativeLibrary.downcall("terrace_hmap_put", MapNative.PUT);
     /** errno: get(map, key, key_len, buf, cap) → full value length, or -1. */
-    static final MethodHandle GET = MapNative.read("terrace_hmap_get", MapNative.GET);
+    static final MethodHandle FIND = MapNative.find("terrace_hmap_find");
     /** remove(map, key, key_len) → 0, ENOENT or another errno. */
     static final MethodHandle REMOVE =
             NativeLibrary.downcall("terrace_hmap_remove", MapNative.REMOVE);

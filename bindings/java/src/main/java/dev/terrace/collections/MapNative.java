@@ -23,9 +23,10 @@ import java.lang.invoke.VarHandle;
  *
  * <p>Invariants: map and cursor pointers are passed as {@code JAVA_LONG} (pointer-sized on the
  * 64-bit Linux ABIs this library ships for); the pool is the heap's arena-bound segment, so an
- * open races with a heap close safely. Calls that fail through errno (open, get, len, cursor
- * open and next) capture it into the calling thread's own state segment ({@link #STATE}), read
- * with {@link #errno}. By default every call is a plain downcall. Puts and removes always are:
+ * open races with a heap close safely. A get is the C ABI's find, which returns a negative
+ * errno instead of setting errno (nothing to capture on the hottest call); the calls that fail
+ * through errno (open, len, cursor open and next) capture it into the calling thread's own
+ * state segment ({@link #STATE}), read with {@link #errno}. By default every call is a plain downcall. Puts and removes always are:
  * a writer may wait for the map's writer lock and for a pool lane, and a lane can be held by a
  * Java thread between calls (a {@code Transaction} by handle), which a critical downcall
  * waiting for it would keep from ever reaching a safepoint. {@value #CRITICAL_PROPERTY}
@@ -72,8 +73,8 @@ final class MapNative {
     /** put(map, key, key_len, value, value_len) → 0 or errno. */
     static final FunctionDescriptor PUT =
             FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_LONG, ADDRESS, JAVA_LONG);
-    /** errno: get(map, key, key_len, buf, cap) → full value length, or -1. */
-    static final FunctionDescriptor GET =
+    /** find(map, key, key_len, buf, cap) → full value length, or a negative errno. */
+    static final FunctionDescriptor FIND =
             FunctionDescriptor.of(JAVA_LONG, JAVA_LONG, ADDRESS, JAVA_LONG, ADDRESS, JAVA_LONG);
     /** remove(map, key, key_len) → 0, ENOENT or another errno. */
     static final FunctionDescriptor REMOVE =
@@ -87,6 +88,11 @@ final class MapNative {
     static final FunctionDescriptor CURSOR_CLOSE = FunctionDescriptor.ofVoid(JAVA_LONG);
     /** destroy(pool, name) → 0 or errno. */
     static final FunctionDescriptor DESTROY = FunctionDescriptor.of(JAVA_INT, ADDRESS, ADDRESS);
+
+    /** A find (errno is its negative result, nothing captured): critical as a read. */
+    static MethodHandle find(String name) {
+        return CRITICAL ? NativeLibrary.critical(name, FIND) : NativeLibrary.downcall(name, FIND);
+    }
 
     /** A read that captures errno: critical when {@value #CRITICAL_PROPERTY} is set. */
     static MethodHandle read(String name, FunctionDescriptor d) {

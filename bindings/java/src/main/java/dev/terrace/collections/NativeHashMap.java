@@ -18,6 +18,7 @@ final class NativeHashMap extends NativeMap {
     private static final class Availability {
         static final boolean AVAILABLE = NativeLibrary.hasSymbol("terrace_hmap_open")
                 && NativeLibrary.hasSymbol("terrace_hmap_iter_next")
+                && NativeLibrary.hasSymbol("terrace_hmap_find")
                 && NativeLibrary.hasSymbol("terrace_hmap_destroy");
     }
 
@@ -49,9 +50,9 @@ final class NativeHashMap extends NativeMap {
     }
 
     @Override
-    long nativeGet(MemorySegment state, long m, MemorySegment key, long keyLen,
-            MemorySegment buf, long cap) throws Throwable {
-        return (long) HmapNative.GET.invokeExact(state, m, key, keyLen, buf, cap);
+    long nativeFind(long m, MemorySegment key, long keyLen, MemorySegment buf, long cap)
+            throws Throwable {
+        return (long) HmapNative.FIND.invokeExact(m, key, keyLen, buf, cap);
     }
 
     @Override

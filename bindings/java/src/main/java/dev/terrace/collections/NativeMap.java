@@ -84,9 +84,9 @@ abstract class NativeMap extends NativeCollection {
     abstract int nativePut(long m, MemorySegment key, long keyLen, MemorySegment value,
             long valueLen) throws Throwable;
 
-    /** get(map, key, key_len, buf, cap) → the value's length, or -1 with errno in state. */
-    abstract long nativeGet(MemorySegment state, long m, MemorySegment key, long keyLen,
-            MemorySegment buf, long cap) throws Throwable;
+    /** find(map, key, key_len, buf, cap) → the value's length, or a negative errno. */
+    abstract long nativeFind(long m, MemorySegment key, long keyLen, MemorySegment buf,
+            long cap) throws Throwable;
 
     /** remove(map, key, key_len) → 0, ENOENT or another errno. */
     abstract int nativeRemove(long m, MemorySegment key, long keyLen) throws Throwable;
@@ -315,9 +315,9 @@ abstract class NativeMap extends NativeCollection {
     private byte[] readValue(Scratch s, MemorySegment k, long n) throws Throwable {
         MemorySegment buf = s.value;
         while (true) {
-            long length = nativeGet(s.state, map, k, n, buf, buf.byteSize());
+            long length = nativeFind(map, k, n, buf, buf.byteSize());
             if (length < 0) {
-                int code = MapNative.errno(s.state);
+                int code = (int) -length;
                 if (code == MapNative.ENOENT) {
                     return null;
                 }
@@ -342,11 +342,11 @@ abstract class NativeMap extends NativeCollection {
         int n = checkKey(key);
         Scratch s = enter();
         try {
-            long length = nativeGet(s.state, map, s.key(key), n, MemorySegment.NULL, 0L);
+            long length = nativeFind(map, s.key(key), n, MemorySegment.NULL, 0L);
             if (length >= 0) {
                 return true;
             }
-            int code = MapNative.errno(s.state);
+            int code = (int) -length;
             if (code == MapNative.ENOENT) {
                 return false;
             }

@@ -31,6 +31,7 @@ final class NativeOrderedMap extends NativeMap {
     private static final class Availability {
         static final boolean AVAILABLE = NativeLibrary.hasSymbol("terrace_omap_open")
                 && NativeLibrary.hasSymbol("terrace_omap_cursor_next")
+                && NativeLibrary.hasSymbol("terrace_omap_find")
                 && NativeLibrary.hasSymbol("terrace_omap_destroy");
     }
 
@@ -65,9 +66,9 @@ final class NativeOrderedMap extends NativeMap {
     }
 
     @Override
-    long nativeGet(MemorySegment state, long m, MemorySegment key, long keyLen,
-            MemorySegment buf, long cap) throws Throwable {
-        return (long) OmapNative.GET.invokeExact(state, m, key, keyLen, buf, cap);
+    long nativeFind(long m, MemorySegment key, long keyLen, MemorySegment buf, long cap)
+            throws Throwable {
+        return (long) OmapNative.FIND.invokeExact(m, key, keyLen, buf, cap);
     }
 
     @Override
@@ -128,13 +129,13 @@ final class NativeOrderedMap extends NativeMap {
         Scratch s = enter();
         try {
             MemorySegment word = s.word;
-            long length = (long) OmapNative.GET.invokeExact(s.state, map, s.key(key), (long) n,
-                    word, 8L);
+            long length = (long) OmapNative.FIND.invokeExact(map, s.key(key), (long) n, word,
+                    8L);
             if (length == 8) {
                 return word.get(LONG_LE, 0);
             }
             if (length < 0) {
-                int code = MapNative.errno(s.state);
+                int code = (int) -length;
                 if (code == MapNative.ENOENT) {
                     return absent;
                 }
@@ -159,10 +160,9 @@ final class NativeOrderedMap extends NativeMap {
         Scratch s = enter();
         try {
             MemorySegment k = s.key(key);
-            long length = (long) OmapNative.GET.invokeExact(s.state, map, k, (long) n, s.word,
-                    8L);
+            long length = (long) OmapNative.FIND.invokeExact(map, k, (long) n, s.word, 8L);
             if (length < 0) {
-                int code = MapNative.errno(s.state);
+                int code = (int) -length;
                 if (code == MapNative.ENOENT) {
                     return absent;
                 }

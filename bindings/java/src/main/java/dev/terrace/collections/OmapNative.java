@@ -23,8 +23,8 @@ final class OmapNative {
 
     /** put(map, key, key_len, value, value_len) → 0 or errno. */
     static final MethodHandle PUT = NativeLibrary.downcall("terrace_omap_put", MapNative.PUT);
-    /** errno: get(map, key, key_len, buf, cap) → full value length, or -1. */
-    static final MethodHandle GET = MapNative.read("terrace_omap_get", MapNative.GET);
+    /** find(map, key, key_len, buf, cap) → full value length, or a negative errno. */
+    static final MethodHandle FIND = MapNative.find("terrace_omap_find");
     /** remove(map, key, key_len) → 0, ENOENT or another errno. */
     static final MethodHandle REMOVE =
             NativeLibrary.downcall("terrace_omap_remove", MapNative.REMOVE);
