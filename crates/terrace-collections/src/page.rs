@@ -54,13 +54,23 @@ impl Slot {
         let geo = &pages.geo;
         let off = page + geo.slot_off(i);
         self.len = geo.slot_size() as usize;
-        let buf = if self.len <= self.small.len() {
-            &mut self.small[..self.len]
+        let small = self.small.len();
+        let buf = if self.len <= small {
+            // A whole small buffer's worth when the pool has it: a copy of constant
+            // length is a few vector moves, not a call (the bytes past the slot are
+            // never looked at).
+            if pages.b().read(off, &mut self.small).is_ok() {
+                &mut self.small[..self.len]
+            } else {
+                let buf = &mut self.small[..self.len];
+                pages.b().read(off, buf)?;
+                buf
+            }
         } else {
             self.big.resize(self.len, 0);
+            pages.b().read(off, &mut self.big)?;
             &mut self.big[..]
         };
-        pages.b().read(off, buf)?;
         let (klen, vlen) = (buf[0] as u32, buf[1]);
         if klen > geo.key_cap {
             return Err(CollectionError::corrupt(
