@@ -561,15 +561,17 @@ impl<'p, B: Backend> HashMap<'p, B> {
         for (chunk, chunk_fps) in slots.chunks(per).zip(fps.chunks(per)) {
             let page = self.pages.new_page(tx, TYPE_BUCKET)?;
             let b = self.b();
-            for (j, slot) in chunk.iter().enumerate() {
-                b.write(page + self.geo.slot_off(j as u32), slot)?;
+            // Each entry at or after its home slot, as a put places it (see
+            // `Geometry::pick_slot`), so that lookups find it where they prefetch.
+            let mut free = self.geo.full_bitmap();
+            for (slot, &fp) in chunk.iter().zip(chunk_fps) {
+                let key = &slot[2..2 + slot[0] as usize];
+                let j = self.geo.pick_slot(free, hash_of(key));
+                free &= !(1 << j);
+                b.write(page + self.geo.slot_off(j), slot)?;
+                b.write(page + crate::layout::LEAF_FPS + j as u64, &[fp])?;
             }
-            b.write(page + crate::layout::LEAF_FPS, chunk_fps)?;
-            let bits = if chunk.len() == 64 {
-                u64::MAX
-            } else {
-                (1u64 << chunk.len()) - 1
-            };
+            let bits = self.geo.full_bitmap() & !free;
             b.store_u64(page + LEAF_BITMAP, bits)?;
             if prev == 0 {
                 head = page;

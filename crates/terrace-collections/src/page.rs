@@ -41,6 +41,15 @@ impl Default for Slot {
     }
 }
 
+/// Lines a lookup prefetches from its home slot on ([`Pages::prefetch`]): an entry sits
+/// at its home slot or some slots after it (placement probes forward from home, and
+/// leaves run three-quarters full or more), and four lines hold about ten 26-byte slots.
+/// Measured at 200K keys: two lines 137 ns a get, three 125, four 122.
+const PREFETCH_SLOT_LINES: u64 = 4;
+
+/// Slots up to this many bytes are read as exactly this many (see [`Slot::fill`]).
+const FIXED_READ: usize = 32;
+
 impl Slot {
     fn bytes(&self) -> &[u8] {
         if self.len <= self.small.len() {
@@ -54,18 +63,20 @@ impl Slot {
         let geo = &pages.geo;
         let off = page + geo.slot_off(i);
         self.len = geo.slot_size() as usize;
-        let small = self.small.len();
-        let buf = if self.len <= small {
-            // A whole small buffer's worth when the pool has it: a copy of constant
-            // length is a few vector moves, not a call (the bytes past the slot are
-            // never looked at).
-            if pages.b().read(off, &mut self.small).is_ok() {
+        let buf = if self.len <= FIXED_READ {
+            // 32 bytes when the pool has them: a copy of constant length is two vector
+            // moves, not a call (the bytes past the slot are never looked at).
+            if pages.b().read(off, &mut self.small[..FIXED_READ]).is_ok() {
                 &mut self.small[..self.len]
             } else {
                 let buf = &mut self.small[..self.len];
                 pages.b().read(off, buf)?;
                 buf
             }
+        } else if self.len <= self.small.len() {
+            let buf = &mut self.small[..self.len];
+            pages.b().read(off, buf)?;
+            buf
         } else {
             self.big.resize(self.len, 0);
             pages.b().read(off, &mut self.big)?;
@@ -199,14 +210,16 @@ impl<'p, B: Backend> Pages<'p, B> {
     }
 
     /// Starts loading what a lookup of hash `h` in `page` reads: the page's first line
-    /// and the lines of its home slot and the one after it, where [`Pages::pick_slot`]
-    /// most often put the entry, so their misses overlap instead of following each other.
+    /// and [`PREFETCH_SLOT_LINES`] lines from its home slot on, where
+    /// [`Geometry::pick_slot`] put the entry or a few slots after, so their misses overlap
+    /// instead of following each other.
     pub(crate) fn prefetch(&self, page: u64, h: u64) {
         let b = self.b();
         b.prefetch(page);
         let slot = page + self.geo.slot_off(self.geo.home_slot(h));
-        b.prefetch(slot);
-        b.prefetch(slot + 2 * self.geo.slot_size() - 1);
+        for line in 0..PREFETCH_SLOT_LINES {
+            b.prefetch(slot + 64 * line);
+        }
     }
 
     /// Starts loading every cache line of `[off, off + len)` (a hint, as
