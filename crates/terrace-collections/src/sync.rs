@@ -137,17 +137,21 @@ impl Seqlocks {
     }
 
     /// Runs `f` in one pool transaction with `structure` odd (readers wait), committing
-    /// it when `f` succeeds; an error aborts it.
+    /// it when `f` succeeds; an error aborts it. The transaction's lane is taken before
+    /// `structure` turns odd: waiting for a lane can take as long as some other
+    /// transaction holds one (a program's, between its calls), and readers must not wait
+    /// on that, only on the writer's own work. The abort of a failed `f` (its undo) runs
+    /// while `structure` is still odd.
     pub(crate) fn structural<'p, B: Backend, T>(
         &self,
         pool: &'p Pool<B>,
         f: impl FnOnce(&mut Tx<'p, B>) -> Result<T>,
     ) -> Result<T> {
+        let mut tx = pool.begin()?;
         let s = self.structure.load(Ordering::Relaxed);
         self.structure.store(s + 1, Ordering::Relaxed);
         fence(Ordering::Release);
-        let r = (|| {
-            let mut tx = pool.begin()?;
+        let r = (move || {
             let v = f(&mut tx)?;
             tx.commit()?;
             Ok(v)
