@@ -1,7 +1,7 @@
-//! Reachability and structure: [`check()`] walks every named root of a pool, validates every
-//! node of every map and every array's header against the layout and the tree's invariants, and reports the
-//! collections' objects that no root reaches (what a crash in [`Collections::destroy`]
-//! or a program's bug leaves behind); [`sweep`] frees those.
+//! Reachability and structure: [`check()`] walks every named root of a pool, validates
+//! every node of every map and every array's header against the layout and the tree's
+//! invariants, and reports the collections' objects that no root reaches (what a crash in
+//! [`Collections::destroy`] or a program's bug leaves behind); [`sweep`] frees those.
 //!
 //! Owns nothing persistent. It reads the pool without opening any map, so it runs on a
 //! pool whose collections another handle has open only when no writer is active (the

@@ -1,14 +1,15 @@
 //! Named roots: the pool's object directory (PCJ's `ObjectDirectory`), name → collection
-//! (map or array) or object. It is itself an ordered map whose header the pool's directory word names
-//! (`Pool::create_directory`); its values are `kind: u64, offset: u64`.
+//! (map or array) or object. It is itself an ordered map whose header the pool's
+//! directory word names (`Pool::create_directory`); its values are `kind: u64,
+//! offset: u64`.
 //!
 //! Owns [`Collections`], the entry point to a pool's collections: one per pool per
 //! process (it holds the directory map open).
 //!
 //! Invariants: a name is bound at most once; a map or array is created and bound in the
-//! same pool transaction, so after a crash it is bound or does not exist; binding an object never
-//! replaces a binding. Lock order: `bind`, then the directory map's writer, then any other
-//! map's writer, then a pool lane.
+//! same pool transaction, so after a crash it is bound or does not exist; binding an
+//! object never replaces a binding. Lock order: `bind`, then the directory map's writer,
+//! then any other map's (or an array's) writer, then a pool lane.
 
 use parking_lot::Mutex;
 use terrace_pool::{Backend, Oid, Pool};
@@ -433,7 +434,7 @@ impl<'p, B: Backend> Collections<'p, B> {
         Ok((header.offset(), true))
     }
 
-    /// Unbinds the map `name` (either kind), or the array, and frees its nodes and values. The
+    /// Unbinds the map (either kind) or array `name` and frees its nodes and values. The
     /// unbinding is one transaction; the frees follow in batches, so a crash in between
     /// leaves nodes no root reaches, which [`crate::check()`] reports and [`crate::sweep`]
     /// frees. `Busy` while the map is open in this process.

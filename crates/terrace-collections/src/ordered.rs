@@ -318,7 +318,9 @@ impl<'p, B: Backend> OrderedMap<'p, B> {
         Ok(Some(node))
     }
 
-    /// Copies the value of `key` into `out`; false (and `out` unchanged) when absent.
+    /// Replaces `out` with the value of `key`; false when absent, when `out` is left as it
+    /// was (unless the read was retried around a concurrent remove of the key: then it may
+    /// hold that value or nothing).
     pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         let found = self.read_slot(key, |slot, at| {
             out.clear();

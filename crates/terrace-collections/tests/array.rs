@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use terrace_collections::{
     check, ArrayOptions, CollectionError, Collections, Kind, MapOptions, PersistentArray,
 };
-use terrace_pool::{Pool, RecordingBackend};
+use terrace_pool::{Backend, Pool, RecordingBackend};
 
 use common::Rng;
 
@@ -197,6 +197,52 @@ fn wrong_arguments_kinds_and_sizes_are_refused() {
     assert_eq!(report.arrays, 0);
     assert!(report.unreachable.is_empty());
     drop(colls);
+    drop(pool);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// check() names a bound array whose header was damaged, and an array object no name
+/// reaches (what a crash between destroy's unbinding and its free leaves), which sweep
+/// frees.
+#[test]
+fn check_finds_a_damaged_array_and_an_unbound_one() {
+    let (path, pool) = temp_pool("check");
+    {
+        let colls = Collections::open(&pool).unwrap();
+        let a = colls.array("a", ArrayOptions::create(100, 8)).unwrap();
+        let header = a.header().offset();
+        drop(a);
+        assert!(check(&pool).unwrap().unreachable.is_empty());
+        let b = pool.backend();
+        let length = b.load_u64(header + 8).unwrap();
+        b.store_u64(header + 8, 1 << 40).unwrap();
+        assert!(
+            matches!(check(&pool), Err(CollectionError::Corrupt { .. })),
+            "a length beyond the object"
+        );
+        assert!(colls.array("a", ArrayOptions::existing()).is_err());
+        b.store_u64(header + 8, length).unwrap();
+        b.store_u64(header, 0).unwrap();
+        assert!(
+            matches!(check(&pool), Err(CollectionError::Corrupt { .. })),
+            "a wrong magic"
+        );
+        b.store_u64(header, u64::from_le_bytes(*b"TRCARRY1"))
+            .unwrap();
+        assert!(check(&pool).is_ok());
+    }
+    // An array object that no name binds: reported, then swept.
+    let stray = pool
+        .alloc(
+            64 + 8,
+            terrace_collections::layout::TYPE_ARRAY,
+            terrace_pool::HandleAt::None,
+        )
+        .unwrap();
+    let report = check(&pool).unwrap();
+    assert_eq!(report.unreachable, vec![stray]);
+    assert_eq!(terrace_collections::sweep(&pool, &report).unwrap(), 1);
+    assert!(check(&pool).unwrap().unreachable.is_empty());
     drop(pool);
     std::fs::remove_file(&path).unwrap();
 }
