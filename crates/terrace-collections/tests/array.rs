@@ -341,22 +341,7 @@ fn every_persist_point_of_the_arrays_recovers() {
     }
     let recording = pool.backend().take_recording();
     let points = recording.points();
-    let op_of = |k: usize| ends.partition_point(|&e| e <= k);
-    let mut prev: Option<Vec<u8>> = None;
-    recording.for_each_image(|k, image| {
-        let i = op_of(k);
-        let (pre, post) = (&history[i], &history[i + 1]);
-        let allowed: Vec<&Model> = if ends[i] == k + 1 {
-            vec![post]
-        } else {
-            vec![pre, post]
-        };
-        verify(image.to_vec(), &allowed, &format!("point {k} (op {i})"));
-        let before = prev.as_deref().unwrap_or(&recording.base);
-        let torn = recording.torn_image(before, k, k as u64);
-        verify(torn, &[pre, post], &format!("point {k} torn"));
-        prev = Some(image.to_vec());
-    });
+    common::check_every_point(&recording, &history, &ends, "", 0, verify);
     eprintln!("{points} persist points, each exact and torn");
     assert!(points >= 300, "only {points} persist points");
 }

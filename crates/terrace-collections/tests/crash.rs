@@ -116,26 +116,14 @@ fn run_sequence(seed: u64, ops: usize) -> usize {
     }
     let recording = pool.backend().take_recording();
     let points = recording.points();
-    let op_of = |k: usize| ends.partition_point(|&e| e <= k);
-    let mut prev: Option<Vec<u8>> = None;
-    recording.for_each_image(|k, image| {
-        let i = op_of(k);
-        let (pre, post) = (&states[i], &states[i + 1]);
-        let allowed: Vec<&Model> = if ends[i] == k + 1 {
-            vec![post]
-        } else {
-            vec![pre, post]
-        };
-        verify(
-            image.to_vec(),
-            &allowed,
-            &format!("seq {seed} point {k} (op {i})"),
-        );
-        let before = prev.as_deref().unwrap_or(&recording.base);
-        let torn = recording.torn_image(before, k, seed << 32 ^ k as u64);
-        verify(torn, &[pre, post], &format!("seq {seed} point {k} torn"));
-        prev = Some(image.to_vec());
-    });
+    common::check_every_point(
+        &recording,
+        &states,
+        &ends,
+        &format!("seq {seed} "),
+        seed,
+        verify,
+    );
     points
 }
 

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)] // each test file uses its own part
 
-use terrace_pool::{Pool, RecordingBackend};
+use terrace_pool::{Pool, Recording, RecordingBackend};
 
 /// Recovers a crash image and checks it: the pool opens and its check passes, the
 /// collections' check passes with nothing unreachable, and the state `read` finds in it
@@ -48,4 +48,40 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// Checks every persist point of `recording` with `verify`: the exact durable image there,
+/// and a torn one (the lines still dirty written back at random, seeded with `seed` and the
+/// point), each against the states before and after the operation in flight. `states[i]`
+/// is the state before operation `i` and `states[i + 1]` after it; `ends[i]` is how many
+/// persist points had been recorded when operation `i` returned, so the exact image at an
+/// operation's last point must be the state after it. `label` names the run in messages.
+pub fn check_every_point<M: PartialEq>(
+    recording: &Recording,
+    states: &[M],
+    ends: &[usize],
+    label: &str,
+    seed: u64,
+    verify: impl Fn(Vec<u8>, &[&M], &str),
+) {
+    let op_of = |k: usize| ends.partition_point(|&e| e <= k);
+    let mut prev: Option<Vec<u8>> = None;
+    recording.for_each_image(|k, image| {
+        let i = op_of(k);
+        let (pre, post) = (&states[i], &states[i + 1]);
+        let allowed: Vec<&M> = if ends[i] == k + 1 {
+            vec![post]
+        } else {
+            vec![pre, post]
+        };
+        verify(
+            image.to_vec(),
+            &allowed,
+            &format!("{label}point {k} (op {i})"),
+        );
+        let before = prev.as_deref().unwrap_or(&recording.base);
+        let torn = recording.torn_image(before, k, seed << 32 ^ k as u64);
+        verify(torn, &[pre, post], &format!("{label}point {k} torn"));
+        prev = Some(image.to_vec());
+    });
 }
