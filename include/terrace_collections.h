@@ -87,7 +87,8 @@ int terrace_omap_cursor_next(terrace_omap_cursor *cursor, void *key, size_t key_
 void terrace_omap_cursor_close(terrace_omap_cursor *cursor);
 
 /* Unbinds the map name (ordered or hash) and frees its nodes and values (EBUSY while it
- * is open in this process, ENOENT when unbound, EEXIST when name is not a map). A crash
+ * is open in this process, ENOENT when unbound, EEXIST when name is not a map: an array
+ * or an object). A crash
  * midway leaves objects no name reaches, which `terrace pool check --sweep` frees. */
 int terrace_omap_destroy(terrace_pool *pool, const char *name);
 

@@ -569,7 +569,7 @@ unsafe fn map_destroy(what: &'static str, pool: *mut PoolHandle, name: *const c_
             Ok(a) => a,
             Err(code) => return code,
         };
-        match h.collections.get(h).and_then(|dir| dir.destroy(name)) {
+        match h.collections.get(h).and_then(|dir| dir.destroy_map(name)) {
             Ok(()) => 0,
             Err(e) => fail_coll(what, &e),
         }

@@ -439,25 +439,40 @@ impl<'p, B: Backend> Collections<'p, B> {
     /// leaves nodes no root reaches, which [`crate::check()`] reports and [`crate::sweep`]
     /// frees. `Busy` while the map is open in this process.
     pub fn destroy(&self, name: &str) -> Result<()> {
-        self.destroy_of(name, None)
+        self.destroy_if(name, "map or array", |_| true)
     }
 
     /// [`Collections::destroy`] when `name` is bound to a collection of `kind`;
     /// `WrongKind` when it is bound to anything else.
     pub fn destroy_kind(&self, name: &str, kind: Kind) -> Result<()> {
-        self.destroy_of(name, Some(kind))
+        self.destroy_if(name, kind.name(), |k| k == kind)
     }
 
-    fn destroy_of(&self, name: &str, only: Option<Kind>) -> Result<()> {
+    /// [`Collections::destroy`] when `name` is bound to a map of either kind; `WrongKind`
+    /// when it is bound to anything else (an array included).
+    pub fn destroy_map(&self, name: &str) -> Result<()> {
+        self.destroy_if(name, "map", |k| {
+            matches!(k, Kind::OrderedMap | Kind::HashMap)
+        })
+    }
+
+    /// Destroys the collection `name` binds if `accept` takes its kind (`expected` names
+    /// what it takes, for the error).
+    fn destroy_if(
+        &self,
+        name: &str,
+        expected: &'static str,
+        accept: impl Fn(Kind) -> bool,
+    ) -> Result<()> {
         let _b = self.bind.lock();
         let b = self
             .lookup(name)?
             .ok_or_else(|| CollectionError::NotFound { name: name.into() })?;
-        if let Some(kind) = only.filter(|&k| k != b.kind) {
+        if !accept(b.kind) {
             return Err(CollectionError::WrongKind {
                 name: name.into(),
                 found: b.kind.name(),
-                expected: kind.name(),
+                expected,
             });
         }
         let mut objects = match b.kind {
@@ -472,7 +487,7 @@ impl<'p, B: Backend> Collections<'p, B> {
                 return Err(CollectionError::WrongKind {
                     name: name.into(),
                     found: b.kind.name(),
-                    expected: "map or array",
+                    expected,
                 })
             }
         };

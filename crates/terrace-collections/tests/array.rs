@@ -187,6 +187,14 @@ fn wrong_arguments_kinds_and_sizes_are_refused() {
         colls.unbind_object("a").is_err(),
         "an array is not unbound as an object"
     );
+    assert!(matches!(
+        colls.destroy_map("a"),
+        Err(CollectionError::WrongKind { .. })
+    ));
+    assert!(matches!(
+        colls.destroy_kind("m", Kind::Array),
+        Err(CollectionError::WrongKind { .. })
+    ));
 
     let objects = pool.objects(None).unwrap().len();
     colls.destroy("a").unwrap();

@@ -362,6 +362,7 @@ int main(int argc, char **argv) {
         CHECK(terrace_array_set(a, LEN, buf, ELEM) == EINVAL);
         CHECK(terrace_array_destroy(p, "a") == EBUSY);
         CHECK(terrace_array_destroy(p, "m") == EEXIST);
+        CHECK(terrace_omap_destroy(p, "a") == EEXIST && terrace_hmap_destroy(p, "a") == EEXIST);
         CHECK(terrace_pool_close(p) == EBUSY);
         CHECK(terrace_array_close(a) == 0);
         a = terrace_array_open(p, "a", LEN, 0, 0);
