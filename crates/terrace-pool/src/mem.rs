@@ -62,17 +62,21 @@ impl Mapped {
         }
     }
 
+    /// The `n` pool words from `offset` (8-byte aligned), after one bounds check.
     #[inline]
-    fn word(&self, offset: u64) -> Result<&AtomicU64> {
+    fn words(&self, offset: u64, n: usize) -> Result<&[AtomicU64]> {
         if !offset.is_multiple_of(8) {
             return Err(misaligned(offset));
         }
-        let at = self.check(offset, 8)?;
-        // SAFETY: `at..at+8` is inside the mapping (checked), the mapping base is page
-        // aligned so `base+at` is 8-byte aligned (offset checked above), and the mapping
-        // outlives `self` (constructor contract). All word accesses to pool memory go
-        // through atomics, so no non-atomic access races with this one.
-        Ok(unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(at).cast::<u64>()) })
+        let at = self.check(offset, 8 * n as u64)?;
+        // SAFETY: in the mapping (checked), 8-byte aligned (page-aligned base, offset
+        // checked), outliving `self`; pool words are only ever accessed atomically.
+        Ok(unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(at).cast(), n) })
+    }
+
+    #[inline]
+    fn word(&self, offset: u64) -> Result<&AtomicU64> {
+        Ok(&self.words(offset, 1)?[0])
     }
 
     #[inline]
@@ -113,17 +117,7 @@ impl Mapped {
     /// acquire load as [`Mapped::load_u64`], after one bounds check for them all.
     #[inline]
     pub(crate) fn load_words(&self, offset: u64, out: &mut [u64]) -> Result<()> {
-        if !offset.is_multiple_of(8) {
-            return Err(misaligned(offset));
-        }
-        let at = self.check(offset, 8 * out.len() as u64)?;
-        // SAFETY: `at..at + 8 * out.len()` is inside the mapping (checked), 8-byte aligned
-        // (the base is page aligned, the offset checked above), and the mapping outlives
-        // `self`; as in `word`, pool words are only ever accessed atomically.
-        let words = unsafe {
-            std::slice::from_raw_parts(self.base.as_ptr().add(at).cast::<AtomicU64>(), out.len())
-        };
-        for (w, o) in words.iter().zip(out.iter_mut()) {
+        for (w, o) in self.words(offset, out.len())?.iter().zip(out.iter_mut()) {
             *o = u64::from_le(w.load(Ordering::Acquire));
         }
         Ok(())
