@@ -43,8 +43,8 @@ impl Default for Slot {
 
 /// Lines a lookup prefetches from its home slot on ([`Pages::prefetch`]): an entry sits
 /// at its home slot or some slots after it (placement probes forward from home, and
-/// leaves run three-quarters full or more), and four lines hold about ten 26-byte slots.
-/// Measured at 200K keys: two lines 137 ns a get, three 125, four 122.
+/// leaves run three-quarters full or more), and four lines hold about ten 26-byte slots
+/// (two and three lines measured slower at 200K keys).
 const PREFETCH_SLOT_LINES: u64 = 4;
 
 /// Slots up to this many bytes are read as exactly this many (see [`Slot::fill`]).

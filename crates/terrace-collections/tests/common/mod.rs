@@ -85,3 +85,18 @@ pub fn check_every_point<M: PartialEq>(
         prev = Some(image.to_vec());
     });
 }
+
+/// Checks a `get_to` into a buffer of `cap` bytes against the model's value `want`: the
+/// whole length comes back, and as much of the value as fits.
+pub fn check_get_to(
+    want: Option<&Vec<u8>>,
+    cap: usize,
+    get_to: impl FnOnce(&mut [u8]) -> Option<u64>,
+) {
+    let mut buf = vec![0u8; cap];
+    assert_eq!(get_to(&mut buf), want.map(|v| v.len() as u64));
+    if let Some(v) = want {
+        let n = v.len().min(cap);
+        assert_eq!(buf[..n], v[..n]);
+    }
+}
