@@ -1,8 +1,9 @@
-//! Flash: a file used through block I/O (`pread`/`pwrite`), never mapped — the handle a
-//! flash tier is to build on (no crate of the workspace uses it yet; the cache's tiers are
-//! all mapped). `O_DIRECT` is used where the file system supports it
-//! (bypassing the page cache, as a flash cache must); tmpfs and others fall back to
-//! buffered I/O, and the handle says which.
+//! Flash: a file used through block I/O (`pread`/`pwrite`), never mapped — what the
+//! cache's flash tier (`terrace-cache`, `flash.rs`) reads and writes. `O_DIRECT` is used
+//! where the file system supports it (bypassing the page cache, as a flash cache must);
+//! where it refuses, the handle falls back to buffered I/O and says so
+//! ([`FlashFile::is_direct`]). A file on tmpfs or ramfs is RAM whatever the flags say:
+//! [`FlashFile::is_emulated`] tells, so that reports can label it.
 //!
 //! Invariants: with `O_DIRECT`, offsets, lengths and buffer addresses are multiples of
 //! [`FlashFile::block_size`] — [`AlignedBuf`] provides such buffers and the I/O methods
@@ -22,6 +23,7 @@ pub struct FlashFile {
     path: PathBuf,
     size: u64,
     direct: bool,
+    emulated: bool,
 }
 
 /// Block size used for alignment (the logical block size of NVMe and most SSDs).
@@ -82,11 +84,16 @@ impl FlashFile {
                 }
             }
         })?;
+        let emulated = matches!(
+            crate::os::fs_type(file.as_fd()),
+            Ok(t) if t == crate::os::TMPFS_MAGIC || t == crate::os::RAMFS_MAGIC
+        );
         Ok(FlashFile {
             file,
             path: path.into(),
             size,
             direct,
+            emulated,
         })
     }
 
@@ -101,6 +108,50 @@ impl FlashFile {
 
     pub fn block_size(&self) -> usize {
         BLOCK
+    }
+
+    /// Whether the file lives in RAM (tmpfs, ramfs): a stand-in for flash, fast as
+    /// memory, to be labelled as such.
+    pub fn is_emulated(&self) -> bool {
+        self.emulated
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The size of an existing file at `path`, or `None` when there is none.
+    pub fn existing_size(path: &Path) -> Result<Option<u64>> {
+        match std::fs::metadata(path) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(MediaError::Open {
+                path: path.into(),
+                source,
+            }),
+        }
+    }
+
+    /// Gives the blocks of `[offset, offset + len)` back to the file system (a hole that
+    /// reads as zeros; on an SSD the file system passes it on as a discard). Block
+    /// aligned.
+    pub fn punch(&self, offset: u64, len: u64) -> Result<()> {
+        if !offset.is_multiple_of(BLOCK as u64)
+            || !len.is_multiple_of(BLOCK as u64)
+            || offset.checked_add(len).is_none_or(|e| e > self.size)
+        {
+            return Err(MediaError::OutOfBounds {
+                offset,
+                len,
+                size: self.size,
+            });
+        }
+        use std::os::fd::AsFd;
+        crate::os::punch_hole(self.file.as_fd(), offset, len).map_err(|source| MediaError::Io {
+            op: "fallocate(PUNCH_HOLE)",
+            path: self.path.clone(),
+            source,
+        })
     }
 
     fn check(&self, offset: u64, buf: &[u8]) -> Result<()> {
@@ -221,7 +272,7 @@ mod tests {
     #[test]
     fn round_trip_and_bounds() {
         for dir in [std::env::temp_dir(), PathBuf::from("/dev/shm")] {
-            let tmp = tempfile::tempdir_in(dir).unwrap();
+            let tmp = tempfile::tempdir_in(&dir).unwrap();
             let flash = FlashFile::open(&tmp.path().join("flash"), 1 << 20).unwrap();
             let mut out = AlignedBuf::new(8192).unwrap();
             out[..5].copy_from_slice(b"hello");
@@ -231,6 +282,13 @@ mod tests {
             assert!(AlignedBuf::new(usize::MAX).is_err());
             flash.read_at(4096, &mut back).unwrap();
             assert_eq!(&back[..5], b"hello");
+            if dir == Path::new("/dev/shm") {
+                assert!(flash.is_emulated());
+            }
+            flash.punch(4096, 4096).unwrap();
+            flash.read_at(4096, &mut back).unwrap();
+            assert!(back.iter().all(|&b| b == 0));
+            assert!(flash.punch(1, 4096).is_err());
             assert!(matches!(
                 flash.write_at((1 << 20) - 4096, &out),
                 Err(MediaError::OutOfBounds { .. })

@@ -16,6 +16,8 @@ pub const MAP_SHARED_VALIDATE: libc::c_int = 0x03;
 pub const MAP_SYNC: libc::c_int = 0x80000;
 /// `statfs.f_type` of tmpfs.
 pub const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// `statfs.f_type` of ramfs.
+pub const RAMFS_MAGIC: i64 = 0x8584_58f6;
 
 /// Seconds since the Unix epoch from the coarse real-time clock (`CLOCK_REALTIME_COARSE`:
 /// the time of the last timer tick, a few milliseconds old at most, read without the
