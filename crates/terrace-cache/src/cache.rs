@@ -45,6 +45,7 @@ use parking_lot::Mutex;
 
 use crate::bootmark;
 use crate::error::CacheError;
+use crate::flash::{FlashTier, OwnedItem};
 use crate::ghost::Ghost;
 use crate::index::{BucketGuard, Freq, Index, IndexConfig, Location};
 use crate::item::{ItemLimits, ItemRef, ItemSpec, ItemState};
@@ -55,6 +56,7 @@ use crate::tier::{self, Tier, TierConfig, TierStats};
 use terrace_media::Durability;
 
 mod evict;
+mod flash;
 pub mod number;
 mod promote;
 mod recover;
@@ -257,7 +259,8 @@ struct SegMeta {
 /// A hit: pins the item's segment so its bytes stay valid (zero-copy) until dropped.
 /// Holding a guard delays the reuse of one segment; do not keep guards for long.
 pub struct Guard<'c> {
-    pin: Pin<'c>,
+    held: Held<'c>,
+    segment: u32,
     offset: u32,
     end: u32,
     client_flags: u32,
@@ -272,16 +275,27 @@ pub struct Guard<'c> {
 impl std::fmt::Debug for Guard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
-            .field("segment", &self.pin.seg())
+            .field("segment", &self.segment)
             .field("offset", &self.offset)
             .field("cas", &self.cas)
             .finish()
     }
 }
 
+/// What a [`Guard`] reads its item from.
+enum Held<'c> {
+    /// A memory tier's segment, pinned (zero-copy).
+    Pin(Pin<'c>),
+    /// A copy read from flash.
+    Copy(OwnedItem),
+}
+
 impl Guard<'_> {
     fn item(&self) -> Option<ItemRef<'_>> {
-        self.pin.item_within(self.offset, self.end).ok()
+        match &self.held {
+            Held::Pin(pin) => pin.item_within(self.offset, self.end).ok(),
+            Held::Copy(owned) => Some(owned.item()),
+        }
     }
 
     /// The value, borrowed from the segment.
@@ -507,6 +521,9 @@ fn place(
 /// The tiered cache engine. See the module docs for its invariants.
 pub struct Cache {
     tiers: Vec<Tier>,
+    /// The flash tier, always the last (`crate::flash`, `cache/flash.rs`); its segment
+    /// ids follow the memory tiers'.
+    flash: Option<FlashTier>,
     meta: Box<[SegMeta]>,
     index: Index,
     /// Keys a probation stage dropped recently (see `crate::ghost`).
@@ -571,7 +588,38 @@ impl Cache {
                 why: "segments are smaller than the largest item the limits allow",
             });
         }
-        let sizes = tier::resolve_sizes(&config.tiers, config.total_bytes)?;
+        let mut sizes = tier::resolve_sizes(&config.tiers, config.total_bytes)?;
+        // A flash tier is the last; the others are mapped.
+        let flash_of = |t: &TierConfig| match &t.medium {
+            tier::Medium::Flash { dir } => Some(dir.clone()),
+            _ => None,
+        };
+        let flash_config = config.tiers.last().and_then(flash_of).map(|dir| {
+            let bytes = sizes.pop().unwrap_or(0);
+            (dir, bytes)
+        });
+        let memory_tiers = &config.tiers[..sizes.len()];
+        if memory_tiers.iter().any(|t| flash_of(t).is_some()) {
+            return Err(CacheError::Config {
+                why: "a flash tier must be the last tier",
+            });
+        }
+        if memory_tiers.is_empty() {
+            return Err(CacheError::Config {
+                why: "a flash tier needs a memory tier above it",
+            });
+        }
+        if let Some((_, bytes)) = &flash_config {
+            let segments = u32::try_from(bytes >> shift).unwrap_or(u32::MAX);
+            if segments < MIN_TIER_SEGMENTS {
+                return Err(CacheError::TierTooSmall {
+                    tier: sizes.len(),
+                    segments,
+                    min: MIN_TIER_SEGMENTS,
+                    segment_bytes: 1 << shift,
+                });
+            }
+        }
         // Every tier's segment count before any is mapped (regions are whole granules),
         // so that a refused size leaves no tier file behind.
         for (i, &bytes) in sizes.iter().enumerate() {
@@ -588,7 +636,7 @@ impl Cache {
         let mut tiers = Vec::with_capacity(sizes.len());
         let mut areas = Vec::with_capacity(sizes.len());
         let mut base: u64 = 0;
-        for (i, (tc, &bytes)) in config.tiers.iter().zip(&sizes).enumerate() {
+        for (i, (tc, &bytes)) in memory_tiers.iter().zip(&sizes).enumerate() {
             let (region, existing) = tier::map_tier(tc, i, bytes)?;
             let area = SegmentArea::new(region, shift).ok_or(CacheError::Config {
                 why: "more than 2^32 segments in a tier",
@@ -602,8 +650,18 @@ impl Cache {
                 });
             }
         }
+        let flash_base = base as u32;
+        if let Some((_, bytes)) = &flash_config {
+            base += bytes >> shift;
+            if base > u64::from(u32::MAX) {
+                return Err(CacheError::Config {
+                    why: "more than 2^32 segments",
+                });
+            }
+        }
         let total_segments = base as u32;
-        let capacity: u64 = sizes.iter().sum();
+        let capacity: u64 =
+            sizes.iter().sum::<u64>() + flash_config.as_ref().map_or(0, |(_, b)| *b);
         let expected_items = config
             .expected_items
             .unwrap_or((capacity / 256).max(1024) as usize);
@@ -625,10 +683,14 @@ impl Cache {
         })?;
         let meta: Box<[SegMeta]> = (0..total_segments).map(|_| SegMeta::default()).collect();
         // The mark first: its bound says whether a saved index may be used.
-        let first_file_dir = config.tiers.iter().find_map(|t| match &t.medium {
-            tier::Medium::File { dir } => Some(dir.clone()),
-            _ => None,
-        });
+        let first_file_dir = config
+            .tiers
+            .iter()
+            .find_map(|t| match &t.medium {
+                tier::Medium::File { dir } => Some(dir.clone()),
+                _ => None,
+            })
+            .or_else(|| flash_config.as_ref().map(|(dir, _)| dir.clone()));
         let mut mark = match &first_file_dir {
             Some(dir) => Some(SeqMark::open(dir)?),
             None => None,
@@ -647,7 +709,9 @@ impl Cache {
         });
         // Page-cache tiers written before a system restart, with no clean shutdown since,
         // hold whatever pages reached the disk: never scanned (`bootmark`).
-        let page_cache = areas.iter().any(|(a, _, _)| a.region().is_page_cached());
+        // (A flash tier's kill log is written through the page cache.)
+        let page_cache =
+            areas.iter().any(|(a, _, _)| a.region().is_page_cached()) || flash_config.is_some();
         let boot_dir = first_file_dir.as_deref().filter(|_| page_cache);
         // Only page-cache tiers need the boot's identity (read from /proc otherwise).
         let boot = boot_dir.and_then(|_| config.boot_id.clone().or_else(bootmark::current_boot_id));
@@ -696,7 +760,7 @@ impl Cache {
                 // The last tier's recovered segments go to its main queue: they held
                 // what it kept, not a probation of new writes.
                 let sealed = kept.iter().map(|&(_, slot)| slot).collect();
-                if t + 1 == config.tiers.len() {
+                if t + 1 == config.tiers.len() && flash_config.is_none() {
                     lists.main = sealed;
                 } else {
                     lists.fifo = sealed;
@@ -709,6 +773,27 @@ impl Cache {
             }
             tiers.push(tier);
         }
+        let flash = match &flash_config {
+            Some((dir, bytes)) => {
+                let (f, existing) =
+                    FlashTier::open(dir, tiers.len(), *bytes, shift, flash_base, config.limits)?;
+                if existing {
+                    let scan = flash::FlashScan {
+                        index: &index,
+                        meta: &meta,
+                        saved: saved.as_ref(),
+                        found: &mut found,
+                        from_saved: &mut from_saved,
+                        max_seq: &mut max_seq,
+                        report: &mut report,
+                        now,
+                    };
+                    flash::scan_flash(&f, scan, untrusted)?;
+                }
+                Some(f)
+            }
+            None => None,
+        };
         if let Some(dir) = &first_file_dir {
             snapshot::remove_leftovers(dir);
         }
@@ -728,6 +813,7 @@ impl Cache {
         }
         let mut cache = Cache {
             tiers,
+            flash,
             meta,
             ghost: Ghost::new(expected_items / GHOST_ITEMS_PER_SLOT),
             mover_thread: Mutex::new(None),
@@ -748,6 +834,10 @@ impl Cache {
             cache.forget_unrestored(saved, &from_saved, &mut report);
         }
         cache.index_found(found, &mut report)?;
+        if let Some(f) = &cache.flash {
+            cache.count_flash_items(f);
+            f.compact_kills()?;
+        }
         report.duration = started.elapsed();
         Ok((cache, report))
     }
@@ -804,10 +894,7 @@ impl Cache {
     /// DEAD (persisted): a delete.
     fn unlink(&self, g: &mut BucketGuard<'_>, loc: Location) -> Result<(), CacheError> {
         g.remove(loc);
-        if let Some((_, pin)) = self.pin(loc.segment) {
-            self.kill(&pin, loc)?;
-        }
-        Ok(())
+        self.kill_at(loc)
     }
 
     /// Flips the item at `loc` DEAD (persisted) through `pin`, a pin of `loc.segment`,
@@ -842,10 +929,12 @@ impl Cache {
         match &found {
             Some(g) => {
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                self.tiers[g.tier]
-                    .counters
-                    .hits
-                    .fetch_add(1, Ordering::Relaxed);
+                let tier = match (self.tiers.get(g.tier), &self.flash) {
+                    (Some(t), _) => &t.counters,
+                    (None, Some(f)) => &f.stats,
+                    (None, None) => return Ok(found),
+                };
+                tier.hits.fetch_add(1, Ordering::Relaxed);
             }
             None => {
                 self.counters.misses.fetch_add(1, Ordering::Relaxed);
@@ -883,6 +972,50 @@ impl Cache {
         'retry: for _ in 0..64 {
             for hit in self.index.lookup(hash) {
                 let loc = hit.location();
+                if self.flash_slot(loc.segment).is_some() {
+                    let Some(owned) = self.read_flash(loc) else {
+                        if hit.is_current() {
+                            continue;
+                        }
+                        continue 'retry;
+                    };
+                    if !hit.is_current() {
+                        continue 'retry;
+                    }
+                    let item = owned.item();
+                    if item.key != key {
+                        continue;
+                    }
+                    if item.state != ItemState::Live {
+                        continue 'retry;
+                    }
+                    let expires_at = self.item_expiry(loc.segment, &item);
+                    if past(expires_at, now) {
+                        self.counters.expired.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    let tier = self.tiers.len();
+                    if access == Access::Read {
+                        self.consider_promotion(tier, hit.frequency(), hash, loc);
+                        hit.touch();
+                    }
+                    let (end, client_flags, cas) = (
+                        item.end(),
+                        item.client_flags,
+                        self.cas_of(loc.segment, &item),
+                    );
+                    return Some(Guard {
+                        held: Held::Copy(owned),
+                        segment: loc.segment,
+                        offset: loc.offset,
+                        end,
+                        client_flags,
+                        cas,
+                        tier,
+                        expires_at,
+                        read_before: hit.reads() > 0,
+                    });
+                }
                 let Some((tier, pin)) = self.pin(loc.segment) else {
                     continue;
                 };
@@ -918,7 +1051,8 @@ impl Cache {
                     self.cas_of(loc.segment, &item),
                 );
                 return Some(Guard {
-                    pin,
+                    held: Held::Pin(pin),
+                    segment: loc.segment,
                     offset: loc.offset,
                     end,
                     client_flags,
@@ -937,11 +1071,27 @@ impl Cache {
     /// entry of the key (to be replaced).
     fn find_locked(&self, guard: &BucketGuard<'_>, key: &[u8], now: u32) -> FoundEntry {
         for loc in guard.candidates() {
-            let Some((_, pin)) = self.pin(loc.segment) else {
-                continue;
-            };
-            let Ok(item) = pin.indexed_item(loc.offset) else {
-                continue;
+            let owned;
+            let pin;
+            let item = if self.flash_slot(loc.segment).is_some() {
+                // Under the bucket lock the entry cannot move, so the read finds it
+                // unless the medium fails.
+                let Some(o) = self.read_flash(loc) else {
+                    // Unreadable: taken as this key's, to be replaced, rather than risk
+                    // a second entry for the key (at worst another key becomes a miss).
+                    return FoundEntry::Stale(loc);
+                };
+                owned = o;
+                owned.item()
+            } else {
+                let Some((_, p)) = self.pin(loc.segment) else {
+                    continue;
+                };
+                pin = p;
+                let Ok(item) = pin.indexed_item(loc.offset) else {
+                    continue;
+                };
+                item
             };
             if item.key != key {
                 continue;
@@ -965,7 +1115,7 @@ impl Cache {
         let g = self.lookup(key, Access::Peek)?;
         let cur = Current {
             loc: Location {
-                segment: self.tiers[g.tier].base + g.pin.seg(),
+                segment: g.segment,
                 offset: g.offset,
             },
             cas: g.cas,
@@ -1249,10 +1399,8 @@ impl Cache {
     /// index bucket at a time. Writes that race with it may survive it.
     pub fn flush_all(&self) {
         self.index.sweep(0..self.index.bucket_count(), |loc, _| {
-            if let Some((_, pin)) = self.pin(loc.segment) {
-                if self.kill(&pin, loc).is_err() {
-                    self.counters.persist_errors.fetch_add(1, Ordering::Relaxed);
-                }
+            if self.kill_at(loc).is_err() {
+                self.counters.persist_errors.fetch_add(1, Ordering::Relaxed);
             }
             crate::index::Sweep::Remove
         });
@@ -1351,9 +1499,7 @@ impl Cache {
                 }
             };
             if let Some(old) = old {
-                if let Some((_, old_pin)) = self.pin(old.segment) {
-                    self.kill(&old_pin, old)?;
-                }
+                self.kill_at(old)?;
             }
             if !published {
                 self.kill(&pin, new)?;
@@ -1382,9 +1528,7 @@ impl Cache {
             return Ok(false);
         };
         g.remove_occupant(victim);
-        if let Some((_, pin)) = self.pin(victim.segment) {
-            self.kill(&pin, victim)?;
-        }
+        self.kill_at(victim)?;
         self.counters
             .index_evictions
             .fetch_add(1, Ordering::Relaxed);
@@ -1415,7 +1559,8 @@ impl Cache {
         Ok(SegmentHeader {
             tier: tier as u8,
             size_shift: self.shift,
-            checksummed: self.tiers[tier].durable,
+            // (Flash segments are always checksummed: a torn write must not scan clean.)
+            checksummed: self.tiers.get(tier).is_none_or(|t| t.durable),
             write_seq,
             slot,
             created_at: now,
@@ -1591,19 +1736,26 @@ impl Cache {
     /// Each tier's shape and counters, without the sweeps [`Cache::stats`] makes for item
     /// counts and live and dead bytes (those read 0 here): cheap at any size.
     pub fn tier_overview(&self) -> Vec<TierStats> {
-        self.tiers.iter().map(|t| t.stats()).collect()
+        let flash = self.flash.as_ref().map(|_| self.flash_tier_stats(0));
+        self.tiers.iter().map(|t| t.stats()).chain(flash).collect()
     }
 
     pub fn stats(&self) -> Stats {
         let c = &self.counters;
-        let mut tier_items = vec![0u64; self.tiers.len()];
+        let mut tier_items = vec![0u64; self.levels()];
         self.index.for_each_location(|loc| {
             if let Some((t, _)) = self.locate(loc.segment) {
                 tier_items[t] += 1;
+            } else if self.flash_slot(loc.segment).is_some() {
+                tier_items[self.tiers.len()] += 1;
             }
         });
+        let flash_stats = self
+            .flash
+            .as_ref()
+            .map(|_| self.flash_tier_stats(tier_items[self.tiers.len()]));
         let items = tier_items.iter().sum::<u64>() as usize;
-        Stats {
+        let mut stats = Stats {
             hits: c.hits.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
             sets: c.sets.load(Ordering::Relaxed),
@@ -1654,8 +1806,15 @@ impl Cache {
                     }
                     st
                 })
+                .chain(flash_stats)
                 .collect(),
+        };
+        for f in stats.tiers.iter().skip(self.tiers.len()) {
+            stats.reinsertions += f.reinserted;
+            stats.background_evictions += f.background_evictions;
+            stats.inline_evictions += f.inline_evictions;
         }
+        stats
     }
 
     /// Segment size in bytes.

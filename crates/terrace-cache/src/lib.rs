@@ -94,6 +94,8 @@
 //!   submodules own eviction, cleaning and the movers (`cache/evict.rs`), promotion
 //!   (`cache/promote.rs`), the restart scan (`cache/recover.rs`), the saved index
 //!   (`cache/saved.rs`) and DRAM snapshots (`cache/snapshot.rs`).
+//! - [`flash`]: the flash tier's I/O — its file, write buffers, kill log; the engine's
+//!   side of it is `cache/flash.rs`.
 //! - `ghost` (private): the ghost filter.
 //! - [`seqmark`]: the write-sequence high-water mark (`terrace.seq`).
 //! - `bootmark` (private): the boot mark (`terrace.boot`) that says whether a page-cache
@@ -111,6 +113,7 @@
 mod bootmark;
 pub mod cache;
 pub mod error;
+pub mod flash;
 mod ghost;
 pub mod index;
 pub mod item;
@@ -134,4 +137,4 @@ pub use item::{ItemLimits, ItemRef, ItemSpec, ItemState};
 pub use pools::{PoolConfig, PoolQuota, Pools};
 pub use seglog::{LogConfig, LogError, LogScanReport, SegmentLog};
 pub use segment::{ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
-pub use tier::{Medium, TierConfig, TierSize, TierStats};
+pub use tier::{FlashStats, Medium, TierConfig, TierSize, TierStats};

@@ -478,10 +478,6 @@ impl Drop for Pin<'_> {
 }
 
 impl<'a> Pin<'a> {
-    pub fn seg(&self) -> u32 {
-        self.seg
-    }
-
     pub fn state(&self) -> SegState {
         self.area.state(self.seg)
     }

@@ -315,7 +315,7 @@ fn pool_config(
         if name == DEFAULT_POOL {
             continue;
         }
-        if let Medium::File { dir } = &mut tier.medium {
+        if let Medium::File { dir } | Medium::Flash { dir } = &mut tier.medium {
             let sub = pool_dir(dir, name);
             if dir.is_dir() {
                 std::fs::create_dir_all(&sub).map_err(|e| CacheError::Pool {

@@ -31,6 +31,10 @@ pub enum Medium {
     File { dir: PathBuf },
     /// Anonymous memory bound to a NUMA node (a CXL or PMem node in system-RAM mode).
     Numa { node: u32 },
+    /// Flash: a file `flash<i>.terrace` in this directory, read and written with block
+    /// I/O (`O_DIRECT` where the file system allows), never mapped; always the last
+    /// tier (`crate::flash`).
+    Flash { dir: PathBuf },
 }
 
 /// How big a tier is.
@@ -59,6 +63,13 @@ impl TierConfig {
     pub fn file(dir: impl Into<PathBuf>, size: TierSize) -> TierConfig {
         TierConfig {
             medium: Medium::File { dir: dir.into() },
+            size,
+        }
+    }
+
+    pub fn flash(dir: impl Into<PathBuf>, size: TierSize) -> TierConfig {
+        TierConfig {
+            medium: Medium::Flash { dir: dir.into() },
             size,
         }
     }
@@ -145,6 +156,9 @@ pub(crate) fn map_tier(
             Ok((Region::dram(size, pages)?, false))
         }
         Medium::Numa { node } => Ok((Region::numa(*node, size)?, false)),
+        Medium::Flash { .. } => Err(CacheError::Config {
+            why: "a flash tier is not mapped",
+        }),
         Medium::File { dir } => {
             if !dir.is_dir() {
                 return Err(CacheError::TierDir { dir: dir.clone() });
@@ -244,6 +258,49 @@ pub struct TierStats {
     /// survives a process crash, and a power loss or OS crash only after a clean stop
     /// (after an unclean one, the next boot starts it empty).
     pub flushed_at_shutdown: bool,
+    /// What a flash tier adds (`None` for memory tiers).
+    pub flash: Option<FlashStats>,
+}
+
+/// A flash tier's own state and counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlashStats {
+    /// The file bypasses the page cache (`O_DIRECT`).
+    pub direct: bool,
+    /// The file is in RAM (tmpfs, ramfs): flash emulated, as fast as memory.
+    pub emulated: bool,
+    /// DRAM held by write buffers and segments being evicted.
+    pub buffer_bytes: u64,
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    /// `pread`s of items (one or two per flash hit read from the file).
+    pub reads: u64,
+    pub segments_written: u64,
+    pub write_errors: u64,
+    pub read_errors: u64,
+    /// Kills of items on flash recorded in the kill log.
+    pub kills_logged: u64,
+    /// Evicted segments whose blocks could not be punched (their header was zeroed).
+    pub punch_fallbacks: u64,
+    /// Items the tier above kept at an eviction that found no room here (no buffer).
+    pub refused: u64,
+}
+
+impl FlashStats {
+    fn add(&mut self, o: &FlashStats) {
+        self.direct |= o.direct;
+        self.emulated |= o.emulated;
+        self.buffer_bytes += o.buffer_bytes;
+        self.bytes_written += o.bytes_written;
+        self.bytes_read += o.bytes_read;
+        self.reads += o.reads;
+        self.segments_written += o.segments_written;
+        self.write_errors += o.write_errors;
+        self.read_errors += o.read_errors;
+        self.kills_logged += o.kills_logged;
+        self.punch_fallbacks += o.punch_fallbacks;
+        self.refused += o.refused;
+    }
 }
 
 impl TierStats {
@@ -269,6 +326,11 @@ impl TierStats {
         self.items_cleaned += other.items_cleaned;
         self.durability = self.durability.or(other.durability);
         self.flushed_at_shutdown |= other.flushed_at_shutdown;
+        match (&mut self.flash, &other.flash) {
+            (Some(mine), Some(theirs)) => mine.add(theirs),
+            (None, Some(theirs)) => self.flash = Some(theirs.clone()),
+            _ => {}
+        }
     }
 }
 
@@ -354,6 +416,7 @@ impl Tier {
             items_cleaned: self.counters.items_cleaned.load(Ordering::Relaxed),
             durability: Some(self.area.region().durability()),
             flushed_at_shutdown: self.page_cache,
+            flash: None,
         }
     }
 }

@@ -266,7 +266,7 @@ impl Cache {
     /// free list runs below its target.
     pub(super) fn allocate(&self, tier: usize) -> Result<u32, CacheError> {
         let t = &self.tiers[tier];
-        let reserve = if tier + 1 == self.tiers.len() {
+        let reserve = if tier + 1 == self.levels() {
             REINSERT_RESERVE
         } else {
             0
@@ -330,7 +330,7 @@ impl Cache {
     /// and cleanings within it) are sealed into: the last tier keeps them in its main
     /// queue, a tier above the last in its FIFO.
     fn copies_queue(&self, tier: usize) -> Queue {
-        if tier + 1 == self.tiers.len() {
+        if tier + 1 == self.levels() {
             Queue::Main
         } else {
             Queue::Fifo
@@ -483,7 +483,9 @@ impl Cache {
         }
         let now = self.now();
         let next = tier + 1;
-        let last = next == self.tiers.len();
+        let last = next == self.levels();
+        // The tier below is flash: kept items are demoted into its write buffers.
+        let to_flash = next == self.tiers.len() && !last;
         // Tier 0 of several keeps the items read most within itself (STAY_HITS).
         let allowed = reinsert == Reinsertion::Allowed;
         let stays = allowed && !last && tier == 0 && victim.walk == Walk::Probation;
@@ -533,6 +535,19 @@ impl Cache {
                 && hits.is_some_and(|(_, reads)| reads >= STAY_HITS)
                 && budget >= item.len as usize;
             let cas = || self.cas_of(id, &item);
+            let mut flash_copy = None;
+            let demote = |flash_copy: &mut Option<_>| -> Result<_, CacheError> {
+                if !to_flash {
+                    return self.copy_item(next, Dest::Moved, &item, cas(), now, expires_at);
+                }
+                *flash_copy = self.copy_to_flash(&item, cas(), now, expires_at, false)?;
+                if flash_copy.is_none() {
+                    if let Some(f) = &self.flash {
+                        f.counters.refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Ok(None)
+            };
             let copy = if !kept {
                 None
             } else if victim.walk == Walk::Clean {
@@ -544,11 +559,11 @@ impl Cache {
                     // No segment could take it now: demoted, as it would have been.
                     None => {
                         stay = false;
-                        self.copy_item(next, Dest::Moved, &item, cas(), now, expires_at)?
+                        demote(&mut flash_copy)?
                     }
                 }
             } else if !last {
-                self.copy_item(next, Dest::Moved, &item, cas(), now, expires_at)?
+                demote(&mut flash_copy)?
             } else if budget >= item.len as usize {
                 budget -= item.len as usize;
                 self.copy_item(tier, Dest::Reinsert, &item, cas(), now, expires_at)?
@@ -556,7 +571,7 @@ impl Cache {
                 None
             };
             #[cfg(test)]
-            if copy.is_some() {
+            if copy.is_some() || flash_copy.is_some() {
                 tests::before_publish(item.key);
             }
             let mut g = self.index.lock(hash);
@@ -565,9 +580,12 @@ impl Cache {
             } else {
                 Freq::Keep
             };
-            let moved = match copy {
-                Some(copy) => self.publish_copy(&mut g, &pin, loc, copy, frequency)?,
-                None => false,
+            let moved = match (copy, &flash_copy) {
+                (Some(copy), _) => self.publish_copy(&mut g, &pin, loc, copy, frequency)?,
+                (None, Some((buf, dloc))) => {
+                    self.publish_flash_copy(&mut g, Some(&pin), loc, (buf, *dloc), frequency)?
+                }
+                (None, None) => false,
             };
             if moved && victim.walk == Walk::Clean {
                 t.counters.items_cleaned.fetch_add(1, Ordering::Relaxed);
@@ -575,10 +593,14 @@ impl Cache {
                 t.counters.reinserted.fetch_add(1, Ordering::Relaxed);
             } else if moved {
                 self.counters.demotions.fetch_add(1, Ordering::Relaxed);
-                self.tiers[next]
-                    .counters
-                    .demotions_in
-                    .fetch_add(1, Ordering::Relaxed);
+                let below = match (self.tiers.get(next), &self.flash) {
+                    (Some(t), _) => Some(&t.counters),
+                    (None, Some(f)) => Some(&f.stats),
+                    (None, None) => None,
+                };
+                if let Some(below) = below {
+                    below.demotions_in.fetch_add(1, Ordering::Relaxed);
+                }
             } else if g.remove(loc) {
                 if expired {
                     t.counters.items_expired.fetch_add(1, Ordering::Relaxed);
@@ -712,11 +734,7 @@ impl Cache {
         // Tier 0 of several has writers too, and two sets of copies (promotions in, its
         // stays): those share the movers' quarter, so that open segments never take more
         // than three quarters of it (`super::MIN_TIER_SEGMENTS`).
-        let copy_sets = if tier == 0 && self.tiers.len() > 1 {
-            2
-        } else {
-            1
-        };
+        let copy_sets = if tier == 0 && self.levels() > 1 { 2 } else { 1 };
         let cap = super::open_segments_cap(t.area.count(), super::MOVER_OPEN_SHARE, copy_sets);
         let bucket = match super::place(&movers, spec.encoded_len(), expires_at, now, cap) {
             Placement::Append(bucket) => bucket,
@@ -769,7 +787,7 @@ impl Cache {
     /// the tier of a single-tier cache does (with more tiers, tier 0 is the probation
     /// stage).
     fn small_queue(&self, tier: usize) -> Option<usize> {
-        (tier == 0 && self.tiers.len() == 1).then(|| {
+        (tier == 0 && self.levels() == 1).then(|| {
             (self.tiers[0].area.count() as usize * SMALL_QUEUE_SHARE.0 / SMALL_QUEUE_SHARE.1).max(1)
         })
     }
@@ -794,7 +812,7 @@ impl Cache {
                 walk: Walk::Evict,
             })
         };
-        if tier + 1 < self.tiers.len() || lists.main.is_empty() {
+        if tier + 1 < self.levels() || lists.main.is_empty() {
             return from_fifo(lists);
         }
         match self.small_queue(tier) {
@@ -866,10 +884,11 @@ impl Cache {
                 self.evict_counted(i, victim, Reinsertion::Allowed)?;
                 evicted += 1;
             }
-            if i + 1 == self.tiers.len() {
+            if i + 1 == self.levels() {
                 self.clean_one(i)?;
             }
         }
+        evicted += self.maintain_flash()?;
         Ok(evicted)
     }
 
@@ -1367,7 +1386,7 @@ pub(super) mod tests {
 
     /// The slot of `key`'s segment if it is in tier 0's main queue (sealed).
     fn main_slot(c: &Cache, key: &[u8]) -> Option<u32> {
-        let slot = c.peek(key).unwrap()?.pin.seg();
+        let slot = c.peek(key).unwrap()?.segment - c.tiers[0].base;
         c.tiers[0].lists.lock().main.contains(&slot).then_some(slot)
     }
 
@@ -1499,7 +1518,7 @@ pub(super) mod tests {
         }
         assert!(c.get(b"warm").unwrap().is_some());
         // Unread writes until the warm key is demoted (peeks record no hits).
-        let seg = |key: &[u8]| c.peek(key).unwrap().map(|g| (g.tier(), g.pin.seg()));
+        let seg = |key: &[u8]| c.peek(key).unwrap().map(|g| (g.tier(), g.segment));
         let (hot_tier, hot_slot) = seg(b"hot").unwrap();
         assert_eq!(seg(b"warm"), Some((hot_tier, hot_slot)), "one segment");
         write_until(&c, "f", "the warm key's demotion", || {
@@ -1569,9 +1588,9 @@ pub(super) mod tests {
         assert_eq!(entry().collect::<Vec<_>>(), vec![(true, 1)]);
         // ...which passes it on to the main queue, where it has none: S3-FIFO's ghost
         // hit, inserted into the main queue with a frequency of 0.
-        let slot = c.peek(b"back").unwrap().unwrap().pin.seg();
+        let slot = c.peek(b"back").unwrap().unwrap().segment;
         write_until(&c, "g", "the promotion", || {
-            c.peek(b"back").unwrap().is_none_or(|g| g.pin.seg() != slot)
+            c.peek(b"back").unwrap().is_none_or(|g| g.segment != slot)
         });
         assert!(c.peek(b"back").unwrap().is_some(), "promoted, not dropped");
         assert_eq!(entry().collect::<Vec<_>>(), vec![(false, 0)]);

@@ -65,6 +65,9 @@ impl Cache {
     }
 
     fn promote_one(&self, hash: u64, loc: Location) -> Result<bool, CacheError> {
+        if self.flash_slot(loc.segment).is_some() {
+            return self.promote_from_flash(hash, loc);
+        }
         let Some((tier, pin)) = self.pin(loc.segment) else {
             return Ok(false);
         };

@@ -80,10 +80,10 @@ const ROOM_SEARCH_VISITS_PER_ITEM: usize = 16;
 /// A LIVE item a scan found, to be indexed.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Found {
-    hash: u64,
-    loc: Location,
+    pub hash: u64,
+    pub loc: Location,
     /// Hits recorded for it before a clean shutdown.
-    frequency: u8,
+    pub frequency: u8,
 }
 
 /// What the scan made of one slot.
@@ -417,6 +417,10 @@ impl Cache {
 
     /// The key of the item at `loc` (a restart: segments are sealed), handed to `f`.
     fn with_key_at<R>(&self, loc: Location, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        if self.flash_slot(loc.segment).is_some() {
+            let owned = self.read_flash(loc)?;
+            return Some(f(owned.item().key));
+        }
         let (t, slot) = self.locate(loc.segment)?;
         let pin = self.tiers[t].area.pin(slot)?;
         let item = pin.indexed_item(loc.offset).ok()?;
@@ -454,13 +458,7 @@ impl Cache {
 
     /// Kills the item at `loc` (a LIVE item the restart does not index).
     fn kill_found(&self, loc: Location) -> Result<(), CacheError> {
-        let Some((t, slot)) = self.locate(loc.segment) else {
-            return Ok(());
-        };
-        if let Some(pin) = self.tiers[t].area.pin(slot) {
-            self.kill(&pin, loc)?;
-        }
-        Ok(())
+        self.kill_at(loc)
     }
 
     /// Removes the loaded entries of every segment the scan did not take from the saved

@@ -408,7 +408,8 @@ fn take_v2(bytes: &[u8], shift: u8, segments: u32, bound: u64) -> Option<Saved> 
 }
 
 impl Cache {
-    /// Clean shutdown: seals the open segments, saves every volatile (DRAM, NUMA) tier's
+    /// Clean shutdown: seals the open segments, writes the flash tier's buffers, saves
+    /// every volatile (DRAM, NUMA) tier's
     /// sealed segments in a snapshot beside the first file tier (synced), and writes the
     /// saved index of the file tiers and snapshots (synced), so the next
     /// [`open`](Cache::open) puts the snapshots back and scans nothing: every item is a
@@ -418,6 +419,11 @@ impl Cache {
     /// tier this is just a drop.
     pub fn shutdown(mut self) -> Result<(), CacheError> {
         self.seal_all();
+        // Every demoted item reaches flash, and the kill log the disk.
+        self.flush_flash();
+        if let Some(f) = &self.flash {
+            f.sync()?;
+        }
         let Some(dir) = self.first_file_dir.clone() else {
             return Ok(());
         };
@@ -465,6 +471,18 @@ impl Cache {
                         dead_bytes: meta.dead_bytes.load(std::sync::atomic::Ordering::Acquire),
                     };
                 }
+            }
+        }
+        if let Some(f) = &self.flash {
+            for slot in (0..f.count).filter(|&s| f.is_stored(s)) {
+                let id = (f.base + slot) as usize;
+                records[id] = SegmentRecord {
+                    write_seq: self.meta[id]
+                        .write_seq
+                        .load(std::sync::atomic::Ordering::Acquire),
+                    // A flash segment's record counts dead items (`cache/flash.rs`).
+                    dead_bytes: f.occupancy(slot).1,
+                };
             }
         }
         // Entries of segments not saved (a volatile tier whose snapshot failed) go: the

@@ -1,0 +1,572 @@
+//! The engine's side of the flash tier (`crate::flash` owns its I/O): demotion from the
+//! last memory tier into flash write buffers, reads of flash items, kills, the flash
+//! tier's own eviction with reinsertion, promotion out of flash, and its restart.
+//!
+//! # Policy
+//! The flash tier is always the last. What the tier above keeps at an eviction (items
+//! with hits, small items out of probation: `evict.rs`) is demoted into flash; nothing
+//! else is ever written there, so flash takes only what survived DRAM probation or had
+//! a hit. Its segments are evicted in FIFO order, except that one whose items are at
+//! least [`DEAD_FIRST`] dead goes first (evicting it frees space at no loss); an evicted
+//! segment's items with hits are reinserted — within [`FLASH_REINSERT_BUDGET`] of a
+//! segment, one hit spent — and the others dropped. There is no copy-cleaning on flash:
+//! it would cost flash writes.
+//!
+//! # Invariants
+//! A copy into flash is published as every move is (`evict.rs`, E4): appended PENDING
+//! to a buffer, then under the key's bucket lock, only if the entry still points at the
+//! source and the source is still LIVE, made LIVE in the buffer, the entry repointed,
+//! the source killed — else made DEAD. A buffer is not written while a copy in it is
+//! pending (`crate::flash`), so every item on flash is LIVE or DEAD as published. An
+//! item on flash that loses its entry (overwrite, delete, promotion, index eviction) is
+//! killed through the kill log before the operation returns (E2 for flash). An evicted
+//! flash segment is read into DRAM and retired on flash before its walk, so a crash
+//! during the walk leaves no item of it to come back; reinsertions from it live in a
+//! buffer until written (a crash loses them: a miss, never a stale value).
+//!
+//! Lock order: a key's bucket lock is never held across a flash write, only across a
+//! read (a writer finding the key's current item on flash) and a kill-log record.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::recover::{DropReason, Found, RestartReport};
+use super::saved::{Saved, SavedSegment};
+use super::{Cache, SegMeta};
+use crate::error::CacheError;
+use crate::flash::{Buffer, FlashTier, OwnedItem};
+use crate::index::{Freq, Index, Location, Sweep};
+use crate::item::{ItemRef, ItemSpec, ItemState};
+use crate::mem::Pin;
+use crate::segment::{SegmentReader, HEADER_LEN};
+
+/// The dead share of its items at which a flash segment is evicted ahead of FIFO order.
+pub(super) const DEAD_FIRST: (u32, u32) = (4, 5);
+
+/// How far into the FIFO the search for a dead-heavy segment looks.
+const DEAD_FIRST_WINDOW: usize = 64;
+
+/// The most an eviction of a flash segment reinserts, as a share of a segment's bytes:
+/// reinsertions cost flash writes, so fewer than in a memory tier.
+pub(super) const FLASH_REINSERT_BUDGET: (usize, usize) = (1, 4);
+
+/// Free flash segments demotions leave to the reinsertion buffer.
+const FLASH_REINSERT_RESERVE: usize = 1;
+
+/// Free flash segments the movers keep ready (demotions write whole segments, so few).
+pub(super) const FLASH_FREE_TARGET: usize = 3;
+
+impl Cache {
+    /// The flash tier's slot of segment id `id`, if `id` is on flash.
+    pub(super) fn flash_slot(&self, id: u32) -> Option<(&FlashTier, u32)> {
+        let f = self.flash.as_ref()?;
+        f.slot_of(id).map(|s| (f, s))
+    }
+
+    /// Tiers, the flash tier included.
+    pub(super) fn levels(&self) -> usize {
+        self.tiers.len() + usize::from(self.flash.is_some())
+    }
+
+    /// The flash item at `loc`, copied out; `None` when it is not there any more.
+    pub(super) fn read_flash(&self, loc: Location) -> Option<OwnedItem> {
+        let (f, slot) = self.flash_slot(loc.segment)?;
+        f.read(slot, loc.offset)
+    }
+
+    /// Kills the item at `loc`, whose entry the caller removed or repointed, wherever it
+    /// is: DEAD in place in memory, a kill record on flash.
+    pub(super) fn kill_at(&self, loc: Location) -> Result<(), CacheError> {
+        if let Some((f, slot)) = self.flash_slot(loc.segment) {
+            f.kill(slot, loc.offset)?;
+            return Ok(());
+        }
+        if let Some((_, pin)) = self.pin(loc.segment) {
+            self.kill(&pin, loc)?;
+        }
+        Ok(())
+    }
+
+    /// A free flash slot, evicting a segment if none is free.
+    fn flash_slot_for_buffer(&self, reinsertion: bool) -> Result<Option<u32>, CacheError> {
+        let Some(f) = &self.flash else {
+            return Ok(None);
+        };
+        // Demotions leave the last free slots to reinsertions, which cannot evict.
+        let reserve = if reinsertion {
+            0
+        } else {
+            FLASH_REINSERT_RESERVE
+        };
+        for _ in 0..3 {
+            {
+                let mut lists = f.lists.lock();
+                if lists.free.len() > reserve {
+                    return Ok(lists.free.pop());
+                }
+            }
+            // A reinsertion buffer is opened inside an eviction: never evict again from
+            // there (it could recurse); the item is dropped instead.
+            if reinsertion || !self.evict_flash_one(true)? {
+                break;
+            }
+        }
+        Ok(f.lists.lock().free.pop())
+    }
+
+    /// Appends a copy of `item` to the flash tier's demotion (or reinsertion) buffer,
+    /// writing the full buffer to flash and opening a new one when it has no room.
+    /// Returns the copy, PENDING, or `None` when no buffer could take it.
+    pub(super) fn copy_to_flash(
+        &self,
+        item: &ItemRef<'_>,
+        cas: u64,
+        now: u32,
+        expires_at: u32,
+        reinsertion: bool,
+    ) -> Result<Option<(Arc<Buffer>, Location)>, CacheError> {
+        let Some(f) = &self.flash else {
+            return Ok(None);
+        };
+        let spec = ItemSpec {
+            origin_cas: Some(cas),
+            expires_at,
+            ..item.spec()
+        };
+        let set = if reinsertion { &f.reinsert } else { &f.demote };
+        let mut open = set.lock();
+        for _ in 0..2 {
+            if let Some(buf) = open.as_ref() {
+                if let Some(offset) = f.append(buf, &spec, item.key, item.value)? {
+                    let loc = Location {
+                        segment: f.base + buf.slot,
+                        offset,
+                    };
+                    return Ok(Some((Arc::clone(buf), loc)));
+                }
+            }
+            if let Some(full) = open.take() {
+                self.write_flash_buffer(&full);
+            }
+            let Some(slot) = self.flash_slot_for_buffer(reinsertion)? else {
+                return Ok(None);
+            };
+            // Segments expire never: the items carry their own expiry.
+            let header = self.next_header(f.tier, slot, 0, 0, now)?;
+            let m = &self.meta[(f.base + slot) as usize];
+            m.write_seq.store(header.write_seq, Ordering::Release);
+            m.expires_at.store(0, Ordering::Release);
+            m.dead_bytes.store(0, Ordering::Relaxed);
+            *open = Some(f.open_buffer(header)?);
+        }
+        Ok(None)
+    }
+
+    /// Writes a full (or, at shutdown, partial) buffer to flash; if the write fails its
+    /// items lose their entries (evicted, counted) and its slot is retired and freed.
+    pub(super) fn write_flash_buffer(&self, buf: &Arc<Buffer>) {
+        let Some(f) = &self.flash else {
+            return;
+        };
+        if f.write_buffer(buf).is_ok() {
+            return;
+        }
+        let id = f.base + buf.slot;
+        let dropped = self.drop_entries_into(id, buf);
+        f.stats.items_evicted.fetch_add(dropped, Ordering::Relaxed);
+        f.abandon(buf.slot);
+    }
+
+    /// Removes every entry into segment `id` whose item is in `buf` (its bytes); returns
+    /// how many.
+    fn drop_entries_into(&self, id: u32, buf: &Buffer) -> u64 {
+        let offsets: Vec<(u64, u32)> = buf.with_bytes(|bytes| {
+            let Ok(reader) = SegmentReader::open(bytes) else {
+                return Vec::new();
+            };
+            reader
+                .items()
+                .filter(|i| i.state == ItemState::Live)
+                .map(|i| (self.index.hash_key(i.key), i.offset))
+                .collect()
+        });
+        let mut dropped = 0;
+        for (hash, offset) in offsets {
+            if self.index.remove(
+                hash,
+                Location {
+                    segment: id,
+                    offset,
+                },
+            ) {
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
+    /// Publishes a flash copy in place of the item at `loc` (see the module docs); `src`
+    /// is the source's pin when it is in a memory tier (killed once the entry moved).
+    pub(super) fn publish_flash_copy(
+        &self,
+        g: &mut crate::index::BucketGuard<'_>,
+        src: Option<&Pin<'_>>,
+        loc: Location,
+        (buf, dloc): (&Buffer, Location),
+        frequency: Freq,
+    ) -> Result<bool, CacheError> {
+        let Some(f) = &self.flash else {
+            return Ok(false);
+        };
+        let present = g.candidates().any(|l| l == loc);
+        let live = src.is_none_or(|p| p.item_state(loc.offset) == Some(ItemState::Live));
+        if !(present && live) {
+            f.finish_copy(buf, dloc.offset, false);
+            return Ok(false);
+        }
+        if !f.finish_copy(buf, dloc.offset, true) {
+            return Ok(false);
+        }
+        g.repoint(loc, dloc, frequency);
+        if let Some(p) = src {
+            self.kill(p, loc)?;
+        }
+        Ok(true)
+    }
+
+    /// Evicts one flash segment (a dead-heavy one first, else the oldest): reads it back,
+    /// retires it, reinserts its items with hits (if `reinsert`) and drops the rest.
+    /// Returns whether there was one to evict.
+    pub(super) fn evict_flash_one(&self, reinsert: bool) -> Result<bool, CacheError> {
+        let Some(f) = &self.flash else {
+            return Ok(false);
+        };
+        let victim = {
+            let mut lists = f.lists.lock();
+            let dead_heavy = lists.fifo.iter().take(DEAD_FIRST_WINDOW).position(|&slot| {
+                let (items, dead) = f.occupancy(slot);
+                items > 0 && dead * DEAD_FIRST.1 >= items * DEAD_FIRST.0
+            });
+            match dead_heavy {
+                Some(at) => lists.fifo.remove(at),
+                None => lists.fifo.pop_front(),
+            }
+        };
+        let Some(slot) = victim else {
+            return Ok(false);
+        };
+        let id = f.base + slot;
+        let data = match f.begin_evict(slot) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(true),
+            Err(e) => {
+                // Not retired: its items may still be read from flash; it is put back.
+                f.lists.lock().fifo.push_front(slot);
+                return Err(e.into());
+            }
+        };
+        let counters = &f.stats;
+        let now = self.now();
+        let mut budget = if reinsert {
+            ((1usize << self.shift) - HEADER_LEN) / FLASH_REINSERT_BUDGET.1
+                * FLASH_REINSERT_BUDGET.0
+        } else {
+            0
+        };
+        let items: Vec<OwnedItem> = data.with_bytes(|bytes| match SegmentReader::open(bytes) {
+            Ok(reader) => reader
+                .items()
+                .filter(|i| i.state == ItemState::Live)
+                .map(|i| OwnedItem::from_ref(&i))
+                .collect(),
+            Err(_) => Vec::new(),
+        });
+        for owned in &items {
+            let item = owned.item();
+            let hash = self.index.hash_key(item.key);
+            let loc = Location {
+                segment: id,
+                offset: item.offset,
+            };
+            let expires_at = self.item_expiry(id, &item);
+            let expired = super::past(expires_at, now);
+            let hits = if expired {
+                None
+            } else {
+                self.index
+                    .lookup(hash)
+                    .find(|h| h.location() == loc)
+                    .map(|h| h.frequency())
+            };
+            let copy = match hits {
+                Some(freq) if freq > 0 && budget >= item.len as usize => {
+                    budget -= item.len as usize;
+                    let cas = self.cas_of(id, &item);
+                    self.copy_to_flash(&item, cas, now, expires_at, true)?
+                }
+                _ => None,
+            };
+            let mut g = self.index.lock(hash);
+            let moved = match &copy {
+                Some((buf, dloc)) => {
+                    self.publish_flash_copy(&mut g, None, loc, (buf, *dloc), Freq::Spend)?
+                }
+                None => false,
+            };
+            if moved {
+                counters.reinserted.fetch_add(1, Ordering::Relaxed);
+            } else if g.remove(loc) {
+                if expired {
+                    counters.items_expired.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    counters.items_evicted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        if data.end() as usize <= HEADER_LEN {
+            // Unreadable: its entries cannot be found by walking it.
+            self.index.sweep(0..self.index.bucket_count(), |l, _| {
+                if l.segment == id {
+                    Sweep::Remove
+                } else {
+                    Sweep::Keep
+                }
+            });
+        }
+        counters.segments_evicted.fetch_add(1, Ordering::Relaxed);
+        f.free(slot);
+        Ok(true)
+    }
+
+    /// The movers' flash work: keep [`FLASH_FREE_TARGET`] segments free.
+    pub(super) fn maintain_flash(&self) -> Result<usize, CacheError> {
+        let Some(f) = &self.flash else {
+            return Ok(0);
+        };
+        let mut evicted = 0;
+        while f.lists.lock().free.len() < FLASH_FREE_TARGET {
+            if !self.evict_flash_one(true)? {
+                break;
+            }
+            f.stats.background_evictions.fetch_add(1, Ordering::Relaxed);
+            evicted += 1;
+        }
+        Ok(evicted)
+    }
+
+    /// Writes the open flash buffers (a clean shutdown, or a test that wants every
+    /// demoted item on flash).
+    pub fn flush_flash(&self) {
+        let Some(f) = &self.flash else {
+            return;
+        };
+        for set in [&f.demote, &f.reinsert] {
+            let buf = set.lock().take();
+            if let Some(buf) = buf {
+                self.write_flash_buffer(&buf);
+            }
+        }
+    }
+
+    /// The flash tier's stats, with `items` indexed items on it.
+    pub(super) fn flash_tier_stats(&self, items: u64) -> crate::tier::TierStats {
+        let Some(f) = &self.flash else {
+            return crate::tier::TierStats::default();
+        };
+        let c = &f.stats;
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let (free, stored) = f.segment_counts();
+        crate::tier::TierStats {
+            segments: f.count,
+            free_segments: free,
+            sealed_segments: stored,
+            items,
+            hits: l(&c.hits),
+            segments_evicted: l(&c.segments_evicted),
+            items_evicted: l(&c.items_evicted),
+            items_expired: l(&c.items_expired),
+            demotions_in: l(&c.demotions_in),
+            promotions_in: 0,
+            reinserted: l(&c.reinserted),
+            inline_evictions: l(&c.inline_evictions),
+            background_evictions: l(&c.background_evictions),
+            durability: Some(terrace_media::Durability::Process),
+            flash: Some(f.flash_stats()),
+            ..crate::tier::TierStats::default()
+        }
+    }
+
+    /// After a restart: each stored flash segment's item count is its indexed items plus
+    /// its dead ones (what the choice of dead-heavy segments compares).
+    pub(super) fn count_flash_items(&self, f: &FlashTier) {
+        let mut live = vec![0u32; f.count as usize];
+        self.index.for_each_location(|loc| {
+            if let Some(slot) = f.slot_of(loc.segment) {
+                live[slot as usize] += 1;
+            }
+        });
+        for (slot, n) in live.into_iter().enumerate() {
+            f.set_live(slot as u32, n);
+        }
+    }
+
+    /// Promotes the flash item at `loc` into tier 0 (`promote.rs`).
+    pub(super) fn promote_from_flash(&self, hash: u64, loc: Location) -> Result<bool, CacheError> {
+        if !self.index.lookup(hash).any(|h| h.location() == loc) {
+            return Ok(false);
+        }
+        let Some(owned) = self.read_flash(loc) else {
+            return Ok(false);
+        };
+        let item = owned.item();
+        let now = self.now();
+        if item.state != ItemState::Live || self.item_expired(loc.segment, &item, now) {
+            return Ok(false);
+        }
+        let expires_at = self.item_expiry(loc.segment, &item);
+        let cas = self.cas_of(loc.segment, &item);
+        let Some((dpin, dloc)) =
+            self.copy_item(0, super::evict::Dest::Moved, &item, cas, now, expires_at)?
+        else {
+            return Ok(false);
+        };
+        let mut g = self.index.lock(hash);
+        let present = g.candidates().any(|l| l == loc);
+        if !(present
+            && matches!(
+                dpin.state(),
+                crate::mem::SegState::Open | crate::mem::SegState::Sealed
+            ))
+        {
+            self.kill(&dpin, dloc)?;
+            return Ok(false);
+        }
+        dpin.set_state(dloc.offset, ItemState::Live)?;
+        g.repoint(loc, dloc, Freq::Set(1));
+        self.kill_at(loc)?;
+        drop(g);
+        self.counters.promotions.fetch_add(1, Ordering::Relaxed);
+        self.tiers[0]
+            .counters
+            .promotions_in
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+/// The restart of a flash tier: what [`scan_flash`] takes from the rest of `Cache::open`.
+pub(super) struct FlashScan<'a> {
+    pub index: &'a Index,
+    pub meta: &'a [SegMeta],
+    pub saved: Option<&'a Saved>,
+    pub found: &'a mut Vec<Found>,
+    pub from_saved: &'a mut [bool],
+    pub max_seq: &'a mut u64,
+    pub report: &'a mut RestartReport,
+    pub now: u32,
+}
+
+/// Restart of a reopened flash file: every slot's header is read; a segment the saved
+/// index of a clean shutdown recorded as this incarnation is taken as it is (its entries
+/// are in the index); any other whole, checksummed segment is read and its LIVE items
+/// that no kill record names are collected in `found`. Segments are queued oldest write
+/// sequence first. With `untrusted` (a system restart since an unclean stop: the kill
+/// log may have lost records that reached the disk later than the segments they name)
+/// every segment is retired instead.
+pub(super) fn scan_flash(
+    f: &FlashTier,
+    scan: FlashScan<'_>,
+    untrusted: bool,
+) -> Result<(), CacheError> {
+    let kills = f.kills()?;
+    let mut kept: Vec<(u64, u32, u32, u32, u32)> = Vec::new();
+    for slot in 0..f.count {
+        let id = f.base + slot;
+        let head = f.read_header(slot)?;
+        let Ok(reader) = SegmentReader::open(&head) else {
+            continue;
+        };
+        let header = *reader.header();
+        *scan.max_seq = (*scan.max_seq).max(header.write_seq);
+        if untrusted {
+            f.retire_found(slot)?;
+            scan.report.untrusted_after_reboot += 1;
+            continue;
+        }
+        if header.slot != slot || header.tier as usize != f.tier || header.size_shift != f.shift {
+            scan.report.dropped.push((
+                f.tier,
+                slot,
+                DropReason::Misplaced {
+                    slot: header.slot,
+                    tier: header.tier,
+                    size_shift: header.size_shift,
+                },
+            ));
+            f.retire_found(slot)?;
+            continue;
+        }
+        if reader.is_retired() || reader.commit().committed == 0 {
+            continue;
+        }
+        let end = reader.committed_end() as u32;
+        let saved = scan.saved.and_then(|s| s.segment(id, header.write_seq));
+        if let Some(SavedSegment::Indexed { dead_bytes }) = saved {
+            scan.from_saved[id as usize] = true;
+            scan.report.from_saved_index += 1;
+            // For flash segments the saved record's dead count is of items.
+            kept.push((header.write_seq, slot, end, 0, dead_bytes));
+            continue;
+        }
+        let Some(bytes) = f.read_segment(slot)? else {
+            continue;
+        };
+        let Ok(reader) = SegmentReader::open(&bytes) else {
+            continue;
+        };
+        let scan_end = reader.verify();
+        if !scan_end.is_complete() {
+            scan.report
+                .dropped
+                .push((f.tier, slot, DropReason::Scan(scan_end)));
+            f.retire_found(slot)?;
+            continue;
+        }
+        let (mut items, mut dead) = (0u32, 0u32);
+        let listed: Option<Vec<u32>> = match saved {
+            Some(SavedSegment::Items(offsets)) => Some(offsets.iter().map(|&(o, _)| o).collect()),
+            _ => None,
+        };
+        for item in reader.items() {
+            items += 1;
+            let killed = kills.contains(&(slot, item.offset, header.write_seq));
+            let expired = item.expires_at != 0 && super::past(item.expires_at, scan.now);
+            let unlisted = listed.as_ref().is_some_and(|l| !l.contains(&item.offset));
+            if item.state != ItemState::Live || killed || expired || unlisted {
+                dead += 1;
+                continue;
+            }
+            scan.found.push(Found {
+                hash: scan.index.hash_key(item.key),
+                loc: Location {
+                    segment: id,
+                    offset: item.offset,
+                },
+                frequency: 0,
+            });
+        }
+        scan.from_saved[id as usize] = listed.is_some();
+        scan.report.scanned += 1;
+        kept.push((header.write_seq, slot, end, items, dead));
+    }
+    kept.sort_unstable();
+    for (seq, slot, end, items, dead) in kept {
+        let m = &scan.meta[(f.base + slot) as usize];
+        m.write_seq.store(seq, Ordering::Relaxed);
+        m.expires_at.store(0, Ordering::Relaxed);
+        m.dead_bytes.store(dead, Ordering::Relaxed);
+        f.restore(slot, seq, end, items, dead);
+        scan.report.segments += 1;
+    }
+    Ok(())
+}

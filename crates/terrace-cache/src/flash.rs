@@ -1,0 +1,860 @@
+//! The flash tier's mechanics: one file (`flash<i>.terrace`) cut into segments of the
+//! cache's segment size, read and written with block I/O through
+//! `terrace_media::flash::FlashFile` (`O_DIRECT` where the file system allows), never
+//! mapped; the DRAM write buffers segments are filled in; and the kill log
+//! (`flash<i>.kills`) that makes deletes and overwrites of flash items survive a crash.
+//! The engine's side — demotion into flash, reads, eviction, restart — is
+//! `cache/flash.rs`.
+//!
+//! A segment on flash has the format of every other segment (`segment.rs`): header,
+//! packed items, commit word with a running checksum. It is filled in a DRAM `Buffer`
+//! and written once, whole, when full (or at a clean shutdown); until that write
+//! completes it is read from the buffer.
+//!
+//! # Why a kill log
+//! A memory tier marks a deleted or overwritten item DEAD in place. On flash that would
+//! be a read-modify-write of a block per delete, so a flash copy stays LIVE on the media
+//! after its key moved on. Each such kill of an item already written to flash appends a
+//! 16-byte record (slot, offset, the segment's write sequence) to the kill log with one
+//! `pwrite` before the operation returns: in the kernel, it survives the process being
+//! killed. The restart scan after a crash skips every item a record names in the
+//! incarnation it names. Records of incarnations that are gone are dropped when the log
+//! is compacted. A kill of an item still in its buffer flips its state byte there
+//! instead, unless the buffer's write has begun.
+//!
+//! # Invariants
+//! - A slot is `Free`, `Open` (its buffer takes appends and may be being written),
+//!   `Stored` (on flash, read with `pread`) or `Evicting` (its bytes copied into DRAM,
+//!   then retired on flash). Its generation counter changes on every change of
+//!   incarnation (open, eviction start, free), so a reader that loaded it before a
+//!   `pread` and finds it unchanged after read the incarnation it meant.
+//! - A buffer is written only when no copy appended to it is waiting to be published
+//!   (`pending` is 0): every item in it is then LIVE or DEAD, never PENDING, and a kill
+//!   after that point is a kill-log record.
+//! - A segment being evicted is retired on flash (its blocks punched, else its header
+//!   zeroed) before its slot is reused, and kills are recorded until it is retired, so
+//!   no crash can bring back an item its eviction dropped after it was overwritten.
+//!
+//! Lock order (with `docs/concurrency.md`): a buffer set (`demote`, `reinsert`) before a
+//! slot's state, before a buffer's bytes, before the kill log; `lists` alone.
+
+use std::collections::{HashSet, VecDeque};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use terrace_media::flash::{AlignedBuf, FlashFile, BLOCK};
+use terrace_media::MediaError;
+
+use crate::error::{CacheError, EncodeError};
+use crate::item::{self, ItemLimits, ItemRef, ItemSpec, ItemState};
+use crate::segment::{Cursor, SegmentHeader, SegmentReader, SegmentWriter, HEADER_LEN};
+
+/// Bytes of one kill-log record.
+const KILL_RECORD: usize = 16;
+
+/// The kill log is compacted when it grows past this many records per flash segment
+/// (at least [`MIN_KILL_LOG_RECORDS`]): it then holds only the records of segments still
+/// on flash.
+const KILL_RECORDS_PER_SEGMENT: u64 = 256;
+const MIN_KILL_LOG_RECORDS: u64 = 64 << 10;
+
+/// The file a flash tier lives in.
+pub fn flash_path(dir: &Path, tier: usize) -> PathBuf {
+    dir.join(format!("flash{tier}.terrace"))
+}
+
+/// The flash tier's kill log.
+pub fn kills_path(dir: &Path, tier: usize) -> PathBuf {
+    dir.join(format!("flash{tier}.kills"))
+}
+
+/// A segment being filled in DRAM, or one read back from flash to be evicted.
+pub(crate) struct Buffer {
+    pub slot: u32,
+    pub write_seq: u64,
+    data: RwLock<BufferData>,
+    /// Copies appended and not yet made LIVE or DEAD.
+    pending: AtomicU32,
+}
+
+struct BufferData {
+    bytes: AlignedBuf,
+    /// Where appends continue; `None` once the buffer takes no more (written or being
+    /// written, or read back for an eviction).
+    cursor: Option<Cursor>,
+    /// End of the committed items.
+    end: u32,
+    /// The write to flash has begun: kills go to the kill log.
+    writing: bool,
+}
+
+impl Buffer {
+    /// Bytes of the committed items (header included).
+    pub fn end(&self) -> u32 {
+        self.data.read().end
+    }
+
+    /// Runs `f` over the segment's bytes up to the committed end.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        let d = self.data.read();
+        f(&d.bytes[..d.end as usize])
+    }
+}
+
+#[derive(Clone)]
+enum Slot {
+    Free,
+    Open(Arc<Buffer>),
+    Stored { end: u32 },
+    Evicting { data: Arc<Buffer>, retired: bool },
+}
+
+struct SlotCell {
+    generation: AtomicU64,
+    state: Mutex<Slot>,
+    /// Items written into the segment, and how many of them died since (for the choice
+    /// of segments to evict first).
+    items: AtomicU32,
+    dead: AtomicU32,
+    /// The write sequence of the segment stored there (0: none).
+    stored_seq: AtomicU64,
+}
+
+/// A copy of one item read from flash (or from a buffer).
+pub struct OwnedItem {
+    bytes: Vec<u8>,
+    offset: u32,
+    header: item::ItemHeader,
+}
+
+impl OwnedItem {
+    pub fn from_ref(item: &ItemRef<'_>) -> OwnedItem {
+        let mut bytes = Vec::with_capacity(item.key.len() + item.value.len());
+        bytes.extend_from_slice(item.key);
+        bytes.extend_from_slice(item.value);
+        OwnedItem {
+            bytes,
+            offset: item.offset,
+            header: item::ItemHeader {
+                state: item.state,
+                client_flags: item.client_flags,
+                expires_at: item.expires_at,
+                origin_cas: item.origin_cas,
+                header_len: 0,
+                key_len: item.key.len() as u32,
+                value_len: item.value.len() as u32,
+            },
+        }
+    }
+
+    /// The item, as the memory tiers hand it out (its offset is the one in its segment).
+    pub fn item(&self) -> ItemRef<'_> {
+        let k = self.header.key_len as usize;
+        ItemRef {
+            offset: self.offset,
+            len: self.header.total_len() as u32,
+            state: self.header.state,
+            client_flags: self.header.client_flags,
+            expires_at: self.header.expires_at,
+            origin_cas: self.header.origin_cas,
+            key: &self.bytes[..k],
+            value: &self.bytes[k..],
+        }
+    }
+}
+
+/// Counters of a flash tier.
+#[derive(Debug, Default)]
+pub(crate) struct FlashCounters {
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub reads: AtomicU64,
+    pub segments_written: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub read_errors: AtomicU64,
+    pub kills_logged: AtomicU64,
+    pub punch_fallbacks: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+/// The queues of a flash tier: free slots, and stored segments oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct FlashLists {
+    pub free: Vec<u32>,
+    pub fifo: VecDeque<u32>,
+}
+
+/// The flash tier. See the module docs.
+pub(crate) struct FlashTier {
+    file: FlashFile,
+    kill_log: Mutex<KillLog>,
+    pub shift: u8,
+    pub count: u32,
+    /// Global id of slot 0.
+    pub base: u32,
+    /// The tier's position in the configuration (the last).
+    pub tier: usize,
+    slots: Box<[SlotCell]>,
+    pub lists: Mutex<FlashLists>,
+    /// The open buffer of demotions from the tier above, and of reinsertions.
+    pub demote: Mutex<Option<Arc<Buffer>>>,
+    pub reinsert: Mutex<Option<Arc<Buffer>>>,
+    pub counters: FlashCounters,
+    /// The counters every tier has (hits, evictions, demotions in, reinsertions).
+    pub stats: crate::tier::TierCounters,
+    limits: ItemLimits,
+}
+
+struct KillLog {
+    file: std::fs::File,
+    path: PathBuf,
+    records: u64,
+    limit: u64,
+}
+
+impl std::fmt::Debug for FlashTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlashTier")
+            .field("path", &self.file.path())
+            .field("segments", &self.count)
+            .field("direct", &self.file.is_direct())
+            .finish()
+    }
+}
+
+fn io_error(op: &'static str, path: &Path, source: std::io::Error) -> MediaError {
+    MediaError::Io {
+        op,
+        path: path.into(),
+        source,
+    }
+}
+
+impl FlashTier {
+    /// Opens (or creates) the flash file of tier `tier` in `dir`: `bytes` rounded down to
+    /// whole segments of `2^shift` bytes. An existing file of another size is an error.
+    /// Returns the tier and whether the file existed (to be scanned).
+    pub fn open(
+        dir: &Path,
+        tier: usize,
+        bytes: u64,
+        shift: u8,
+        base: u32,
+        limits: ItemLimits,
+    ) -> Result<(FlashTier, bool), CacheError> {
+        if !dir.is_dir() {
+            return Err(CacheError::TierDir { dir: dir.into() });
+        }
+        let count = u32::try_from(bytes >> shift).map_err(|_| CacheError::Config {
+            why: "more than 2^32 segments in a tier",
+        })?;
+        let size = u64::from(count) << shift;
+        let path = flash_path(dir, tier);
+        let existing = FlashFile::existing_size(&path)?;
+        if let Some(found) = existing.filter(|&f| f != size) {
+            return Err(CacheError::TierFileSize {
+                path,
+                found,
+                expected: size,
+            });
+        }
+        let file = FlashFile::open(&path, size)?;
+        let kpath = kills_path(dir, tier);
+        let kfile = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&kpath)
+            .map_err(|e| MediaError::Open {
+                path: kpath.clone(),
+                source: e,
+            })?;
+        let len = kfile
+            .metadata()
+            .map_err(|e| io_error("stat", &kpath, e))?
+            .len();
+        let flash = FlashTier {
+            file,
+            kill_log: Mutex::new(KillLog {
+                file: kfile,
+                path: kpath,
+                records: len / KILL_RECORD as u64,
+                limit: (u64::from(count) * KILL_RECORDS_PER_SEGMENT).max(MIN_KILL_LOG_RECORDS),
+            }),
+            shift,
+            count,
+            base,
+            tier,
+            slots: (0..count)
+                .map(|_| SlotCell {
+                    generation: AtomicU64::new(0),
+                    state: Mutex::new(Slot::Free),
+                    items: AtomicU32::new(0),
+                    dead: AtomicU32::new(0),
+                    stored_seq: AtomicU64::new(0),
+                })
+                .collect(),
+            lists: Mutex::new(FlashLists {
+                free: (0..count).rev().collect(),
+                fifo: VecDeque::new(),
+            }),
+            demote: Mutex::new(None),
+            reinsert: Mutex::new(None),
+            counters: FlashCounters::default(),
+            stats: crate::tier::TierCounters::default(),
+            limits,
+        };
+        Ok((flash, existing.is_some()))
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.file.is_direct()
+    }
+
+    pub fn is_emulated(&self) -> bool {
+        self.file.is_emulated()
+    }
+
+    fn seg_size(&self) -> usize {
+        1 << self.shift
+    }
+
+    fn seg_offset(&self, slot: u32) -> u64 {
+        u64::from(slot) << self.shift
+    }
+
+    /// Whether global segment id `id` is in this tier; its slot if so.
+    pub fn slot_of(&self, id: u32) -> Option<u32> {
+        id.checked_sub(self.base).filter(|&s| s < self.count)
+    }
+
+    /// (items written, items dead) of a slot's current incarnation.
+    pub fn occupancy(&self, slot: u32) -> (u32, u32) {
+        let c = &self.slots[slot as usize];
+        (
+            c.items.load(Ordering::Relaxed),
+            c.dead.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Bytes held in DRAM by open buffers and segments being evicted.
+    pub fn buffer_bytes(&self) -> u64 {
+        let open = self
+            .slots
+            .iter()
+            .filter(|c| matches!(&*c.state.lock(), Slot::Open(_) | Slot::Evicting { .. }));
+        open.count() as u64 * self.seg_size() as u64
+    }
+
+    /// Opens a fresh buffer for `header` (whose slot the caller took from the free list).
+    pub fn open_buffer(&self, header: SegmentHeader) -> Result<Arc<Buffer>, CacheError> {
+        let mut bytes = AlignedBuf::new(self.seg_size())?;
+        let cursor = SegmentWriter::create(&mut bytes[..], header, self.limits)?.cursor();
+        let buf = Arc::new(Buffer {
+            slot: header.slot,
+            write_seq: header.write_seq,
+            data: RwLock::new(BufferData {
+                bytes,
+                cursor: Some(cursor),
+                end: HEADER_LEN as u32,
+                writing: false,
+            }),
+            pending: AtomicU32::new(0),
+        });
+        let cell = &self.slots[header.slot as usize];
+        let mut state = cell.state.lock();
+        cell.items.store(0, Ordering::Relaxed);
+        cell.dead.store(0, Ordering::Relaxed);
+        cell.generation.fetch_add(1, Ordering::AcqRel);
+        *state = Slot::Open(Arc::clone(&buf));
+        Ok(buf)
+    }
+
+    /// Appends `item` (as `spec`) PENDING to `buf`; its offset, or `None` when the buffer
+    /// has no room (or takes no more). The caller must [`finish_copy`](Self::finish_copy)
+    /// it.
+    pub fn append(
+        &self,
+        buf: &Buffer,
+        spec: &ItemSpec,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<Option<u32>, EncodeError> {
+        let mut d = buf.data.write();
+        let Some(cursor) = d.cursor else {
+            return Ok(None);
+        };
+        if spec.encoded_len() > cursor.remaining() {
+            return Ok(None);
+        }
+        let mut w = SegmentWriter::attach(&mut d.bytes[..], cursor)?;
+        let offset = w.append(spec, key, value)?;
+        let (cursor, end) = (w.cursor(), HEADER_LEN as u32 + w.committed());
+        d.cursor = Some(cursor);
+        d.end = end;
+        buf.pending.fetch_add(1, Ordering::AcqRel);
+        self.slots[buf.slot as usize]
+            .items
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(Some(offset))
+    }
+
+    /// Makes a copy appended by [`append`](Self::append) LIVE (published) or DEAD (not);
+    /// under the key's bucket lock for LIVE. Returns false when it could not be made
+    /// LIVE (never happens while it is pending: the buffer is not written before).
+    pub fn finish_copy(&self, buf: &Buffer, offset: u32, live: bool) -> bool {
+        let mut d = buf.data.write();
+        let state = if live {
+            ItemState::Live
+        } else {
+            ItemState::Dead
+        };
+        let done = !d.writing && item::set_state(&mut d.bytes[..], offset, state);
+        drop(d);
+        if !live {
+            self.slots[buf.slot as usize]
+                .dead
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        buf.pending.fetch_sub(1, Ordering::AcqRel);
+        done
+    }
+
+    /// Takes the buffer out of appends and writes it to its slot (the committed part,
+    /// whole blocks), once every pending copy in it is settled. On success the slot is
+    /// `Stored` and goes to the end of the FIFO; on an error the caller must drop the
+    /// entries into it and [`abandon`](Self::abandon) the slot.
+    pub fn write_buffer(&self, buf: &Arc<Buffer>) -> Result<(), MediaError> {
+        {
+            let mut d = buf.data.write();
+            d.cursor = None;
+        }
+        // Pending copies are settled by their evictors without waiting for anything a
+        // writer holds (see `cache/flash.rs`), so this wait ends.
+        let mut spins = 0u32;
+        while buf.pending.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
+        buf.data.write().writing = true;
+        let d = buf.data.read();
+        let len = (d.end as usize).next_multiple_of(BLOCK).min(d.bytes.len());
+        let r = self
+            .file
+            .write_at(self.seg_offset(buf.slot), &d.bytes[..len]);
+        let end = d.end;
+        drop(d);
+        match r {
+            Ok(()) => {
+                self.counters
+                    .bytes_written
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                self.counters
+                    .segments_written
+                    .fetch_add(1, Ordering::Relaxed);
+                let cell = &self.slots[buf.slot as usize];
+                cell.stored_seq.store(buf.write_seq, Ordering::Release);
+                *cell.state.lock() = Slot::Stored { end };
+                self.lists.lock().fifo.push_back(buf.slot);
+                Ok(())
+            }
+            Err(e) => {
+                self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives up a slot whose write failed or whose buffer is dropped: retired on flash
+    /// (so a partial write is never scanned) and freed. The caller has removed every
+    /// entry into it.
+    pub fn abandon(&self, slot: u32) {
+        let _ = self.retire(slot);
+        self.free(slot);
+    }
+
+    /// Makes `slot` `Free` and puts it on the free list.
+    pub fn free(&self, slot: u32) {
+        let cell = &self.slots[slot as usize];
+        {
+            let mut state = cell.state.lock();
+            cell.generation.fetch_add(1, Ordering::AcqRel);
+            *state = Slot::Free;
+        }
+        self.lists.lock().free.push(slot);
+    }
+
+    /// Gives a slot's blocks back (a hole reads as zeros); where the file system cannot,
+    /// zeroes its first block so its header no longer validates.
+    fn retire(&self, slot: u32) -> Result<(), MediaError> {
+        let at = self.seg_offset(slot);
+        if self.file.punch(at, self.seg_size() as u64).is_ok() {
+            return Ok(());
+        }
+        self.counters
+            .punch_fallbacks
+            .fetch_add(1, Ordering::Relaxed);
+        let zero = AlignedBuf::new(BLOCK)?;
+        self.file.write_at(at, &zero)
+    }
+
+    /// Starts the eviction of a stored segment: reads it into DRAM (where readers find
+    /// it from now on), then retires it on flash. Returns its bytes to walk, or `None`
+    /// when the slot holds no stored segment.
+    pub fn begin_evict(&self, slot: u32) -> Result<Option<Arc<Buffer>>, MediaError> {
+        let cell = &self.slots[slot as usize];
+        let end = match &*cell.state.lock() {
+            Slot::Stored { end } => *end,
+            _ => return Ok(None),
+        };
+        let mut bytes = AlignedBuf::new(self.seg_size())?;
+        let len = (end as usize).next_multiple_of(BLOCK).min(bytes.len());
+        let read = self.file.read_at(self.seg_offset(slot), &mut bytes[..len]);
+        if read.is_err() {
+            self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let write_seq = SegmentHeader::decode(&bytes[..])
+            .map(|(h, _)| h.write_seq)
+            .unwrap_or(0);
+        let data = Arc::new(Buffer {
+            slot,
+            write_seq,
+            data: RwLock::new(BufferData {
+                bytes,
+                cursor: None,
+                // An unreadable segment walks as empty: its entries are swept by the
+                // caller.
+                end: if read.is_ok() { end } else { HEADER_LEN as u32 },
+                writing: true,
+            }),
+            pending: AtomicU32::new(0),
+        });
+        {
+            let mut state = cell.state.lock();
+            cell.generation.fetch_add(1, Ordering::AcqRel);
+            *state = Slot::Evicting {
+                data: Arc::clone(&data),
+                retired: false,
+            };
+        }
+        self.retire(slot)?;
+        if let Slot::Evicting { retired, .. } = &mut *cell.state.lock() {
+            *retired = true;
+        }
+        Ok(Some(data))
+    }
+
+    /// The item at `offset` of `slot`, copied out: from its buffer, or read from flash
+    /// (one `pread` for an item within a block, two otherwise). `None` when the slot no
+    /// longer holds the incarnation the caller's entry meant, or the bytes there do not
+    /// decode (the caller's entry moved on; it looks again).
+    pub fn read(&self, slot: u32, offset: u32) -> Option<OwnedItem> {
+        let cell = self.slots.get(slot as usize)?;
+        let generation = cell.generation.load(Ordering::Acquire);
+        let state = cell.state.lock().clone();
+        let end = match state {
+            Slot::Free => return None,
+            Slot::Open(buf) | Slot::Evicting { data: buf, .. } => {
+                let d = buf.data.read();
+                return item::decode(&d.bytes[..], offset, d.end as usize)
+                    .ok()
+                    .map(|i| OwnedItem::from_ref(&i));
+            }
+            Slot::Stored { end } => end,
+        };
+        let item = self.read_stored(slot, offset, end);
+        if cell.generation.load(Ordering::Acquire) != generation {
+            return None;
+        }
+        item
+    }
+
+    fn read_stored(&self, slot: u32, offset: u32, end: u32) -> Option<OwnedItem> {
+        if offset >= end || (offset as usize) < HEADER_LEN {
+            return None;
+        }
+        let seg = self.seg_offset(slot);
+        let start = (offset as usize) & !(BLOCK - 1);
+        let rel = offset as usize - start;
+        let mut first = AlignedBuf::new(BLOCK).ok()?;
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        if self.file.read_at(seg + start as u64, &mut first).is_err() {
+            self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let total = item::decode_header(&first[rel..]).ok()?.total_len();
+        let item_end = offset as u64 + total;
+        if item_end > u64::from(end) {
+            return None;
+        }
+        let read_end = (item_end as usize).next_multiple_of(BLOCK);
+        let item = if read_end - start <= BLOCK {
+            self.counters
+                .bytes_read
+                .fetch_add(BLOCK as u64, Ordering::Relaxed);
+            let i = item::decode(&first, rel as u32, BLOCK).ok()?;
+            OwnedItem::from_ref(&ItemRef { offset, ..i })
+        } else {
+            let mut all = AlignedBuf::new(read_end - start).ok()?;
+            all[..BLOCK].copy_from_slice(&first);
+            if self
+                .file
+                .read_at(seg + (start + BLOCK) as u64, &mut all[BLOCK..])
+                .is_err()
+            {
+                self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            self.counters
+                .bytes_read
+                .fetch_add(all.len() as u64, Ordering::Relaxed);
+            let i = item::decode(&all, rel as u32, all.len()).ok()?;
+            OwnedItem::from_ref(&ItemRef { offset, ..i })
+        };
+        Some(item)
+    }
+
+    /// Kills the item at `offset` of `slot`, which no index entry points at any more:
+    /// flips it DEAD in its buffer if the buffer's write has not begun, else records it
+    /// in the kill log (one `pwrite`, before this returns). Nothing to do for a segment
+    /// already retired.
+    pub fn kill(&self, slot: u32, offset: u32) -> Result<(), MediaError> {
+        let Some(cell) = self.slots.get(slot as usize) else {
+            return Ok(());
+        };
+        let state = cell.state.lock();
+        let write_seq = match &*state {
+            Slot::Free => return Ok(()),
+            Slot::Evicting { retired: true, .. } => return Ok(()),
+            Slot::Evicting { data, .. } => data.write_seq,
+            Slot::Open(buf) => {
+                let mut d = buf.data.write();
+                if !d.writing {
+                    item::set_state(&mut d.bytes[..], offset, ItemState::Dead);
+                    cell.dead.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                buf.write_seq
+            }
+            Slot::Stored { .. } => match self.stored_seq(slot) {
+                Some(s) => s,
+                None => return Ok(()),
+            },
+        };
+        cell.dead.fetch_add(1, Ordering::Relaxed);
+        // Written while the slot's state is held: its eviction cannot mark it retired in
+        // between, so no kill of an item still on flash goes unrecorded.
+        self.log_kill(slot, offset, write_seq)
+    }
+
+    /// The write sequence of the segment stored in `slot`.
+    fn stored_seq(&self, slot: u32) -> Option<u64> {
+        let s = self.slots[slot as usize].stored_seq.load(Ordering::Acquire);
+        (s != 0).then_some(s)
+    }
+
+    fn log_kill(&self, slot: u32, offset: u32, write_seq: u64) -> Result<(), MediaError> {
+        let mut rec = [0u8; KILL_RECORD];
+        rec[0..4].copy_from_slice(&slot.to_le_bytes());
+        rec[4..8].copy_from_slice(&offset.to_le_bytes());
+        rec[8..16].copy_from_slice(&write_seq.to_le_bytes());
+        let mut log = self.kill_log.lock();
+        let at = log.records * KILL_RECORD as u64;
+        log.file
+            .write_all_at(&rec, at)
+            .map_err(|e| io_error("pwrite", &log.path, e))?;
+        log.records += 1;
+        self.counters.kills_logged.fetch_add(1, Ordering::Relaxed);
+        if log.records >= log.limit {
+            self.compact_kill_log(&mut log)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the kill log with only the records of segments still on flash (stored or
+    /// not yet retired), through a temporary file renamed over it.
+    fn compact_kill_log(&self, log: &mut KillLog) -> Result<(), MediaError> {
+        let records =
+            read_records(&log.file, log.records).map_err(|e| io_error("pread", &log.path, e))?;
+        let kept: Vec<[u8; KILL_RECORD]> = records
+            .into_iter()
+            .filter(|&(slot, _, seq)| self.holds_incarnation(slot, seq))
+            .map(|(slot, offset, seq)| {
+                let mut rec = [0u8; KILL_RECORD];
+                rec[0..4].copy_from_slice(&slot.to_le_bytes());
+                rec[4..8].copy_from_slice(&offset.to_le_bytes());
+                rec[8..16].copy_from_slice(&seq.to_le_bytes());
+                rec
+            })
+            .collect();
+        let tmp = log.path.with_extension("kills.tmp");
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io_error("create", &tmp, e))?;
+        f.write_all(kept.as_flattened())
+            .map_err(|e| io_error("write", &tmp, e))?;
+        std::fs::rename(&tmp, &log.path).map_err(|e| io_error("rename", &log.path, e))?;
+        log.file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&log.path)
+            .map_err(|e| io_error("open", &log.path, e))?;
+        log.records = kept.len() as u64;
+        // Still full of live records: room to grow, the eviction of dead-heavy segments
+        // takes them away.
+        log.limit = log.limit.max(log.records * 2);
+        Ok(())
+    }
+
+    fn holds_incarnation(&self, slot: u32, seq: u64) -> bool {
+        let Some(cell) = self.slots.get(slot as usize) else {
+            return false;
+        };
+        let state = cell.state.lock();
+        match &*state {
+            Slot::Stored { .. } => cell.stored_seq.load(Ordering::Acquire) == seq,
+            Slot::Open(b) => b.write_seq == seq,
+            Slot::Evicting { data, retired } => !retired && data.write_seq == seq,
+            Slot::Free => false,
+        }
+    }
+
+    /// The kill log's records: (slot, offset, write sequence).
+    pub fn kills(&self) -> Result<HashSet<(u32, u32, u64)>, MediaError> {
+        let log = self.kill_log.lock();
+        let records =
+            read_records(&log.file, log.records).map_err(|e| io_error("pread", &log.path, e))?;
+        Ok(records.into_iter().collect())
+    }
+
+    /// Restart: reads the segment at `slot` as found on flash. `None` when nothing
+    /// there validates as a header (never written, retired).
+    pub fn read_segment(&self, slot: u32) -> Result<Option<AlignedBuf>, MediaError> {
+        let mut head = AlignedBuf::new(BLOCK)?;
+        self.file.read_at(self.seg_offset(slot), &mut head)?;
+        let Ok(reader) = SegmentReader::open(&head) else {
+            return Ok(None);
+        };
+        let end = reader.committed_end() as usize;
+        if end > self.seg_size() {
+            return Ok(None);
+        }
+        let mut bytes = AlignedBuf::new(self.seg_size())?;
+        let len = end.next_multiple_of(BLOCK).min(bytes.len());
+        self.file
+            .read_at(self.seg_offset(slot), &mut bytes[..len])?;
+        Ok(Some(bytes))
+    }
+
+    /// Restart: reads just the header block of `slot`.
+    pub fn read_header(&self, slot: u32) -> Result<AlignedBuf, MediaError> {
+        let mut head = AlignedBuf::new(BLOCK)?;
+        self.file.read_at(self.seg_offset(slot), &mut head)?;
+        Ok(head)
+    }
+
+    /// Restart: takes `slot` (found on flash, `end` its committed end, `items` and
+    /// `dead` its counts) as stored, and queues it; call in write-sequence order.
+    pub fn restore(&self, slot: u32, write_seq: u64, end: u32, items: u32, dead: u32) {
+        let cell = &self.slots[slot as usize];
+        *cell.state.lock() = Slot::Stored { end };
+        cell.stored_seq.store(write_seq, Ordering::Release);
+        cell.items.store(items, Ordering::Relaxed);
+        cell.dead.store(dead, Ordering::Relaxed);
+        let mut lists = self.lists.lock();
+        lists.free.retain(|&s| s != slot);
+        lists.fifo.push_back(slot);
+    }
+
+    /// Restart: the item count of a stored slot is `live` indexed items plus its dead.
+    pub fn set_live(&self, slot: u32, live: u32) {
+        let c = &self.slots[slot as usize];
+        c.items
+            .store(live + c.dead.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// Restart: retires a slot whose contents were not taken.
+    pub fn retire_found(&self, slot: u32) -> Result<(), MediaError> {
+        self.retire(slot)
+    }
+
+    /// Compacts the kill log now (after a restart placed every segment).
+    pub fn compact_kills(&self) -> Result<(), MediaError> {
+        let mut log = self.kill_log.lock();
+        self.compact_kill_log(&mut log)
+    }
+
+    /// Makes the kill log durable (a clean shutdown).
+    pub fn sync(&self) -> Result<(), MediaError> {
+        let log = self.kill_log.lock();
+        log.file
+            .sync_data()
+            .map_err(|e| io_error("fdatasync", &log.path, e))?;
+        self.file.sync()
+    }
+
+    /// Whether `slot` holds a segment on flash (stored).
+    pub fn is_stored(&self, slot: u32) -> bool {
+        matches!(
+            &*self.slots[slot as usize].state.lock(),
+            Slot::Stored { .. }
+        )
+    }
+}
+
+fn read_records(file: &std::fs::File, records: u64) -> std::io::Result<Vec<(u32, u32, u64)>> {
+    let mut bytes = vec![0u8; (records as usize) * KILL_RECORD];
+    let mut done = 0;
+    while done < bytes.len() {
+        let n = file.read_at(&mut bytes[done..], done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    bytes.truncate(done - done % KILL_RECORD);
+    Ok(bytes
+        .chunks_exact(KILL_RECORD)
+        .filter_map(|r| {
+            let slot = u32::from_le_bytes(r[0..4].try_into().ok()?);
+            let offset = u32::from_le_bytes(r[4..8].try_into().ok()?);
+            let seq = u64::from_le_bytes(r[8..16].try_into().ok()?);
+            (seq != 0).then_some((slot, offset, seq))
+        })
+        .collect())
+}
+
+impl FlashTier {
+    /// The tier's flash-specific stats.
+    pub fn flash_stats(&self) -> crate::tier::FlashStats {
+        let c = &self.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        crate::tier::FlashStats {
+            direct: self.is_direct(),
+            emulated: self.is_emulated(),
+            buffer_bytes: self.buffer_bytes(),
+            bytes_written: l(&c.bytes_written),
+            bytes_read: l(&c.bytes_read),
+            reads: l(&c.reads),
+            segments_written: l(&c.segments_written),
+            write_errors: l(&c.write_errors),
+            read_errors: l(&c.read_errors),
+            kills_logged: l(&c.kills_logged),
+            punch_fallbacks: l(&c.punch_fallbacks),
+            refused: l(&c.refused),
+        }
+    }
+
+    /// Free and stored segment counts.
+    pub fn segment_counts(&self) -> (usize, usize) {
+        let l = self.lists.lock();
+        (l.free.len(), l.fifo.len())
+    }
+}

@@ -1,0 +1,225 @@
+//! The flash tier: items demoted from DRAM into flash segments are read back with their
+//! values; overwrites and deletes of flash items hold across a drop (an unclean stop:
+//! write buffers lost, the kill log kept) and a clean shutdown brings every flash item
+//! back; bad flash files are clear errors.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use terrace_cache::flash::flash_path;
+use terrace_cache::{Cache, CacheConfig, CacheError, TierConfig, TierSize};
+
+mod common;
+use common::{config, MIB};
+
+fn dram_and_flash(dir: &Path) -> CacheConfig {
+    CacheConfig {
+        expected_items: Some(200_000),
+        ..config(vec![
+            TierConfig::dram(TierSize::Bytes(2 * MIB)),
+            TierConfig::flash(dir, TierSize::Bytes(16 * MIB)),
+        ])
+    }
+}
+
+/// Flash on the disk where there is one (`O_DIRECT`), else the temporary directory.
+fn flash_dir() -> tempfile::TempDir {
+    match Path::new("/var/tmp").is_dir() {
+        true => tempfile::tempdir_in("/var/tmp").unwrap(),
+        false => tempfile::tempdir().unwrap(),
+    }
+}
+
+fn value(k: u32, version: u32) -> Vec<u8> {
+    let mut v = format!("{k}:{version}:").into_bytes();
+    v.resize(100 + (k as usize * 37) % 1500, b'a' + (version % 26) as u8);
+    v
+}
+
+/// Writes `keys` keys, each read once soon after (so that DRAM probation passes it on
+/// to flash); returns the latest version of each.
+fn fill(c: &Cache, keys: u32, version: u32) -> HashMap<u32, u32> {
+    let mut latest = HashMap::new();
+    for k in 0..keys {
+        c.set(format!("key{k}").as_bytes(), &value(k, version), 0, 0)
+            .unwrap();
+        latest.insert(k, version);
+        if k >= 10 {
+            let _ = c.get(format!("key{}", k - 10).as_bytes()).unwrap();
+        }
+    }
+    latest
+}
+
+/// Every hit has the latest value; returns (hits, hits on flash).
+fn check(c: &Cache, latest: &HashMap<u32, u32>, deleted: &[u32]) -> (usize, usize) {
+    let (mut hits, mut flash) = (0, 0);
+    for (&k, &v) in latest {
+        if let Some(g) = c.get(format!("key{k}").as_bytes()).unwrap() {
+            assert_eq!(g.value(), &value(k, v)[..], "key{k}");
+            hits += 1;
+            flash += usize::from(g.tier() == 1);
+        }
+    }
+    for k in deleted {
+        assert!(
+            c.get(format!("key{k}").as_bytes()).unwrap().is_none(),
+            "deleted key{k}"
+        );
+    }
+    (hits, flash)
+}
+
+#[test]
+fn demoted_items_are_read_back_from_flash() {
+    let dir = flash_dir();
+    let (c, _) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    let latest = fill(&c, 12_000, 0);
+    let (hits, flash) = check(&c, &latest, &[]);
+    let s = c.stats();
+    let f = &s.tiers[1];
+    eprintln!("{hits} hits, {flash} on flash; {f:?}");
+    assert!(flash > 1000, "{hits} hits, {flash} from flash: {s:?}");
+    let fs = f.flash.as_ref().unwrap();
+    assert!(fs.bytes_written > 0 && fs.reads > 0, "{fs:?}");
+    assert!(f.demotions_in > 0 && f.hits > 0, "{f:?}");
+}
+
+#[test]
+fn overwrites_and_deletes_of_flash_items_hold_across_an_unclean_stop() {
+    let dir = flash_dir();
+    let (c, _) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    let mut latest = fill(&c, 12_000, 0);
+    c.flush_flash();
+    // Overwrite a third, delete a tenth: their flash copies must never come back.
+    let mut deleted = Vec::new();
+    for k in (0..12_000).step_by(3) {
+        c.set(format!("key{k}").as_bytes(), &value(k, 1), 0, 0)
+            .unwrap();
+        latest.insert(k, 1);
+    }
+    for k in (1..12_000).step_by(10) {
+        c.delete(format!("key{k}").as_bytes()).unwrap();
+        latest.remove(&k);
+        deleted.push(k);
+    }
+    let logged = c.stats().tiers[1].flash.as_ref().unwrap().kills_logged;
+    assert!(logged > 0);
+    drop(c);
+    let (c, report) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    let (hits, flash) = check(&c, &latest, &deleted);
+    eprintln!("after an unclean stop: {hits} hits, {flash} on flash; {report:?}");
+    assert!(flash > 500, "{report:?}");
+}
+
+#[test]
+fn a_clean_shutdown_brings_every_flash_item_back() {
+    let dir = flash_dir();
+    let (c, _) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    let latest = fill(&c, 12_000, 0);
+    let before: Vec<(u32, usize)> = latest
+        .keys()
+        .filter_map(|&k| Some((k, c.peek(format!("key{k}").as_bytes()).unwrap()?.tier())))
+        .collect();
+    let on_flash = before.iter().filter(|(_, t)| *t == 1).count();
+    c.shutdown().unwrap();
+    let (c, report) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    assert!(report.from_saved_index > 0, "{report:?}");
+    let back = before
+        .iter()
+        .filter(|(k, _)| c.peek(format!("key{k}").as_bytes()).unwrap().is_some())
+        .count();
+    check(&c, &latest, &[]);
+    assert!(on_flash > 1000);
+    assert_eq!(back, before.len(), "{report:?}");
+}
+
+#[test]
+fn a_flash_file_of_another_size_is_refused() {
+    let dir = flash_dir();
+    drop(Cache::open(dram_and_flash(dir.path())).unwrap());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(flash_path(dir.path(), 1))
+        .unwrap();
+    f.set_len(8 * MIB).unwrap();
+    let e = Cache::open(dram_and_flash(dir.path())).unwrap_err();
+    assert!(matches!(e, CacheError::TierFileSize { .. }), "{e}");
+}
+
+#[test]
+fn a_corrupt_flash_segment_is_dropped_with_a_reason() {
+    let dir = flash_dir();
+    let (c, _) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    let latest = fill(&c, 12_000, 0);
+    c.flush_flash();
+    drop(c);
+    // Damage an item byte of every stored segment's second block.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(flash_path(dir.path(), 1))
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    for seg in 0..((16 * MIB) >> 15) {
+        let at = (seg << 15) + 5000;
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x55], at).unwrap();
+    }
+    let (c, report) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    assert!(!report.dropped.is_empty(), "{report:?}");
+    check(&c, &latest, &[]);
+}
+
+#[test]
+fn flash_must_be_the_last_tier_below_a_memory_tier() {
+    let dir = flash_dir();
+    let e = Cache::open(config(vec![TierConfig::flash(
+        dir.path(),
+        TierSize::Bytes(MIB),
+    )]))
+    .unwrap_err();
+    assert!(matches!(e, CacheError::Config { .. }), "{e}");
+    let e = Cache::open(config(vec![
+        TierConfig::flash(dir.path(), TierSize::Bytes(16 * MIB)),
+        TierConfig::dram(TierSize::Bytes(2 * MIB)),
+    ]))
+    .unwrap_err();
+    assert!(matches!(e, CacheError::Config { .. }), "{e}");
+}
+
+#[test]
+fn a_full_flash_tier_evicts_oldest_first_and_reinserts_what_is_read() {
+    let dir = flash_dir();
+    let (c, _) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    // About six laps of the flash tier; a few hot keys read all along.
+    let mut latest = HashMap::new();
+    for k in 0..70_000u32 {
+        c.set(format!("key{k}").as_bytes(), &value(k, 0), 0, 0)
+            .unwrap();
+        latest.insert(k, 0);
+        if k >= 10 {
+            let _ = c.get(format!("key{}", k - 10).as_bytes()).unwrap();
+        }
+        if k % 500 == 0 {
+            for h in 0..20 {
+                let _ = c.get(format!("key{h}").as_bytes()).unwrap();
+            }
+        }
+    }
+    check(&c, &latest, &[]);
+    let s = c.stats();
+    let f = &s.tiers[1];
+    assert!(f.segments_evicted > 0 && f.items_evicted > 0, "{f:?}");
+    assert!(f.reinserted > 0, "{f:?}");
+    for h in 0..20 {
+        assert!(
+            c.get(format!("key{h}").as_bytes()).unwrap().is_some(),
+            "hot key{h}"
+        );
+    }
+    // Evicted segments were given back to the file system.
+    let fs = f.flash.as_ref().unwrap();
+    assert_eq!(fs.punch_fallbacks, 0, "{fs:?}");
+}
