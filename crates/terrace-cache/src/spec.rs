@@ -46,6 +46,8 @@ pub enum TierKind {
     /// A file in the configured data directory.
     File,
     Numa(u32),
+    /// Flash: a file in the data directory read with block I/O; the last tier only.
+    Flash,
 }
 
 /// One tier of a list.
@@ -56,7 +58,7 @@ pub struct TierSpec {
 }
 
 /// A tier list, fastest first: `KIND:AMOUNT[,KIND:AMOUNT...]` where KIND is `dram`,
-/// `file`, `numa:N` or `numaN` (NUMA node N), and AMOUNT a ratio (a bare integer, a share
+/// `file`, `numa:N` or `numaN` (NUMA node N), or `flash` (last only), and AMOUNT a ratio (a bare integer, a share
 /// of the total capacity) or a size with a unit (`64MiB`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TierList(pub Vec<TierSpec>);
@@ -70,6 +72,7 @@ impl TierList {
                 TierKind::Dram => TierConfig::dram(t.size),
                 TierKind::File => TierConfig::file(dir, t.size),
                 TierKind::Numa(n) => TierConfig::numa(n, t.size),
+                TierKind::Flash => TierConfig::flash(dir, t.size),
             })
             .collect()
     }
@@ -79,8 +82,11 @@ impl TierList {
         self.0.iter().any(|t| matches!(t.size, TierSize::Ratio(_)))
     }
 
+    /// Whether any tier keeps files in the data directory (a file or flash tier).
     pub fn has_file(&self) -> bool {
-        self.0.iter().any(|t| t.kind == TierKind::File)
+        self.0
+            .iter()
+            .any(|t| matches!(t.kind, TierKind::File | TierKind::Flash))
     }
 }
 
@@ -94,6 +100,7 @@ impl fmt::Display for TierList {
                 TierKind::Dram => f.write_str("dram")?,
                 TierKind::File => f.write_str("file")?,
                 TierKind::Numa(n) => write!(f, "numa:{n}")?,
+                TierKind::Flash => f.write_str("flash")?,
             }
             match t.size {
                 TierSize::Ratio(r) => write!(f, ":{r}")?,
@@ -133,12 +140,17 @@ pub fn parse_tiers(s: &str) -> Result<TierList, String> {
         let kind = match kind.as_str() {
             "dram" => TierKind::Dram,
             "file" => TierKind::File,
+            "flash" => TierKind::Flash,
             k => match k.strip_prefix("numa") {
                 Some(n) => TierKind::Numa(
                     n.parse()
                         .map_err(|_| format!("{part:?}: a NUMA tier is numa:N:AMOUNT"))?,
                 ),
-                None => return Err(format!("{part:?}: tier kind must be dram, file or numa")),
+                None => {
+                    return Err(format!(
+                        "{part:?}: tier kind must be dram, file, numa or flash"
+                    ))
+                }
             },
         };
         let size = if !amount.is_empty() && amount.bytes().all(|b| b.is_ascii_digit()) {
@@ -157,6 +169,15 @@ pub fn parse_tiers(s: &str) -> Result<TierList, String> {
             TierSize::Bytes(b)
         };
         out.push(TierSpec { kind, size });
+    }
+    if out[..out.len() - 1]
+        .iter()
+        .any(|t| t.kind == TierKind::Flash)
+    {
+        return Err(format!("{s:?}: a flash tier must be the last"));
+    }
+    if out.len() == 1 && out[0].kind == TierKind::Flash {
+        return Err(format!("{s:?}: a flash tier needs a memory tier above it"));
     }
     Ok(TierList(out))
 }
@@ -212,6 +233,17 @@ mod tests {
         assert_eq!(t.0[2].size, TierSize::Bytes(8 << 30));
         assert_eq!(t.to_string(), "dram:64MiB,numa:1:2,numa:3:8GiB");
         assert_eq!(parse_tiers(&t.to_string()), Ok(t));
+        let t = parse_tiers("dram:1GiB,file:16GiB,flash:1TiB").unwrap();
+        assert_eq!(t.0[2].kind, TierKind::Flash);
+        assert_eq!(t.to_string(), "dram:1GiB,file:16GiB,flash:1024GiB");
+        assert!(t.has_file());
+        for bad in [
+            "flash:1GiB",
+            "flash:1GiB,dram:1GiB",
+            "dram:1,flash:1,file:1",
+        ] {
+            assert!(parse_tiers(bad).is_err(), "{bad:?}");
+        }
         for bad in [
             "", "dram", "dram:0", "ssd:1", "numa:1", "numax:1", "dram:1,", "file:0B", "dram:-1",
             "numa:x:1", "dram:1:2",

@@ -582,6 +582,21 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
         tier("background_evictions", t.background_evictions);
         tier("cleaned_segments", t.segments_cleaned);
         tier("cleaned_items", t.items_cleaned);
+        if let Some(f) = &t.flash {
+            tier("flash_direct", u64::from(f.direct));
+            tier("flash_emulated", u64::from(f.emulated));
+            tier("flash_buffer_bytes", f.buffer_bytes);
+            tier("flash_bytes_written", f.bytes_written);
+            tier("flash_bytes_read", f.bytes_read);
+            tier("flash_reads", f.reads);
+            tier("flash_segments_written", f.segments_written);
+            tier("flash_admitted", t.demotions_in);
+            tier("flash_refused", f.refused);
+            tier("flash_reinserted", t.reinserted);
+            tier("flash_kills_logged", f.kills_logged);
+            tier("flash_write_errors", f.write_errors);
+            tier("flash_read_errors", f.read_errors);
+        }
     }
     out
 }
