@@ -101,8 +101,8 @@ struct CacheArgs {
     /// Total capacity (all tiers), e.g. 256MiB.
     #[arg(long, value_parser = args::parse_size)]
     capacity: u64,
-    /// Terrace's tiers, fastest first: KIND:AMOUNT,... with KIND dram, file or numaN and
-    /// AMOUNT a ratio of --capacity (an integer) or a size (64MiB).
+    /// Terrace's tiers, fastest first: KIND:AMOUNT,... with KIND dram, file, numaN or
+    /// flash (last only) and AMOUNT a ratio of --capacity (an integer) or a size (64MiB).
     #[arg(long, value_parser = args::parse_tiers, default_value = "dram:1")]
     tiers: Tiers,
     /// Directory for file tiers (a fresh subdirectory is made and removed); default a
