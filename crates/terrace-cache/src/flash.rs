@@ -93,11 +93,6 @@ struct BufferData {
 }
 
 impl Buffer {
-    /// Bytes of the committed items (header included).
-    pub fn end(&self) -> u32 {
-        self.data.read().end
-    }
-
     /// Runs `f` over the segment's bytes up to the committed end.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         let d = self.data.read();

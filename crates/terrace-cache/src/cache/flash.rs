@@ -273,13 +273,19 @@ impl Cache {
         } else {
             0
         };
-        let items: Vec<OwnedItem> = data.with_bytes(|bytes| match SegmentReader::open(bytes) {
-            Ok(reader) => reader
-                .items()
-                .filter(|i| i.state == ItemState::Live)
-                .map(|i| OwnedItem::from_ref(&i))
-                .collect(),
-            Err(_) => Vec::new(),
+        // The live items, and whether the walk reached the committed end.
+        let (items, whole) = data.with_bytes(|bytes| match SegmentReader::open(bytes) {
+            Ok(reader) => {
+                let mut walked = HEADER_LEN as u64;
+                let live = reader
+                    .items()
+                    .inspect(|i| walked = u64::from(i.end()))
+                    .filter(|i| i.state == ItemState::Live)
+                    .map(|i| OwnedItem::from_ref(&i))
+                    .collect::<Vec<_>>();
+                (live, walked >= reader.committed_end())
+            }
+            Err(_) => (Vec::new(), false),
         });
         for owned in &items {
             let item = owned.item();
@@ -323,8 +329,8 @@ impl Cache {
                 }
             }
         }
-        if data.end() as usize <= HEADER_LEN {
-            // Unreadable: its entries cannot be found by walking it.
+        if !whole {
+            // Unreadable or damaged: the walk could not see every entry into it (E1).
             self.index.sweep(0..self.index.bucket_count(), |l, _| {
                 if l.segment == id {
                     Sweep::Remove
