@@ -648,7 +648,12 @@ impl FlashTier {
         cell.dead.fetch_add(1, Ordering::Relaxed);
         // Written while the slot's state is held: its eviction cannot mark it retired in
         // between, so no kill of an item still on flash goes unrecorded.
-        self.log_kill(slot, offset, write_seq)
+        let due = self.log_kill(slot, offset, write_seq)?;
+        drop(state);
+        if due {
+            self.compact_kill_log()?;
+        }
+        Ok(())
     }
 
     /// The write sequence of the segment stored in `slot`.
@@ -657,40 +662,46 @@ impl FlashTier {
         (s != 0).then_some(s)
     }
 
-    fn log_kill(&self, slot: u32, offset: u32, write_seq: u64) -> Result<(), MediaError> {
-        let mut rec = [0u8; KILL_RECORD];
-        rec[0..4].copy_from_slice(&slot.to_le_bytes());
-        rec[4..8].copy_from_slice(&offset.to_le_bytes());
-        rec[8..16].copy_from_slice(&write_seq.to_le_bytes());
+    /// Appends one record; returns whether the log is due for compaction (which the
+    /// caller runs after letting go of the slot's state: compaction takes slot states).
+    fn log_kill(&self, slot: u32, offset: u32, write_seq: u64) -> Result<bool, MediaError> {
         let mut log = self.kill_log.lock();
         let at = log.records * KILL_RECORD as u64;
         log.file
-            .write_all_at(&rec, at)
+            .write_all_at(&encode_record(slot, offset, write_seq), at)
             .map_err(|e| io_error("pwrite", &log.path, e))?;
         log.records += 1;
         self.counters.kills_logged.fetch_add(1, Ordering::Relaxed);
-        if log.records >= log.limit {
-            self.compact_kill_log(&mut log)?;
-        }
-        Ok(())
+        Ok(log.records >= log.limit)
     }
 
     /// Rewrites the kill log with only the records of segments still on flash (stored or
-    /// not yet retired), through a temporary file renamed over it.
-    fn compact_kill_log(&self, log: &mut KillLog) -> Result<(), MediaError> {
-        let records =
-            read_records(&log.file, log.records).map_err(|e| io_error("pread", &log.path, e))?;
-        let kept: Vec<[u8; KILL_RECORD]> = records
+    /// not yet retired) and those appended while it ran, through a temporary file renamed
+    /// over it. Slot states are read with the log's lock let go (the lock order puts
+    /// slot states first), so kills go on meanwhile; what they append is kept.
+    fn compact_kill_log(&self) -> Result<(), MediaError> {
+        let (records, seen) = {
+            let log = self.kill_log.lock();
+            let r = read_records(&log.file, log.records)
+                .map_err(|e| io_error("pread", &log.path, e))?;
+            (r, log.records)
+        };
+        let mut kept: Vec<[u8; KILL_RECORD]> = records
             .into_iter()
             .filter(|&(slot, _, seq)| self.holds_incarnation(slot, seq))
-            .map(|(slot, offset, seq)| {
-                let mut rec = [0u8; KILL_RECORD];
-                rec[0..4].copy_from_slice(&slot.to_le_bytes());
-                rec[4..8].copy_from_slice(&offset.to_le_bytes());
-                rec[8..16].copy_from_slice(&seq.to_le_bytes());
-                rec
-            })
+            .map(|(slot, offset, seq)| encode_record(slot, offset, seq))
             .collect();
+        let mut log = self.kill_log.lock();
+        if log.records > seen {
+            let mut tail = vec![0u8; ((log.records - seen) as usize) * KILL_RECORD];
+            log.file
+                .read_exact_at(&mut tail, seen * KILL_RECORD as u64)
+                .map_err(|e| io_error("pread", &log.path, e))?;
+            kept.extend(
+                tail.chunks_exact(KILL_RECORD)
+                    .filter_map(|c| <[u8; KILL_RECORD]>::try_from(c).ok()),
+            );
+        }
         let tmp = log.path.with_extension("kills.tmp");
         let mut f = std::fs::File::create(&tmp).map_err(|e| io_error("create", &tmp, e))?;
         f.write_all(kept.as_flattened())
@@ -782,8 +793,7 @@ impl FlashTier {
 
     /// Compacts the kill log now (after a restart placed every segment).
     pub fn compact_kills(&self) -> Result<(), MediaError> {
-        let mut log = self.kill_log.lock();
-        self.compact_kill_log(&mut log)
+        self.compact_kill_log()
     }
 
     /// Makes the kill log durable (a clean shutdown).
@@ -802,6 +812,14 @@ impl FlashTier {
             Slot::Stored { .. }
         )
     }
+}
+
+fn encode_record(slot: u32, offset: u32, write_seq: u64) -> [u8; KILL_RECORD] {
+    let mut rec = [0u8; KILL_RECORD];
+    rec[0..4].copy_from_slice(&slot.to_le_bytes());
+    rec[4..8].copy_from_slice(&offset.to_le_bytes());
+    rec[8..16].copy_from_slice(&write_seq.to_le_bytes());
+    rec
 }
 
 fn read_records(file: &std::fs::File, records: u64) -> std::io::Result<Vec<(u32, u32, u64)>> {
