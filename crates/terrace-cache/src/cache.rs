@@ -290,6 +290,17 @@ enum Held<'c> {
     Copy(OwnedItem),
 }
 
+impl Held<'_> {
+    /// The item at `offset` (an index entry's): decoded in the pinned segment, or the
+    /// copy itself.
+    fn item_at(&self, offset: u32) -> Option<ItemRef<'_>> {
+        match self {
+            Held::Pin(pin) => pin.indexed_item(offset).ok(),
+            Held::Copy(owned) => Some(owned.item()),
+        }
+    }
+}
+
 impl Guard<'_> {
     fn item(&self) -> Option<ItemRef<'_>> {
         match &self.held {
@@ -856,6 +867,17 @@ impl Cache {
         Some((t, self.tiers[t].area.pin(slot)?))
     }
 
+    /// What the item at `loc` is read through, with its tier: its memory segment pinned,
+    /// or a copy read from flash. `None` when the segment is not readable (freed, or the
+    /// flash slot no longer holds the incarnation `loc` meant).
+    fn hold(&self, loc: Location) -> Option<(usize, Held<'_>)> {
+        if self.flash_slot(loc.segment).is_some() {
+            return Some((self.tiers.len(), Held::Copy(self.read_flash(loc)?)));
+        }
+        let (t, pin) = self.pin(loc.segment)?;
+        Some((t, Held::Pin(pin)))
+    }
+
     /// Seconds since the Unix epoch, plus any [`advance_clock`](Self::advance_clock).
     pub fn now(&self) -> u32 {
         (system_now() + self.clock_offset.load(Ordering::Relaxed)).clamp(0, u32::MAX as i64) as u32
@@ -972,60 +994,20 @@ impl Cache {
         'retry: for _ in 0..64 {
             for hit in self.index.lookup(hash) {
                 let loc = hit.location();
-                if self.flash_slot(loc.segment).is_some() {
-                    let Some(owned) = self.read_flash(loc) else {
-                        if hit.is_current() {
-                            continue;
-                        }
-                        continue 'retry;
-                    };
-                    if !hit.is_current() {
-                        continue 'retry;
-                    }
-                    let item = owned.item();
-                    if item.key != key {
+                let Some((tier, held)) = self.hold(loc) else {
+                    if hit.is_current() {
                         continue;
                     }
-                    if item.state != ItemState::Live {
-                        continue 'retry;
-                    }
-                    let expires_at = self.item_expiry(loc.segment, &item);
-                    if past(expires_at, now) {
-                        self.counters.expired.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    let tier = self.tiers.len();
-                    if access == Access::Read {
-                        self.consider_promotion(tier, hit.frequency(), hash, loc);
-                        hit.touch();
-                    }
-                    let (end, client_flags, cas) = (
-                        item.end(),
-                        item.client_flags,
-                        self.cas_of(loc.segment, &item),
-                    );
-                    return Some(Guard {
-                        held: Held::Copy(owned),
-                        segment: loc.segment,
-                        offset: loc.offset,
-                        end,
-                        client_flags,
-                        cas,
-                        tier,
-                        expires_at,
-                        read_before: hit.reads() > 0,
-                    });
-                }
-                let Some((tier, pin)) = self.pin(loc.segment) else {
-                    continue;
+                    continue 'retry;
                 };
-                // E1 after the pin: the entry is still there, so its segment was not freed.
+                // E1 after the pin: the entry is still there, so its segment was not freed
+                // (on flash: the read was of the incarnation the entry meant).
                 if !hit.is_current() {
                     // Replaced in place since the load (replace reuses the slot, so the
                     // new entry may be behind us): look again.
                     continue 'retry;
                 }
-                let Ok(item) = pin.indexed_item(loc.offset) else {
+                let Some(item) = held.item_at(loc.offset) else {
                     continue;
                 };
                 if item.key != key {
@@ -1051,7 +1033,7 @@ impl Cache {
                     self.cas_of(loc.segment, &item),
                 );
                 return Some(Guard {
-                    held: Held::Pin(pin),
+                    held,
                     segment: loc.segment,
                     offset: loc.offset,
                     end,
@@ -1071,27 +1053,18 @@ impl Cache {
     /// entry of the key (to be replaced).
     fn find_locked(&self, guard: &BucketGuard<'_>, key: &[u8], now: u32) -> FoundEntry {
         for loc in guard.candidates() {
-            let owned;
-            let pin;
-            let item = if self.flash_slot(loc.segment).is_some() {
-                // Under the bucket lock the entry cannot move, so the read finds it
-                // unless the medium fails.
-                let Some(o) = self.read_flash(loc) else {
-                    // Unreadable: taken as this key's, to be replaced, rather than risk
-                    // a second entry for the key (at worst another key becomes a miss).
+            let Some((_, held)) = self.hold(loc) else {
+                if self.flash_slot(loc.segment).is_some() {
+                    // Under the bucket lock the entry cannot move, so only a failing
+                    // medium makes a flash read fail: taken as this key's item, to be
+                    // replaced, rather than risk a second entry for the key (at worst
+                    // another key becomes a miss).
                     return FoundEntry::Stale(loc);
-                };
-                owned = o;
-                owned.item()
-            } else {
-                let Some((_, p)) = self.pin(loc.segment) else {
-                    continue;
-                };
-                pin = p;
-                let Ok(item) = pin.indexed_item(loc.offset) else {
-                    continue;
-                };
-                item
+                }
+                continue;
+            };
+            let Some(item) = held.item_at(loc.offset) else {
+                continue;
             };
             if item.key != key {
                 continue;

@@ -518,10 +518,7 @@ impl Cache {
             let hits = if expired {
                 None
             } else {
-                self.index
-                    .lookup(hash)
-                    .find(|h| h.location() == loc)
-                    .map(|h| (h.frequency(), h.reads()))
+                self.entry_hits(hash, loc)
             };
             let kept = hits.is_some_and(|(frequency, _)| match victim.walk {
                 Walk::Evict => frequency > 0,
@@ -581,7 +578,7 @@ impl Cache {
                 Freq::Keep
             };
             let moved = match (copy, &flash_copy) {
-                (Some(copy), _) => self.publish_copy(&mut g, &pin, loc, copy, frequency)?,
+                (Some(copy), _) => self.publish_copy(&mut g, Some(&pin), loc, copy, frequency)?,
                 (None, Some((buf, dloc))) => {
                     self.publish_flash_copy(&mut g, Some(&pin), loc, (buf, *dloc), frequency)?
                 }
@@ -639,6 +636,15 @@ impl Cache {
         Ok(())
     }
 
+    /// What the index entry of `hash` at `loc` records, if there is one: (frequency,
+    /// reads).
+    pub(super) fn entry_hits(&self, hash: u64, loc: Location) -> Option<(u8, u8)> {
+        self.index
+            .lookup(hash)
+            .find(|h| h.location() == loc)
+            .map(|h| (h.frequency(), h.reads()))
+    }
+
     /// Cleans one segment of the last tier `tier`'s main queue, if one is dead enough
     /// ([`clean_candidate`]): its live items are copied into the reinsertion segment (a
     /// [`Walk::Clean`]), so its dead bytes are freed a long time before FIFO order would
@@ -677,7 +683,7 @@ impl Cache {
         Ok(true)
     }
 
-    /// Publishes `copy` of the item at `loc` (in `src`) in its place, under the key's
+    /// Publishes `copy` of the item at `loc` (in `src`, or on flash if `None`) in its place, under the key's
     /// bucket lock `g` — the one protocol of every move (demotion, reinsertion,
     /// promotion), E4: only if the entry still points at the source, the source is still
     /// LIVE and the copy's segment is not being evicted, the copy is made LIVE, then the
@@ -690,20 +696,24 @@ impl Cache {
     pub(super) fn publish_copy(
         &self,
         g: &mut BucketGuard<'_>,
-        src: &Pin<'_>,
+        src: Option<&Pin<'_>>,
         loc: Location,
         (dpin, dloc): (Pin<'_>, Location),
         frequency: Freq,
     ) -> Result<bool, CacheError> {
         let present = g.candidates().any(|l| l == loc);
-        let live = src.item_state(loc.offset) == Some(ItemState::Live);
+        // A flash source (`None`) is LIVE exactly while its entry is there.
+        let live = src.is_none_or(|p| p.item_state(loc.offset) == Some(ItemState::Live));
         if !(present && live && matches!(dpin.state(), SegState::Open | SegState::Sealed)) {
             self.kill(&dpin, dloc)?;
             return Ok(false);
         }
         dpin.set_state(dloc.offset, ItemState::Live)?;
         g.repoint(loc, dloc, frequency);
-        self.kill(src, loc)?;
+        match src {
+            Some(p) => self.kill(p, loc)?,
+            None => self.kill_at(loc)?,
+        }
         Ok(true)
     }
 

@@ -299,13 +299,10 @@ impl Cache {
             let hits = if expired {
                 None
             } else {
-                self.index
-                    .lookup(hash)
-                    .find(|h| h.location() == loc)
-                    .map(|h| h.frequency())
+                self.entry_hits(hash, loc)
             };
             let copy = match hits {
-                Some(freq) if freq > 0 && budget >= item.len as usize => {
+                Some((freq, _)) if freq > 0 && budget >= item.len as usize => {
                     budget -= item.len as usize;
                     let cas = self.cas_of(id, &item);
                     self.copy_to_flash(&item, cas, now, expires_at, true)?
@@ -414,49 +411,6 @@ impl Cache {
         for (slot, n) in live.into_iter().enumerate() {
             f.set_live(slot as u32, n);
         }
-    }
-
-    /// Promotes the flash item at `loc` into tier 0 (`promote.rs`).
-    pub(super) fn promote_from_flash(&self, hash: u64, loc: Location) -> Result<bool, CacheError> {
-        if !self.index.lookup(hash).any(|h| h.location() == loc) {
-            return Ok(false);
-        }
-        let Some(owned) = self.read_flash(loc) else {
-            return Ok(false);
-        };
-        let item = owned.item();
-        let now = self.now();
-        if item.state != ItemState::Live || self.item_expired(loc.segment, &item, now) {
-            return Ok(false);
-        }
-        let expires_at = self.item_expiry(loc.segment, &item);
-        let cas = self.cas_of(loc.segment, &item);
-        let Some((dpin, dloc)) =
-            self.copy_item(0, super::evict::Dest::Moved, &item, cas, now, expires_at)?
-        else {
-            return Ok(false);
-        };
-        let mut g = self.index.lock(hash);
-        let present = g.candidates().any(|l| l == loc);
-        if !(present
-            && matches!(
-                dpin.state(),
-                crate::mem::SegState::Open | crate::mem::SegState::Sealed
-            ))
-        {
-            self.kill(&dpin, dloc)?;
-            return Ok(false);
-        }
-        dpin.set_state(dloc.offset, ItemState::Live)?;
-        g.repoint(loc, dloc, Freq::Set(1));
-        self.kill_at(loc)?;
-        drop(g);
-        self.counters.promotions.fetch_add(1, Ordering::Relaxed);
-        self.tiers[0]
-            .counters
-            .promotions_in
-            .fetch_add(1, Ordering::Relaxed);
-        Ok(true)
     }
 }
 

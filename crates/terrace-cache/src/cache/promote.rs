@@ -26,7 +26,7 @@
 use std::sync::atomic::Ordering;
 
 use super::evict::Dest;
-use super::Cache;
+use super::{Cache, Held};
 use crate::error::CacheError;
 use crate::index::{Freq, Location};
 use crate::mem::SegState;
@@ -65,20 +65,22 @@ impl Cache {
     }
 
     fn promote_one(&self, hash: u64, loc: Location) -> Result<bool, CacheError> {
-        if self.flash_slot(loc.segment).is_some() {
-            return self.promote_from_flash(hash, loc);
-        }
-        let Some((tier, pin)) = self.pin(loc.segment) else {
-            return Ok(false);
-        };
-        if tier == 0 || !matches!(pin.state(), SegState::Sealed | SegState::Open) {
-            return Ok(false);
-        }
         // Cheap checks first: moved, replaced or evicted since the hit asked.
         if !self.index.lookup(hash).any(|h| h.location() == loc) {
             return Ok(false);
         }
-        let Ok(item) = pin.indexed_item(loc.offset) else {
+        let Some((tier, held)) = self.hold(loc) else {
+            return Ok(false);
+        };
+        let src = match &held {
+            Held::Pin(pin) if matches!(pin.state(), SegState::Sealed | SegState::Open) => Some(pin),
+            Held::Pin(_) => return Ok(false),
+            Held::Copy(_) => None,
+        };
+        if tier == 0 {
+            return Ok(false);
+        }
+        let Some(item) = held.item_at(loc.offset) else {
             return Ok(false);
         };
         let now = self.now();
@@ -95,7 +97,7 @@ impl Cache {
         #[cfg(test)]
         super::evict::tests::before_publish(item.key);
         let mut g = self.index.lock(hash);
-        if !self.publish_copy(&mut g, &pin, loc, (dpin, dloc), Freq::Set(1))? {
+        if !self.publish_copy(&mut g, src, loc, (dpin, dloc), Freq::Set(1))? {
             return Ok(false);
         }
         drop(g);

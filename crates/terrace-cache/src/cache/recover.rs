@@ -417,14 +417,8 @@ impl Cache {
 
     /// The key of the item at `loc` (a restart: segments are sealed), handed to `f`.
     fn with_key_at<R>(&self, loc: Location, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        if self.flash_slot(loc.segment).is_some() {
-            let owned = self.read_flash(loc)?;
-            return Some(f(owned.item().key));
-        }
-        let (t, slot) = self.locate(loc.segment)?;
-        let pin = self.tiers[t].area.pin(slot)?;
-        let item = pin.indexed_item(loc.offset).ok()?;
-        Some(f(item.key))
+        let (_, held) = self.hold(loc)?;
+        Some(f(held.item_at(loc.offset)?.key))
     }
 
     /// The index hash of the key of the item at `loc` (a restart: segments are sealed).
