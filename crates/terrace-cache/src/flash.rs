@@ -871,3 +871,77 @@ impl FlashTier {
         (l.free.len(), l.fifo.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(slot: u32, write_seq: u64) -> SegmentHeader {
+        SegmentHeader {
+            tier: 1,
+            size_shift: 15,
+            checksummed: true,
+            write_seq,
+            slot,
+            created_at: 0,
+            expires_at: 0,
+            ttl_bucket: 0,
+        }
+    }
+
+    /// A stored segment of `n` items in `slot`; their offsets.
+    fn stored(f: &FlashTier, slot: u32, write_seq: u64, n: u32) -> Vec<u32> {
+        let buf = f.open_buffer(header(slot, write_seq)).unwrap();
+        let offsets: Vec<u32> = (0..n)
+            .map(|i| {
+                let key = format!("k{i}");
+                let spec = ItemSpec::new(key.as_bytes(), 10);
+                let at = f.append(&buf, &spec, key.as_bytes(), b"0123456789");
+                let at = at.unwrap().unwrap();
+                assert!(f.finish_copy(&buf, at, true));
+                at
+            })
+            .collect();
+        f.write_buffer(&buf).unwrap();
+        offsets
+    }
+
+    #[test]
+    fn the_kill_log_compacts_to_the_segments_still_on_flash() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = ItemLimits {
+            max_key_len: 250,
+            max_value_len: 8 << 10,
+        };
+        let (f, existing) = FlashTier::open(dir.path(), 1, 8 << 15, 15, 100, limits).unwrap();
+        assert!(!existing && f.count == 8);
+        let a = stored(&f, 0, 7, 40);
+        let b = stored(&f, 1, 8, 40);
+        f.kill_log.lock().limit = 30;
+        // 20 kills in slot 0, then 20 in slot 1: the 30th record compacts the log, from
+        // inside a kill (which holds its slot's state), and keeps every record.
+        for &o in &a[..20] {
+            f.kill(0, o).unwrap();
+        }
+        for &o in &b[..20] {
+            f.kill(1, o).unwrap();
+        }
+        // It compacted (all 30 kept, so its limit doubled to 60).
+        assert_eq!(f.kill_log.lock().limit, 60);
+        let kills = f.kills().unwrap();
+        assert_eq!(kills.len(), 40);
+        assert!(kills.contains(&(0, a[0], 7)) && kills.contains(&(1, b[19], 8)));
+        // Slot 0 is evicted (retired, freed): its records go at the next compaction.
+        let data = f.begin_evict(0).unwrap().unwrap();
+        assert_eq!(data.write_seq, 7);
+        f.free(0);
+        f.compact_kills().unwrap();
+        let kills = f.kills().unwrap();
+        assert_eq!(kills.len(), 20);
+        assert!(kills.iter().all(|&(slot, _, seq)| slot == 1 && seq == 8));
+        // The retired slot reads as nothing at a restart.
+        let head = f.read_header(0).unwrap();
+        assert!(SegmentReader::open(&head).is_err());
+        assert!(f.read_segment(1).unwrap().is_some());
+    }
+}
