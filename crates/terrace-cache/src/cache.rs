@@ -98,6 +98,10 @@ pub struct CacheConfig {
     /// `/proc/sys/kernel/random/boot_id`. A file tier on a disk-backed file system is
     /// trusted after an unclean stop only within the boot that wrote it (`bootmark`).
     pub boot_id: Option<String>,
+    /// The flash tier's write budget, bytes per second admitted to flash (demotions and
+    /// reinsertions; `crate::write_budget`); what it refuses is dropped and counted.
+    /// `None`: no cap beyond the device's speed.
+    pub flash_write_rate: Option<u64>,
 }
 
 impl CacheConfig {
@@ -138,6 +142,7 @@ impl CacheConfig {
             promote: false,
             seed: 0x7e77ace,
             boot_id: None,
+            flash_write_rate: None,
         }
     }
 }
@@ -788,6 +793,7 @@ impl Cache {
             Some((dir, bytes)) => {
                 let (f, existing) =
                     FlashTier::open(dir, tiers.len(), *bytes, shift, flash_base, config.limits)?;
+                let f = f.with_write_rate(config.flash_write_rate);
                 if existing {
                     let scan = flash::FlashScan {
                         index: &index,

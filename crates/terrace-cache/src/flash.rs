@@ -44,6 +44,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use terrace_media::flash::{AlignedBuf, FlashFile, BLOCK};
@@ -52,6 +53,7 @@ use terrace_media::MediaError;
 use crate::error::{CacheError, EncodeError};
 use crate::item::{self, ItemLimits, ItemRef, ItemSpec, ItemState};
 use crate::segment::{Cursor, SegmentHeader, SegmentReader, SegmentWriter, HEADER_LEN};
+use crate::write_budget::WriteBudget;
 
 /// Bytes of one kill-log record.
 const KILL_RECORD: usize = 16;
@@ -173,7 +175,10 @@ pub(crate) struct FlashCounters {
     pub read_errors: AtomicU64,
     pub kills_logged: AtomicU64,
     pub punch_fallbacks: AtomicU64,
-    pub refused: AtomicU64,
+    /// Items not admitted: no buffer or free segment could take them.
+    pub refused_no_room: AtomicU64,
+    /// Items not admitted: over the write budget.
+    pub refused_budget: AtomicU64,
 }
 
 /// The queues of a flash tier: free slots, and stored segments oldest first.
@@ -202,6 +207,8 @@ pub(crate) struct FlashTier {
     /// The counters every tier has (hits, evictions, demotions in, reinsertions).
     pub stats: crate::tier::TierCounters,
     limits: ItemLimits,
+    /// The write budget, if one is set (`crate::write_budget`).
+    budget: Option<WriteBudget>,
 }
 
 struct KillLog {
@@ -303,8 +310,29 @@ impl FlashTier {
             counters: FlashCounters::default(),
             stats: crate::tier::TierCounters::default(),
             limits,
+            budget: None,
         };
         Ok((flash, existing.is_some()))
+    }
+
+    /// Caps the bytes per second admitted to the tier (`None`: no cap).
+    pub fn with_write_rate(mut self, rate: Option<u64>) -> FlashTier {
+        let max_item = 1usize << self.shift;
+        self.budget = rate.map(|r| WriteBudget::new(r, max_item, Instant::now()));
+        self
+    }
+
+    /// Whether the write budget admits an item of `bytes` now (always, without one);
+    /// counts a refusal.
+    pub fn admit(&self, bytes: usize) -> bool {
+        let Some(b) = &self.budget else {
+            return true;
+        };
+        if b.try_spend(bytes, Instant::now()) {
+            return true;
+        }
+        self.counters.refused_budget.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
     pub fn is_direct(&self) -> bool {
@@ -861,7 +889,9 @@ impl FlashTier {
             read_errors: l(&c.read_errors),
             kills_logged: l(&c.kills_logged),
             punch_fallbacks: l(&c.punch_fallbacks),
-            refused: l(&c.refused),
+            refused_no_room: l(&c.refused_no_room),
+            refused_budget: l(&c.refused_budget),
+            write_rate: self.budget.as_ref().map(WriteBudget::rate),
         }
     }
 

@@ -96,6 +96,7 @@
 //!   (`cache/saved.rs`) and DRAM snapshots (`cache/snapshot.rs`).
 //! - [`flash`]: the flash tier's I/O — its file, write buffers, kill log; the engine's
 //!   side of it is `cache/flash.rs`.
+//! - `write_budget` (private): the flash tier's bytes-per-second admission cap.
 //! - `ghost` (private): the ghost filter.
 //! - [`seqmark`]: the write-sequence high-water mark (`terrace.seq`).
 //! - `bootmark` (private): the boot mark (`terrace.boot`) that says whether a page-cache
@@ -127,6 +128,7 @@ pub mod seqmark;
 pub mod spec;
 mod synced;
 pub mod tier;
+mod write_budget;
 
 pub use cache::{
     Cache, CacheConfig, Checked, Delta, Guard, Movers, RestartReport, Side, Stats, Store,

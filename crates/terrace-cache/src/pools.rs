@@ -296,7 +296,7 @@ impl Pools {
 }
 
 /// The configuration of one pool: `config` with its tiers cut to `bytes`, its expected
-/// items scaled by `share` and, for a named pool, its file tiers in their `pool-<name>`
+/// items and flash write budget scaled by `share` and, for a named pool, its file tiers in their `pool-<name>`
 /// subdirectories (created when the tier directory exists; a missing tier directory is
 /// reported by [`Cache::open`] as usual).
 fn pool_config(
@@ -310,6 +310,9 @@ fn pool_config(
     c.expected_items = config
         .expected_items
         .map(|n| ((n as f64 * share) as usize).max(1));
+    c.flash_write_rate = config
+        .flash_write_rate
+        .map(|r| ((r as f64 * share) as u64).max(1));
     for (tier, &b) in c.tiers.iter_mut().zip(bytes) {
         tier.size = TierSize::Bytes(b);
         if name == DEFAULT_POOL {

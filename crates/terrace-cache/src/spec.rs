@@ -88,6 +88,11 @@ impl TierList {
             .iter()
             .any(|t| matches!(t.kind, TierKind::File | TierKind::Flash))
     }
+
+    /// Whether the list has a flash tier (always its last).
+    pub fn has_flash(&self) -> bool {
+        self.0.iter().any(|t| t.kind == TierKind::Flash)
+    }
 }
 
 impl fmt::Display for TierList {

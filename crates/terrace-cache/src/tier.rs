@@ -282,8 +282,13 @@ pub struct FlashStats {
     pub kills_logged: u64,
     /// Evicted segments whose blocks could not be punched (their header was zeroed).
     pub punch_fallbacks: u64,
-    /// Items the tier above kept at an eviction that found no room here (no buffer).
-    pub refused: u64,
+    /// Items kept at an eviction above (or reinserted here) that found no room: no
+    /// buffer or free segment could take them. Dropped.
+    pub refused_no_room: u64,
+    /// Items refused by the write budget. Dropped.
+    pub refused_budget: u64,
+    /// The write budget, bytes per second (`None`: none).
+    pub write_rate: Option<u64>,
 }
 
 impl FlashStats {
@@ -299,7 +304,12 @@ impl FlashStats {
         self.read_errors += o.read_errors;
         self.kills_logged += o.kills_logged;
         self.punch_fallbacks += o.punch_fallbacks;
-        self.refused += o.refused;
+        self.refused_no_room += o.refused_no_room;
+        self.refused_budget += o.refused_budget;
+        self.write_rate = match (self.write_rate, o.write_rate) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
     }
 }
 

@@ -85,6 +85,41 @@ fn demoted_items_are_read_back_from_flash() {
     assert!(f.demotions_in > 0 && f.hits > 0, "{f:?}");
 }
 
+/// A write budget caps the bytes admitted to flash by the time the run took (an upper
+/// bound, so a slow machine only loosens it); what it refuses is counted, and what it
+/// admits reads back.
+#[test]
+fn the_write_budget_caps_what_reaches_flash_and_counts_the_rest() {
+    let dir = flash_dir();
+    let rate = 256 << 10;
+    let start = std::time::Instant::now();
+    let (c, _) = Cache::open(CacheConfig {
+        flash_write_rate: Some(rate),
+        ..dram_and_flash(dir.path())
+    })
+    .unwrap();
+    let latest = fill(&c, 12_000, 0);
+    c.flush_flash();
+    let seconds = start.elapsed().as_secs_f64();
+    let (hits, flash) = check(&c, &latest, &[]);
+    let s = c.stats();
+    let f = &s.tiers[1];
+    let fs = f.flash.as_ref().unwrap();
+    eprintln!("{seconds:.2} s, {hits} hits, {flash} on flash; {fs:?}");
+    assert_eq!(fs.write_rate, Some(rate));
+    assert!(fs.refused_budget > 0 && flash > 0, "{fs:?}");
+    // Admitted: at most rate·t plus the bucket (a quarter second, or one segment);
+    // written: whole 32 KiB segments, each at most a largest item short of full.
+    let segment = 32 << 10;
+    let admitted = rate as f64 * seconds + (rate as f64 / 4.0).max(segment as f64);
+    let bound = admitted * 1.1 + 2.0 * segment as f64;
+    assert!(
+        (fs.bytes_written as f64) <= bound,
+        "{} bytes written in {seconds:.2} s at {rate} B/s: {fs:?}",
+        fs.bytes_written
+    );
+}
+
 #[test]
 fn overwrites_and_deletes_of_flash_items_hold_across_an_unclean_stop() {
     let dir = flash_dir();

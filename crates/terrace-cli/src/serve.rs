@@ -47,6 +47,11 @@ pub struct ServeArgs {
     /// (worth it when the lower tiers are slower than DRAM: PMem, CXL, far NUMA memory).
     #[arg(long)]
     promote: bool,
+    /// The flash tier's write budget in bytes per second (e.g. 50MiB): what is over it
+    /// stays off flash, counted in `stats` as tier_<i>_flash_refused_budget
+    /// [default: no cap].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    flash_write_rate: Option<u64>,
     /// A named pool with its own quota (repeatable): keys starting with PREFIX live in it,
     /// within SIZE of the cache (a size such as 64MiB, or a share such as 25%); other keys
     /// go to the default pool, which gets the rest. The prefix may contain ':'
@@ -86,6 +91,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         metrics: args.metrics,
         log_json: args.log_json,
         promote: args.promote,
+        flash_write_rate: args.flash_write_rate,
         pools: args.pools,
         io: args.io,
     })

@@ -44,6 +44,8 @@ pub struct ServerConfig {
     pub log_json: bool,
     /// Promote items read often in a lower tier into the first (see `terrace-cache`).
     pub promote: bool,
+    /// The flash tier's write budget, bytes per second (`None`: no cap).
+    pub flash_write_rate: Option<u64>,
     /// Named pools, each with the key prefix that routes keys to it; keys that match no
     /// prefix go to the default pool, which gets the space the named pools leave.
     pub pools: Vec<PoolDef>,
@@ -137,6 +139,7 @@ impl Default for ServerConfig {
             metrics: None,
             log_json: false,
             promote: false,
+            flash_write_rate: None,
             pools: Vec::new(),
             io: IoChoice::Auto,
         }
@@ -199,6 +202,9 @@ struct FileConfig {
     #[serde(alias = "log_json")]
     log_json: Option<bool>,
     promote: Option<bool>,
+    /// Bytes per second: an integer or a size with a unit (`"50MiB"`).
+    #[serde(alias = "flash_write_rate")]
+    flash_write_rate: Option<Size>,
     /// `auto`, `uring` or `epoll`.
     io: Option<String>,
     /// `[[pool]]` tables.
@@ -230,6 +236,7 @@ pub struct Overrides {
     pub metrics: Option<String>,
     pub log_json: bool,
     pub promote: bool,
+    pub flash_write_rate: Option<u64>,
     /// Replace the config file's pools when not empty.
     pub pools: Vec<PoolDef>,
     pub io: Option<IoChoice>,
@@ -274,6 +281,9 @@ impl ServerConfig {
         }
         c.log_json |= flags.log_json;
         c.promote |= flags.promote;
+        if let Some(v) = flags.flash_write_rate {
+            c.flash_write_rate = Some(v);
+        }
         if !flags.pools.is_empty() {
             c.pools = flags.pools;
         }
@@ -343,6 +353,9 @@ impl ServerConfig {
         if let Some(v) = f.promote {
             self.promote = v;
         }
+        if let Some(v) = f.flash_write_rate {
+            self.flash_write_rate = Some(v.bytes("flash-write-rate")?);
+        }
         if let Some(v) = f.io {
             self.io = v.parse().map_err(|message| ConfigError::Invalid {
                 setting: "io",
@@ -400,6 +413,17 @@ impl ServerConfig {
         }
         if self.max_connections == 0 {
             return invalid("max-connections", "must be at least 1");
+        }
+        if let Some(rate) = self.flash_write_rate {
+            if rate == 0 {
+                return invalid("flash-write-rate", "must be at least 1 byte per second");
+            }
+            if !self.tiers.has_flash() {
+                return invalid(
+                    "flash-write-rate",
+                    "needs a flash tier (--tiers ...,flash:SIZE)",
+                );
+            }
         }
         for (i, pool) in self.pools.iter().enumerate() {
             if let Err(e) = check_pool_name(&pool.name) {
@@ -600,5 +624,26 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().starts_with("threads:"));
+    }
+
+    #[test]
+    fn a_flash_write_rate_needs_a_flash_tier() {
+        let mut c = ServerConfig::default();
+        c.apply_toml("tiers = \"dram:64MiB,flash:1GiB\"\nflash-write-rate = \"50MiB\"\n")
+            .unwrap();
+        assert_eq!(c.flash_write_rate, Some(50 << 20));
+        c.validate().unwrap();
+        let e = ServerConfig::resolve(Overrides {
+            flash_write_rate: Some(1 << 20),
+            ..Overrides::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("flash-write-rate:"), "{e}");
+        let e = ServerConfig::default()
+            .apply_toml("flash-write-rate = \"fast\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("flash-write-rate:"), "{e}");
     }
 }

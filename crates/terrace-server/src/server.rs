@@ -70,6 +70,7 @@ pub fn open_pools(
     };
     cache_config.stripes = config.threads;
     cache_config.promote = config.promote;
+    cache_config.flash_write_rate = config.flash_write_rate;
     let named: Vec<PoolConfig> = config
         .pools
         .iter()

@@ -591,7 +591,9 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
             tier("flash_reads", f.reads);
             tier("flash_segments_written", f.segments_written);
             tier("flash_admitted", t.demotions_in);
-            tier("flash_refused", f.refused);
+            tier("flash_refused_no_room", f.refused_no_room);
+            tier("flash_refused_budget", f.refused_budget);
+            tier("flash_write_rate", f.write_rate.unwrap_or(0));
             tier("flash_reinserted", t.reinserted);
             tier("flash_kills_logged", f.kills_logged);
             tier("flash_write_errors", f.write_errors);

@@ -538,11 +538,6 @@ impl Cache {
                     return self.copy_item(next, Dest::Moved, &item, cas(), now, expires_at);
                 }
                 *flash_copy = self.copy_to_flash(&item, cas(), now, expires_at, false)?;
-                if flash_copy.is_none() {
-                    if let Some(f) = &self.flash {
-                        f.counters.refused.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
                 Ok(None)
             };
             let copy = if !kept {

@@ -116,7 +116,8 @@ impl Cache {
 
     /// Appends a copy of `item` to the flash tier's demotion (or reinsertion) buffer,
     /// writing the full buffer to flash and opening a new one when it has no room.
-    /// Returns the copy, PENDING, or `None` when no buffer could take it.
+    /// Returns the copy, PENDING, or `None` when the write budget refused it or no buffer
+    /// could take it (either counted in the tier's stats).
     pub(super) fn copy_to_flash(
         &self,
         item: &ItemRef<'_>,
@@ -133,6 +134,9 @@ impl Cache {
             expires_at,
             ..item.spec()
         };
+        if !f.admit(spec.encoded_len()) {
+            return Ok(None);
+        }
         let set = if reinsertion { &f.reinsert } else { &f.demote };
         let mut open = set.lock();
         for _ in 0..2 {
@@ -149,7 +153,7 @@ impl Cache {
                 self.write_flash_buffer(&full);
             }
             let Some(slot) = self.flash_slot_for_buffer(reinsertion)? else {
-                return Ok(None);
+                break;
             };
             // Segments expire never: the items carry their own expiry.
             let header = self.next_header(f.tier, slot, 0, 0, now)?;
@@ -159,6 +163,7 @@ impl Cache {
             m.dead_bytes.store(0, Ordering::Relaxed);
             *open = Some(f.open_buffer(header)?);
         }
+        f.counters.refused_no_room.fetch_add(1, Ordering::Relaxed);
         Ok(None)
     }
 
