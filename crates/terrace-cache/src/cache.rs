@@ -65,6 +65,7 @@ mod snapshot;
 
 pub use evict::Movers;
 use evict::Queue;
+pub use flash::FlashFetch;
 pub use recover::{DropReason, RestartReport};
 pub use saved::saved_path;
 

@@ -121,6 +121,50 @@ struct SlotCell {
     stored_seq: AtomicU64,
 }
 
+/// Bytes of items read ahead ([`FlashTier::stage`]) that may wait for their reader; the
+/// oldest go beyond it.
+const STAGED_MAX_BYTES: usize = 16 << 20;
+
+/// Items read from flash ahead of the request that wants them (a server's I/O thread
+/// reads, its connection's worker then finds the item here without waiting on the
+/// device). Keyed by slot and offset, each with the slot's generation at the read: an
+/// entry of an older incarnation of the slot is never served. A read takes its entry.
+#[derive(Default)]
+struct Staged {
+    items: std::collections::HashMap<(u32, u32), (u64, OwnedItem)>,
+    /// Insertion order, for dropping the oldest (may name entries already taken).
+    order: VecDeque<(u32, u32)>,
+    bytes: usize,
+}
+
+impl Staged {
+    fn take(&mut self, slot: u32, offset: u32, generation: u64) -> Option<OwnedItem> {
+        let (g, item) = self.items.remove(&(slot, offset))?;
+        self.bytes -= item.bytes.len();
+        (g == generation).then_some(item)
+    }
+
+    fn put(&mut self, slot: u32, offset: u32, generation: u64, item: OwnedItem) {
+        self.bytes += item.bytes.len();
+        if let Some((_, old)) = self.items.insert((slot, offset), (generation, item)) {
+            self.bytes -= old.bytes.len();
+        } else {
+            self.order.push_back((slot, offset));
+        }
+        while self.bytes > STAGED_MAX_BYTES {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, item)) = self.items.remove(&oldest) {
+                self.bytes -= item.bytes.len();
+            }
+        }
+        if self.items.is_empty() {
+            self.order.clear();
+        }
+    }
+}
+
 /// A copy of one item read from flash (or from a buffer).
 pub struct OwnedItem {
     bytes: Vec<u8>,
@@ -175,6 +219,10 @@ pub(crate) struct FlashCounters {
     pub read_errors: AtomicU64,
     pub kills_logged: AtomicU64,
     pub punch_fallbacks: AtomicU64,
+    /// Reads made ahead of their request ([`FlashTier::stage`]), and how many of them a
+    /// request then found.
+    pub staged: AtomicU64,
+    pub staged_used: AtomicU64,
     /// Items not admitted: no buffer or free segment could take them.
     pub refused_no_room: AtomicU64,
     /// Items not admitted: over the write budget.
@@ -209,6 +257,7 @@ pub(crate) struct FlashTier {
     limits: ItemLimits,
     /// The write budget, if one is set (`crate::write_budget`).
     budget: Option<WriteBudget>,
+    staged: Mutex<Staged>,
 }
 
 struct KillLog {
@@ -311,6 +360,7 @@ impl FlashTier {
             stats: crate::tier::TierCounters::default(),
             limits,
             budget: None,
+            staged: Mutex::new(Staged::default()),
         };
         Ok((flash, existing.is_some()))
     }
@@ -365,13 +415,14 @@ impl FlashTier {
         )
     }
 
-    /// Bytes held in DRAM by open buffers and segments being evicted.
+    /// Bytes held in DRAM by open buffers, segments being evicted and staged items.
     pub fn buffer_bytes(&self) -> u64 {
         let open = self
             .slots
             .iter()
             .filter(|c| matches!(&*c.state.lock(), Slot::Open(_) | Slot::Evicting { .. }));
-        open.count() as u64 * self.seg_size() as u64
+        let staged = self.staged.lock().bytes as u64;
+        open.count() as u64 * self.seg_size() as u64 + staged
     }
 
     /// Opens a fresh buffer for `header` (whose slot the caller took from the free list).
@@ -594,11 +645,55 @@ impl FlashTier {
             }
             Slot::Stored { end } => end,
         };
+        if let Some(item) = self.staged.lock().take(slot, offset, generation) {
+            self.counters.staged_used.fetch_add(1, Ordering::Relaxed);
+            return Some(item);
+        }
         let item = self.read_stored(slot, offset, end);
         if cell.generation.load(Ordering::Acquire) != generation {
             return None;
         }
         item
+    }
+
+    /// Whether a [`read`](Self::read) of the item at `offset` of `slot` would wait on the
+    /// device now: the segment is stored (not in a buffer or being evicted) and the item
+    /// not staged.
+    pub fn needs_read(&self, slot: u32, offset: u32) -> bool {
+        let Some(cell) = self.slots.get(slot as usize) else {
+            return false;
+        };
+        if !matches!(*cell.state.lock(), Slot::Stored { .. }) {
+            return false;
+        }
+        let generation = cell.generation.load(Ordering::Acquire);
+        self.staged
+            .lock()
+            .items
+            .get(&(slot, offset))
+            .is_none_or(|&(g, _)| g != generation)
+    }
+
+    /// Reads the item at `offset` of `slot` into DRAM for the next [`read`](Self::read)
+    /// of it (on a thread that may wait on the device, for one that may not). Nothing
+    /// happens if it is not on flash any more.
+    pub fn stage(&self, slot: u32, offset: u32) {
+        let Some(cell) = self.slots.get(slot as usize) else {
+            return;
+        };
+        let generation = cell.generation.load(Ordering::Acquire);
+        let Slot::Stored { end } = *cell.state.lock() else {
+            return;
+        };
+        let Some(item) = self.read_stored(slot, offset, end) else {
+            return;
+        };
+        // The slot was reused during the read: the bytes may be of either incarnation.
+        if cell.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        self.counters.staged.fetch_add(1, Ordering::Relaxed);
+        self.staged.lock().put(slot, offset, generation, item);
     }
 
     fn read_stored(&self, slot: u32, offset: u32, end: u32) -> Option<OwnedItem> {
@@ -889,6 +984,8 @@ impl FlashTier {
             read_errors: l(&c.read_errors),
             kills_logged: l(&c.kills_logged),
             punch_fallbacks: l(&c.punch_fallbacks),
+            staged: l(&c.staged),
+            staged_used: l(&c.staged_used),
             refused_no_room: l(&c.refused_no_room),
             refused_budget: l(&c.refused_budget),
             write_rate: self.budget.as_ref().map(WriteBudget::rate),

@@ -131,7 +131,8 @@ pub mod tier;
 mod write_budget;
 
 pub use cache::{
-    Cache, CacheConfig, Checked, Delta, Guard, Movers, RestartReport, Side, Stats, Store,
+    Cache, CacheConfig, Checked, Delta, FlashFetch, Guard, Movers, RestartReport, Side, Stats,
+    Store,
 };
 pub use error::{CacheError, EncodeError, HeaderError, IndexError, ItemError};
 pub use index::{BucketGuard, Candidate, Freq, Full, Index, IndexConfig, Location};

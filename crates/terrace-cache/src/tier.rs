@@ -269,7 +269,7 @@ pub struct FlashStats {
     pub direct: bool,
     /// The file is in RAM (tmpfs, ramfs): flash emulated, as fast as memory.
     pub emulated: bool,
-    /// DRAM held by write buffers and segments being evicted.
+    /// DRAM held by write buffers, segments being evicted and items staged.
     pub buffer_bytes: u64,
     pub bytes_written: u64,
     pub bytes_read: u64,
@@ -282,6 +282,10 @@ pub struct FlashStats {
     pub kills_logged: u64,
     /// Evicted segments whose blocks could not be punched (their header was zeroed).
     pub punch_fallbacks: u64,
+    /// Reads made by a thread that may wait on the device ahead of a request on one that
+    /// may not (a server's I/O pool), and how many a request then used.
+    pub staged: u64,
+    pub staged_used: u64,
     /// Items kept at an eviction above (or reinserted here) that found no room: no
     /// buffer or free segment could take them. Dropped.
     pub refused_no_room: u64,
@@ -304,6 +308,8 @@ impl FlashStats {
         self.read_errors += o.read_errors;
         self.kills_logged += o.kills_logged;
         self.punch_fallbacks += o.punch_fallbacks;
+        self.staged += o.staged;
+        self.staged_used += o.staged_used;
         self.refused_no_room += o.refused_no_room;
         self.refused_budget += o.refused_budget;
         self.write_rate = match (self.write_rate, o.write_rate) {

@@ -120,6 +120,47 @@ fn the_write_budget_caps_what_reaches_flash_and_counts_the_rest() {
     );
 }
 
+/// A fetch run on another thread stages a flash item in DRAM: the get after it reads no
+/// block, and an item overwritten after its fetch is never served from the stage.
+#[test]
+fn a_fetch_stages_flash_items_for_the_next_get() {
+    let dir = flash_dir();
+    let (c, _) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    let latest = fill(&c, 12_000, 0);
+    c.flush_flash();
+    let on_flash: Vec<u32> = (0..12_000)
+        .filter(|k| c.flash_fetch(format!("key{k}").as_bytes()).is_some())
+        .take(200)
+        .collect();
+    assert!(on_flash.len() == 200, "{} keys on flash", on_flash.len());
+    let reads = |c: &Cache| c.stats().tiers[1].flash.as_ref().unwrap().reads;
+    for &k in &on_flash[..100] {
+        let key = format!("key{k}");
+        let fetch = c.flash_fetch(key.as_bytes()).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| c.run_flash_fetch(&fetch));
+        });
+        assert!(c.flash_fetch(key.as_bytes()).is_none(), "{key} staged");
+        let before = reads(&c);
+        let g = c.get(key.as_bytes()).unwrap().expect("a hit");
+        assert_eq!(g.value(), &value(k, latest[&k])[..]);
+        assert_eq!(reads(&c), before, "{key}: the get read the device");
+    }
+    // Fetched, then overwritten: the new value, from DRAM.
+    for &k in &on_flash[100..] {
+        let key = format!("key{k}");
+        let fetch = c.flash_fetch(key.as_bytes()).unwrap();
+        c.run_flash_fetch(&fetch);
+        c.set(key.as_bytes(), &value(k, 1), 0, 0).unwrap();
+        assert!(c.flash_fetch(key.as_bytes()).is_none());
+        let g = c.get(key.as_bytes()).unwrap().expect("a hit");
+        assert_eq!(g.value(), &value(k, 1)[..]);
+        assert_eq!(g.tier(), 0);
+    }
+    let fs = c.stats().tiers[1].flash.clone().unwrap();
+    assert!(fs.staged >= 200 && fs.staged_used >= 100, "{fs:?}");
+}
+
 #[test]
 fn overwrites_and_deletes_of_flash_items_hold_across_an_unclean_stop() {
     let dir = flash_dir();

@@ -56,11 +56,55 @@ const FLASH_REINSERT_RESERVE: usize = 1;
 /// Free flash segments the movers keep ready (demotions write whole segments, so few).
 pub(super) const FLASH_FREE_TARGET: usize = 3;
 
+/// The flash reads a lookup of one key would wait for ([`Cache::flash_fetch`]): run it
+/// ([`Cache::run_flash_fetch`]) on a thread that may block, and the lookup made after it
+/// finds the item in DRAM. Holds only locations, so it is cheap to send.
+#[derive(Debug, Clone)]
+pub struct FlashFetch {
+    locations: Vec<Location>,
+}
+
 impl Cache {
     /// The flash tier's slot of segment id `id`, if `id` is on flash.
     pub(super) fn flash_slot(&self, id: u32) -> Option<(&FlashTier, u32)> {
         let f = self.flash.as_ref()?;
         f.slot_of(id).map(|s| (f, s))
+    }
+
+    /// The flash reads a lookup of `key` would wait on the device for now, if any: the
+    /// key's index entries (a tag may match other keys too) that point into stored flash
+    /// segments and whose items are not staged yet. `None` without a flash tier. A
+    /// server's worker asks before a get, hands the fetch to a thread that may block, and
+    /// gets once it ran: so a flash hit never blocks the worker's loop (a segment stored
+    /// between the two, or a staged item dropped for room, is read inline, rarely).
+    pub fn flash_fetch(&self, key: &[u8]) -> Option<FlashFetch> {
+        let f = self.flash.as_ref()?;
+        let hash = self.index.hash_key(key);
+        let locations: Vec<Location> = self
+            .index
+            .lookup(hash)
+            .map(|hit| hit.location())
+            .filter(|l| {
+                f.slot_of(l.segment)
+                    .is_some_and(|slot| f.needs_read(slot, l.offset))
+            })
+            .collect();
+        (!locations.is_empty()).then_some(FlashFetch { locations })
+    }
+
+    /// Reads the items of `fetch` from flash into DRAM, for the next lookup of their key
+    /// (see [`flash_fetch`](Self::flash_fetch)); may wait on the device.
+    pub fn run_flash_fetch(&self, fetch: &FlashFetch) {
+        for loc in &fetch.locations {
+            if let Some((f, slot)) = self.flash_slot(loc.segment) {
+                f.stage(slot, loc.offset);
+            }
+        }
+    }
+
+    /// Whether the last tier is flash.
+    pub fn has_flash(&self) -> bool {
+        self.flash.is_some()
     }
 
     /// Tiers, the flash tier included.
