@@ -260,3 +260,82 @@ fn large_values_read_slowly_while_overwritten_arrive_whole() {
         server.assert_alive(engine);
     }
 }
+
+/// A flash tier on the disk where there is one (`O_DIRECT`), else the temporary directory.
+fn flash_dir() -> tempfile::TempDir {
+    match std::path::Path::new("/var/tmp").is_dir() {
+        true => tempfile::tempdir_in("/var/tmp").expect("a directory on /var/tmp"),
+        false => tempfile::tempdir().expect("a temporary directory"),
+    }
+}
+
+/// Gets of items on flash are read on another thread than the worker's (`stats` counts
+/// the staged reads and their use), and their replies come back right and in order:
+/// pipelined single gets, a multi-key get, meta gets, on both engines.
+#[test]
+fn flash_hits_are_read_off_the_worker_and_answered_in_order() {
+    for engine in engines() {
+        let dir = flash_dir();
+        let mut server = common::start(
+            dir.path(),
+            &["--io", engine, "--tiers", "dram:16MiB,flash:64MiB"],
+        );
+        let mut c = server.connect();
+        let keys: Vec<String> = (0..40_000).map(|i| format!("k{i}")).collect();
+        let value = |k: &str| common::versioned_value(k, 1, 700 + k.len() * 13);
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(c.set(k, &value(k)), "STORED");
+            // One read soon after: the DRAM tier keeps (demotes) items with a hit.
+            if i >= 8 {
+                let earlier = &keys[i - 8];
+                assert_eq!(c.get(earlier).as_deref(), Some(&value(earlier)[..]));
+            }
+        }
+        let before = c.stats();
+        assert!(
+            common::stat_u64(&before, "tier_1_items") > 1000,
+            "few items reached flash: {before:?}"
+        );
+        // Early keys are on flash by now: pipelined gets in one write.
+        let early = &keys[..2000];
+        let mut burst = Vec::new();
+        for k in early {
+            burst.extend_from_slice(format!("get {k}\r\n").as_bytes());
+        }
+        c.send(&burst);
+        let mut hits = 0;
+        for k in early {
+            let items = c.read_items();
+            assert!(items.len() <= 1, "{k}: {} items", items.len());
+            if let Some(item) = items.first() {
+                assert_eq!(item.key, *k, "replies out of order");
+                assert_eq!(item.value, value(k), "{k}");
+                hits += 1;
+            }
+        }
+        let multi: Vec<String> = keys[2000..2100].to_vec();
+        for (k, v) in c.get_multi(&multi) {
+            assert_eq!(v, value(&k), "{k}");
+        }
+        for k in &keys[2100..2200] {
+            let reply = c.cmd(&format!("mg {k} v k"));
+            if reply.starts_with("EN") {
+                continue;
+            }
+            assert!(
+                reply.starts_with("VA ") && reply.ends_with(&format!("k{k}")),
+                "{reply}"
+            );
+            let len: usize = reply.split(' ').nth(1).unwrap().parse().unwrap();
+            let data = c.bytes(len + 2);
+            assert_eq!(&data[..len], &value(k)[..], "{k}");
+        }
+        let after = c.stats();
+        let staged = common::stat_u64(&after, "tier_1_flash_staged");
+        let used = common::stat_u64(&after, "tier_1_flash_staged_used");
+        eprintln!("{engine}: {hits} of 2000 pipelined gets hit; {staged} staged, {used} used");
+        assert!(hits > 500, "{engine}: {hits} hits");
+        assert!(staged > 0 && used > 0, "{engine}: {after:?}");
+        assert!(server.terminate().success());
+    }
+}

@@ -9,9 +9,16 @@
 //! - replies are written when the input runs dry or the reply buffer passes
 //!   `FLUSH_AT`, so pipelined and quiet requests share one `write`;
 //! - an idle connection keeps at most `IDLE_KEEP` bytes of buffers;
-//! - the loop awaits only on reads and writes, never while a request is being handled:
-//!   at shutdown the worker drops the connection's task at one of those points, so no
-//!   request is ever half-applied (a reply may be cut, the connection closes anyway).
+//! - the loop awaits only on reads, writes and flash fetches, never while a request is
+//!   being handled: at shutdown the worker drops the connection's task at one of those
+//!   points, so no request is ever half-applied (a reply may be cut, the connection
+//!   closes anyway);
+//! - a get whose items wait on flash is not handled on the worker: with flash deferral
+//!   on ([`Session::defer_flash_reads`]) the session stops before it and hands out a
+//!   [`Fetch`] ([`Session::take_fetch`]); the loop runs it on a thread that may block
+//!   and calls [`Session::fetched`], and the request is then handled with its items in
+//!   DRAM, reading flash inline only if they were dropped meanwhile (so every request is
+//!   deferred at most once, and replies keep their order).
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -20,7 +27,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::proto::{self, PinBudget, Protocol, Replies, Step};
-use crate::shared::Shared;
+use crate::shared::{Fetch, Shared};
 use crate::stats::Counter;
 
 /// Bytes asked of each read when no request size is known.
@@ -49,8 +56,17 @@ pub struct Session<'s> {
     /// Size of the incomplete request at `pos`, when its protocol said.
     need: usize,
     close: bool,
-    /// Complete requests are buffered but the reply buffer is full.
+    /// Complete requests are buffered but the reply buffer is full, or the next waits
+    /// on a flash fetch.
     stalled: bool,
+    /// Gets whose items are on flash are deferred to a fetch (see the module docs).
+    defer_flash: bool,
+    /// The fetch the next request waits for, until the loop takes it.
+    fetch: Option<Fetch>,
+    /// A fetch is running: nothing is handled until [`Session::fetched`].
+    waiting: bool,
+    /// The next request's fetch ran: it is handled without another.
+    fetched: bool,
 }
 
 impl<'s> Session<'s> {
@@ -67,6 +83,9 @@ impl<'s> Session<'s> {
     /// pass [`FLUSH_AT`] (then [`Session::stalled`] is true until the replies are written
     /// and this is called again).
     pub fn handle_buffered(&mut self, shared: &'s Shared) {
+        if self.waiting || self.fetch.is_some() {
+            return;
+        }
         let mut incomplete = false;
         let input = &mut self.input;
         let pos = &mut self.pos;
@@ -74,6 +93,12 @@ impl<'s> Session<'s> {
             let proto = *self
                 .protocol
                 .get_or_insert_with(|| Protocol::detect(input[*pos]));
+            if self.defer_flash && !std::mem::take(&mut self.fetched) {
+                if let Some(fetch) = proto::flash_fetch(shared, proto, &input[*pos..]) {
+                    self.fetch = Some(fetch);
+                    break;
+                }
+            }
             match proto::handle(shared, proto, &input[*pos..], &mut self.out) {
                 Step::Done { consumed } => *pos += consumed,
                 Step::Swallow { consumed, skip } => {
@@ -108,6 +133,26 @@ impl<'s> Session<'s> {
             input.drain(..*pos);
             *pos = 0;
         }
+    }
+
+    /// Defers gets whose items are on flash (see the module docs): the loop then runs
+    /// every [`take_fetch`](Self::take_fetch) on a thread that may block.
+    pub fn defer_flash_reads(&mut self) {
+        self.defer_flash = true;
+    }
+
+    /// The fetch the next request waits for, if any: the session handles nothing more
+    /// until [`fetched`](Self::fetched).
+    pub fn take_fetch(&mut self) -> Option<Fetch> {
+        let fetch = self.fetch.take()?;
+        self.waiting = true;
+        Some(fetch)
+    }
+
+    /// The fetch handed out ran: the request that waited for it is handled next.
+    pub fn fetched(&mut self) {
+        self.waiting = false;
+        self.fetched = true;
     }
 
     /// Replies waiting to be written.
@@ -190,11 +235,14 @@ where
     let _ = stream.shutdown().await;
 }
 
-async fn serve_inner<S>(shared: &Shared, stream: &mut S) -> io::Result<()>
+async fn serve_inner<S>(shared: &Arc<Shared>, stream: &mut S) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut session = Session::default();
+    if shared.has_flash() {
+        session.defer_flash_reads();
+    }
     loop {
         session.handle_buffered(shared);
         if !session.replies().is_empty() {
@@ -203,6 +251,14 @@ where
         }
         if session.closing() {
             return Ok(());
+        }
+        if let Some(fetch) = session.take_fetch() {
+            let on_pool = Arc::clone(shared);
+            // The read waits on the device on the runtime's blocking pool; a failed
+            // task only means the request reads flash inline.
+            let _ = tokio::task::spawn_blocking(move || on_pool.run_fetch(&fetch)).await;
+            session.fetched();
+            continue;
         }
         if session.stalled() {
             continue;

@@ -5,7 +5,7 @@
 //!
 //! Layering (arrows point down): `server` (listeners, signals, lifecycle) → `workers`
 //! (per-thread event loops, connection hand-off) → `uring` (the io_uring
-//! loop) or `conn` (one connection's read/handle/write loop on epoll, and the session
+//! loop, its flash reads on `flash_io`'s threads) or `conn` (one connection's read/handle/write loop on epoll, and the session
 //! state both drive) → `proto` (pure byte-slice parsers and
 //! formatters, one module per protocol) → `shared` (memcached semantics over the cache:
 //! expiry rules, counted operations) → `terrace-cache`. `config` turns flags and a TOML
@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod conn;
+pub mod flash_io;
 pub mod marks;
 pub mod proto;
 pub mod server;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use terrace_cache::{Cache, CacheError, Checked, Guard, Pools, Store};
+use terrace_cache::{Cache, CacheError, Checked, FlashFetch, Guard, Pools, Store};
 
 use crate::marks::Marks;
 use crate::stats::{Counter, Counters, DetailOp, ListenFacts, RestartFacts};
@@ -134,6 +134,20 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// Flash reads a request would wait for, by pool (see [`Shared::add_flash_fetch`]):
+/// run it on a thread that may block, then handle the request.
+#[derive(Debug, Default)]
+pub struct Fetch {
+    /// (pool position, `None` for the default pool; its reads).
+    parts: Vec<(Option<usize>, FlashFetch)>,
+}
+
+impl Fetch {
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+}
+
 /// What an exptime means now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expiry {
@@ -185,6 +199,36 @@ impl Shared {
             .pool_of(key)
             .and_then(|position| self.pools.at(position))
             .unwrap_or_else(|| self.pools.default_pool())
+    }
+
+    /// Whether any pool has a flash tier (whose reads a worker hands to the I/O pool).
+    pub fn has_flash(&self) -> bool {
+        self.pools.iter().any(|(_, c)| c.has_flash())
+    }
+
+    /// Adds to `fetch` the flash reads a lookup of `key` would wait for now.
+    pub fn add_flash_fetch(&self, key: &[u8], fetch: &mut Fetch) {
+        if !self.key_ok(key) {
+            return;
+        }
+        let pool = self.routes.pool_of(key);
+        let cache = pool
+            .and_then(|p| self.pools.at(p))
+            .unwrap_or_else(|| self.pools.default_pool());
+        if let Some(f) = cache.flash_fetch(key) {
+            fetch.parts.push((pool, f));
+        }
+    }
+
+    /// Runs `fetch`'s reads (waiting on the device): the request's lookups then find its
+    /// items in DRAM.
+    pub fn run_fetch(&self, fetch: &Fetch) {
+        for (pool, f) in &fetch.parts {
+            let cache = pool
+                .and_then(|p| self.pools.at(p))
+                .unwrap_or_else(|| self.pools.default_pool());
+            cache.run_flash_fetch(f);
+        }
     }
 
     /// memcached's exptime rules: 0 never expires; up to 30 days is relative; above is a

@@ -589,6 +589,8 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
             tier("flash_bytes_written", f.bytes_written);
             tier("flash_bytes_read", f.bytes_read);
             tier("flash_reads", f.reads);
+            tier("flash_staged", f.staged);
+            tier("flash_staged_used", f.staged_used);
             tier("flash_segments_written", f.segments_written);
             tier("flash_admitted", t.demotions_in);
             tier("flash_refused_no_room", f.refused_no_room);

@@ -48,8 +48,9 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, types, IoUring};
 
 use crate::conn::{Admitted, Session, IDLE_KEEP};
+use crate::flash_io::FlashIo;
 use crate::proto::{PinBudget, Replies};
-use crate::shared::Shared;
+use crate::shared::{Fetch, Shared};
 use crate::workers::Accepted;
 
 /// Submission queue entries per ring, and completion queue entries: a connection has at
@@ -190,6 +191,8 @@ pub struct Handoff {
     /// The worker has ended (stopped, or its ring failed): connections handed to it now
     /// are closed at once rather than queued forever. Changed under the queue's lock.
     closed: AtomicBool,
+    /// Connections (slot, generation) whose flash fetch has run.
+    fetched: Mutex<Vec<(usize, u32)>>,
 }
 
 impl Handoff {
@@ -222,6 +225,15 @@ impl Handoff {
         self.wake_worker();
     }
 
+    /// A connection's flash fetch has run: wakes the worker to handle its request.
+    fn fetch_done(&self, slot: usize, generation: u32) {
+        self.fetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((slot, generation));
+        self.wake_worker();
+    }
+
     fn wake_worker(&self) {
         if !self.wake_pending.swap(true, Ordering::SeqCst) {
             let _ = (&self.wake).write(&[1]);
@@ -229,8 +241,13 @@ impl Handoff {
     }
 }
 
-/// Starts worker `index` on io_uring; returns once its ring exists (or why it could not).
-pub fn start(index: usize, shared: &Arc<Shared>) -> io::Result<(Arc<Handoff>, JoinHandle<()>)> {
+/// Starts worker `index` on io_uring, its flash reads (if any) on `flash_io`; returns once
+/// its ring exists (or why it could not).
+pub fn start(
+    index: usize,
+    shared: &Arc<Shared>,
+    flash_io: Option<Arc<FlashIo>>,
+) -> io::Result<(Arc<Handoff>, JoinHandle<()>)> {
     let (reader, writer) = io::pipe()?;
     let handoff = Arc::new(Handoff {
         queue: Mutex::new(Vec::new()),
@@ -238,6 +255,7 @@ pub fn start(index: usize, shared: &Arc<Shared>) -> io::Result<(Arc<Handoff>, Jo
         wake_pending: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         closed: AtomicBool::new(false),
+        fetched: Mutex::new(Vec::new()),
     });
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let shared = Arc::clone(shared);
@@ -249,7 +267,9 @@ pub fn start(index: usize, shared: &Arc<Shared>) -> io::Result<(Arc<Handoff>, Jo
             match new_ring() {
                 Ok(ring) => {
                     let _ = ready_tx.send(Ok(()));
-                    Worker::new(ring, &shared, theirs, reader).run();
+                    let mut worker = Worker::new(ring, &shared, theirs, reader);
+                    worker.flash = flash_io.map(|io| (io, Arc::clone(&shared)));
+                    worker.run();
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -322,6 +342,9 @@ struct Worker<'s> {
     stopped: bool,
     /// Values this worker's replies may reference in place at once.
     pin_budget: Arc<PinBudget>,
+    /// Where flash fetches run, and the state they need (`None`: no flash tier, or
+    /// reads inline).
+    flash: Option<(Arc<FlashIo>, Arc<Shared>)>,
 }
 
 impl Drop for Worker<'_> {
@@ -351,6 +374,7 @@ impl<'s> Worker<'s> {
             generations: 0,
             stopped: false,
             pin_budget: PinBudget::new(pin_budget(shared)),
+            flash: None,
         }
     }
 
@@ -511,12 +535,32 @@ impl<'s> Worker<'s> {
         // Cleared before the queue is taken: a connection queued after the take writes
         // a new wake-up.
         self.handoff.wake_pending.store(false, Ordering::SeqCst);
+        let fetched = std::mem::take(
+            &mut *self
+                .handoff
+                .fetched
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for (slot, generation) in fetched {
+            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            if conn.generation == generation {
+                conn.session.fetched();
+                self.drive(shared, slot);
+            }
+        }
         let queued =
             std::mem::take(&mut *self.handoff.queue.lock().unwrap_or_else(|e| e.into_inner()));
         for (stream, admitted) in queued {
+            let mut session = Session::in_place(Arc::clone(&self.pin_budget));
+            if self.flash.is_some() {
+                session.defer_flash_reads();
+            }
             let conn = Conn {
                 stream,
-                session: Session::in_place(Arc::clone(&self.pin_budget)),
+                session,
                 sending: Replies::default(),
                 sent: 0,
                 // SAFETY: `msghdr` is plain data; all zeroes is an empty message.
@@ -667,6 +711,10 @@ impl<'s> Worker<'s> {
             if conn.send_in_flight {
                 conn.session.replies().flatten();
             }
+            if let Some(fetch) = conn.session.take_fetch() {
+                let generation = conn.generation;
+                self.start_fetch(shared, slot, generation, fetch);
+            }
         }
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
@@ -710,6 +758,24 @@ impl<'s> Worker<'s> {
             // SAFETY: the input buffer is not touched (grown, handled or freed) until
             // this receive's completion (`received`); the connection stays in its slot.
             unsafe { self.push(entry) };
+        }
+    }
+
+    /// Hands a connection's flash fetch to the pool; the pool wakes the worker when it
+    /// ran. Without a pool (stopped) it runs here, and the connection goes on at once.
+    fn start_fetch(&mut self, shared: &'s Shared, slot: usize, generation: u32, fetch: Fetch) {
+        let Some((io, owned)) = &self.flash else {
+            shared.run_fetch(&fetch);
+            self.handoff.fetch_done(slot, generation);
+            return;
+        };
+        let (owned, handoff) = (Arc::clone(owned), Arc::clone(&self.handoff));
+        let job = Box::new(move || {
+            owned.run_fetch(&fetch);
+            handoff.fetch_done(slot, generation);
+        });
+        if let Err(job) = io.submit(job) {
+            job();
         }
     }
 

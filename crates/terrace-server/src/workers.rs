@@ -3,7 +3,9 @@
 //! A worker's loop is an io_uring ring (`uring`) where the kernel allows it, else a
 //! single-threaded tokio runtime over epoll (`conn::serve`); [`Engine`] says which.
 //! A connection lives on one worker for its whole life, so serving it never wakes
-//! another thread (a work-stealing runtime spent a futex wake-up per few requests).
+//! another thread (a work-stealing runtime spent a futex wake-up per few requests),
+//! except that a get of an item on flash is read on another (`flash_io`) so that the
+//! worker's loop never waits on the device.
 //!
 //! Invariants: when `stop` turns true a worker drops every connection task (each is
 //! waiting on a read or a write then, never in the middle of a request, see `conn`) and
@@ -19,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::conn::{self, Admitted};
+use crate::flash_io::FlashIo;
 use crate::shared::Shared;
 use crate::uring;
 
@@ -72,9 +75,15 @@ impl Workers {
     ) -> std::io::Result<Workers> {
         let mut handoffs = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
+        // io_uring workers hand their flash reads to a pool of their own (the pool ends
+        // with the last worker); epoll workers to their runtime's blocking threads.
+        let flash_io = match engine == Engine::Uring && shared.has_flash() {
+            true => Some(FlashIo::start(n)?),
+            false => None,
+        };
         for i in 0..n {
             if engine == Engine::Uring {
-                let (handoff, thread) = uring::start(i, shared)?;
+                let (handoff, thread) = uring::start(i, shared, flash_io.clone())?;
                 handoffs.push(Handoff::Uring(handoff));
                 threads.push(thread);
                 continue;

@@ -85,6 +85,21 @@ impl Header {
     }
 }
 
+/// The key of the get (GET, GAT and their quiet and key-returning variants) at the
+/// start of `input`, once its header, extras and key are here; `None` for anything else.
+pub(super) fn get_key(input: &[u8]) -> Option<&[u8]> {
+    if input.first() != Some(&REQUEST_MAGIC) {
+        return None;
+    }
+    let header = Header::parse(input)?;
+    let opcode = Opcode::decode(header.opcode)?;
+    if !matches!(opcode.command, Command::Get | Command::GetAndTouch) {
+        return None;
+    }
+    let start = HEADER_LEN + header.extras_len;
+    input.get(start..start + header.key_len)
+}
+
 /// `N` bytes of `bytes` at `at` (zeros if out of range: callers check lengths first).
 fn field<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
     bytes

@@ -17,6 +17,7 @@
 //!   text (ascii and meta commands share the text protocol, as in memcached).
 
 pub mod binary;
+pub mod flash_keys;
 pub mod meta;
 pub mod text;
 
@@ -277,6 +278,14 @@ impl Protocol {
             Protocol::Text
         }
     }
+}
+
+/// The flash reads the request at the start of `input` would wait for (see
+/// [`flash_keys`]); `None` when it would wait for none.
+pub fn flash_fetch(shared: &Shared, proto: Protocol, input: &[u8]) -> Option<crate::shared::Fetch> {
+    let mut fetch = crate::shared::Fetch::default();
+    flash_keys::for_each_key(proto, input, |key| shared.add_flash_fetch(key, &mut fetch));
+    (!fetch.is_empty()).then_some(fetch)
 }
 
 /// Handles at most one request at the start of `input` (non-empty).
