@@ -415,6 +415,28 @@ impl FlashTier {
         )
     }
 
+    /// Item bytes in stored and open segments, (live, dead). Flash keeps dead counts of
+    /// items, not bytes (a kill record names no length), so a segment's bytes are split
+    /// in the ratio of its live and dead items: exact when its items are of one size.
+    pub fn item_bytes(&self) -> (u64, u64) {
+        let (mut live, mut dead) = (0u64, 0u64);
+        for (slot, c) in self.slots.iter().enumerate() {
+            let end = match &*c.state.lock() {
+                Slot::Stored { end } => u64::from(*end),
+                Slot::Open(buf) => u64::from(buf.data.read().end),
+                Slot::Free | Slot::Evicting { .. } => continue,
+            };
+            let bytes = end.saturating_sub(HEADER_LEN as u64);
+            let (items, gone) = self.occupancy(slot as u32);
+            let items = u64::from(items.max(gone).max(1));
+            let gone = u64::from(gone).min(items);
+            let dead_bytes = bytes * gone / items;
+            live += bytes - dead_bytes;
+            dead += dead_bytes;
+        }
+        (live, dead)
+    }
+
     /// Bytes held in DRAM by open buffers, segments being evicted and staged items.
     pub fn buffer_bytes(&self) -> u64 {
         let open = self

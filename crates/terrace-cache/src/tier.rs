@@ -233,7 +233,8 @@ pub struct TierStats {
     /// Indexed items whose copy is in this tier.
     pub items: u64,
     /// Bytes of the items in this tier's open and sealed segments that are not dead
-    /// (live items, and copies still being written).
+    /// (live items, and copies still being written). On flash, split from the segments'
+    /// bytes by their live and dead item counts (a kill record names no length).
     pub live_bytes: u64,
     pub hits: u64,
     pub segments_evicted: u64,

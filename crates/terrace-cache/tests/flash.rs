@@ -83,6 +83,12 @@ fn demoted_items_are_read_back_from_flash() {
     let fs = f.flash.as_ref().unwrap();
     assert!(fs.bytes_written > 0 && fs.reads > 0, "{fs:?}");
     assert!(f.demotions_in > 0 && f.hits > 0, "{f:?}");
+    // Flash holds about 1 KiB per item it indexes.
+    let per_item = f.live_bytes as f64 / f.items as f64;
+    assert!(
+        (300.0..3000.0).contains(&per_item),
+        "{per_item} live bytes per item: {f:?}"
+    );
 }
 
 /// A write budget caps the bytes admitted to flash by the time the run took (an upper

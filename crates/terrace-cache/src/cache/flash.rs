@@ -428,11 +428,14 @@ impl Cache {
         let c = &f.stats;
         let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let (free, stored) = f.segment_counts();
+        let (live_bytes, dead_bytes) = f.item_bytes();
         crate::tier::TierStats {
             segments: f.count,
             free_segments: free,
             sealed_segments: stored,
             items,
+            live_bytes,
+            dead_bytes,
             hits: l(&c.hits),
             segments_evicted: l(&c.segments_evicted),
             items_evicted: l(&c.items_evicted),
