@@ -1,8 +1,10 @@
 //! The engines under test behind one small trait. Each is configured at the same byte
 //! capacity, entries weighed as key + value bytes; moka and foyer with their best
 //! policies (moka: TinyLFU admission with LRU eviction, its default; foyer: S3-FIFO).
+//! foyer's hybrid cache and memcached-compatible servers implement the same trait in
+//! their own modules (`hybrid`, `memcached`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +37,11 @@ pub trait Engine: Send + Sync {
     fn extra(&self) -> Value {
         Value::Null
     }
+    /// The directory of the run's own files (a fresh one per run), whose page cache the
+    /// sampler counts as the engine's memory; `None` for an engine without files.
+    fn data_dir(&self) -> Option<&Path> {
+        None
+    }
     /// A restart after the run (`--restart`): stop as `mode` says, reopen, and check each
     /// of keys `0..keys` present before: a hit with its value, or (after a crash) a miss.
     /// An error for an engine without one (the command line refuses that before the run).
@@ -48,7 +55,8 @@ pub trait Engine: Send + Sync {
     }
 }
 
-fn check(value: &[u8], id: u64, len: usize) -> Got {
+/// Whether `value` is key `id`'s value of `len` bytes: [`Got::Hit`] or [`Got::Wrong`].
+pub(crate) fn check(value: &[u8], id: u64, len: usize) -> Got {
     if workload::check_value(value, id, len) {
         Got::Hit
     } else {
@@ -188,7 +196,26 @@ impl Engine for Terrace {
             "tier_free_segments": s.tiers.iter().map(|t| t.free_segments).collect::<Vec<_>>(),
             "tier_cleaned_segments": s.tiers.iter().map(|t| t.segments_cleaned).collect::<Vec<_>>(),
             "tier_cleaned_items": s.tiers.iter().map(|t| t.items_cleaned).collect::<Vec<_>>(),
+            "tier_reinserted": s.tiers.iter().map(|t| t.reinserted).collect::<Vec<_>>(),
+            // The flash tier's device counters (null without one).
+            "flash": s.tiers.last().and_then(|t| t.flash.as_ref()).map(|f| json!({
+                "direct": f.direct,
+                "emulated": f.emulated,
+                "buffer_bytes": f.buffer_bytes,
+                "bytes_written": f.bytes_written,
+                "bytes_read": f.bytes_read,
+                "reads": f.reads,
+                "segments_written": f.segments_written,
+                "refused_no_room": f.refused_no_room,
+                "refused_budget": f.refused_budget,
+                "write_errors": f.write_errors,
+                "read_errors": f.read_errors,
+            })),
         })
+    }
+
+    fn data_dir(&self) -> Option<&Path> {
+        self._tempdir.as_ref().map(|t| t.path())
     }
 
     fn restart(self: Box<Self>, keys: u64, sizes: SizeRange, mode: RestartMode) -> Result<Value> {
@@ -271,7 +298,7 @@ pub enum RestartMode {
 }
 
 impl RestartMode {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RestartMode::Clean => "clean",
             RestartMode::Crash => "crash",

@@ -11,6 +11,21 @@
 //! keys) and contents are derived from the key, and every hit's length and first 8 bytes
 //! are checked. One JSON object is printed at the end.
 //!
+//! The flash-tier engines (`bench/flash-vs-anchors.sh` runs them all):
+//! - `--engine terrace --capacity D+F --tiers dram:D,flash:F --dir DIR`: Terrace's own
+//!   flash tier (sizes given in bytes win over `--capacity`).
+//! - `--engine foyer-hybrid --capacity D --flash F [--dir DIR]`: foyer 0.22's
+//!   `HybridCache`, D of memory over an F-byte disk cache in a fresh subdirectory of DIR
+//!   (see the `hybrid` module).
+//! - `--engine memcached --server HOST:PORT`: the same workload over memcached's meta
+//!   protocol to memcached (with extstore) or `terrace serve` (see the `memcached`
+//!   module); no `--capacity`, the server has its own.
+//!
+//! Every `cache` run samples a process while it runs (`--pid PID`, default this one; see
+//! the `sampler` module): peak `VmRSS` plus the page cache of the engine's files
+//! (`--pid-files`, default the run's directory), and the bytes `/proc/PID/io` says it
+//! read and wrote, against the key + value bytes the run's sets sent.
+//!
 //! `terrace-bench net-fill|net-probe|net-stats --addr HOST:PORT ...`: clients of a
 //! memcached-compatible server (`terrace serve`, memcached) for server-level benchmarks
 //! such as `bench/restart-at-scale.sh`; see the `net` module.
@@ -20,15 +35,20 @@
 //!
 //! Modules: `args` (parsers of the command line's values), `workload` (a key's bytes,
 //! value size and contents, all derived from its id), `engines` (Terrace, foyer and moka
-//! behind one trait), `windows` (the hit ratio per window of operations), `net` (the
-//! network clients); this file runs the threads and prints the report.
+//! behind one trait), `hybrid` (foyer's hybrid cache), `memcached` (a server over the
+//! meta protocol), `sampler` (memory and I/O from `/proc`), `windows` (the hit ratio per
+//! window of operations), `net` (the network clients); this file runs the threads and
+//! prints the report.
 
 #![forbid(unsafe_code)]
 
 mod args;
 mod engines;
+mod hybrid;
 mod map;
+mod memcached;
 mod net;
+mod sampler;
 mod windows;
 mod workload;
 
@@ -82,6 +102,10 @@ enum EngineName {
     Terrace,
     Foyer,
     Moka,
+    /// foyer's `HybridCache`: `--capacity` of memory over a `--flash` disk cache.
+    FoyerHybrid,
+    /// A memcached-compatible server (`--server`), over the meta protocol.
+    Memcached,
 }
 
 impl EngineName {
@@ -90,6 +114,8 @@ impl EngineName {
             EngineName::Terrace => "terrace",
             EngineName::Foyer => "foyer",
             EngineName::Moka => "moka",
+            EngineName::FoyerHybrid => "foyer-hybrid",
+            EngineName::Memcached => "memcached",
         }
     }
 }
@@ -98,15 +124,39 @@ impl EngineName {
 struct CacheArgs {
     #[arg(long, value_enum)]
     engine: EngineName,
-    /// Total capacity (all tiers), e.g. 256MiB.
+    /// Total capacity (all tiers), e.g. 256MiB; foyer-hybrid: its memory. Not taken by
+    /// memcached (the server has its own); needed by every other engine.
     #[arg(long, value_parser = args::parse_size)]
-    capacity: u64,
+    capacity: Option<u64>,
+    /// foyer-hybrid only (and needed there): bytes of its disk cache, e.g. 4GiB. Terrace
+    /// takes its flash size from --tiers ...,flash:SIZE.
+    #[arg(long, value_parser = args::parse_size)]
+    flash: Option<u64>,
+    /// foyer-hybrid: the block engine's block size (its unit of eviction and the largest
+    /// entry it can hold); default foyer's 16 MiB.
+    #[arg(long, value_parser = args::parse_size)]
+    foyer_block_size: Option<u64>,
+    /// memcached only (and needed there): the server, HOST:PORT.
+    #[arg(long)]
+    server: Option<String>,
+    /// memcached: seconds a connect, request or reply may take before the run fails.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    timeout_secs: u64,
+    /// Process whose memory and I/O are sampled while the run goes (every 100 ms:
+    /// VmRSS, /proc/PID/io, page cache of the engine's files); default this one.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Files whose page-cache bytes count as the engine's DRAM: files, or directories
+    /// (every file under them), comma-separated or repeated; default the run's own
+    /// directory (terrace with a file or flash tier, foyer-hybrid), none for memcached.
+    #[arg(long, value_delimiter = ',')]
+    pid_files: Vec<PathBuf>,
     /// Terrace's tiers, fastest first: KIND:AMOUNT,... with KIND dram, file, numaN or
     /// flash (last only) and AMOUNT a ratio of --capacity (an integer) or a size (64MiB).
     #[arg(long, value_parser = args::parse_tiers, default_value = "dram:1")]
     tiers: Tiers,
     /// Directory for file tiers (a fresh subdirectory is made and removed); default a
-    /// temporary directory on /dev/shm.
+    /// temporary directory on /dev/shm (foyer-hybrid: the system's temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Number of distinct keys (suffixes k, m: 2m = 2 000 000).
@@ -156,8 +206,8 @@ struct CacheArgs {
     /// in the warm-up or in steady state.
     #[arg(long, value_parser = args::parse_count)]
     window: Option<u64>,
-    /// Terrace, with a file tier: after the run, stop, reopen, and check every key present
-    /// before ("restart" in the JSON). `clean` (the default): a clean shutdown, after which
+    /// Terrace with a file or flash tier, or foyer-hybrid (clean only): after the run,
+    /// stop, reopen, and check every key present before ("restart" in the JSON). `clean` (the default): a clean shutdown, after which
     /// every key must be a hit with its value. `crash`: the cache is dropped without one
     /// (the next open scans the file tiers; DRAM items are lost by design), and no key
     /// may come back with another value.
@@ -171,6 +221,8 @@ struct ThreadResult {
     hits: u64,
     wrong: u64,
     sets: u64,
+    /// Key + value bytes of the sets.
+    set_bytes: u64,
     get_ns: Histogram<u64>,
     set_ns: Histogram<u64>,
 }
@@ -182,6 +234,7 @@ impl ThreadResult {
             hits: 0,
             wrong: 0,
             sets: 0,
+            set_bytes: 0,
             get_ns: histogram()?,
             set_ns: histogram()?,
         })
@@ -259,6 +312,7 @@ fn run_thread(ctx: &RunContext<'_>, thread: u64, ops: u64) -> Result<ThreadResul
         if need_set {
             workload::fill_value(&mut buf, id, len);
             r.sets += 1;
+            r.set_bytes += (key.len() + len) as u64;
             let t = Instant::now();
             ctx.engine.set(&key, &buf[..len])?;
             r.set_ns.saturating_record(elapsed_ns(t).max(1));
@@ -290,19 +344,80 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn open_engine(a: &CacheArgs) -> Result<Box<dyn Engine>> {
+/// The arguments' combinations that make no sense, refused before anything opens.
+/// Returns the capacity (`None` only for memcached, which takes none).
+fn check_args(a: &CacheArgs) -> Result<Option<u64>> {
+    let e = a.engine;
+    let name = e.as_str();
+    if e != EngineName::Terrace && a.tiers.to_string() != "dram:1" {
+        bail!("--tiers applies to --engine terrace only");
+    }
+    match (e, a.flash) {
+        (EngineName::FoyerHybrid, None) => bail!("--engine foyer-hybrid needs --flash SIZE"),
+        (EngineName::FoyerHybrid, Some(_)) => {}
+        (EngineName::Terrace, Some(_)) => bail!(
+            "--flash applies to --engine foyer-hybrid only; terrace takes its flash tier from --tiers dram:SIZE,flash:SIZE"
+        ),
+        (_, Some(_)) => bail!("--flash applies to --engine foyer-hybrid only"),
+        (_, None) => {}
+    }
+    if a.foyer_block_size.is_some() && e != EngineName::FoyerHybrid {
+        bail!("--foyer-block-size applies to --engine foyer-hybrid only");
+    }
+    match (e, &a.server) {
+        (EngineName::Memcached, None) => bail!("--engine memcached needs --server HOST:PORT"),
+        (EngineName::Memcached, Some(_)) => {
+            if a.capacity.is_some() {
+                bail!("--engine memcached takes no --capacity (the server's memory is its own setting)");
+            }
+            if a.dir.is_some() {
+                bail!(
+                    "--engine memcached takes no --dir (name the server's files with --pid-files)"
+                );
+            }
+        }
+        (_, Some(_)) => bail!("--server applies to --engine memcached only"),
+        (_, None) => {}
+    }
+    let restartable = match e {
+        EngineName::Terrace => a.tiers.has_file(),
+        EngineName::FoyerHybrid => a.restart != Some(engines::RestartMode::Crash),
+        _ => false,
+    };
+    if a.restart.is_some() && !restartable {
+        bail!(
+            "--restart applies to --engine terrace with a file or flash tier (--tiers ...,file:N), or to foyer-hybrid (clean only)"
+        );
+    }
+    if let Some(pid) = a.pid {
+        if !std::path::Path::new(&format!("/proc/{pid}")).is_dir() {
+            bail!("--pid {pid}: no such process");
+        }
+    }
+    if e == EngineName::Memcached {
+        return Ok(None);
+    }
+    match a.capacity {
+        Some(c) => Ok(Some(c)),
+        None => bail!("--engine {name} needs --capacity SIZE"),
+    }
+}
+
+fn open_engine(a: &CacheArgs, capacity: Option<u64>) -> Result<Box<dyn Engine>> {
     let mean_value = (a.value_size.min + a.value_size.max) / 2;
+    let need = || capacity.ok_or_else(|| anyhow::anyhow!("--capacity is needed"));
     Ok(match a.engine {
         EngineName::Terrace => {
+            let capacity = need()?;
             // Size the index for the items the capacity holds at the mean item size
             // (key, value and a ~5-byte header), as a deployment would configure it.
             let mean_item = workload::KEY_LEN as u64 + mean_value + 5;
             let expected = a
                 .expected_items
-                .unwrap_or(a.capacity / mean_item.max(1))
+                .unwrap_or(capacity / mean_item.max(1))
                 .min(a.keys.saturating_add(a.keys / 8));
             Box::new(engines::Terrace::open(engines::TerraceOptions {
-                capacity: a.capacity,
+                capacity,
                 tiers: &a.tiers,
                 dir: a.dir.clone(),
                 max_value: a.value_size.max,
@@ -314,25 +429,52 @@ fn open_engine(a: &CacheArgs) -> Result<Box<dyn Engine>> {
                 mean_value,
             })?)
         }
-        EngineName::Moka => Box::new(engines::Moka::new(a.capacity, a.moka_policy)),
+        EngineName::Moka => Box::new(engines::Moka::new(need()?, a.moka_policy)),
         EngineName::Foyer => Box::new(engines::Foyer::new(
-            a.capacity,
+            need()?,
             usize::from(a.threads),
             a.foyer_policy,
+        )?),
+        EngineName::FoyerHybrid => {
+            let size = |v: u64, what: &str| {
+                usize::try_from(v).with_context(|| format!("{what} is too large"))
+            };
+            let options = hybrid::HybridOptions {
+                memory: size(need()?, "--capacity")?,
+                flash: size(a.flash.unwrap_or_default(), "--flash")?,
+                // As the memory-only foyer engine: more shards than threads only costs
+                // memory, and foyer's default is 8.
+                shards: (usize::from(a.threads) * 4).clamp(8, 64),
+                block_size: a
+                    .foyer_block_size
+                    .map(|b| size(b, "--foyer-block-size"))
+                    .transpose()?,
+            };
+            let parent = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+            Box::new(hybrid::FoyerHybrid::open(options, &parent)?)
+        }
+        EngineName::Memcached => Box::new(memcached::Memcached::connect(
+            a.server.as_deref().unwrap_or_default(),
+            Duration::from_secs(a.timeout_secs),
         )?),
     })
 }
 
 fn run(a: &CacheArgs) -> Result<Value> {
-    if a.engine != EngineName::Terrace && a.tiers.to_string() != "dram:1" {
-        bail!("--tiers applies to --engine terrace only");
-    }
-    if a.restart.is_some() && (a.engine != EngineName::Terrace || !a.tiers.has_file()) {
-        bail!("--restart applies to --engine terrace with a file tier (--tiers ...,file:N)");
-    }
+    let capacity = check_args(a)?;
     let zipf = Zipf::new(a.keys as f64, a.zipf)
         .map_err(|e| anyhow::anyhow!("bad Zipf parameters: {e}"))?;
-    let engine = open_engine(a)?;
+    let engine = open_engine(a, capacity)?;
+    let files = if a.pid_files.is_empty() {
+        engine
+            .data_dir()
+            .map(|d| vec![d.to_path_buf()])
+            .unwrap_or_default()
+    } else {
+        a.pid_files.clone()
+    };
+    let target = sampler::Target::new(a.pid, files);
+    let sampling_done = AtomicBool::new(false);
     let threads = u64::from(a.threads);
     let done = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
@@ -355,8 +497,10 @@ fn run(a: &CacheArgs) -> Result<Value> {
         );
         pb
     });
+    let mut sampler = sampler::Sampler::start(&target);
     let start = Instant::now();
     let results: Vec<Result<ThreadResult>> = std::thread::scope(|scope| {
+        let sampling = scope.spawn(|| sampler.run(&sampling_done));
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let ops = a.ops / threads + u64::from(t < a.ops % threads);
@@ -377,13 +521,18 @@ fn run(a: &CacheArgs) -> Result<Value> {
             }
             pb.finish_and_clear();
         }
-        handles
+        let results = handles
             .into_iter()
             .map(|h| {
                 h.join()
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("a benchmark thread panicked")))
             })
-            .collect()
+            .collect();
+        sampling_done.store(true, Ordering::Relaxed);
+        if sampling.join().is_err() {
+            eprintln!("terrace-bench: the sampler thread panicked");
+        }
+        results
     });
     let seconds = start.elapsed().as_secs_f64();
     let mut total = ThreadResult::empty()?;
@@ -393,6 +542,7 @@ fn run(a: &CacheArgs) -> Result<Value> {
         total.hits += r.hits;
         total.wrong += r.wrong;
         total.sets += r.sets;
+        total.set_bytes += r.set_bytes;
         total.get_ns.add(&r.get_ns).context("merging histograms")?;
         total.set_ns.add(&r.set_ns).context("merging histograms")?;
     }
@@ -400,8 +550,15 @@ fn run(a: &CacheArgs) -> Result<Value> {
     let q = |h: &Histogram<u64>, p: f64| (!h.is_empty()).then(|| h.value_at_quantile(p));
     let tiers = match a.engine {
         EngineName::Terrace => a.tiers.to_string(),
+        EngineName::FoyerHybrid => format!(
+            "dram:{},flash:{}",
+            size_str(capacity.unwrap_or_default()),
+            size_str(a.flash.unwrap_or_default())
+        ),
+        EngineName::Memcached => format!("server:{}", a.server.as_deref().unwrap_or("")),
         _ => "dram".to_string(),
     };
+    let sampled = sampler.finish(total.set_bytes);
     let out = json!({
         "engine": a.engine.as_str(),
         "tiers": tiers,
@@ -423,7 +580,8 @@ fn run(a: &CacheArgs) -> Result<Value> {
         "hits": total.hits,
         "sets": total.sets,
         "wrong_values": total.wrong,
-        "capacity_bytes": a.capacity,
+        "capacity_bytes": capacity,
+        "flash_bytes": a.flash,
         "keys": a.keys,
         "zipf": a.zipf,
         "value_size": a.value_size.to_string(),
@@ -431,6 +589,9 @@ fn run(a: &CacheArgs) -> Result<Value> {
         "engine_stats": engine.extra(),
     });
     let mut out = out;
+    if let (Value::Object(o), Value::Object(s)) = (&mut out, sampled) {
+        o.extend(s);
+    }
     if let Some(w) = &windows {
         out["windows"] = w.report(ops);
     }
@@ -449,6 +610,17 @@ fn run(a: &CacheArgs) -> Result<Value> {
         );
     }
     Ok(out)
+}
+
+/// A byte count as the command line writes it: `4GiB`, `256MiB`, or bytes.
+fn size_str(b: u64) -> String {
+    if b > 0 && b.is_multiple_of(1 << 30) {
+        format!("{}GiB", b >> 30)
+    } else if b > 0 && b.is_multiple_of(1 << 20) {
+        format!("{}MiB", b >> 20)
+    } else {
+        format!("{b}B")
+    }
 }
 
 fn print_result(out: &Value, json: bool) -> Result<()> {

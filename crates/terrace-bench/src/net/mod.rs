@@ -142,7 +142,7 @@ fn parse_secs(s: &str) -> Result<f64, String> {
     }
 }
 
-fn resolve(addr: &str) -> Result<SocketAddr> {
+pub(crate) fn resolve(addr: &str) -> Result<SocketAddr> {
     addr.to_socket_addrs()
         .with_context(|| format!("bad address {addr:?} (expected HOST:PORT)"))?
         .next()
@@ -150,7 +150,7 @@ fn resolve(addr: &str) -> Result<SocketAddr> {
 }
 
 /// A connected socket with the run's timeouts on both directions.
-fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+pub(crate) fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
     let stream = TcpStream::connect_timeout(&addr, timeout)
         .with_context(|| format!("cannot connect to {addr}"))?;
     prepare(&stream, timeout)?;
@@ -538,7 +538,7 @@ fn first_hit(
     }
 }
 
-fn read_stats(stream: &TcpStream) -> Result<Vec<(String, String)>> {
+pub(crate) fn read_stats(stream: &TcpStream) -> Result<Vec<(String, String)>> {
     let mut w = stream;
     w.write_all(b"stats\r\n").context("sending stats")?;
     Replies::new(stream.try_clone()?)

@@ -1,6 +1,7 @@
 //! Replies of memcached's text and meta protocols, read from a byte stream: lines ending
 //! in `\r\n` and data blocks of a stated length. Only the replies the `net-*` commands
-//! ask for are understood (`MN`, `HD`, `VA`, `EN`, `STAT`/`END` and the error lines).
+//! ask for are understood (`MN`, `HD`, `NS`, `VA`, `EN`, `STAT`/`END` and the error
+//! lines).
 //!
 //! Invariants: a line is at most [`MAX_LINE`] bytes and a data block at most
 //! [`MAX_DATA`]; anything malformed, unexpected or over a limit is a [`ReplyError`],
@@ -111,6 +112,16 @@ pub enum SyncReply {
     Failed(String),
 }
 
+/// What a plain (not quiet) meta set (`ms <key> <len>`) answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// `HD`.
+    Stored,
+    /// `NS` or an error line for this request (`SERVER_ERROR out of memory ...`): the
+    /// line.
+    Refused(String),
+}
+
 /// Reads replies from a stream.
 pub struct Replies<R> {
     inner: BufReader<R>,
@@ -155,6 +166,21 @@ impl<R: Read> Replies<R> {
         } else {
             Err(ReplyError::Unexpected {
                 wanted: "MN, HD, EN or an error line",
+                got: shown(line),
+            })
+        }
+    }
+
+    /// The answer to a plain meta set (`ms <key> <len>` and its data).
+    pub fn meta_set(&mut self) -> Result<Stored, ReplyError> {
+        let line = self.next_line()?;
+        if line == b"HD" {
+            Ok(Stored::Stored)
+        } else if is_error_line(line) {
+            Ok(Stored::Refused(shown(line)))
+        } else {
+            Err(ReplyError::Unexpected {
+                wanted: "HD, NS or an error line",
                 got: shown(line),
             })
         }
@@ -278,6 +304,16 @@ mod tests {
         assert_eq!(r.sync().unwrap(), SyncReply::Found);
         assert_eq!(r.sync().unwrap(), SyncReply::NotFound);
         assert!(matches!(r.sync(), Err(ReplyError::Unexpected { .. })));
+    }
+
+    #[test]
+    fn meta_sets() {
+        let mut r = replies(b"HD\r\nNS\r\nSERVER_ERROR out of memory storing object\r\nEN\r\n");
+        assert_eq!(r.meta_set().unwrap(), Stored::Stored);
+        assert_eq!(r.meta_set().unwrap(), Stored::Refused("NS".to_string()));
+        assert!(matches!(r.meta_set().unwrap(), Stored::Refused(s) if s.contains("out of memory")));
+        assert!(matches!(r.meta_set(), Err(ReplyError::Unexpected { .. })));
+        assert!(matches!(r.meta_set(), Err(ReplyError::Closed)));
     }
 
     #[test]
