@@ -486,6 +486,9 @@ impl Cache {
         let last = next == self.levels();
         // The tier below is flash: kept items are demoted into its write buffers.
         let to_flash = next == self.tiers.len() && !last;
+        // A flash tier with room to spare takes every live item, hit or not (see
+        // `cache/flash.rs`, "Policy").
+        let flash_has_room = to_flash && self.flash_has_room();
         // Tier 0 of several keeps the items read most within itself (STAY_HITS).
         let allowed = reinsert == Reinsertion::Allowed;
         let stays = allowed && !last && tier == 0 && victim.walk == Walk::Probation;
@@ -520,13 +523,17 @@ impl Cache {
             } else {
                 self.entry_hits(hash, loc)
             };
-            let kept = hits.is_some_and(|(frequency, _)| match victim.walk {
-                Walk::Evict => frequency > 0,
-                Walk::Probation => {
-                    frequency > 0
-                        || item.len as usize * SMALL_ITEM_SHARE.1 < mean_len * SMALL_ITEM_SHARE.0
-                }
-                Walk::Clean => true,
+            let kept = hits.is_some_and(|(frequency, _)| {
+                flash_has_room
+                    || match victim.walk {
+                        Walk::Evict => frequency > 0,
+                        Walk::Probation => {
+                            frequency > 0
+                                || item.len as usize * SMALL_ITEM_SHARE.1
+                                    < mean_len * SMALL_ITEM_SHARE.0
+                        }
+                        Walk::Clean => true,
+                    }
             });
             let mut stay = stays
                 && hits.is_some_and(|(_, reads)| reads >= STAY_HITS)

@@ -4,9 +4,12 @@
 //!
 //! # Policy
 //! The flash tier is always the last. What the tier above keeps at an eviction (items
-//! with hits, small items out of probation: `evict.rs`) is demoted into flash; nothing
-//! else is ever written there, so flash takes only what survived DRAM probation or had
-//! a hit. Its segments are evicted in FIFO order, except that one whose items are at
+//! with hits, small items out of probation: `evict.rs`) is demoted into flash, and while
+//! flash has room to spare ([`Cache::flash_has_room`]) every other live item too: empty
+//! flash holds nothing, and an item without a hit in DRAM may still be read in the far
+//! longer time flash keeps it. Once flash is full (its free segments down to what the
+//! movers keep ready) it takes only what survived DRAM probation or had a hit, and the
+//! FIFO below makes room. Its segments are evicted in FIFO order, except that one whose items are at
 //! least [`DEAD_FIRST`] dead goes first (evicting it frees space at no loss); an evicted
 //! segment's items with hits are reinserted — within [`FLASH_REINSERT_BUDGET`] of a
 //! segment, one hit spent — and the others dropped. There is no copy-cleaning on flash:
@@ -56,6 +59,10 @@ const FLASH_REINSERT_RESERVE: usize = 1;
 /// Free flash segments the movers keep ready (demotions write whole segments, so few).
 pub(super) const FLASH_FREE_TARGET: usize = 3;
 
+/// The share of flash segments that, free beyond [`FLASH_FREE_TARGET`], counts as room to
+/// spare: demotions then take items without hits too.
+const FLASH_SPARE_SHARE: u32 = 32;
+
 /// The flash reads a lookup of one key would wait for ([`Cache::flash_fetch`]): run it
 /// ([`Cache::run_flash_fetch`]) on a thread that may block, and the lookup made after it
 /// finds the item in DRAM. Holds only locations, so it is cheap to send.
@@ -100,6 +107,15 @@ impl Cache {
                 f.stage(slot, loc.offset);
             }
         }
+    }
+
+    /// Whether the flash tier has room to spare: more free segments than the movers keep
+    /// ready, by at least a [`FLASH_SPARE_SHARE`]th of the tier.
+    pub(super) fn flash_has_room(&self) -> bool {
+        self.flash.as_ref().is_some_and(|f| {
+            let spare = (f.count / FLASH_SPARE_SHARE).max(2) as usize;
+            f.segment_counts().0 > FLASH_FREE_TARGET + spare
+        })
     }
 
     /// Whether the last tier is flash.
