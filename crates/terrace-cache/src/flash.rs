@@ -121,6 +121,11 @@ struct SlotCell {
     stored_seq: AtomicU64,
 }
 
+/// Blocks the first read of a flash item takes (its length is unknown until its header
+/// is read): two, so that an item of up to a block that crosses a block boundary — half
+/// of them, at random offsets — costs one read, not two.
+const FIRST_READ_BLOCKS: usize = 2;
+
 /// Bytes of items read ahead ([`FlashTier::stage`]) that may wait for their reader; the
 /// oldest go beyond it.
 const STAGED_MAX_BYTES: usize = 16 << 20;
@@ -725,30 +730,38 @@ impl FlashTier {
         let seg = self.seg_offset(slot);
         let start = (offset as usize) & !(BLOCK - 1);
         let rel = offset as usize - start;
-        let mut first = AlignedBuf::new(BLOCK).ok()?;
+        // The item's length is in its header, unknown until read: the first read takes
+        // FIRST_READ_BLOCKS (within the committed end), so an item that crosses a block
+        // boundary still costs one read unless it is larger than that.
+        let committed = (end as usize).next_multiple_of(BLOCK);
+        let first_len = (FIRST_READ_BLOCKS * BLOCK)
+            .min(committed - start)
+            .max(BLOCK);
+        let mut first = AlignedBuf::new(first_len).ok()?;
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         if self.file.read_at(seg + start as u64, &mut first).is_err() {
             self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
             return None;
         }
+        self.counters
+            .bytes_read
+            .fetch_add(first_len as u64, Ordering::Relaxed);
         let total = item::decode_header(&first[rel..]).ok()?.total_len();
         let item_end = offset as u64 + total;
         if item_end > u64::from(end) {
             return None;
         }
         let read_end = (item_end as usize).next_multiple_of(BLOCK);
-        let item = if read_end - start <= BLOCK {
-            self.counters
-                .bytes_read
-                .fetch_add(BLOCK as u64, Ordering::Relaxed);
-            let i = item::decode(&first, rel as u32, BLOCK).ok()?;
+        let item = if read_end - start <= first_len {
+            let i = item::decode(&first, rel as u32, first_len).ok()?;
             OwnedItem::from_ref(&ItemRef { offset, ..i })
         } else {
             let mut all = AlignedBuf::new(read_end - start).ok()?;
-            all[..BLOCK].copy_from_slice(&first);
+            all[..first_len].copy_from_slice(&first);
+            self.counters.reads.fetch_add(1, Ordering::Relaxed);
             if self
                 .file
-                .read_at(seg + (start + BLOCK) as u64, &mut all[BLOCK..])
+                .read_at(seg + (start + first_len) as u64, &mut all[first_len..])
                 .is_err()
             {
                 self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
@@ -756,7 +769,7 @@ impl FlashTier {
             }
             self.counters
                 .bytes_read
-                .fetch_add(all.len() as u64, Ordering::Relaxed);
+                .fetch_add((all.len() - first_len) as u64, Ordering::Relaxed);
             let i = item::decode(&all, rel as u32, all.len()).ok()?;
             OwnedItem::from_ref(&ItemRef { offset, ..i })
         };
