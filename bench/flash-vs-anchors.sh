@@ -7,6 +7,10 @@
 #                  cache (direct I/O, WriteOnEviction, S3-FIFO, psync, block engine)
 #   memcached      memcached 1.6 + extstore (-m D, ext_path=...:F), over loopback
 #   terrace-serve  terrace serve --tiers dram:D,flash:F, over loopback, same client
+#   terrace-same-memory  Terrace in process again, its DRAM tier grown (or cut) so that its
+#                  peak DRAM is just under the lowest anchor's of the same run (flash.md's
+#                  equal-budget rule: hit ratios compare at no more measured DRAM); runs
+#                  after the anchors
 # Every engine gets its own fresh directory under DIR, the same flash size on the same
 # file system, the same DRAM knob D; keys are 16 bytes, look-aside, 90% gets, 2 threads.
 #
@@ -69,7 +73,7 @@ WORKLOADS=${WORKLOADS:-W1 W2 W3}
 SCALE=${SCALE:-1}
 DRAM_SCALE=${DRAM_SCALE:-1}
 DIR=${DIR:-/var/tmp/tb}
-ENGINES=${ENGINES:-terrace foyer-hybrid memcached terrace-serve}
+ENGINES=${ENGINES:-terrace foyer-hybrid memcached terrace-serve terrace-same-memory}
 RUNS=${RUNS:-1}
 THREADS=${THREADS:-2}
 FIO=${FIO:-0}
@@ -84,7 +88,7 @@ done
 
 for e in $ENGINES; do
     case "$e" in
-        terrace | foyer-hybrid) ;;
+        terrace | foyer-hybrid | terrace-same-memory) ;;
         memcached) command -v memcached >/dev/null || { echo "memcached not found: apt-get install memcached" >&2; exit 1; } ;;
         terrace-serve) ;;
         *) echo "unknown engine: $e" >&2; exit 2 ;;
@@ -140,6 +144,22 @@ drop_caches() {
 }
 
 EXTRA=("$@")
+
+# The DRAM tier (MiB, a multiple of 2) that puts Terrace's peak DRAM just under the lowest
+# anchor's in workload $1, run $2: its first run's tier plus the difference, less a
+# segment. Fails when the first Terrace run or every anchor is missing.
+same_memory_dram() {
+    python3 - "$OUT" "$1" "$2" <<'PY'
+import json, sys
+out, w, run = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = [json.loads(l) for l in open(out) if l.strip()]
+rows = [r for r in rows if r["workload"] == w and r["run"] == run and r.get("peak_dram_bytes")]
+t = next(r for r in rows if r["label"] == "terrace")
+anchors = [r["peak_dram_bytes"] for r in rows if r["label"] in ("foyer-hybrid", "memcached")]
+dram = t["knob_dram_bytes"] + min(anchors) - t["peak_dram_bytes"] - (2 << 20)
+print(max(dram >> 21, 8) * 2)
+PY
+}
 
 # Adds the run's labels to terrace-bench's JSON line.
 tag() {
@@ -205,6 +225,18 @@ for run in $(seq "$RUNS"); do
                     args=(--engine terrace --capacity "$((D + F))MiB" --tiers "dram:${D}MiB,flash:${F}MiB" --dir "$DIR/terrace")
                     [ "$RESTART" = 0 ] || args+=(--restart clean)
                     bench_run "$W" "$e" "$run" "$notes" "${args[@]}"
+                    rm -rf "${DIR:?}/terrace" ;;
+                terrace-same-memory)
+                    if ! D2=$(same_memory_dram "$W" "$run"); then
+                        echo "warning: no terrace and anchor rows for $W run $run: $e skipped" >&2
+                        continue
+                    fi
+                    notes="DRAM tier ${D2} MiB"
+                    rm -rf "${DIR:?}/terrace"; mkdir -p "$DIR/terrace"
+                    args=(--engine terrace --capacity "$((D2 + F))MiB" --tiers "dram:${D2}MiB,flash:${F}MiB" --dir "$DIR/terrace")
+                    dbytes=$((D2 << 20))
+                    bench_run "$W" "$e" "$run" "$notes" "${args[@]}"
+                    dbytes=$((D << 20))
                     rm -rf "${DIR:?}/terrace" ;;
                 foyer-hybrid)
                     rm -rf "${DIR:?}/foyer"; mkdir -p "$DIR/foyer"
@@ -292,7 +324,7 @@ def flash_facts(r):
     st = r.get("engine_stats") or {}
     label = r.get("label")
     refused = st.get("sets_refused", 0) if isinstance(st, dict) else 0
-    if label == "terrace":
+    if label in ("terrace", "terrace-same-memory"):
         fl = st.get("flash") or {}
         drops = None
         if fl:
