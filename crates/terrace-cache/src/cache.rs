@@ -818,8 +818,12 @@ impl Cache {
         // Only now, with every untrusted tier wiped and flushed, may the mark name this
         // boot: a crash before this point leaves the old mark, and the next open wipes
         // again (before any write to the tiers, which come after this open).
+        // A mark that already names this boot is left as it is (a synced rewrite costs a
+        // restart within one boot a few milliseconds for nothing).
         if let (Some(dir), Some(boot)) = (boot_dir, &boot) {
-            bootmark::record(dir, boot)?;
+            if bootmark::recorded(dir).as_deref() != Some(boot.as_str()) {
+                bootmark::record(dir, boot)?;
+            }
         }
         // Sequences continue above everything used before, DRAM segments included.
         let mut next_seq = max_seq + 1;

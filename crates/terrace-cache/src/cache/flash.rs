@@ -482,6 +482,9 @@ impl Cache {
     }
 }
 
+/// Slot headers a restart reads at once (4 KiB each).
+const HEADER_BATCH: u32 = 256;
+
 /// The restart of a flash tier: what [`scan_flash`] takes from the rest of `Cache::open`.
 pub(super) struct FlashScan<'a> {
     pub index: &'a Index,
@@ -508,9 +511,16 @@ pub(super) fn scan_flash(
 ) -> Result<(), CacheError> {
     let kills = f.kills()?;
     let mut kept: Vec<(u64, u32, u32, u32, u32)> = Vec::new();
+    let mut heads = std::collections::VecDeque::new();
     for slot in 0..f.count {
         let id = f.base + slot;
-        let head = f.read_header(slot)?;
+        if heads.is_empty() {
+            let batch = slot..slot.saturating_add(HEADER_BATCH).min(f.count);
+            heads.extend(f.read_headers(batch)?);
+        }
+        let Some(head) = heads.pop_front() else {
+            break;
+        };
         let Ok(reader) = SegmentReader::open(&head) else {
             continue;
         };
