@@ -46,8 +46,9 @@
 #   SCALE      divides keys, ops and flash size (default 1; SCALE=4 is the reduced run,
 #              SCALE=64 a smoke test of a few seconds per engine)
 #   DRAM_SCALE divides the DRAM knob D too (default 1). With SCALE=64 alone W1's data
-#              (~130 MB) fits in D and flash is not used; SCALE=64 DRAM_SCALE=16 (D 16 MiB,
-#              flash 64 MiB) exercises it. Terrace needs a D of 8 segments (16 MiB).
+#              (~130 MB) fits in D and flash is not used; SCALE=64 DRAM_SCALE=8 (D 32 MiB,
+#              flash 64 MiB) exercises it. Terrace needs a D of 11 segments (22 MiB: 8,
+#              and 3 for the flash buffers it counts in D).
 #   DIR        where the engines' files go, default /var/tmp/tb (not tmpfs: a flash
 #              benchmark on RAM measures memcpy)
 #   ENGINES    default "terrace foyer-hybrid memcached terrace-serve"

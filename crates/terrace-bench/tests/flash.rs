@@ -127,9 +127,9 @@ fn terrace_with_a_flash_tier_is_sampled() {
         "--engine",
         "terrace",
         "--capacity",
-        "48MiB",
+        "64MiB",
         "--tiers",
-        "dram:16MiB,flash:32MiB",
+        "dram:32MiB,flash:32MiB",
         "--dir",
         dir.path().to_str().unwrap(),
     ]);

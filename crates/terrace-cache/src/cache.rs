@@ -637,6 +637,32 @@ impl Cache {
                 });
             }
         }
+        // The flash tier's buffers (a demotion and a reinsertion buffer, a segment being
+        // evicted) are DRAM: they come out of the first DRAM tier's size, which must
+        // still hold a tier's minimum. Tiers are mapped in whole granules, so what comes
+        // out is rounded down to granules: all of it at the default 2 MiB segments,
+        // nothing for segments below a third of a granule.
+        if flash_config.is_some() {
+            let dram = memory_tiers
+                .iter()
+                .position(|t| matches!(t.medium, tier::Medium::Dram { .. }));
+            let granule = terrace_media::registry::GRANULE as u64;
+            let buffers = (u64::from(flash::FLASH_BUFFER_SEGMENTS) << shift) / granule * granule;
+            if let Some(i) = dram.filter(|_| buffers > 0) {
+                let mapped = tier::mapped_len(sizes[i]);
+                let segments = u32::try_from(mapped >> shift).unwrap_or(u32::MAX);
+                let min = MIN_TIER_SEGMENTS + u32::try_from(buffers >> shift).unwrap_or(u32::MAX);
+                if segments < min {
+                    return Err(CacheError::TierTooSmall {
+                        tier: i,
+                        segments,
+                        min,
+                        segment_bytes: 1 << shift,
+                    });
+                }
+                sizes[i] = mapped - buffers;
+            }
+        }
         // Every tier's segment count before any is mapped (regions are whole granules),
         // so that a refused size leaves no tier file behind.
         for (i, &bytes) in sizes.iter().enumerate() {

@@ -305,3 +305,33 @@ fn a_full_flash_tier_evicts_oldest_first_and_reinserts_what_is_read() {
     let fs = f.flash.as_ref().unwrap();
     assert_eq!(fs.punch_fallbacks, 0, "{fs:?}");
 }
+
+/// The flash buffers are counted in the DRAM budget: at 2 MiB segments the DRAM tier
+/// above flash gives up three, and one too small for that and its minimum is refused.
+#[test]
+fn the_flash_buffers_come_out_of_the_dram_tier() {
+    let dir = flash_dir();
+    let with_dram = |dram: u64| CacheConfig {
+        segment_shift: Some(21),
+        ..config(vec![
+            TierConfig::dram(TierSize::Bytes(dram)),
+            TierConfig::flash(dir.path(), TierSize::Bytes(32 * MIB)),
+        ])
+    };
+    let (c, _) = Cache::open(with_dram(32 * MIB)).unwrap();
+    assert_eq!(c.stats().tiers[0].segments, 16 - 3);
+    drop(c);
+    let e = Cache::open(with_dram(16 * MIB)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CacheError::TierTooSmall {
+                tier: 0,
+                segments: 8,
+                min: 11,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

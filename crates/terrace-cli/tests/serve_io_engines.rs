@@ -278,7 +278,7 @@ fn flash_hits_are_read_off_the_worker_and_answered_in_order() {
         let dir = flash_dir();
         let mut server = common::start(
             dir.path(),
-            &["--io", engine, "--tiers", "dram:16MiB,flash:64MiB"],
+            &["--io", engine, "--tiers", "dram:32MiB,flash:64MiB"],
         );
         let mut c = server.connect();
         let keys: Vec<String> = (0..40_000).map(|i| format!("k{i}")).collect();

@@ -56,6 +56,11 @@ pub(super) const FLASH_REINSERT_BUDGET: (usize, usize) = (1, 4);
 /// Free flash segments demotions leave to the reinsertion buffer.
 const FLASH_REINSERT_RESERVE: usize = 1;
 
+/// Segments of DRAM a flash tier's buffers take at most (a demotion buffer, a
+/// reinsertion buffer, a segment read back for its eviction), deducted from the first
+/// DRAM tier.
+pub(super) const FLASH_BUFFER_SEGMENTS: u32 = 3;
+
 /// Free flash segments the movers keep ready (demotions write whole segments, so few).
 pub(super) const FLASH_FREE_TARGET: usize = 3;
 
