@@ -83,6 +83,16 @@ fn demoted_items_are_read_back_from_flash() {
     let fs = f.flash.as_ref().unwrap();
     assert!(fs.bytes_written > 0 && fs.reads > 0, "{fs:?}");
     assert!(f.demotions_in > 0 && f.hits > 0, "{f:?}");
+    // On a disk, flushed at a clean stop (a page-cache tier's durability); on tmpfs,
+    // a process crash only.
+    use terrace_media::Durability;
+    let expected = if fs.emulated {
+        Durability::Process
+    } else {
+        Durability::Power
+    };
+    assert_eq!(f.durability, Some(expected));
+    assert_eq!(f.flushed_at_shutdown, !fs.emulated);
     // Flash holds about 1 KiB per item it indexes.
     let per_item = f.live_bytes as f64 / f.items as f64;
     assert!(

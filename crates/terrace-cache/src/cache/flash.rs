@@ -466,7 +466,15 @@ impl Cache {
             reinserted: l(&c.reinserted),
             inline_evictions: l(&c.inline_evictions),
             background_evictions: l(&c.background_evictions),
-            durability: Some(terrace_media::Durability::Process),
+            // Segments and the kill log reach the disk by a clean stop's sync (a tier
+            // after an unclean stop and a reboot is retired, `bootmark`); on tmpfs, only
+            // a process crash is survived.
+            durability: Some(if f.is_emulated() {
+                terrace_media::Durability::Process
+            } else {
+                terrace_media::Durability::Power
+            }),
+            flushed_at_shutdown: !f.is_emulated(),
             flash: Some(f.flash_stats()),
             ..crate::tier::TierStats::default()
         }
