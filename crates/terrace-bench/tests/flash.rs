@@ -5,19 +5,15 @@
 //! refuses.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_terrace-bench"))
-        .args(args)
-        .output()
-        .expect("run terrace-bench")
-}
+mod common;
+use common::{bench, free_port, is_root, memcached};
 
 /// A small look-aside run (5000 keys, 30 000 ops, 2 threads) of `engine_args`; its JSON.
 fn run(engine_args: &[&str]) -> (Output, Option<Value>) {
@@ -63,12 +59,9 @@ fn is_empty_dir(p: &Path) -> bool {
     std::fs::read_dir(p).unwrap().next().is_none()
 }
 
-#[test]
-fn foyer_hybrid_serves_hits_from_disk_and_cleans_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_str().unwrap();
-    // 1 MiB of memory holds ~500 of the 5000 items: the rest are on disk.
-    let v = ok(&[
+/// A foyer-hybrid run of 1 MiB of memory over 32 MiB of disk (1 MiB blocks) in `dir`.
+fn foyer_hybrid(dir: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
         "--engine",
         "foyer-hybrid",
         "--capacity",
@@ -78,8 +71,18 @@ fn foyer_hybrid_serves_hits_from_disk_and_cleans_up() {
         "--foyer-block-size",
         "1MiB",
         "--dir",
-        d,
-    ]);
+        dir,
+    ];
+    args.extend_from_slice(extra);
+    ok(&args)
+}
+
+#[test]
+fn foyer_hybrid_serves_hits_from_disk_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    // 1 MiB of memory holds ~500 of the 5000 items: the rest are on disk.
+    let v = foyer_hybrid(d, &[]);
     assert_eq!(v["engine"], "foyer-hybrid");
     assert_eq!(v["tiers"], "dram:1MiB,flash:32MiB");
     assert_eq!(v["flash_bytes"], 32 << 20);
@@ -96,19 +99,7 @@ fn foyer_hybrid_serves_hits_from_disk_and_cleans_up() {
 #[test]
 fn foyer_hybrid_clean_restart_keeps_its_items() {
     let dir = tempfile::tempdir().unwrap();
-    let v = ok(&[
-        "--engine",
-        "foyer-hybrid",
-        "--capacity",
-        "1MiB",
-        "--flash",
-        "32MiB",
-        "--foyer-block-size",
-        "1MiB",
-        "--dir",
-        dir.path().to_str().unwrap(),
-        "--restart",
-    ]);
+    let v = foyer_hybrid(dir.path().to_str().unwrap(), &["--restart"]);
     let r = &v["restart"];
     assert_eq!(r["mode"], "clean");
     assert_eq!(r["wrong_after"], 0);
@@ -220,75 +211,6 @@ fn flags_each_engine_takes_or_refuses() {
         assert!(err.contains(why), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a loopback port")
-        .port()
-}
-
-/// A memcached child process, killed on drop.
-struct Memcached {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Whether this process runs as root (memcached then needs `-u`), from /proc.
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("Uid:"))?.to_string();
-            line.split_whitespace().nth(2).map(|euid| euid == "0")
-        })
-        .unwrap_or(false)
-}
-
-/// Starts memcached on a free port with `extra` arguments, or returns `None` (saying
-/// why) if it is not installed.
-fn memcached(extra: &[&str]) -> Option<Memcached> {
-    if Command::new("memcached").arg("-V").output().is_err() {
-        eprintln!("skipped: memcached is not installed (apt-get install memcached)");
-        return None;
-    }
-    let port = free_port();
-    let mut cmd = Command::new("memcached");
-    cmd.args(["-l", "127.0.0.1", "-U", "0", "-t", "2"])
-        .args(["-p", &port.to_string()])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if is_root() {
-        cmd.args(["-u", "nobody"]);
-    }
-    let child = cmd.spawn().expect("start memcached");
-    let mut m = Memcached {
-        child,
-        addr: format!("127.0.0.1:{port}"),
-    };
-    let start = Instant::now();
-    while TcpStream::connect(&m.addr).is_err() {
-        assert!(
-            m.child.try_wait().unwrap().is_none(),
-            "memcached {extra:?} exited"
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "memcached did not listen on {}",
-            m.addr
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Some(m)
 }
 
 #[test]

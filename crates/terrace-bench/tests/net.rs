@@ -4,17 +4,13 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_terrace-bench"))
-        .args(args)
-        .output()
-        .expect("run terrace-bench")
-}
+mod common;
+use common::{bench, free_port, memcached};
 
 fn json_of(out: &Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -24,69 +20,6 @@ fn json_of(out: &Output) -> Value {
             String::from_utf8_lossy(&out.stderr)
         )
     })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a loopback port")
-        .port()
-}
-
-/// A memcached child process, killed on drop.
-struct Memcached {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts memcached on a free port, or returns `None` (saying why) if it is not installed.
-fn memcached() -> Option<Memcached> {
-    if Command::new("memcached").arg("-V").output().is_err() {
-        eprintln!("skipped: memcached is not installed (apt-get install memcached)");
-        return None;
-    }
-    let port = free_port();
-    let mut cmd = Command::new("memcached");
-    cmd.args(["-l", "127.0.0.1", "-U", "0", "-m", "64", "-t", "2"])
-        .args(["-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if is_root() {
-        cmd.args(["-u", "nobody"]);
-    }
-    let child = cmd.spawn().expect("start memcached");
-    let m = Memcached {
-        child,
-        addr: format!("127.0.0.1:{port}"),
-    };
-    let start = Instant::now();
-    while TcpStream::connect(&m.addr).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "memcached did not listen on {}",
-            m.addr
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Some(m)
-}
-
-/// Whether this process runs as root (memcached then needs `-u`), from /proc.
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("Uid:"))?.to_string();
-            line.split_whitespace().nth(2).map(|euid| euid == "0")
-        })
-        .unwrap_or(false)
 }
 
 /// Sends `request` and reads until `end` is at the end of what came back.
@@ -106,7 +39,9 @@ fn raw(addr: &str, request: &[u8], end: &[u8]) -> Vec<u8> {
 
 #[test]
 fn fill_then_probe_finds_every_item_and_flags_a_wrong_one() {
-    let Some(m) = memcached() else { return };
+    let Some(m) = memcached(&["-m", "64"]) else {
+        return;
+    };
     let a = m.addr.as_str();
     let fill = bench(&[
         "net-fill",
