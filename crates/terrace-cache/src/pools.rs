@@ -296,9 +296,9 @@ impl Pools {
 }
 
 /// The configuration of one pool: `config` with its tiers cut to `bytes`, its expected
-/// items and flash write budget scaled by `share` and, for a named pool, its file tiers in their `pool-<name>`
-/// subdirectories (created when the tier directory exists; a missing tier directory is
-/// reported by [`Cache::open`] as usual).
+/// items and flash write budget scaled by `share` and, for a named pool, its file tiers
+/// in their `pool-<name>` subdirectories (created when the tier directory exists; a
+/// missing tier directory is reported by [`Cache::open`] as usual).
 fn pool_config(
     config: &CacheConfig,
     name: &str,

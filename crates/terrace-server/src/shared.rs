@@ -195,9 +195,13 @@ impl Shared {
     /// The pool `key` belongs to: the named pool of the longest prefix it starts with,
     /// else the default pool.
     pub fn cache(&self, key: &[u8]) -> &Cache {
-        self.routes
-            .pool_of(key)
-            .and_then(|position| self.pools.at(position))
+        self.pool_cache(self.routes.pool_of(key))
+    }
+
+    /// The named pool at `position`, or the default pool.
+    fn pool_cache(&self, position: Option<usize>) -> &Cache {
+        position
+            .and_then(|p| self.pools.at(p))
             .unwrap_or_else(|| self.pools.default_pool())
     }
 
@@ -212,10 +216,7 @@ impl Shared {
             return;
         }
         let pool = self.routes.pool_of(key);
-        let cache = pool
-            .and_then(|p| self.pools.at(p))
-            .unwrap_or_else(|| self.pools.default_pool());
-        if let Some(f) = cache.flash_fetch(key) {
+        if let Some(f) = self.pool_cache(pool).flash_fetch(key) {
             fetch.parts.push((pool, f));
         }
     }
@@ -224,10 +225,7 @@ impl Shared {
     /// items in DRAM.
     pub fn run_fetch(&self, fetch: &Fetch) {
         for (pool, f) in &fetch.parts {
-            let cache = pool
-                .and_then(|p| self.pools.at(p))
-                .unwrap_or_else(|| self.pools.default_pool());
-            cache.run_flash_fetch(f);
+            self.pool_cache(*pool).run_flash_fetch(f);
         }
     }
 
