@@ -27,7 +27,8 @@
 # (/proc/sys/vm/drop_caches).
 #
 # Prints one Markdown table per workload. Columns:
-#   DRAM B / flash item  (peak DRAM - D) / items on flash; items on flash from the engine:
+#   DRAM B / flash item  (peak DRAM - D - the engine's baseline: its peak DRAM over 1000
+#                        ops, run just before) / items on flash; items on flash from the engine:
 #                        Terrace the flash tier's item count, memcached
 #                        extstore_objects_used; foyer does not say (blank)
 #   dev W / ins B        device bytes written / key + value bytes inserted
@@ -57,7 +58,9 @@
 #   THREADS    client threads (default 2); server worker threads are 2
 #   RESTART    1 (default): the in-process Terrace run ends with a clean shutdown and reopen
 #              (--restart clean): open time per million items and the share of keys that
-#              still hit, printed under the table; 0 skips it
+#              still hit, printed under the table; crash: dropped without a shutdown
+#              instead (the kill log and written segments survive, DRAM and buffers do
+#              not); 0 skips it
 #   FIO=1      also measure the device ceiling once (fio: 4 KiB random reads QD1 psync and
 #              QD32 io_uring, 1 MiB sequential writes; direct I/O on a 1 GiB file in DIR)
 #   MC_PORT, TR_PORT  loopback ports of memcached and terrace serve (21211, 21212)
@@ -169,7 +172,8 @@ import json, sys
 w, label, run, d, f, notes = sys.argv[1:7]
 r = json.loads(sys.stdin.read())
 r.update({"workload": w, "label": label, "run": int(run), "knob_dram_bytes": int(d),
-          "knob_flash_bytes": int(f), "scale": sys.argv[7], "notes": notes})
+          "knob_flash_bytes": int(f), "scale": sys.argv[7], "notes": notes,
+          "baseline_dram_bytes": int(sys.argv[8])})
 print(json.dumps(r))' "$@"
 }
 
@@ -178,9 +182,15 @@ print(json.dumps(r))' "$@"
 bench_run() {
     local W=$1 e=$2 run=$3 notes=$4
     shift 4
+    # The engine's baseline: its peak DRAM over a run of 1000 ops on 1000 keys (the
+    # process, its threads and empty structures; DRAM tiers are not touched yet).
+    local base
+    base=$("$bench" cache "$@" --keys 1000 --ops 1000 --threads "$THREADS" --json 2>/dev/null |
+        python3 -c 'import json, sys; print(json.loads(sys.stdin.read()).get("peak_dram_bytes") or 0)' ||
+        echo 0)
     echo "+ [$W run $run] terrace-bench cache $* ${work[*]} ${EXTRA[*]}" >&2
     if ! "$bench" cache "$@" "${work[@]}" "${EXTRA[@]}" |
-        tag "$W" "$e" "$run" "$dbytes" "$fbytes" "$notes" "$SCALE/$DRAM_SCALE" >>"$OUT"; then
+        tag "$W" "$e" "$run" "$dbytes" "$fbytes" "$notes" "$SCALE/$DRAM_SCALE" "$base" >>"$OUT"; then
         echo "warning: the $e run of $W (run $run) failed; going on" >&2
     fi
 }
@@ -224,7 +234,11 @@ for run in $(seq "$RUNS"); do
                 terrace)
                     rm -rf "${DIR:?}/terrace"; mkdir -p "$DIR/terrace"
                     args=(--engine terrace --capacity "$((D + F))MiB" --tiers "dram:${D}MiB,flash:${F}MiB" --dir "$DIR/terrace")
-                    [ "$RESTART" = 0 ] || args+=(--restart clean)
+                    case "$RESTART" in
+                        0) ;;
+                        crash) args+=(--restart crash) ;;
+                        *) args+=(--restart clean) ;;
+                    esac
                     bench_run "$W" "$e" "$run" "$notes" "${args[@]}"
                     rm -rf "${DIR:?}/terrace" ;;
                 terrace-same-memory)
@@ -370,7 +384,8 @@ for w in sorted({r["workload"] for r in rows}):
         dram = r.get("peak_dram_bytes")
         per_item = None
         if dram is not None and items:
-            per_item = max(dram - r["knob_dram_bytes"], 0) / items
+            base = r.get("baseline_dram_bytes") or 0
+            per_item = max(dram - r["knob_dram_bytes"] - base, 0) / items
         if live == 0 and items:
             share = "?"
         else:
@@ -395,7 +410,10 @@ for w in sorted({r["workload"] for r in rows}):
                 f"{r['label']} run {r['run']}: {rs['mode']} restart opened {rs['items_after_open']} items in "
                 f"{rs['open_seconds']:.3f} s ({rs['open_seconds'] / rs['items_after_open'] * 1e6:.3f} s per "
                 f"million), {f(kept, '{:.2%}')} of {before} keys present before hit after, "
-                f"{rs.get('wrong_after')} wrong")
+                f"{rs.get('wrong_after')} wrong"
+                + ("" if rs["mode"] != "crash" or not items else
+                   f"; {rs['items_after_open'] / items:.1%} of the {items} flash items kept "
+                   "(DRAM items are lost in a crash by design)"))
     for n in notes:
         print(f"- {n}")
 EOF
