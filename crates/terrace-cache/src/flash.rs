@@ -676,6 +676,11 @@ impl FlashTier {
             Slot::Stored { end } => end,
         };
         if let Some(item) = self.staged.lock().take(slot, offset, generation) {
+            // As around a pread: the state seen is of incarnation `generation` only if
+            // the slot was not reused meanwhile (then the entry was of the old one).
+            if cell.generation.load(Ordering::Acquire) != generation {
+                return None;
+            }
             self.counters.staged_used.fetch_add(1, Ordering::Relaxed);
             return Some(item);
         }
