@@ -173,6 +173,106 @@ impl Staged {
     }
 }
 
+/// The first read of the item at `offset` of a segment committed up to `end`: its
+/// block-aligned start in the segment and length. The item's length is in its header,
+/// unknown until read, so the read takes [`FIRST_READ_BLOCKS`] (within the committed
+/// end): an item that crosses a block boundary still costs one read unless it is larger
+/// than that. `None` for an offset outside the items.
+fn first_read(offset: u32, end: u32) -> Option<(usize, usize)> {
+    if offset >= end || (offset as usize) < HEADER_LEN {
+        return None;
+    }
+    let start = (offset as usize) & !(BLOCK - 1);
+    let committed = (end as usize).next_multiple_of(BLOCK);
+    let len = (FIRST_READ_BLOCKS * BLOCK)
+        .min(committed - start)
+        .max(BLOCK);
+    Some((start, len))
+}
+
+/// What the blocks read from `start` of a segment hold of the item at `offset`.
+enum Decoded {
+    Item(OwnedItem),
+    /// The item goes on past the bytes read: the blocks up to `read_end` are needed.
+    Short {
+        read_end: usize,
+    },
+    /// No item there within the committed end (the entry moved on).
+    Bad,
+}
+
+fn decode_read(offset: u32, end: u32, start: usize, bytes: &[u8]) -> Decoded {
+    let rel = offset as usize - start;
+    let Some(Ok(header)) = bytes.get(rel..).map(item::decode_header) else {
+        return Decoded::Bad;
+    };
+    let item_end = u64::from(offset) + header.total_len();
+    if item_end > u64::from(end) {
+        return Decoded::Bad;
+    }
+    let read_end = (item_end as usize).next_multiple_of(BLOCK);
+    if read_end - start > bytes.len() {
+        return Decoded::Short { read_end };
+    }
+    match item::decode(bytes, rel as u32, bytes.len()) {
+        Ok(i) => Decoded::Item(OwnedItem::from_ref(&ItemRef { offset, ..i })),
+        Err(_) => Decoded::Bad,
+    }
+}
+
+/// A read of one flash item that the caller's own I/O engine runs (a server's io_uring
+/// worker, whose loop must not wait on the device): read [`len`](Self::len) bytes at
+/// [`file_offset`](Self::file_offset) of [`fd`](Self::fd) into
+/// [`buffer`](Self::buffer) (block-aligned, heap-allocated: its address does not change
+/// when the `FlashRead` moves), then hand the result to the cache, which stages the item
+/// for the lookup that follows. The descriptor is valid while the cache is open.
+pub struct FlashRead {
+    slot: u32,
+    offset: u32,
+    /// The slot's generation when planned: an item read from a later incarnation is not
+    /// staged.
+    generation: u64,
+    end: u32,
+    start: usize,
+    file_offset: u64,
+    buf: AlignedBuf,
+    fd: std::os::fd::RawFd,
+}
+
+impl FlashRead {
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.fd
+    }
+
+    pub fn file_offset(&self) -> u64 {
+        self.file_offset
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// Where the bytes go.
+    pub fn buffer(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+}
+
+impl std::fmt::Debug for FlashRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlashRead")
+            .field("slot", &self.slot)
+            .field("offset", &self.offset)
+            .field("file_offset", &self.file_offset)
+            .field("len", &self.buf.len())
+            .finish()
+    }
+}
+
 /// A copy of one item read from flash (or from a buffer).
 pub struct OwnedItem {
     bytes: Vec<u8>,
@@ -731,57 +831,125 @@ impl FlashTier {
         self.staged.lock().put(slot, offset, generation, item);
     }
 
-    fn read_stored(&self, slot: u32, offset: u32, end: u32) -> Option<OwnedItem> {
-        if offset >= end || (offset as usize) < HEADER_LEN {
+    /// A read of the item at `offset` of `slot` for the caller's own I/O engine to run
+    /// (see [`FlashRead`]), if a [`read`](Self::read) would wait on the device for it now.
+    pub fn plan_read(&self, slot: u32, offset: u32) -> Option<FlashRead> {
+        let cell = self.slots.get(slot as usize)?;
+        let generation = cell.generation.load(Ordering::Acquire);
+        let Slot::Stored { end } = *cell.state.lock() else {
+            return None;
+        };
+        let staged = self
+            .staged
+            .lock()
+            .items
+            .get(&(slot, offset))
+            .is_some_and(|&(g, _)| g == generation);
+        if staged {
             return None;
         }
-        let seg = self.seg_offset(slot);
-        let start = (offset as usize) & !(BLOCK - 1);
-        let rel = offset as usize - start;
-        // The item's length is in its header, unknown until read: the first read takes
-        // FIRST_READ_BLOCKS (within the committed end), so an item that crosses a block
-        // boundary still costs one read unless it is larger than that.
-        let committed = (end as usize).next_multiple_of(BLOCK);
-        let first_len = (FIRST_READ_BLOCKS * BLOCK)
-            .min(committed - start)
-            .max(BLOCK);
-        let mut first = AlignedBuf::new(first_len).ok()?;
+        let (start, len) = first_read(offset, end)?;
+        self.read_plan(slot, offset, generation, end, start, len)
+    }
+
+    fn read_plan(
+        &self,
+        slot: u32,
+        offset: u32,
+        generation: u64,
+        end: u32,
+        start: usize,
+        len: usize,
+    ) -> Option<FlashRead> {
+        Some(FlashRead {
+            slot,
+            offset,
+            generation,
+            end,
+            start,
+            file_offset: self.seg_offset(slot) + start as u64,
+            buf: AlignedBuf::new(len).ok()?,
+            fd: self.file.raw_fd(),
+        })
+    }
+
+    /// Takes the result of a [`FlashRead`] the caller ran (the bytes read, or the error):
+    /// stages the item for the next [`read`](Self::read) of it, or returns the read that
+    /// is still needed (an item longer than the first read took). A failed or short read
+    /// is counted and stages nothing (the lookup then reads inline, and fails alike).
+    pub fn finish_read(
+        &self,
+        read: FlashRead,
+        result: std::io::Result<usize>,
+    ) -> Option<FlashRead> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        if self.file.read_at(seg + start as u64, &mut first).is_err() {
+        match result {
+            Ok(n) if n == read.buf.len() => {}
+            _ => {
+                self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        }
+        self.counters
+            .bytes_read
+            .fetch_add(read.buf.len() as u64, Ordering::Relaxed);
+        let cell = self.slots.get(read.slot as usize)?;
+        match decode_read(read.offset, read.end, read.start, &read.buf) {
+            Decoded::Item(item) => {
+                // The slot was reused during the read: the bytes may be of either
+                // incarnation.
+                if cell.generation.load(Ordering::Acquire) != read.generation {
+                    return None;
+                }
+                self.counters.staged.fetch_add(1, Ordering::Relaxed);
+                self.staged
+                    .lock()
+                    .put(read.slot, read.offset, read.generation, item);
+                None
+            }
+            Decoded::Short { read_end } => self.read_plan(
+                read.slot,
+                read.offset,
+                read.generation,
+                read.end,
+                read.start,
+                read_end - read.start,
+            ),
+            Decoded::Bad => None,
+        }
+    }
+
+    fn read_stored(&self, slot: u32, offset: u32, end: u32) -> Option<OwnedItem> {
+        let (start, first_len) = first_read(offset, end)?;
+        let seg = self.seg_offset(slot);
+        let mut first = AlignedBuf::new(first_len).ok()?;
+        self.read_blocks(seg + start as u64, &mut first)?;
+        match decode_read(offset, end, start, &first) {
+            Decoded::Item(item) => Some(item),
+            Decoded::Bad => None,
+            Decoded::Short { read_end } => {
+                let mut all = AlignedBuf::new(read_end - start).ok()?;
+                all[..first_len].copy_from_slice(&first);
+                self.read_blocks(seg + (start + first_len) as u64, &mut all[first_len..])?;
+                match decode_read(offset, end, start, &all) {
+                    Decoded::Item(item) => Some(item),
+                    _ => None,
+                }
+            }
+        }
+    }
+
+    /// One `pread` of whole blocks, counted.
+    fn read_blocks(&self, at: u64, buf: &mut [u8]) -> Option<()> {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        if self.file.read_at(at, buf).is_err() {
             self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         self.counters
             .bytes_read
-            .fetch_add(first_len as u64, Ordering::Relaxed);
-        let total = item::decode_header(&first[rel..]).ok()?.total_len();
-        let item_end = offset as u64 + total;
-        if item_end > u64::from(end) {
-            return None;
-        }
-        let read_end = (item_end as usize).next_multiple_of(BLOCK);
-        let item = if read_end - start <= first_len {
-            let i = item::decode(&first, rel as u32, first_len).ok()?;
-            OwnedItem::from_ref(&ItemRef { offset, ..i })
-        } else {
-            let mut all = AlignedBuf::new(read_end - start).ok()?;
-            all[..first_len].copy_from_slice(&first);
-            self.counters.reads.fetch_add(1, Ordering::Relaxed);
-            if self
-                .file
-                .read_at(seg + (start + first_len) as u64, &mut all[first_len..])
-                .is_err()
-            {
-                self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                return None;
-            }
-            self.counters
-                .bytes_read
-                .fetch_add((all.len() - first_len) as u64, Ordering::Relaxed);
-            let i = item::decode(&all, rel as u32, all.len()).ok()?;
-            OwnedItem::from_ref(&ItemRef { offset, ..i })
-        };
-        Some(item)
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Some(())
     }
 
     /// Kills the item at `offset` of `slot`, which no index entry points at any more:
@@ -1102,6 +1270,85 @@ mod tests {
             .collect();
         f.write_buffer(&buf).unwrap();
         offsets
+    }
+
+    /// Runs a read plan the way a caller's I/O engine would (a `pread` of its blocks);
+    /// `short` reports one byte less.
+    fn run(f: &FlashTier, mut read: FlashRead, short: bool) -> (FlashRead, std::io::Result<usize>) {
+        let at = read.file_offset();
+        let n = read.len() - usize::from(short);
+        f.file.read_at(at, read.buffer()).unwrap();
+        (read, Ok(n))
+    }
+
+    /// A read planned for the caller's engine stages its item for the next `read`, with
+    /// a second, longer read for an item beyond the first read's blocks; a short or
+    /// failed read stages nothing and is counted; a slot reused meanwhile is not staged.
+    #[test]
+    fn a_planned_read_stages_its_item_and_asks_again_for_a_long_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = ItemLimits {
+            max_key_len: 250,
+            max_value_len: 16 << 10,
+        };
+        let (f, _) = FlashTier::open(dir.path(), 1, 8 << 15, 15, 100, limits).unwrap();
+        let buf = f.open_buffer(header(0, 3)).unwrap();
+        let put = |key: &str, len: usize| {
+            let value = vec![key.as_bytes()[0]; len];
+            let spec = ItemSpec::new(key.as_bytes(), len);
+            let at = f
+                .append(&buf, &spec, key.as_bytes(), &value)
+                .unwrap()
+                .unwrap();
+            assert!(f.finish_copy(&buf, at, true));
+            at
+        };
+        let small = put("small", 100);
+        let long = put("long", 3 * BLOCK);
+        f.write_buffer(&buf).unwrap();
+
+        let plan = f.plan_read(0, small).unwrap();
+        assert_eq!(plan.len(), FIRST_READ_BLOCKS * BLOCK);
+        let (plan, result) = run(&f, plan, false);
+        assert!(f.finish_read(plan, result).is_none());
+        assert!(f.plan_read(0, small).is_none(), "staged: no read needed");
+        let reads = f.counters.reads.load(Ordering::Relaxed);
+        let item = f.read(0, small).unwrap();
+        assert_eq!(item.item().value, &[b's'; 100][..]);
+        assert_eq!(f.counters.reads.load(Ordering::Relaxed), reads, "no pread");
+        assert_eq!(f.counters.staged_used.load(Ordering::Relaxed), 1);
+
+        let (plan, result) = run(&f, f.plan_read(0, long).unwrap(), false);
+        let more = f.finish_read(plan, result).expect("a longer read");
+        assert!(more.len() > FIRST_READ_BLOCKS * BLOCK);
+        let (more, result) = run(&f, more, false);
+        assert!(f.finish_read(more, result).is_none());
+        assert_eq!(
+            f.read(0, long).unwrap().item().value,
+            &vec![b'l'; 3 * BLOCK][..]
+        );
+
+        let (plan, result) = run(&f, f.plan_read(0, small).unwrap(), true);
+        assert!(f.finish_read(plan, result).is_none());
+        assert_eq!(f.counters.read_errors.load(Ordering::Relaxed), 1);
+        assert!(f.plan_read(0, small).is_some(), "nothing staged");
+
+        let plan = f.plan_read(0, small).unwrap();
+        f.begin_evict(0).unwrap().unwrap();
+        f.free(0);
+        let renewed = stored(&f, 0, 4, 1);
+        assert_eq!(
+            renewed[0], small,
+            "the new incarnation's item at the same offset"
+        );
+        let (plan, result) = run(&f, plan, false);
+        assert!(f.finish_read(plan, result).is_none());
+        let item = f.read(0, small).unwrap();
+        assert_eq!(
+            item.item().key,
+            b"k0",
+            "the old incarnation's item is not served"
+        );
     }
 
     #[test]

@@ -135,6 +135,7 @@ pub use cache::{
     Store,
 };
 pub use error::{CacheError, EncodeError, HeaderError, IndexError, ItemError};
+pub use flash::FlashRead;
 pub use index::{BucketGuard, Candidate, Freq, Full, Index, IndexConfig, Location};
 pub use item::{ItemLimits, ItemRef, ItemSpec, ItemState};
 pub use pools::{PoolConfig, PoolQuota, Pools};

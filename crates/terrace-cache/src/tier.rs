@@ -283,8 +283,8 @@ pub struct FlashStats {
     pub kills_logged: u64,
     /// Evicted segments whose blocks could not be punched (their header was zeroed).
     pub punch_fallbacks: u64,
-    /// Reads made by a thread that may wait on the device ahead of a request on one that
-    /// may not (a server's I/O pool), and how many a request then used.
+    /// Reads made ahead of a request whose thread may not wait on the device (a server's
+    /// worker, its reads on its ring or a blocking pool), and how many a request then used.
     pub staged: u64,
     pub staged_used: u64,
     /// Items kept at an eviction above (or reinserted here) that found no room: no

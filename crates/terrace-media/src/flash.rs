@@ -194,6 +194,14 @@ impl FlashFile {
             })
     }
 
+    /// The file's descriptor, for reads an I/O engine of the caller's runs (io_uring):
+    /// they must stay within [`size`](Self::size) and, where [`is_direct`](Self::is_direct),
+    /// use [`AlignedBuf`]s at block-aligned offsets. Valid while the `FlashFile` lives.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.file.as_raw_fd()
+    }
+
     /// Makes completed writes durable (`fdatasync`).
     pub fn sync(&self) -> Result<()> {
         self.file.sync_data().map_err(|source| MediaError::Io {

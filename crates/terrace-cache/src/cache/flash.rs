@@ -37,7 +37,7 @@ use super::recover::{DropReason, Found, RestartReport};
 use super::saved::{Saved, SavedSegment};
 use super::{Cache, SegMeta};
 use crate::error::CacheError;
-use crate::flash::{Buffer, FlashTier, OwnedItem};
+use crate::flash::{Buffer, FlashRead, FlashTier, OwnedItem};
 use crate::index::{Freq, Index, Location, Sweep};
 use crate::item::{ItemRef, ItemSpec, ItemState};
 use crate::mem::Pin;
@@ -112,6 +112,31 @@ impl Cache {
                 f.stage(slot, loc.offset);
             }
         }
+    }
+
+    /// The reads of `fetch` as [`FlashRead`]s for the caller's own I/O engine to run
+    /// instead of [`run_flash_fetch`](Self::run_flash_fetch) (an io_uring worker); each
+    /// result goes to [`finish_flash_read`](Self::finish_flash_read). Items staged or
+    /// moved since the fetch was made need no read.
+    pub fn flash_reads(&self, fetch: &FlashFetch) -> Vec<FlashRead> {
+        fetch
+            .locations
+            .iter()
+            .filter_map(|loc| {
+                let (f, slot) = self.flash_slot(loc.segment)?;
+                f.plan_read(slot, loc.offset)
+            })
+            .collect()
+    }
+
+    /// Stages the item a [`FlashRead`] read (`result`: the bytes read, or the error), or
+    /// returns the read still needed for it (an item longer than the first read).
+    pub fn finish_flash_read(
+        &self,
+        read: FlashRead,
+        result: std::io::Result<usize>,
+    ) -> Option<FlashRead> {
+        self.flash.as_ref()?.finish_read(read, result)
     }
 
     /// Whether the flash tier has room to spare: more free segments than the movers keep
