@@ -269,9 +269,10 @@ fn flash_dir() -> tempfile::TempDir {
     }
 }
 
-/// Gets of items on flash are read on another thread than the worker's (`stats` counts
-/// the staged reads and their use), and their replies come back right and in order:
-/// pipelined single gets, a multi-key get, meta gets, on both engines.
+/// Gets of items on flash are read ahead of the worker's handling of them (on its ring,
+/// or on a blocking thread; `stats` counts the staged reads and their use), and their
+/// replies come back right and in order: pipelined single gets, a multi-key get, meta
+/// gets, items longer than a first read, on both engines.
 #[test]
 fn flash_hits_are_read_off_the_worker_and_answered_in_order() {
     for engine in engines() {
@@ -282,7 +283,15 @@ fn flash_hits_are_read_off_the_worker_and_answered_in_order() {
         );
         let mut c = server.connect();
         let keys: Vec<String> = (0..40_000).map(|i| format!("k{i}")).collect();
-        let value = |k: &str| common::versioned_value(k, 1, 700 + k.len() * 13);
+        // One key in ten has a value longer than a flash read's first two blocks.
+        let value = |k: &str| {
+            let len = if k.ends_with('7') {
+                9000
+            } else {
+                700 + k.len() * 13
+            };
+            common::versioned_value(k, 1, len)
+        };
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(c.set(k, &value(k)), "STORED");
             // One read soon after: the DRAM tier keeps (demotes) items with a hit.

@@ -15,8 +15,9 @@
 //!   closes anyway);
 //! - a get whose items wait on flash is not handled on the worker: with flash deferral
 //!   on ([`Session::defer_flash_reads`]) the session stops before it and hands out a
-//!   [`Fetch`] ([`Session::take_fetch`]); the loop runs it on a thread that may block
-//!   and calls [`Session::fetched`], and the request is then handled with its items in
+//!   [`Fetch`] ([`Session::take_fetch`]); the loop has it read (here on a thread that
+//!   may block; `uring` on its own ring) and calls [`Session::fetched`], and the
+//!   request is then handled with its items in
 //!   DRAM, reading flash inline only if they were dropped meanwhile (so every request is
 //!   deferred at most once, and replies keep their order).
 

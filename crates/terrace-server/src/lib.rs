@@ -5,8 +5,8 @@
 //!
 //! Layering (arrows point down): `server` (listeners, signals, lifecycle) → `workers`
 //! (per-thread event loops, connection hand-off) → `uring` (the io_uring
-//! loop, its flash reads on `flash_io`'s threads) or `conn` (one connection's read/handle/write loop on epoll, and the session
-//! state both drive) → `proto` (pure byte-slice parsers and
+//! loop, flash reads on its ring) or `conn` (one connection's read/handle/write loop on
+//! epoll, and the session state both drive) → `proto` (pure byte-slice parsers and
 //! formatters, one module per protocol) → `shared` (memcached semantics over the cache:
 //! expiry rules, counted operations) → `terrace-cache`. `config` turns flags and a TOML
 //! file into a [`config::ServerConfig`]; `stats` renders memcached's stat names and the
@@ -18,7 +18,6 @@
 
 pub mod config;
 pub mod conn;
-pub mod flash_io;
 pub mod marks;
 pub mod proto;
 pub mod server;

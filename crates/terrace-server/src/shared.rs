@@ -8,11 +8,12 @@
 //! readable (memcached stores the item expired; Terrace removes the key, which reads the
 //! same).
 
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use terrace_cache::{Cache, CacheError, Checked, FlashFetch, Guard, Pools, Store};
+use terrace_cache::{Cache, CacheError, Checked, FlashFetch, FlashRead, Guard, Pools, Store};
 
 use crate::marks::Marks;
 use crate::stats::{Counter, Counters, DetailOp, ListenFacts, RestartFacts};
@@ -205,7 +206,7 @@ impl Shared {
             .unwrap_or_else(|| self.pools.default_pool())
     }
 
-    /// Whether any pool has a flash tier (whose reads a worker hands to the I/O pool).
+    /// Whether any pool has a flash tier (whose reads a worker makes ahead of its gets).
     pub fn has_flash(&self) -> bool {
         self.pools.iter().any(|(_, c)| c.has_flash())
     }
@@ -227,6 +228,31 @@ impl Shared {
         for (pool, f) in &fetch.parts {
             self.pool_cache(*pool).run_flash_fetch(f);
         }
+    }
+
+    /// `fetch`'s reads for a worker's own I/O engine to run, each with its pool (see
+    /// `Cache::flash_reads`); their results go to [`finish_flash_read`](Self::finish_flash_read).
+    pub fn flash_reads(&self, fetch: &Fetch) -> Vec<(Option<usize>, FlashRead)> {
+        fetch
+            .parts
+            .iter()
+            .flat_map(|(pool, f)| {
+                self.pool_cache(*pool)
+                    .flash_reads(f)
+                    .into_iter()
+                    .map(move |r| (*pool, r))
+            })
+            .collect()
+    }
+
+    /// Stages what a flash read of pool `pool` read, or returns the read still needed.
+    pub fn finish_flash_read(
+        &self,
+        pool: Option<usize>,
+        read: FlashRead,
+        result: io::Result<usize>,
+    ) -> Option<FlashRead> {
+        self.pool_cache(pool).finish_flash_read(read, result)
     }
 
     /// memcached's exptime rules: 0 never expires; up to 30 days is relative; above is a

@@ -30,6 +30,15 @@
 //! - the ring is created, submitted to and dropped on the worker thread alone
 //!   (`IORING_SETUP_SINGLE_ISSUER`).
 //!
+//! Flash reads: a get whose items wait on flash stops its session ([`Session::take_fetch`]);
+//! the worker reads them on its own ring (`IORING_OP_READ` into block-aligned buffers of
+//! the worker's read slab, `O_DIRECT` where the flash file is), so the loop never waits
+//! on the device and no other thread is woken. Each completion goes to the cache, which
+//! stages the item (or asks for a longer read); when the last of a connection's reads is
+//! back, the request is handled with its items in DRAM. A read's buffer belongs to the
+//! slab, not the connection: a connection may leave with reads in flight, whose
+//! completions then find it gone and only free their buffers.
+//!
 //! Back-pressure is the readiness loop's: no receive is armed while complete requests wait
 //! for a full reply buffer to drain ([`Session::stalled`]), nor while a send that stopped
 //! short (the client's socket is full) is still in flight, as the readiness loop does not
@@ -48,8 +57,9 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, types, IoUring};
 
 use crate::conn::{Admitted, Session, IDLE_KEEP};
-use crate::flash_io::FlashIo;
 use crate::proto::{PinBudget, Replies};
+use terrace_cache::FlashRead;
+
 use crate::shared::{Fetch, Shared};
 use crate::workers::Accepted;
 
@@ -70,6 +80,8 @@ const RECV: u64 = 1;
 const SEND: u64 = 2;
 const WAKE: u64 = 3;
 const CANCEL: u64 = 4;
+/// A flash read; the slot field of its user data is its place in the read slab.
+const FLASH_READ: u64 = 5;
 
 /// `IORING_RECVSEND_POLL_FIRST` (Linux 5.19): a receive waits for data before trying,
 /// which saves a failed attempt when the next request has not come yet (the usual case
@@ -191,8 +203,6 @@ pub struct Handoff {
     /// The worker has ended (stopped, or its ring failed): connections handed to it now
     /// are closed at once rather than queued forever. Changed under the queue's lock.
     closed: AtomicBool,
-    /// Connections (slot, generation) whose flash fetch has run.
-    fetched: Mutex<Vec<(usize, u32)>>,
 }
 
 impl Handoff {
@@ -225,15 +235,6 @@ impl Handoff {
         self.wake_worker();
     }
 
-    /// A connection's flash fetch has run: wakes the worker to handle its request.
-    fn fetch_done(&self, slot: usize, generation: u32) {
-        self.fetched
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((slot, generation));
-        self.wake_worker();
-    }
-
     fn wake_worker(&self) {
         if !self.wake_pending.swap(true, Ordering::SeqCst) {
             let _ = (&self.wake).write(&[1]);
@@ -241,13 +242,8 @@ impl Handoff {
     }
 }
 
-/// Starts worker `index` on io_uring, its flash reads (if any) on `flash_io`; returns once
-/// its ring exists (or why it could not).
-pub fn start(
-    index: usize,
-    shared: &Arc<Shared>,
-    flash_io: Option<Arc<FlashIo>>,
-) -> io::Result<(Arc<Handoff>, JoinHandle<()>)> {
+/// Starts worker `index` on io_uring; returns once its ring exists (or why it could not).
+pub fn start(index: usize, shared: &Arc<Shared>) -> io::Result<(Arc<Handoff>, JoinHandle<()>)> {
     let (reader, writer) = io::pipe()?;
     let handoff = Arc::new(Handoff {
         queue: Mutex::new(Vec::new()),
@@ -255,7 +251,6 @@ pub fn start(
         wake_pending: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         closed: AtomicBool::new(false),
-        fetched: Mutex::new(Vec::new()),
     });
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let shared = Arc::clone(shared);
@@ -267,9 +262,7 @@ pub fn start(
             match new_ring() {
                 Ok(ring) => {
                     let _ = ready_tx.send(Ok(()));
-                    let mut worker = Worker::new(ring, &shared, theirs, reader);
-                    worker.flash = flash_io.map(|io| (io, Arc::clone(&shared)));
-                    worker.run();
+                    Worker::new(ring, &shared, theirs, reader).run();
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -305,6 +298,8 @@ struct Conn<'s> {
     generation: u32,
     /// The client closed its side: no more receives, pending replies still go out.
     eof: bool,
+    /// Flash reads of this connection's fetch still in flight.
+    reads_in_flight: usize,
     /// The socket failed: nothing more is sent or received.
     broken: bool,
     _admitted: Admitted,
@@ -342,9 +337,19 @@ struct Worker<'s> {
     stopped: bool,
     /// Values this worker's replies may reference in place at once.
     pin_budget: Arc<PinBudget>,
-    /// Where flash fetches run, and the state they need (`None`: no flash tier, or
-    /// reads inline).
-    flash: Option<(Arc<FlashIo>, Arc<Shared>)>,
+    /// Gets wait for their flash reads on this ring (a pool has a flash tier).
+    defer_flash: bool,
+    /// Flash reads in flight, by their place (see [`FLASH_READ`]), and free places.
+    reads: Vec<Option<PendingRead>>,
+    free_reads: Vec<usize>,
+}
+
+/// A flash read on the ring, and the connection (slot, generation) that waits for it.
+struct PendingRead {
+    slot: usize,
+    generation: u32,
+    pool: Option<usize>,
+    read: FlashRead,
 }
 
 impl Drop for Worker<'_> {
@@ -374,7 +379,9 @@ impl<'s> Worker<'s> {
             generations: 0,
             stopped: false,
             pin_budget: PinBudget::new(pin_budget(shared)),
-            flash: None,
+            defer_flash: shared.has_flash(),
+            reads: Vec::new(),
+            free_reads: Vec::new(),
         }
     }
 
@@ -465,6 +472,7 @@ impl<'s> Worker<'s> {
                 RECV => self.received(shared, slot, result),
                 SEND => self.sent(shared, slot, result),
                 WAKE => self.woken(shared, result),
+                FLASH_READ => self.flash_read_done(shared, slot, result),
                 _ => {}
             }
         }
@@ -535,27 +543,11 @@ impl<'s> Worker<'s> {
         // Cleared before the queue is taken: a connection queued after the take writes
         // a new wake-up.
         self.handoff.wake_pending.store(false, Ordering::SeqCst);
-        let fetched = std::mem::take(
-            &mut *self
-                .handoff
-                .fetched
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
-        for (slot, generation) in fetched {
-            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
-                continue;
-            };
-            if conn.generation == generation {
-                conn.session.fetched();
-                self.drive(shared, slot);
-            }
-        }
         let queued =
             std::mem::take(&mut *self.handoff.queue.lock().unwrap_or_else(|e| e.into_inner()));
         for (stream, admitted) in queued {
             let mut session = Session::in_place(Arc::clone(&self.pin_budget));
-            if self.flash.is_some() {
+            if self.defer_flash {
                 session.defer_flash_reads();
             }
             let conn = Conn {
@@ -571,6 +563,7 @@ impl<'s> Worker<'s> {
                 send_blocked: false,
                 generation: self.generations,
                 eof: false,
+                reads_in_flight: 0,
                 broken: false,
                 _admitted: admitted,
             };
@@ -761,21 +754,97 @@ impl<'s> Worker<'s> {
         }
     }
 
-    /// Hands a connection's flash fetch to the pool; the pool wakes the worker when it
-    /// ran. Without a pool (stopped) it runs here, and the connection goes on at once.
+    /// Starts the reads of a connection's flash fetch on the ring; with none left to do
+    /// (its items were staged or moved meanwhile) the connection goes on at once.
     fn start_fetch(&mut self, shared: &'s Shared, slot: usize, generation: u32, fetch: Fetch) {
-        let Some((io, owned)) = &self.flash else {
-            shared.run_fetch(&fetch);
-            self.handoff.fetch_done(slot, generation);
+        let reads = shared.flash_reads(&fetch);
+        if reads.is_empty() {
+            if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
+                conn.session.fetched();
+            }
+            self.drive(shared, slot);
+            return;
+        }
+        if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
+            conn.reads_in_flight += reads.len();
+        }
+        for (pool, read) in reads {
+            let place = self.free_reads.pop().unwrap_or_else(|| {
+                self.reads.push(None);
+                self.reads.len() - 1
+            });
+            self.reads[place] = Some(PendingRead {
+                slot,
+                generation,
+                pool,
+                read,
+            });
+            self.push_read(place);
+        }
+    }
+
+    /// Submits the read at `place` of the slab.
+    fn push_read(&mut self, place: usize) {
+        let Some(pending) = self.reads[place].as_mut() else {
             return;
         };
-        let (owned, handoff) = (Arc::clone(owned), Arc::clone(&self.handoff));
-        let job = Box::new(move || {
-            owned.run_fetch(&fetch);
-            handoff.fetch_done(slot, generation);
-        });
-        if let Err(job) = io.submit(job) {
-            job();
+        let read = &mut pending.read;
+        let (fd, offset) = (read.fd(), read.file_offset());
+        let buf = read.buffer();
+        let entry = opcode::Read::new(
+            types::Fd(fd),
+            buf.as_mut_ptr(),
+            buf.len().min(u32::MAX as usize) as u32,
+        )
+        .offset(offset)
+        .build()
+        .user_data(tag(place, 0, FLASH_READ));
+        // SAFETY: the buffer is the read's heap allocation, owned by the slab entry at
+        // `place`, which is neither touched nor freed until this completion is reaped
+        // (`flash_read_done`), or leaked at a stop that could not await it.
+        unsafe { self.push(entry) };
+    }
+
+    /// A flash read completed: the cache stages its item (or wants a longer read); the
+    /// connection's request is handled once its last read is back.
+    fn flash_read_done(&mut self, shared: &'s Shared, place: usize, result: i32) {
+        let Some(pending) = self.reads.get_mut(place).and_then(Option::take) else {
+            return;
+        };
+        let PendingRead {
+            slot,
+            generation,
+            pool,
+            read,
+        } = pending;
+        let result = if result >= 0 {
+            Ok(result as usize)
+        } else {
+            Err(io::Error::from_raw_os_error(-result))
+        };
+        if let Some(more) = shared.finish_flash_read(pool, read, result) {
+            if !self.stopped {
+                self.reads[place] = Some(PendingRead {
+                    slot,
+                    generation,
+                    pool,
+                    read: more,
+                });
+                self.push_read(place);
+                return;
+            }
+        }
+        self.free_reads.push(place);
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.generation != generation {
+            return;
+        }
+        conn.reads_in_flight -= 1;
+        if conn.reads_in_flight == 0 {
+            conn.session.fetched();
+            self.drive(shared, slot);
         }
     }
 
@@ -804,6 +873,11 @@ impl<'s> Worker<'s> {
                 cancels.push(tag(slot, conn.generation, SEND));
             }
         }
+        for (place, read) in self.reads.iter().enumerate() {
+            if read.is_some() {
+                cancels.push(tag(place, 0, FLASH_READ));
+            }
+        }
         for target in cancels {
             let entry = opcode::AsyncCancel::new(target).build().user_data(CANCEL);
             // SAFETY: a cancel names no buffer.
@@ -830,6 +904,7 @@ impl<'s> Worker<'s> {
                 "io_uring operations outlived the stop; their buffers are leaked"
             );
             std::mem::forget(std::mem::take(&mut self.conns));
+            std::mem::forget(std::mem::take(&mut self.reads));
             std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new([0; 64])));
         }
         self.conns.clear();

@@ -4,8 +4,9 @@
 //! single-threaded tokio runtime over epoll (`conn::serve`); [`Engine`] says which.
 //! A connection lives on one worker for its whole life, so serving it never wakes
 //! another thread (a work-stealing runtime spent a futex wake-up per few requests),
-//! except that a get of an item on flash is read on another (`flash_io`) so that the
-//! worker's loop never waits on the device.
+//! except that an epoll worker's get of an item on flash is read on its runtime's
+//! blocking pool (an io_uring worker reads it on its own ring), so that no worker's loop
+//! waits on the device.
 //!
 //! Invariants: when `stop` turns true a worker drops every connection task (each is
 //! waiting on a read or a write then, never in the middle of a request, see `conn`) and
@@ -21,7 +22,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::conn::{self, Admitted};
-use crate::flash_io::FlashIo;
 use crate::shared::Shared;
 use crate::uring;
 
@@ -75,15 +75,9 @@ impl Workers {
     ) -> std::io::Result<Workers> {
         let mut handoffs = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
-        // io_uring workers hand their flash reads to a pool of their own (the pool ends
-        // with the last worker); epoll workers to their runtime's blocking threads.
-        let flash_io = match engine == Engine::Uring && shared.has_flash() {
-            true => Some(FlashIo::start(n)?),
-            false => None,
-        };
         for i in 0..n {
             if engine == Engine::Uring {
-                let (handoff, thread) = uring::start(i, shared, flash_io.clone())?;
+                let (handoff, thread) = uring::start(i, shared)?;
                 handoffs.push(Handoff::Uring(handoff));
                 threads.push(thread);
                 continue;

@@ -1,6 +1,6 @@
 //! The keys a buffered request is about to read, found before it is handled, so that a
-//! worker can have their flash items read on a thread that may block (`Session`, the
-//! I/O pool in `flash_io`) instead of waiting for the device in its own loop.
+//! worker can have their flash items read without waiting for the device in its own loop
+//! (`Session`: on the io_uring worker's ring, or on an epoll worker's blocking pool).
 //!
 //! Only gets are looked at, and only when cheap to tell: a text `get`, `gets`, `bget`,
 //! `gat`, `gats` or meta `mg` whose whole line is buffered (an `mg` with base64 keys
