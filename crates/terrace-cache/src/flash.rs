@@ -64,6 +64,11 @@ const KILL_RECORD: usize = 16;
 const KILL_RECORDS_PER_SEGMENT: u64 = 256;
 const MIN_KILL_LOG_RECORDS: u64 = 64 << 10;
 
+/// Records appended to the kill log between two write-outs that drop its pages from the
+/// page cache: the log is read only at a restart or a compaction, and its pages would
+/// otherwise hold DRAM (up to 16 B per dead flash item, several MiB at scale) for nothing.
+const KILL_LOG_DROP_RECORDS: u64 = 4096;
+
 /// The file a flash tier lives in.
 pub fn flash_path(dir: &Path, tier: usize) -> PathBuf {
     dir.join(format!("flash{tier}.terrace"))
@@ -373,6 +378,23 @@ struct KillLog {
     path: PathBuf,
     records: u64,
     limit: u64,
+    /// Records before this one are written out and dropped from the page cache.
+    dropped_to: u64,
+}
+
+impl KillLog {
+    /// Writes out the records appended since the last call and drops their pages from
+    /// the page cache ([`KILL_LOG_DROP_RECORDS`]). Best effort: a failure only leaves
+    /// them cached.
+    fn drop_cached(&mut self) {
+        use std::os::fd::AsFd;
+        let from = self.dropped_to * KILL_RECORD as u64;
+        let to = self.records * KILL_RECORD as u64;
+        if to > from {
+            let _ = terrace_media::os::write_out_and_drop(self.file.as_fd(), from, to - from);
+        }
+        self.dropped_to = self.records;
+    }
 }
 
 impl std::fmt::Debug for FlashTier {
@@ -444,6 +466,7 @@ impl FlashTier {
                 path: kpath,
                 records: len / KILL_RECORD as u64,
                 limit: (u64::from(count) * KILL_RECORDS_PER_SEGMENT).max(MIN_KILL_LOG_RECORDS),
+                dropped_to: 0,
             }),
             shift,
             count,
@@ -1005,6 +1028,9 @@ impl FlashTier {
             .write_all_at(&encode_record(slot, offset, write_seq), at)
             .map_err(|e| io_error("pwrite", &log.path, e))?;
         log.records += 1;
+        if log.records - log.dropped_to >= KILL_LOG_DROP_RECORDS {
+            log.drop_cached();
+        }
         self.counters.kills_logged.fetch_add(1, Ordering::Relaxed);
         Ok(log.records >= log.limit)
     }
@@ -1047,6 +1073,8 @@ impl FlashTier {
             .open(&log.path)
             .map_err(|e| io_error("open", &log.path, e))?;
         log.records = kept.len() as u64;
+        log.dropped_to = 0;
+        log.drop_cached();
         // Still full of live records: room to grow, the eviction of dead-heavy segments
         // takes them away.
         log.limit = log.limit.max(log.records * 2);
@@ -1349,6 +1377,31 @@ mod tests {
             b"k0",
             "the old incarnation's item is not served"
         );
+    }
+
+    /// The kill log's pages are written out and dropped from the page cache every
+    /// [`KILL_LOG_DROP_RECORDS`] records, and every record still reads back.
+    #[test]
+    fn kill_log_pages_leave_the_page_cache_and_records_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = ItemLimits {
+            max_key_len: 250,
+            max_value_len: 8 << 10,
+        };
+        let (f, _) = FlashTier::open(dir.path(), 1, 8 << 15, 15, 100, limits).unwrap();
+        let mut killed = 0;
+        for slot in 0..3 {
+            for o in stored(&f, slot, 10 + u64::from(slot), 1500) {
+                f.kill(slot, o).unwrap();
+                killed += 1;
+            }
+        }
+        assert!(killed > KILL_LOG_DROP_RECORDS);
+        let log = f.kill_log.lock();
+        assert_eq!(log.dropped_to, KILL_LOG_DROP_RECORDS);
+        assert_eq!(log.records, killed);
+        drop(log);
+        assert_eq!(f.kills().unwrap().len() as u64, killed);
     }
 
     #[test]

@@ -281,6 +281,28 @@ pub fn punch_hole(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
     )
 }
 
+/// Writes the dirty pages of `[offset, offset + len)` of a file and waits for them
+/// (`sync_file_range`), then asks the kernel to drop them from the page cache
+/// (`POSIX_FADV_DONTNEED`): for an append-only file that is read back rarely, whose pages
+/// would otherwise hold DRAM for nothing. Not a durability point (no metadata, no device
+/// flush); on tmpfs nothing is dropped (its pages are the file).
+pub fn write_out_and_drop(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    let (off, n) = (offset as libc::off64_t, len as libc::off64_t);
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: plain system calls on a descriptor the caller keeps open; no memory is
+    // passed.
+    if unsafe { libc::sync_file_range(fd.as_raw_fd(), off, n, flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    match unsafe { libc::posix_fadvise(fd.as_raw_fd(), off, n, libc::POSIX_FADV_DONTNEED) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
 /// `madvise(addr, len, advice)`.
 ///
 /// # Safety
