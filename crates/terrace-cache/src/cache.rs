@@ -415,16 +415,41 @@ thread_local! {
 /// find both buckets full and evict an occupant: see `docs/cache-format.md`, "When
 /// full", and `index::SLOTS`. Subtracting dead bytes here would make that happen to the
 /// very items cleaning makes room for: `docs/experiments.md`.)
-fn index_items(expected: usize, areas: &[(SegmentArea, bool, u32)], stripes: usize) -> usize {
-    let total: u64 = areas.iter().map(|(a, _, _)| u64::from(a.count())).sum();
+///
+/// A flash tier (`flash_segments`) counts with its free reserve and reinsertion buffer
+/// out and only [`FLASH_LIVE_SHARE`] of the rest: flash is never cleaned, so its FIFO
+/// holds dead items until their segments go, and its index entries are most of the
+/// DRAM a flash item costs.
+fn index_items(
+    expected: usize,
+    areas: &[(SegmentArea, bool, u32)],
+    flash_segments: Option<u32>,
+    stripes: usize,
+) -> usize {
+    let memory: u64 = areas.iter().map(|(a, _, _)| u64::from(a.count())).sum();
     let reserved: u64 = areas
         .iter()
         .map(|(a, _, _)| evict::free_target_of(a.count()) as u64 + 1)
         .sum::<u64>()
         + stripes as u64;
-    let usable = total.saturating_sub(reserved).max(1) as f64 / total.max(1) as f64;
-    ((expected as f64 * usable).ceil() as usize).max(1)
+    let flash = u64::from(flash_segments.unwrap_or(0));
+    let flash_usable =
+        flash.saturating_sub(flash::FLASH_FREE_TARGET as u64 + 1) as f64 * FLASH_LIVE_SHARE;
+    let usable = memory.saturating_sub(reserved).max(1) as f64 + flash_usable;
+    let share = usable / (memory + flash).max(1) as f64;
+    ((expected as f64 * share).ceil() as usize).max(1)
 }
+
+/// The share of a flash tier's segments taken as live when the index is sized: about
+/// what its FIFO with dead-heavy-first eviction keeps live on a mixed workload (82–86%
+/// measured on W1 of `bench/flash-vs-anchors.sh`).
+const FLASH_LIVE_SHARE: f64 = 0.85;
+
+/// The index's design load with a flash tier (without one, [`crate::index::DEFAULT_LOAD`]):
+/// at a DRAM:flash ratio of 1:16 the index is most of the DRAM a flash item costs, and
+/// the few more inserts a fuller table refuses evict one of its coldest entries, which
+/// are flash items too.
+const FLASH_INDEX_LOAD: f64 = 0.9;
 
 /// Open segments one set of them (a stripe's, or a tier's movers') may hold in a tier of
 /// `segments`: `share` of the tier shared between `sets`, at least one each.
@@ -716,10 +741,18 @@ impl Cache {
             config.stripes
         }
         .min((areas[0].0.count() / 4).max(1) as usize);
+        let flash_segments = flash_config
+            .as_ref()
+            .map(|(_, bytes)| u32::try_from(bytes >> shift).unwrap_or(u32::MAX));
         let mut index = Index::new(&IndexConfig {
             seed: config.seed,
+            load: if flash_segments.is_some() {
+                FLASH_INDEX_LOAD
+            } else {
+                crate::index::DEFAULT_LOAD
+            },
             ..IndexConfig::new(
-                index_items(expected_items, &areas, stripes),
+                index_items(expected_items, &areas, flash_segments, stripes),
                 total_segments,
                 shift,
             )
