@@ -45,7 +45,7 @@ use parking_lot::Mutex;
 
 use crate::bootmark;
 use crate::error::CacheError;
-use crate::flash::{FlashTier, OwnedItem};
+use crate::flash::{FlashAt, FlashTier, OwnedItem};
 use crate::ghost::Ghost;
 use crate::index::{BucketGuard, Freq, Index, IndexConfig, Location};
 use crate::item::{ItemLimits, ItemRef, ItemSpec, ItemState};
@@ -633,12 +633,12 @@ impl Cache {
         let mut sizes = tier::resolve_sizes(&config.tiers, config.total_bytes)?;
         // A flash tier is the last; the others are mapped.
         let flash_of = |t: &TierConfig| match &t.medium {
-            tier::Medium::Flash { dir } => Some(dir.clone()),
+            tier::Medium::Flash { dir, path } => Some((dir.clone(), path.clone())),
             _ => None,
         };
-        let flash_config = config.tiers.last().and_then(flash_of).map(|dir| {
+        let flash_config = config.tiers.last().and_then(flash_of).map(|at| {
             let bytes = sizes.pop().unwrap_or(0);
-            (dir, bytes)
+            (at, bytes)
         });
         let memory_tiers = &config.tiers[..sizes.len()];
         if memory_tiers.iter().any(|t| flash_of(t).is_some()) {
@@ -766,7 +766,7 @@ impl Cache {
                 tier::Medium::File { dir } => Some(dir.clone()),
                 _ => None,
             })
-            .or_else(|| flash_config.as_ref().map(|(dir, _)| dir.clone()));
+            .or_else(|| flash_config.as_ref().map(|((dir, _), _)| dir.clone()));
         let mut mark = match &first_file_dir {
             Some(dir) => Some(SeqMark::open(dir)?),
             None => None,
@@ -850,9 +850,18 @@ impl Cache {
             tiers.push(tier);
         }
         let flash = match &flash_config {
-            Some((dir, bytes)) => {
-                let (f, existing) =
-                    FlashTier::open(dir, tiers.len(), *bytes, shift, flash_base, config.limits)?;
+            Some(((dir, path), bytes)) => {
+                let (f, existing) = FlashTier::open(
+                    FlashAt {
+                        dir,
+                        path: path.as_deref(),
+                        tier: tiers.len(),
+                    },
+                    *bytes,
+                    shift,
+                    flash_base,
+                    config.limits,
+                )?;
                 let f = f.with_write_rate(config.flash_write_rate);
                 if existing {
                     let scan = flash::FlashScan {

@@ -79,6 +79,15 @@ pub fn kills_path(dir: &Path, tier: usize) -> PathBuf {
     dir.join(format!("flash{tier}.kills"))
 }
 
+/// Where a flash tier lives: its file (`path`, else `flash<tier>.terrace` in `dir`) and
+/// its kill log (in `dir`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FlashAt<'a> {
+    pub dir: &'a Path,
+    pub path: Option<&'a Path>,
+    pub tier: usize,
+}
+
 /// A segment being filled in DRAM, or one read back from flash to be evicted.
 pub(crate) struct Buffer {
     pub slot: u32,
@@ -420,13 +429,13 @@ impl FlashTier {
     /// whole segments of `2^shift` bytes. An existing file of another size is an error.
     /// Returns the tier and whether the file existed (to be scanned).
     pub fn open(
-        dir: &Path,
-        tier: usize,
+        at: FlashAt<'_>,
         bytes: u64,
         shift: u8,
         base: u32,
         limits: ItemLimits,
     ) -> Result<(FlashTier, bool), CacheError> {
+        let FlashAt { dir, path, tier } = at;
         if !dir.is_dir() {
             return Err(CacheError::TierDir { dir: dir.into() });
         }
@@ -434,8 +443,14 @@ impl FlashTier {
             why: "more than 2^32 segments in a tier",
         })?;
         let size = u64::from(count) << shift;
-        let path = flash_path(dir, tier);
-        let existing = FlashFile::existing_size(&path)?;
+        let path = path.map_or_else(|| flash_path(dir, tier), Path::to_path_buf);
+        // A block device always holds something: its slot headers say what (a device
+        // never written by the tier has none that validate).
+        let existing = if terrace_media::flash::is_block_device(&path) {
+            Some(size)
+        } else {
+            FlashFile::existing_size(&path)?
+        };
         if let Some(found) = existing.filter(|&f| f != size) {
             return Err(CacheError::TierFileSize {
                 path,
@@ -1270,6 +1285,14 @@ impl FlashTier {
 mod tests {
     use super::*;
 
+    fn at(dir: &Path) -> FlashAt<'_> {
+        FlashAt {
+            dir,
+            path: None,
+            tier: 1,
+        }
+    }
+
     fn header(slot: u32, write_seq: u64) -> SegmentHeader {
         SegmentHeader {
             tier: 1,
@@ -1319,7 +1342,7 @@ mod tests {
             max_key_len: 250,
             max_value_len: 16 << 10,
         };
-        let (f, _) = FlashTier::open(dir.path(), 1, 8 << 15, 15, 100, limits).unwrap();
+        let (f, _) = FlashTier::open(at(dir.path()), 8 << 15, 15, 100, limits).unwrap();
         let buf = f.open_buffer(header(0, 3)).unwrap();
         let put = |key: &str, len: usize| {
             let value = vec![key.as_bytes()[0]; len];
@@ -1388,7 +1411,7 @@ mod tests {
             max_key_len: 250,
             max_value_len: 8 << 10,
         };
-        let (f, _) = FlashTier::open(dir.path(), 1, 8 << 15, 15, 100, limits).unwrap();
+        let (f, _) = FlashTier::open(at(dir.path()), 8 << 15, 15, 100, limits).unwrap();
         let mut killed = 0;
         for slot in 0..3 {
             for o in stored(&f, slot, 10 + u64::from(slot), 1500) {
@@ -1411,7 +1434,7 @@ mod tests {
             max_key_len: 250,
             max_value_len: 8 << 10,
         };
-        let (f, existing) = FlashTier::open(dir.path(), 1, 8 << 15, 15, 100, limits).unwrap();
+        let (f, existing) = FlashTier::open(at(dir.path()), 8 << 15, 15, 100, limits).unwrap();
         assert!(!existing && f.count == 8);
         let a = stored(&f, 0, 7, 40);
         let b = stored(&f, 1, 8, 40);

@@ -318,7 +318,20 @@ fn pool_config(
         if name == DEFAULT_POOL {
             continue;
         }
-        if let Medium::File { dir } | Medium::Flash { dir } = &mut tier.medium {
+        if let Medium::Flash {
+            path: Some(path), ..
+        } = &tier.medium
+        {
+            // One file or device cannot hold two pools' flash tiers.
+            return Err(CacheError::Pool {
+                pool: name.to_string(),
+                why: format!(
+                    "a flash tier at a path of its own ({}) serves one pool: with pools, leave the path out and each pool's flash file goes in its directory",
+                    path.display()
+                ),
+            });
+        }
+        if let Medium::File { dir } | Medium::Flash { dir, .. } = &mut tier.medium {
             let sub = pool_dir(dir, name);
             if dir.is_dir() {
                 std::fs::create_dir_all(&sub).map_err(|e| CacheError::Pool {

@@ -1,10 +1,11 @@
 //! Text forms of a cache's configuration, shared by every front end (`terrace serve`'s
 //! flags and config file, `terrace-bench`): byte sizes (`256MiB`) and tier lists
-//! (`dram:64MiB,file:1GiB,numa:1:8GiB`, or ratios `dram:1,file:3` as CacheLib's `ratio`).
+//! (`dram:64MiB,file:1GiB,numa:1:8GiB`, or ratios `dram:1,file:3` as CacheLib's `ratio`;
+//! a flash tier may name its own file or block device: `flash:1TiB@/dev/nvme0n1`).
 //! Parsers return a message naming the bad part, never panic.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::tier::{TierConfig, TierSize};
 
@@ -46,20 +47,26 @@ pub enum TierKind {
     /// A file in the configured data directory.
     File,
     Numa(u32),
-    /// Flash: a file in the data directory read with block I/O; the last tier only.
+    /// Flash: a file in the data directory (or at `TierSpec::path`) read with block
+    /// I/O; the last tier only.
     Flash,
 }
 
 /// One tier of a list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TierSpec {
     pub kind: TierKind,
     pub size: TierSize,
+    /// A flash tier's own file or block device (`flash:AMOUNT@PATH`); `None`: a file
+    /// in the data directory.
+    pub path: Option<PathBuf>,
 }
 
 /// A tier list, fastest first: `KIND:AMOUNT[,KIND:AMOUNT...]` where KIND is `dram`,
-/// `file`, `numa:N` or `numaN` (NUMA node N), or `flash` (last only), and AMOUNT a ratio (a bare integer, a share
-/// of the total capacity) or a size with a unit (`64MiB`).
+/// `file`, `numa:N` or `numaN` (NUMA node N), or `flash` (last only), and AMOUNT a ratio
+/// (a bare integer, a share of the total capacity) or a size with a unit (`64MiB`). A
+/// flash tier may end with `@PATH`, a file or raw block device of its own (its first
+/// AMOUNT bytes are used); its kill log stays in the data directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TierList(pub Vec<TierSpec>);
 
@@ -72,7 +79,10 @@ impl TierList {
                 TierKind::Dram => TierConfig::dram(t.size),
                 TierKind::File => TierConfig::file(dir, t.size),
                 TierKind::Numa(n) => TierConfig::numa(n, t.size),
-                TierKind::Flash => TierConfig::flash(dir, t.size),
+                TierKind::Flash => match &t.path {
+                    Some(path) => TierConfig::flash_at(dir, path, t.size),
+                    None => TierConfig::flash(dir, t.size),
+                },
             })
             .collect()
     }
@@ -113,6 +123,9 @@ impl fmt::Display for TierList {
                 TierSize::Bytes(b) if b % (1 << 20) == 0 => write!(f, ":{}MiB", b >> 20)?,
                 TierSize::Bytes(b) => write!(f, ":{b}B")?,
             }
+            if let Some(path) = &t.path {
+                write!(f, "@{}", path.display())?;
+            }
         }
         Ok(())
     }
@@ -129,7 +142,13 @@ impl std::str::FromStr for TierList {
 pub fn parse_tiers(s: &str) -> Result<TierList, String> {
     let mut out = Vec::new();
     for part in s.split(',') {
-        let part = part.trim();
+        let (part, path) = match part.trim().split_once('@') {
+            Some((tier, path)) if !path.trim().is_empty() => {
+                (tier.trim(), Some(PathBuf::from(path.trim())))
+            }
+            Some(_) => return Err(format!("{part:?}: expected a path after @")),
+            None => (part.trim(), None),
+        };
         let fields: Vec<&str> = part.split(':').map(str::trim).collect();
         let (kind, amount) = match fields.as_slice() {
             [kind, amount] => (kind.to_ascii_lowercase(), *amount),
@@ -173,7 +192,12 @@ pub fn parse_tiers(s: &str) -> Result<TierList, String> {
             }
             TierSize::Bytes(b)
         };
-        out.push(TierSpec { kind, size });
+        if path.is_some() && kind != TierKind::Flash {
+            return Err(format!(
+                "{part:?}: only a flash tier may name a path of its own (flash:AMOUNT@PATH)"
+            ));
+        }
+        out.push(TierSpec { kind, size, path });
     }
     if out[..out.len() - 1]
         .iter()
@@ -221,11 +245,13 @@ mod tests {
             vec![
                 TierSpec {
                     kind: TierKind::Dram,
-                    size: TierSize::Ratio(1)
+                    size: TierSize::Ratio(1),
+                    path: None,
                 },
                 TierSpec {
                     kind: TierKind::File,
-                    size: TierSize::Ratio(3)
+                    size: TierSize::Ratio(3),
+                    path: None,
                 },
             ]
         );
@@ -242,10 +268,25 @@ mod tests {
         assert_eq!(t.0[2].kind, TierKind::Flash);
         assert_eq!(t.to_string(), "dram:1GiB,file:16GiB,flash:1024GiB");
         assert!(t.has_file());
+        let t = parse_tiers("dram:1GiB, flash:64GiB @ /dev/nvme0n1").unwrap();
+        assert_eq!(t.0[1].path.as_deref(), Some(Path::new("/dev/nvme0n1")));
+        assert_eq!(t.to_string(), "dram:1GiB,flash:64GiB@/dev/nvme0n1");
+        assert_eq!(parse_tiers(&t.to_string()), Ok(t.clone()));
+        let configs = t.configs(Path::new("/var/lib/terrace"));
+        assert_eq!(
+            configs[1].medium,
+            crate::tier::Medium::Flash {
+                dir: "/var/lib/terrace".into(),
+                path: Some("/dev/nvme0n1".into()),
+            }
+        );
         for bad in [
             "flash:1GiB",
             "flash:1GiB,dram:1GiB",
             "dram:1,flash:1,file:1",
+            "dram:1@/tmp/x,flash:1",
+            "dram:1,file:1@/tmp/x",
+            "dram:1,flash:1@",
         ] {
             assert!(parse_tiers(bad).is_err(), "{bad:?}");
         }

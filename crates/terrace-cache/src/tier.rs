@@ -31,10 +31,11 @@ pub enum Medium {
     File { dir: PathBuf },
     /// Anonymous memory bound to a NUMA node (a CXL or PMem node in system-RAM mode).
     Numa { node: u32 },
-    /// Flash: a file `flash<i>.terrace` in this directory, read and written with block
-    /// I/O (`O_DIRECT` where the file system allows), never mapped; always the last
-    /// tier (`crate::flash`).
-    Flash { dir: PathBuf },
+    /// Flash: a file `flash<i>.terrace` in this directory, or `path` (a file or a raw
+    /// block device) with the tier's other files (its kill log) in the directory; read
+    /// and written with block I/O (`O_DIRECT` where the file system allows), never
+    /// mapped; always the last tier (`crate::flash`).
+    Flash { dir: PathBuf, path: Option<PathBuf> },
 }
 
 /// How big a tier is.
@@ -69,7 +70,26 @@ impl TierConfig {
 
     pub fn flash(dir: impl Into<PathBuf>, size: TierSize) -> TierConfig {
         TierConfig {
-            medium: Medium::Flash { dir: dir.into() },
+            medium: Medium::Flash {
+                dir: dir.into(),
+                path: None,
+            },
+            size,
+        }
+    }
+
+    /// A flash tier in `path` (a file or a raw block device) of its own, its kill log in
+    /// `dir`.
+    pub fn flash_at(
+        dir: impl Into<PathBuf>,
+        path: impl Into<PathBuf>,
+        size: TierSize,
+    ) -> TierConfig {
+        TierConfig {
+            medium: Medium::Flash {
+                dir: dir.into(),
+                path: Some(path.into()),
+            },
             size,
         }
     }

@@ -345,3 +345,133 @@ fn the_flash_buffers_come_out_of_the_dram_tier() {
         "{e}"
     );
 }
+
+fn dram_and_flash_at(dir: &Path, path: &Path, bytes: u64) -> CacheConfig {
+    CacheConfig {
+        expected_items: Some(200_000),
+        ..config(vec![
+            TierConfig::dram(TierSize::Bytes(2 * MIB)),
+            TierConfig::flash_at(dir, path, TierSize::Bytes(bytes)),
+        ])
+    }
+}
+
+/// Fills a cache whose flash tier is at `path`, deletes and overwrites some keys, stops
+/// uncleanly and reopens (no deleted or old value back), then stops cleanly and reopens
+/// (every item back).
+fn holds_items_at(dir: &Path, path: &Path) {
+    let (c, _) = Cache::open(dram_and_flash_at(dir, path, 16 * MIB)).unwrap();
+    let mut latest = fill(&c, 12_000, 0);
+    let deleted: Vec<u32> = (0..2_000).step_by(7).collect();
+    for k in &deleted {
+        c.delete(format!("key{k}").as_bytes()).unwrap();
+        latest.remove(k);
+    }
+    let overwritten: Vec<u32> = (1..2_000)
+        .step_by(5)
+        .filter(|k| latest.contains_key(k))
+        .collect();
+    for k in overwritten {
+        c.set(format!("key{k}").as_bytes(), &value(k, 1), 0, 0)
+            .unwrap();
+        latest.insert(k, 1);
+    }
+    let (_, flash) = check(&c, &latest, &deleted);
+    assert!(flash > 1000, "{flash} hits on flash");
+    c.flush_flash();
+    drop(c);
+    let (c, report) = Cache::open(dram_and_flash_at(dir, path, 16 * MIB)).unwrap();
+    let (_, flash) = check(&c, &latest, &deleted);
+    assert!(flash > 500, "{report:?}");
+    let on_flash: Vec<u32> = latest
+        .keys()
+        .copied()
+        .filter(|k| {
+            c.peek(format!("key{k}").as_bytes())
+                .unwrap()
+                .is_some_and(|g| g.tier() == 1)
+        })
+        .collect();
+    c.shutdown().unwrap();
+    let (c, report) = Cache::open(dram_and_flash_at(dir, path, 16 * MIB)).unwrap();
+    assert!(report.from_saved_index > 0, "{report:?}");
+    for k in &on_flash {
+        assert!(
+            c.peek(format!("key{k}").as_bytes()).unwrap().is_some(),
+            "key{k}"
+        );
+    }
+    check(&c, &latest, &deleted);
+    let f = c.stats().tiers[1].flash.clone().unwrap();
+    assert!(!f.emulated, "{f:?}");
+    assert!(
+        !flash_path(dir, 1).exists(),
+        "no flash file in the directory"
+    );
+    assert!(terrace_cache::flash::kills_path(dir, 1).exists());
+}
+
+#[test]
+fn a_flash_tier_at_a_path_of_its_own_keeps_its_items() {
+    let dir = flash_dir();
+    let elsewhere = flash_dir();
+    let path = elsewhere.path().join("cache.flash");
+    holds_items_at(dir.path(), &path);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 16 * MIB);
+}
+
+/// A loop device over a file, detached when dropped.
+struct LoopDevice {
+    path: std::path::PathBuf,
+}
+
+impl LoopDevice {
+    /// `None` where loop devices cannot be attached here (not root, no loop driver).
+    fn attach(backing: &Path) -> Option<LoopDevice> {
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(backing)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!(
+                "losetup refused: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return None;
+        }
+        let path = String::from_utf8(out.stdout).ok()?.trim().into();
+        Some(LoopDevice { path })
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+/// A raw block device as the flash tier: used as it is (no file system, no
+/// `fallocate`), its items kept across unclean and clean stops; a tier larger than the
+/// device is a clear error. Runs where a loop device can be attached (root).
+#[test]
+fn a_block_device_serves_as_the_flash_tier() {
+    let dir = flash_dir();
+    let backing = dir.path().join("device.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(20 * MIB)
+        .unwrap();
+    let Some(device) = LoopDevice::attach(&backing) else {
+        eprintln!("skipped: no loop device could be attached");
+        return;
+    };
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    holds_items_at(&state, &device.path);
+    let e = Cache::open(dram_and_flash_at(&state, &device.path, 32 * MIB)).unwrap_err();
+    assert!(e.to_string().contains("no space"), "{e}");
+}

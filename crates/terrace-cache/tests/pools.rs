@@ -354,4 +354,18 @@ fn configurations_that_cannot_work_are_clear_errors() {
     )
     .expect_err("a missing directory is an error");
     assert!(err.to_string().contains("does not exist"), "{err}");
+    // A flash tier at a path of its own cannot be split between pools.
+    let dir = tempfile::tempdir().expect("dir");
+    let err = Pools::open(
+        config(vec![
+            TierConfig::dram(TierSize::Bytes(32 * MIB)),
+            TierConfig::flash_at(dir.path(), dir.path().join("f"), TierSize::Bytes(32 * MIB)),
+        ]),
+        &[pool("a", PoolQuota::Percent(50.0))],
+    )
+    .expect_err("one flash file for two pools");
+    assert!(
+        matches!(&err, CacheError::Pool { pool, why } if pool == "a" && why.contains("serves one pool")),
+        "{err}"
+    );
 }

@@ -21,8 +21,9 @@ pub struct ServeArgs {
     /// Data directory of the file tiers, created if missing [default: terrace-data].
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
-    /// Tiers, fastest first: dram:SIZE, file:SIZE, numa:NODE:SIZE, or ratios of
-    /// --capacity (dram:1,file:3) [default: dram:64MiB,file:256MiB].
+    /// Tiers, fastest first: dram:SIZE, file:SIZE, numa:NODE:SIZE, flash:SIZE (last; a
+    /// file in --dir, or flash:SIZE@PATH, a file or raw block device of its own), or
+    /// ratios of --capacity (dram:1,file:3) [default: dram:64MiB,file:256MiB].
     #[arg(long, value_name = "SPEC", value_parser = parse_tiers)]
     tiers: Option<TierList>,
     /// Total capacity, needed when tiers are ratios (e.g. 1GiB).

@@ -24,6 +24,13 @@ pub struct FlashFile {
     size: u64,
     direct: bool,
     emulated: bool,
+    device: bool,
+}
+
+/// Whether `path` is a block device (a raw flash device rather than a file).
+pub fn is_block_device(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }
 
 /// Block size used for alignment (the logical block size of NVMe and most SSDs).
@@ -31,16 +38,16 @@ pub const BLOCK: usize = 4096;
 
 impl FlashFile {
     /// Opens or creates `path` with `size` bytes (grown if smaller; blocks are reserved
-    /// with `fallocate` so writes cannot hit a full file system later).
+    /// with `fallocate` so writes cannot hit a full file system later). A block device
+    /// is used as it is: its first `size` bytes, which it must have.
     pub fn open(path: &Path, size: u64) -> Result<FlashFile> {
+        let device = is_block_device(path);
         let open = |direct: bool| {
             let mut options = OpenOptions::new();
-            options
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600);
+            options.read(true).write(true);
+            if !device {
+                options.create(true).truncate(false).mode(0o600);
+            }
             if direct {
                 options.custom_flags(libc::O_DIRECT);
             }
@@ -69,6 +76,32 @@ impl FlashFile {
             });
         }
         use std::os::fd::AsFd;
+        if device {
+            use std::io::Seek;
+            let have =
+                (&file)
+                    .seek(std::io::SeekFrom::End(0))
+                    .map_err(|source| MediaError::Io {
+                        op: "seek",
+                        path: path.into(),
+                        source,
+                    })?;
+            if have < size {
+                return Err(MediaError::NoSpace {
+                    path: path.into(),
+                    offset: have,
+                    len: size - have,
+                });
+            }
+            return Ok(FlashFile {
+                file,
+                path: path.into(),
+                size,
+                direct,
+                emulated: false,
+                device: true,
+            });
+        }
         crate::os::fallocate(file.as_fd(), 0, 0, size).map_err(|source| {
             if source.raw_os_error() == Some(libc::ENOSPC) {
                 MediaError::NoSpace {
@@ -94,7 +127,13 @@ impl FlashFile {
             size,
             direct,
             emulated,
+            device: false,
         })
+    }
+
+    /// Whether this is a raw block device rather than a file.
+    pub fn is_device(&self) -> bool {
+        self.device
     }
 
     pub fn size(&self) -> u64 {
@@ -133,8 +172,9 @@ impl FlashFile {
     }
 
     /// Gives the blocks of `[offset, offset + len)` back to the file system (a hole that
-    /// reads as zeros; on an SSD the file system passes it on as a discard). Block
-    /// aligned.
+    /// reads as zeros; on an SSD the file system passes it on as a discard), or on a
+    /// block device to the device (zeroed, by a discard where the device offers one).
+    /// Block aligned.
     pub fn punch(&self, offset: u64, len: u64) -> Result<()> {
         if !offset.is_multiple_of(BLOCK as u64)
             || !len.is_multiple_of(BLOCK as u64)

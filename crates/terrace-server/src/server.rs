@@ -229,7 +229,10 @@ fn describe_tiers(config: &ServerConfig, pools: &Pools) {
             Medium::Dram { .. } => "dram".to_string(),
             Medium::File { dir } => format!("file in {}", dir.display()),
             Medium::Numa { node } => format!("numa node {node}"),
-            Medium::Flash { dir } => format!("flash in {}", dir.display()),
+            Medium::Flash {
+                path: Some(path), ..
+            } => format!("flash at {}", path.display()),
+            Medium::Flash { dir, path: None } => format!("flash in {}", dir.display()),
         };
         let bytes = u64::from(segments) * segment;
         tracing::info!(tier = i, medium = %medium, bytes, durability = ?durability, "tier");
