@@ -252,11 +252,18 @@ impl FlashFile {
     }
 }
 
-/// A zeroed heap buffer aligned to [`BLOCK`], for `O_DIRECT` I/O.
+/// A zeroed buffer aligned to [`BLOCK`], for `O_DIRECT` I/O: from the heap, or, from
+/// [`MAPPED_MIN`] bytes up, a mapping of its own, given back to the kernel when dropped
+/// (the allocator would keep freed segment-sized chunks, so a cache that reads and
+/// writes whole flash segments would hold megabytes of freed buffers).
 pub struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
+    mapped: bool,
 }
+
+/// The length from which an [`AlignedBuf`] is a mapping of its own.
+pub const MAPPED_MIN: usize = 256 << 10;
 
 impl AlignedBuf {
     /// A buffer of `len` bytes (rounded up to a whole block, at least one); an error for a
@@ -272,12 +279,25 @@ impl AlignedBuf {
             .checked_mul(BLOCK)
             .ok_or_else(too_large)?;
         let layout = Layout::from_size_align(len, BLOCK).map_err(|_| too_large())?;
+        if len >= MAPPED_MIN {
+            let ptr = crate::os::map_anonymous(len)
+                .map_err(|source| MediaError::Map { size: len, source })?;
+            return Ok(AlignedBuf {
+                ptr,
+                len,
+                mapped: true,
+            });
+        }
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = std::ptr::NonNull::new(raw) else {
             alloc::handle_alloc_error(layout);
         };
-        Ok(AlignedBuf { ptr, len })
+        Ok(AlignedBuf {
+            ptr,
+            len,
+            mapped: false,
+        })
     }
 }
 
@@ -298,6 +318,12 @@ impl std::ops::DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: mapped in `new` with this length, owned by this buffer alone, and
+            // no borrow of it outlives `self`.
+            unsafe { crate::os::unmap(self.ptr, self.len) };
+            return;
+        }
         // SAFETY: allocated in `new` with this exact layout.
         unsafe {
             alloc::dealloc(
@@ -330,6 +356,17 @@ mod tests {
             assert!(AlignedBuf::new(usize::MAX).is_err());
             flash.read_at(4096, &mut back).unwrap();
             assert_eq!(&back[..5], b"hello");
+            // A segment-sized buffer is a mapping of its own: zeroed, aligned, usable.
+            let mut big = AlignedBuf::new(MAPPED_MIN + 1).unwrap();
+            assert_eq!(big.len(), MAPPED_MIN + BLOCK);
+            assert!(big.mapped && (big.as_ptr() as usize).is_multiple_of(BLOCK));
+            assert!(big.iter().all(|&b| b == 0));
+            big[MAPPED_MIN] = 7;
+            flash.write_at(8192, &big).unwrap();
+            let mut big_back = AlignedBuf::new(big.len()).unwrap();
+            flash.read_at(8192, &mut big_back).unwrap();
+            assert_eq!(big_back[MAPPED_MIN], 7);
+            drop((big, big_back));
             if dir == Path::new("/dev/shm") {
                 assert!(flash.is_emulated());
             }

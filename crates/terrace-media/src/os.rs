@@ -208,6 +208,27 @@ pub fn supports_map_sync(fd: BorrowedFd<'_>) -> bool {
     true
 }
 
+/// Maps `len` bytes of zeroed, private, read-write anonymous memory at an address the
+/// kernel chooses (page aligned); give it back with [`unmap`].
+pub fn map_anonymous(len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a new anonymous mapping at a kernel-chosen address touches no existing
+    // memory.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(raw.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+}
+
 /// Unmaps `[addr, addr+len)`.
 ///
 /// # Safety
