@@ -79,6 +79,18 @@ pub fn kills_path(dir: &Path, tier: usize) -> PathBuf {
     dir.join(format!("flash{tier}.kills"))
 }
 
+/// A stored segment found at a restart ([`FlashTier::restore`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct RestoredSlot {
+    pub write_seq: u64,
+    /// The end of its committed items.
+    pub end: u32,
+    pub items: u32,
+    pub dead: u32,
+    /// See [`SlotCell::latest_expiry`].
+    pub latest_expiry: u32,
+}
+
 /// Where a flash tier lives: its file (`path`, else `flash<tier>.terrace` in `dir`) and
 /// its kill log (in `dir`).
 #[derive(Clone, Copy, Debug)]
@@ -133,7 +145,14 @@ struct SlotCell {
     dead: AtomicU32,
     /// The write sequence of the segment stored there (0: none).
     stored_seq: AtomicU64,
+    /// The latest expiry of the items written into the segment ([`NEVER`]: one of them
+    /// never expires, or it is not known): once past, every item in it has expired and
+    /// the segment is freed first, without reinserting anything.
+    latest_expiry: AtomicU32,
 }
+
+/// [`SlotCell::latest_expiry`] of a segment that may hold an item that never expires.
+pub(crate) const NEVER: u32 = u32::MAX;
 
 /// Threads that read slot headers at a restart ([`FlashTier::read_headers`]).
 const HEADER_READERS: usize = 8;
@@ -494,6 +513,7 @@ impl FlashTier {
                     items: AtomicU32::new(0),
                     dead: AtomicU32::new(0),
                     stored_seq: AtomicU64::new(0),
+                    latest_expiry: AtomicU32::new(NEVER),
                 })
                 .collect(),
             lists: Mutex::new(FlashLists {
@@ -612,6 +632,7 @@ impl FlashTier {
         let mut state = cell.state.lock();
         cell.items.store(0, Ordering::Relaxed);
         cell.dead.store(0, Ordering::Relaxed);
+        cell.latest_expiry.store(0, Ordering::Relaxed);
         cell.generation.fetch_add(1, Ordering::AcqRel);
         *state = Slot::Open(Arc::clone(&buf));
         Ok(buf)
@@ -640,9 +661,14 @@ impl FlashTier {
         d.cursor = Some(cursor);
         d.end = end;
         buf.pending.fetch_add(1, Ordering::AcqRel);
-        self.slots[buf.slot as usize]
-            .items
-            .fetch_add(1, Ordering::Relaxed);
+        let cell = &self.slots[buf.slot as usize];
+        cell.items.fetch_add(1, Ordering::Relaxed);
+        let expiry = if spec.expires_at == 0 {
+            NEVER
+        } else {
+            spec.expires_at
+        };
+        cell.latest_expiry.fetch_max(expiry, Ordering::Relaxed);
         Ok(Some(offset))
     }
 
@@ -1173,15 +1199,31 @@ impl FlashTier {
 
     /// Restart: takes `slot` (found on flash, `end` its committed end, `items` and
     /// `dead` its counts) as stored, and queues it; call in write-sequence order.
-    pub fn restore(&self, slot: u32, write_seq: u64, end: u32, items: u32, dead: u32) {
+    pub fn restore(&self, slot: u32, stored: RestoredSlot) {
+        let RestoredSlot {
+            write_seq,
+            end,
+            items,
+            dead,
+            latest_expiry,
+        } = stored;
         let cell = &self.slots[slot as usize];
         *cell.state.lock() = Slot::Stored { end };
+        cell.latest_expiry.store(latest_expiry, Ordering::Relaxed);
         cell.stored_seq.store(write_seq, Ordering::Release);
         cell.items.store(items, Ordering::Relaxed);
         cell.dead.store(dead, Ordering::Relaxed);
         let mut lists = self.lists.lock();
         lists.free.retain(|&s| s != slot);
         lists.fifo.push_back(slot);
+    }
+
+    /// Whether every item of the segment stored in `slot` has expired by `now`.
+    pub fn expired_whole(&self, slot: u32, now: u32) -> bool {
+        self.slots.get(slot as usize).is_some_and(|cell| {
+            let latest = cell.latest_expiry.load(Ordering::Relaxed);
+            latest != NEVER && crate::cache::past(latest, now)
+        })
     }
 
     /// Restart: the item count of a stored slot is `live` indexed items plus its dead.

@@ -475,3 +475,58 @@ fn a_block_device_serves_as_the_flash_tier() {
     let e = Cache::open(dram_and_flash_at(&state, &device.path, 32 * MIB)).unwrap_err();
     assert!(e.to_string().contains("no space"), "{e}");
 }
+
+/// A flash segment whose items have all expired is freed by the movers as soon as they
+/// have (a memory tier's TTL buckets, on flash): nothing in it is reinserted or written
+/// again, its items count as expired, not evicted; segments holding an item without a
+/// TTL stay.
+#[test]
+fn flash_segments_whose_items_all_expired_are_freed_without_a_rewrite() {
+    let dir = flash_dir();
+    let (c, _) = Cache::open(dram_and_flash(dir.path())).unwrap();
+    for k in 0..12_000u32 {
+        // The last keys never expire: the segments they reach must stay.
+        let ttl = if k < 9_000 { 100 } else { 0 };
+        c.set(format!("key{k}").as_bytes(), &value(k, 0), 0, ttl)
+            .unwrap();
+        if k >= 10 {
+            let _ = c.get(format!("key{}", k - 10).as_bytes()).unwrap();
+        }
+    }
+    c.flush_flash();
+    let before = c.stats().tiers[1].clone();
+    let written = before.flash.as_ref().unwrap().bytes_written;
+    assert!(
+        before.items > 1000 && before.sealed_segments > 2,
+        "{before:?}"
+    );
+    c.advance_clock(50);
+    c.maintain().unwrap();
+    assert_eq!(c.stats().tiers[1].segments_evicted, before.segments_evicted);
+    c.advance_clock(100);
+    c.maintain().unwrap();
+    let after = c.stats().tiers[1].clone();
+    let freed = after.segments_evicted - before.segments_evicted;
+    eprintln!("{freed} flash segments freed; before {before:?}; after {after:?}");
+    assert!(freed > 0, "{after:?}");
+    assert!(after.items_expired > 1000, "{after:?}");
+    assert_eq!(after.items_evicted, before.items_evicted, "{after:?}");
+    assert_eq!(after.reinserted, before.reinserted, "{after:?}");
+    // Only what the DRAM tier's own maintenance demoted meanwhile was written (a
+    // rewrite of the expired items would be about all of `written` again).
+    let more = after.flash.as_ref().unwrap().bytes_written - written;
+    assert!(more < written / 10, "{more} more bytes written");
+    // The keys without a TTL that reached flash are all still there.
+    assert!(after.sealed_segments > 0 && after.items > 0, "{after:?}");
+    for k in 9_000..11_990u32 {
+        if let Some(g) = c.peek(format!("key{k}").as_bytes()).unwrap() {
+            assert_eq!(g.value(), &value(k, 0)[..]);
+        }
+    }
+    for k in 0..9_000u32 {
+        assert!(
+            c.get(format!("key{k}").as_bytes()).unwrap().is_none(),
+            "key{k}"
+        );
+    }
+}

@@ -9,9 +9,11 @@
 //! flash holds nothing, and an item without a hit in DRAM may still be read in the far
 //! longer time flash keeps it. Once flash is full (its free segments down to what the
 //! movers keep ready) it takes only what survived DRAM probation or had a hit, and the
-//! FIFO below makes room. Its segments are evicted in FIFO order, except that one whose items are at
-//! least [`DEAD_FIRST`] dead goes first (evicting it frees space at no loss); an evicted
-//! segment's items with hits are reinserted — within [`FLASH_REINSERT_BUDGET`] of a
+//! FIFO below makes room. Its segments are evicted in FIFO order, except that one whose
+//! items have all expired goes first (the movers free such segments as soon as they
+//! expire, as a memory tier's TTL buckets: nothing in them is reinserted), then one
+//! whose items are at least [`DEAD_FIRST`] dead (evicting it frees space at no loss);
+//! an evicted segment's items with hits are reinserted — within [`FLASH_REINSERT_BUDGET`] of a
 //! segment, one hit spent — and the others dropped. There is no copy-cleaning on flash:
 //! it would cost flash writes.
 //!
@@ -37,7 +39,7 @@ use super::recover::{DropReason, Found, RestartReport};
 use super::saved::{Saved, SavedSegment};
 use super::{Cache, SegMeta};
 use crate::error::CacheError;
-use crate::flash::{Buffer, FlashRead, FlashTier, OwnedItem};
+use crate::flash::{Buffer, FlashRead, FlashTier, OwnedItem, RestoredSlot, NEVER};
 use crate::index::{Freq, Index, Location, Sweep};
 use crate::item::{ItemRef, ItemSpec, ItemState};
 use crate::mem::Pin;
@@ -336,13 +338,20 @@ impl Cache {
         let Some(f) = &self.flash else {
             return Ok(false);
         };
+        let now = self.now();
         let victim = {
             let mut lists = f.lists.lock();
-            let dead_heavy = lists.fifo.iter().take(DEAD_FIRST_WINDOW).position(|&slot| {
-                let (items, dead) = f.occupancy(slot);
-                items > 0 && dead * DEAD_FIRST.1 >= items * DEAD_FIRST.0
-            });
-            match dead_heavy {
+            let expired = lists
+                .fifo
+                .iter()
+                .position(|&slot| f.expired_whole(slot, now));
+            let dead_heavy = || {
+                lists.fifo.iter().take(DEAD_FIRST_WINDOW).position(|&slot| {
+                    let (items, dead) = f.occupancy(slot);
+                    items > 0 && dead * DEAD_FIRST.1 >= items * DEAD_FIRST.0
+                })
+            };
+            match expired.or_else(dead_heavy) {
                 Some(at) => lists.fifo.remove(at),
                 None => lists.fifo.pop_front(),
             }
@@ -361,7 +370,6 @@ impl Cache {
             }
         };
         let counters = &f.stats;
-        let now = self.now();
         let mut budget = if reinsert {
             ((1usize << self.shift) - HEADER_LEN) / FLASH_REINSERT_BUDGET.1
                 * FLASH_REINSERT_BUDGET.0
@@ -436,13 +444,19 @@ impl Cache {
         Ok(true)
     }
 
-    /// The movers' flash work: keep [`FLASH_FREE_TARGET`] segments free.
+    /// The movers' flash work: free the segments whose items have all expired, and keep
+    /// [`FLASH_FREE_TARGET`] segments free.
     pub(super) fn maintain_flash(&self) -> Result<usize, CacheError> {
         let Some(f) = &self.flash else {
             return Ok(0);
         };
         let mut evicted = 0;
-        while f.lists.lock().free.len() < FLASH_FREE_TARGET {
+        let now = self.now();
+        let expired = |f: &FlashTier| {
+            let lists = f.lists.lock();
+            lists.fifo.iter().any(|&slot| f.expired_whole(slot, now))
+        };
+        while f.lists.lock().free.len() < FLASH_FREE_TARGET || expired(f) {
             if !self.evict_flash_one(true)? {
                 break;
             }
@@ -548,7 +562,8 @@ pub(super) fn scan_flash(
     untrusted: bool,
 ) -> Result<(), CacheError> {
     let kills = f.kills()?;
-    let mut kept: Vec<(u64, u32, u32, u32, u32)> = Vec::new();
+    // Oldest write sequence first (the FIFO's order).
+    let mut kept: Vec<(RestoredSlot, u32)> = Vec::new();
     let mut heads = std::collections::VecDeque::new();
     for slot in 0..f.count {
         let id = f.base + slot;
@@ -590,8 +605,18 @@ pub(super) fn scan_flash(
         if let Some(SavedSegment::Indexed { dead_bytes }) = saved {
             scan.from_saved[id as usize] = true;
             scan.report.from_saved_index += 1;
-            // For flash segments the saved record's dead count is of items.
-            kept.push((header.write_seq, slot, end, 0, dead_bytes));
+            // For flash segments the saved record's dead count is of items. Its items
+            // are not read, so their expiry is not known.
+            kept.push((
+                RestoredSlot {
+                    write_seq: header.write_seq,
+                    end,
+                    items: 0,
+                    dead: dead_bytes,
+                    latest_expiry: NEVER,
+                },
+                slot,
+            ));
             continue;
         }
         let Some(bytes) = f.read_segment(slot)? else {
@@ -608,7 +633,7 @@ pub(super) fn scan_flash(
             f.retire_found(slot)?;
             continue;
         }
-        let (mut items, mut dead) = (0u32, 0u32);
+        let (mut items, mut dead, mut latest_expiry) = (0u32, 0u32, 0u32);
         let listed: Option<Vec<u32>> = match saved {
             Some(SavedSegment::Items(offsets)) => Some(offsets.iter().map(|&(o, _)| o).collect()),
             _ => None,
@@ -622,6 +647,10 @@ pub(super) fn scan_flash(
                 dead += 1;
                 continue;
             }
+            latest_expiry = latest_expiry.max(match item.expires_at {
+                0 => NEVER,
+                at => at,
+            });
             scan.found.push(Found {
                 hash: scan.index.hash_key(item.key),
                 loc: Location {
@@ -633,15 +662,24 @@ pub(super) fn scan_flash(
         }
         scan.from_saved[id as usize] = listed.is_some();
         scan.report.scanned += 1;
-        kept.push((header.write_seq, slot, end, items, dead));
+        kept.push((
+            RestoredSlot {
+                write_seq: header.write_seq,
+                end,
+                items,
+                dead,
+                latest_expiry,
+            },
+            slot,
+        ));
     }
     kept.sort_unstable();
-    for (seq, slot, end, items, dead) in kept {
+    for (stored, slot) in kept {
         let m = &scan.meta[(f.base + slot) as usize];
-        m.write_seq.store(seq, Ordering::Relaxed);
+        m.write_seq.store(stored.write_seq, Ordering::Relaxed);
         m.expires_at.store(0, Ordering::Relaxed);
-        m.dead_bytes.store(dead, Ordering::Relaxed);
-        f.restore(slot, seq, end, items, dead);
+        m.dead_bytes.store(stored.dead, Ordering::Relaxed);
+        f.restore(slot, stored);
         scan.report.segments += 1;
     }
     Ok(())
