@@ -1327,12 +1327,21 @@ impl FlashTier {
 mod tests {
     use super::*;
 
-    fn at(dir: &Path) -> FlashAt<'_> {
-        FlashAt {
-            dir,
+    /// A flash tier of 8 segments of 32 KiB in a new directory (kept with it), values up
+    /// to `max_value_len`; whether its file existed.
+    fn tier(max_value_len: u32) -> (tempfile::TempDir, FlashTier, bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = ItemLimits {
+            max_key_len: 250,
+            max_value_len,
+        };
+        let at = FlashAt {
+            dir: dir.path(),
             path: None,
             tier: 1,
-        }
+        };
+        let (f, existing) = FlashTier::open(at, 8 << 15, 15, 100, limits).unwrap();
+        (dir, f, existing)
     }
 
     fn header(slot: u32, write_seq: u64) -> SegmentHeader {
@@ -1379,12 +1388,7 @@ mod tests {
     /// failed read stages nothing and is counted; a slot reused meanwhile is not staged.
     #[test]
     fn a_planned_read_stages_its_item_and_asks_again_for_a_long_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let limits = ItemLimits {
-            max_key_len: 250,
-            max_value_len: 16 << 10,
-        };
-        let (f, _) = FlashTier::open(at(dir.path()), 8 << 15, 15, 100, limits).unwrap();
+        let (_dir, f, _) = tier(16 << 10);
         let buf = f.open_buffer(header(0, 3)).unwrap();
         let put = |key: &str, len: usize| {
             let value = vec![key.as_bytes()[0]; len];
@@ -1448,12 +1452,7 @@ mod tests {
     /// [`KILL_LOG_DROP_RECORDS`] records, and every record still reads back.
     #[test]
     fn kill_log_pages_leave_the_page_cache_and_records_stay() {
-        let dir = tempfile::tempdir().unwrap();
-        let limits = ItemLimits {
-            max_key_len: 250,
-            max_value_len: 8 << 10,
-        };
-        let (f, _) = FlashTier::open(at(dir.path()), 8 << 15, 15, 100, limits).unwrap();
+        let (_dir, f, _) = tier(8 << 10);
         let mut killed = 0;
         for slot in 0..3 {
             for o in stored(&f, slot, 10 + u64::from(slot), 1500) {
@@ -1471,12 +1470,7 @@ mod tests {
 
     #[test]
     fn the_kill_log_compacts_to_the_segments_still_on_flash() {
-        let dir = tempfile::tempdir().unwrap();
-        let limits = ItemLimits {
-            max_key_len: 250,
-            max_value_len: 8 << 10,
-        };
-        let (f, existing) = FlashTier::open(at(dir.path()), 8 << 15, 15, 100, limits).unwrap();
+        let (_dir, f, existing) = tier(8 << 10);
         assert!(!existing && f.count == 8);
         let a = stored(&f, 0, 7, 40);
         let b = stored(&f, 1, 8, 40);
