@@ -82,7 +82,8 @@ pub struct CacheConfig {
     pub limits: ItemLimits,
     /// Items the whole capacity holds at the expected item size (capacity divided by the
     /// mean item size); `None`: one per 256 bytes of capacity. The index is sized for the
-    /// share of them that the engine keeps live (about 95%; see `index_items`).
+    /// share of them that the engine keeps live (about 95%, about 85% of a flash tier's; see
+    /// `index_items`).
     pub expected_items: Option<usize>,
     /// Open-segment stripes (threads map to stripes round-robin); 0 = available
     /// parallelism.

@@ -326,7 +326,8 @@ fn pool_config(
             return Err(CacheError::Pool {
                 pool: name.to_string(),
                 why: format!(
-                    "a flash tier at a path of its own ({}) serves one pool: with pools, leave the path out and each pool's flash file goes in its directory",
+                    "a flash tier at a path of its own ({}) serves one pool: with pools, \
+                     leave the path out and each pool's flash file goes in its directory",
                     path.display()
                 ),
             });

@@ -55,11 +55,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
+use terrace_cache::FlashRead;
 
 use crate::conn::{Admitted, Session, IDLE_KEEP};
 use crate::proto::{PinBudget, Replies};
-use terrace_cache::FlashRead;
-
 use crate::shared::{Fetch, Shared};
 use crate::workers::Accepted;
 

@@ -13,9 +13,9 @@
 //! items have all expired goes first (the movers free such segments as soon as they
 //! expire, as a memory tier's TTL buckets: nothing in them is reinserted), then one
 //! whose items are at least [`DEAD_FIRST`] dead (evicting it frees space at no loss);
-//! an evicted segment's items with hits are reinserted — within [`FLASH_REINSERT_BUDGET`] of a
-//! segment, one hit spent — and the others dropped. There is no copy-cleaning on flash:
-//! it would cost flash writes.
+//! an evicted segment's items with hits are reinserted — within
+//! [`FLASH_REINSERT_BUDGET`] of a segment, one hit spent — and the others dropped. There
+//! is no copy-cleaning on flash: it would cost flash writes.
 //!
 //! # Invariants
 //! A copy into flash is published as every move is (`evict.rs`, E4): appended PENDING
