@@ -787,9 +787,13 @@ impl FlashTier {
         let mut bytes = AlignedBuf::new(self.seg_size())?;
         let len = (end as usize).next_multiple_of(BLOCK).min(bytes.len());
         let read = self.file.read_at(self.seg_offset(slot), &mut bytes[..len]);
-        if read.is_err() {
-            self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-        }
+        match read {
+            Ok(()) => self
+                .counters
+                .bytes_read
+                .fetch_add(len as u64, Ordering::Relaxed),
+            Err(_) => self.counters.read_errors.fetch_add(1, Ordering::Relaxed),
+        };
         let write_seq = SegmentHeader::decode(&bytes[..])
             .map(|(h, _)| h.write_seq)
             .unwrap_or(0);

@@ -293,6 +293,7 @@ pub struct FlashStats {
     /// DRAM held by write buffers, segments being evicted and items staged.
     pub buffer_bytes: u64,
     pub bytes_written: u64,
+    /// Bytes read from the device: items, and segments read back to be evicted.
     pub bytes_read: u64,
     /// `pread`s of items (one or two per flash hit read from the file).
     pub reads: u64,

@@ -516,6 +516,12 @@ fn flash_segments_whose_items_all_expired_are_freed_without_a_rewrite() {
     // rewrite of the expired items would be about all of `written` again).
     let more = after.flash.as_ref().unwrap().bytes_written - written;
     assert!(more < written / 10, "{more} more bytes written");
+    // Each freed segment was read back once (its keys drop their index entries).
+    let read = after.flash.as_ref().unwrap().bytes_read - before.flash.as_ref().unwrap().bytes_read;
+    assert!(
+        read >= freed * 4096,
+        "{read} bytes read for {freed} segments"
+    );
     // The keys without a TTL that reached flash are all still there.
     assert!(after.sealed_segments > 0 && after.items > 0, "{after:?}");
     for k in 9_000..11_990u32 {
