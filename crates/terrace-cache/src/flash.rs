@@ -179,6 +179,12 @@ struct Staged {
 }
 
 impl Staged {
+    fn holds(&self, slot: u32, offset: u32, generation: u64) -> bool {
+        self.items
+            .get(&(slot, offset))
+            .is_some_and(|&(g, _)| g == generation)
+    }
+
     fn take(&mut self, slot: u32, offset: u32, generation: u64) -> Option<OwnedItem> {
         let (g, item) = self.items.remove(&(slot, offset))?;
         self.bytes -= item.bytes.len();
@@ -863,18 +869,21 @@ impl FlashTier {
     /// device now: the segment is stored (not in a buffer or being evicted) and the item
     /// not staged.
     pub fn needs_read(&self, slot: u32, offset: u32) -> bool {
-        let Some(cell) = self.slots.get(slot as usize) else {
-            return false;
-        };
-        if !matches!(*cell.state.lock(), Slot::Stored { .. }) {
-            return false;
-        }
+        self.unstaged(slot, offset).is_some()
+    }
+
+    /// The slot's generation and committed end when it holds a stored segment whose
+    /// item at `offset` is not staged (a read of it would wait on the device). The
+    /// generation is loaded first: a read planned from it is of that incarnation only if
+    /// the generation is unchanged after.
+    fn unstaged(&self, slot: u32, offset: u32) -> Option<(u64, u32)> {
+        let cell = self.slots.get(slot as usize)?;
         let generation = cell.generation.load(Ordering::Acquire);
-        self.staged
-            .lock()
-            .items
-            .get(&(slot, offset))
-            .is_none_or(|&(g, _)| g != generation)
+        let Slot::Stored { end } = *cell.state.lock() else {
+            return None;
+        };
+        let staged = self.staged.lock().holds(slot, offset, generation);
+        (!staged).then_some((generation, end))
     }
 
     /// Reads the item at `offset` of `slot` into DRAM for the next [`read`](Self::read)
@@ -888,10 +897,17 @@ impl FlashTier {
         let Slot::Stored { end } = *cell.state.lock() else {
             return;
         };
-        let Some(item) = self.read_stored(slot, offset, end) else {
+        if let Some(item) = self.read_stored(slot, offset, end) {
+            self.put_staged(slot, offset, generation, item);
+        }
+    }
+
+    /// Stages an item read from `slot` in incarnation `generation`, unless the slot was
+    /// reused during the read (the bytes may then be of either incarnation).
+    fn put_staged(&self, slot: u32, offset: u32, generation: u64, item: OwnedItem) {
+        let Some(cell) = self.slots.get(slot as usize) else {
             return;
         };
-        // The slot was reused during the read: the bytes may be of either incarnation.
         if cell.generation.load(Ordering::Acquire) != generation {
             return;
         }
@@ -902,33 +918,8 @@ impl FlashTier {
     /// A read of the item at `offset` of `slot` for the caller's own I/O engine to run
     /// (see [`FlashRead`]), if a [`read`](Self::read) would wait on the device for it now.
     pub fn plan_read(&self, slot: u32, offset: u32) -> Option<FlashRead> {
-        let cell = self.slots.get(slot as usize)?;
-        let generation = cell.generation.load(Ordering::Acquire);
-        let Slot::Stored { end } = *cell.state.lock() else {
-            return None;
-        };
-        let staged = self
-            .staged
-            .lock()
-            .items
-            .get(&(slot, offset))
-            .is_some_and(|&(g, _)| g == generation);
-        if staged {
-            return None;
-        }
+        let (generation, end) = self.unstaged(slot, offset)?;
         let (start, len) = first_read(offset, end)?;
-        self.read_plan(slot, offset, generation, end, start, len)
-    }
-
-    fn read_plan(
-        &self,
-        slot: u32,
-        offset: u32,
-        generation: u64,
-        end: u32,
-        start: usize,
-        len: usize,
-    ) -> Option<FlashRead> {
         Some(FlashRead {
             slot,
             offset,
@@ -961,28 +952,17 @@ impl FlashTier {
         self.counters
             .bytes_read
             .fetch_add(read.buf.len() as u64, Ordering::Relaxed);
-        let cell = self.slots.get(read.slot as usize)?;
         match decode_read(read.offset, read.end, read.start, &read.buf) {
             Decoded::Item(item) => {
-                // The slot was reused during the read: the bytes may be of either
-                // incarnation.
-                if cell.generation.load(Ordering::Acquire) != read.generation {
-                    return None;
-                }
-                self.counters.staged.fetch_add(1, Ordering::Relaxed);
-                self.staged
-                    .lock()
-                    .put(read.slot, read.offset, read.generation, item);
+                self.put_staged(read.slot, read.offset, read.generation, item);
                 None
             }
-            Decoded::Short { read_end } => self.read_plan(
-                read.slot,
-                read.offset,
-                read.generation,
-                read.end,
-                read.start,
-                read_end - read.start,
-            ),
+            // The whole item again, from the same start (the first blocks are read twice:
+            // simpler than joining two buffers, and rare).
+            Decoded::Short { read_end } => Some(FlashRead {
+                buf: AlignedBuf::new(read_end - read.start).ok()?,
+                ..read
+            }),
             Decoded::Bad => None,
         }
     }
@@ -1452,10 +1432,12 @@ mod tests {
         );
     }
 
-    /// The kill log's pages are written out and dropped from the page cache every
-    /// [`KILL_LOG_DROP_RECORDS`] records, and every record still reads back.
+    /// The kill log is written out (and its pages let go) every
+    /// [`KILL_LOG_DROP_RECORDS`] records, and every record still reads back. (Whether the
+    /// kernel drops the pages is not checked here: the benchmark's page-cache sampling
+    /// shows it.)
     #[test]
-    fn kill_log_pages_leave_the_page_cache_and_records_stay() {
+    fn the_kill_log_is_written_out_in_steps_and_reads_back_whole() {
         let (_dir, f, _) = tier(8 << 10);
         let mut killed = 0;
         for slot in 0..3 {
