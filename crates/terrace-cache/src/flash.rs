@@ -381,6 +381,32 @@ pub(crate) struct FlashCounters {
 pub(crate) struct FlashLists {
     pub free: Vec<u32>,
     pub fifo: VecDeque<u32>,
+    /// No stored segment has all its items expire before this (`None`: none ever
+    /// does), so that looking for one ([`FlashTier::expired_in`]) costs nothing until
+    /// then. Lowered as segments are stored, raised by the search that finds none.
+    earliest_expiry: Option<u32>,
+}
+
+impl FlashLists {
+    /// Queues a stored segment whose items all expire by `latest_expiry`.
+    fn push_stored(&mut self, slot: u32, latest_expiry: u32) {
+        self.fifo.push_back(slot);
+        if latest_expiry != NEVER && latest_expiry != 0 {
+            let earliest = self
+                .earliest_expiry
+                .map_or(latest_expiry, |e| e.min(latest_expiry));
+            self.earliest_expiry = Some(earliest);
+        }
+    }
+}
+
+/// A segment's bound on its items' expiry for an item expiring at `expires_at` (0:
+/// never): what [`SlotCell::latest_expiry`] takes the maximum of.
+pub(crate) fn expiry_bound(expires_at: u32) -> u32 {
+    match expires_at {
+        0 => NEVER,
+        at => at,
+    }
 }
 
 /// The flash tier. See the module docs.
@@ -523,6 +549,7 @@ impl FlashTier {
                 })
                 .collect(),
             lists: Mutex::new(FlashLists {
+                earliest_expiry: None,
                 free: (0..count).rev().collect(),
                 fifo: VecDeque::new(),
             }),
@@ -669,12 +696,8 @@ impl FlashTier {
         buf.pending.fetch_add(1, Ordering::AcqRel);
         let cell = &self.slots[buf.slot as usize];
         cell.items.fetch_add(1, Ordering::Relaxed);
-        let expiry = if spec.expires_at == 0 {
-            NEVER
-        } else {
-            spec.expires_at
-        };
-        cell.latest_expiry.fetch_max(expiry, Ordering::Relaxed);
+        cell.latest_expiry
+            .fetch_max(expiry_bound(spec.expires_at), Ordering::Relaxed);
         Ok(Some(offset))
     }
 
@@ -738,7 +761,8 @@ impl FlashTier {
                 let cell = &self.slots[buf.slot as usize];
                 cell.stored_seq.store(buf.write_seq, Ordering::Release);
                 *cell.state.lock() = Slot::Stored { end };
-                self.lists.lock().fifo.push_back(buf.slot);
+                let latest = cell.latest_expiry.load(Ordering::Relaxed);
+                self.lists.lock().push_stored(buf.slot, latest);
                 Ok(())
             }
             Err(e) => {
@@ -1199,15 +1223,36 @@ impl FlashTier {
         cell.dead.store(dead, Ordering::Relaxed);
         let mut lists = self.lists.lock();
         lists.free.retain(|&s| s != slot);
-        lists.fifo.push_back(slot);
+        lists.push_stored(slot, latest_expiry);
     }
 
-    /// Whether every item of the segment stored in `slot` has expired by `now`.
-    pub fn expired_whole(&self, slot: u32, now: u32) -> bool {
-        self.slots.get(slot as usize).is_some_and(|cell| {
-            let latest = cell.latest_expiry.load(Ordering::Relaxed);
-            latest != NEVER && crate::cache::past(latest, now)
-        })
+    /// The FIFO position of a stored segment whose items have all expired by `now`, if
+    /// any: a search of the FIFO only once the earliest such expiry has come, which
+    /// records the next one when it finds none.
+    pub fn expired_in(&self, lists: &mut FlashLists, now: u32) -> Option<usize> {
+        let earliest = lists.earliest_expiry?;
+        if !crate::cache::past(earliest, now) {
+            return None;
+        }
+        let latest = |slot: u32| {
+            self.slots
+                .get(slot as usize)
+                .map_or(NEVER, |c| c.latest_expiry.load(Ordering::Relaxed))
+        };
+        // NEVER is never past.
+        let found = lists
+            .fifo
+            .iter()
+            .position(|&slot| crate::cache::past(latest(slot), now));
+        if found.is_none() {
+            lists.earliest_expiry = lists
+                .fifo
+                .iter()
+                .map(|&slot| latest(slot))
+                .filter(|&e| e != NEVER && e != 0)
+                .min();
+        }
+        found
     }
 
     /// Restart: the item count of a stored slot is `live` indexed items plus its dead.

@@ -39,7 +39,7 @@ use super::recover::{DropReason, Found, RestartReport};
 use super::saved::{Saved, SavedSegment};
 use super::{Cache, SegMeta};
 use crate::error::CacheError;
-use crate::flash::{Buffer, FlashRead, FlashTier, OwnedItem, RestoredSlot, NEVER};
+use crate::flash::{expiry_bound, Buffer, FlashRead, FlashTier, OwnedItem, RestoredSlot, NEVER};
 use crate::index::{Freq, Index, Location, Sweep};
 use crate::item::{ItemRef, ItemSpec, ItemState};
 use crate::mem::Pin;
@@ -341,10 +341,7 @@ impl Cache {
         let now = self.now();
         let victim = {
             let mut lists = f.lists.lock();
-            let expired = lists
-                .fifo
-                .iter()
-                .position(|&slot| f.expired_whole(slot, now));
+            let expired = f.expired_in(&mut lists, now);
             let dead_heavy = || {
                 lists.fifo.iter().take(DEAD_FIRST_WINDOW).position(|&slot| {
                     let (items, dead) = f.occupancy(slot);
@@ -452,10 +449,7 @@ impl Cache {
         };
         let mut evicted = 0;
         let now = self.now();
-        let expired = |f: &FlashTier| {
-            let lists = f.lists.lock();
-            lists.fifo.iter().any(|&slot| f.expired_whole(slot, now))
-        };
+        let expired = |f: &FlashTier| f.expired_in(&mut f.lists.lock(), now).is_some();
         while f.lists.lock().free.len() < FLASH_FREE_TARGET || expired(f) {
             if !self.evict_flash_one(true)? {
                 break;
@@ -647,10 +641,7 @@ pub(super) fn scan_flash(
                 dead += 1;
                 continue;
             }
-            latest_expiry = latest_expiry.max(match item.expires_at {
-                0 => NEVER,
-                at => at,
-            });
+            latest_expiry = latest_expiry.max(expiry_bound(item.expires_at));
             scan.found.push(Found {
                 hash: scan.index.hash_key(item.key),
                 loc: Location {
