@@ -24,7 +24,6 @@ pub struct FlashFile {
     size: u64,
     direct: bool,
     emulated: bool,
-    device: bool,
 }
 
 /// Whether `path` is a block device (a raw flash device rather than a file).
@@ -99,7 +98,6 @@ impl FlashFile {
                 size,
                 direct,
                 emulated: false,
-                device: true,
             });
         }
         crate::os::fallocate(file.as_fd(), 0, 0, size).map_err(|source| {
@@ -127,13 +125,7 @@ impl FlashFile {
             size,
             direct,
             emulated,
-            device: false,
         })
-    }
-
-    /// Whether this is a raw block device rather than a file.
-    pub fn is_device(&self) -> bool {
-        self.device
     }
 
     pub fn size(&self) -> u64 {
