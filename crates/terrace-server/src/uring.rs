@@ -798,9 +798,8 @@ impl<'s> Worker<'s> {
         .offset(offset)
         .build()
         .user_data(tag(place, 0, FLASH_READ));
-        // SAFETY: the buffer is the read's heap allocation, owned by the slab entry at
-        // `place`, which is neither touched nor freed until this completion is reaped
-        // (`flash_read_done`), or leaked at a stop that could not await it.
+        // SAFETY: the buffer is the slab entry's own allocation, untouched and kept until
+        // this completion is reaped (`flash_read_done`), or leaked by a stop that times out.
         unsafe { self.push(entry) };
     }
 
@@ -821,17 +820,16 @@ impl<'s> Worker<'s> {
         } else {
             Err(io::Error::from_raw_os_error(-result))
         };
-        if let Some(more) = shared.finish_flash_read(pool, read, result) {
-            if !self.stopped {
-                self.reads[place] = Some(PendingRead {
-                    slot,
-                    generation,
-                    pool,
-                    read: more,
-                });
-                self.push_read(place);
-                return;
-            }
+        // (Completions are reaped here only before a stop, which awaits its own.)
+        if let Some(read) = shared.finish_flash_read(pool, read, result) {
+            self.reads[place] = Some(PendingRead {
+                slot,
+                generation,
+                pool,
+                read,
+            });
+            self.push_read(place);
+            return;
         }
         self.free_reads.push(place);
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
