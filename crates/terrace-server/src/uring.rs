@@ -772,22 +772,19 @@ impl<'s> Worker<'s> {
                 self.reads.push(None);
                 self.reads.len() - 1
             });
-            self.reads[place] = Some(PendingRead {
+            let pending = PendingRead {
                 slot,
                 generation,
                 pool,
                 read,
-            });
-            self.push_read(place);
+            };
+            self.push_read(place, pending);
         }
     }
 
-    /// Submits the read at `place` of the slab.
-    fn push_read(&mut self, place: usize) {
-        let Some(pending) = self.reads[place].as_mut() else {
-            return;
-        };
-        let read = &mut pending.read;
+    /// Puts `pending` at `place` of the slab and submits its read.
+    fn push_read(&mut self, place: usize, pending: PendingRead) {
+        let read = &mut self.reads[place].insert(pending).read;
         let (fd, offset) = (read.fd(), read.file_offset());
         let buf = read.buffer();
         let entry = opcode::Read::new(
@@ -806,31 +803,21 @@ impl<'s> Worker<'s> {
     /// A flash read completed: the cache stages its item (or wants a longer read); the
     /// connection's request is handled once its last read is back.
     fn flash_read_done(&mut self, shared: &'s Shared, place: usize, result: i32) {
-        let Some(pending) = self.reads.get_mut(place).and_then(Option::take) else {
+        let Some(mut pending) = self.reads.get_mut(place).and_then(Option::take) else {
             return;
         };
-        let PendingRead {
-            slot,
-            generation,
-            pool,
-            read,
-        } = pending;
         let result = if result >= 0 {
             Ok(result as usize)
         } else {
             Err(io::Error::from_raw_os_error(-result))
         };
         // (Completions are reaped here only before a stop, which awaits its own.)
-        if let Some(read) = shared.finish_flash_read(pool, read, result) {
-            self.reads[place] = Some(PendingRead {
-                slot,
-                generation,
-                pool,
-                read,
-            });
-            self.push_read(place);
+        if let Some(more) = shared.finish_flash_read(pending.pool, pending.read, result) {
+            pending.read = more;
+            self.push_read(place, pending);
             return;
         }
+        let (slot, generation) = (pending.slot, pending.generation);
         self.free_reads.push(place);
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
