@@ -61,6 +61,7 @@ pub mod number;
 mod promote;
 mod recover;
 mod saved;
+mod sets;
 mod snapshot;
 
 pub use evict::Movers;
@@ -68,6 +69,7 @@ use evict::Queue;
 pub use flash::FlashFetch;
 pub use recover::{DropReason, RestartReport};
 pub use saved::saved_path;
+pub use sets::{FlashSetsConfig, DEFAULT_SET_ITEM_MAX};
 
 /// How to open a [`Cache`].
 #[derive(Clone, Debug)]
@@ -104,6 +106,9 @@ pub struct CacheConfig {
     /// reinsertions; `crate::write_budget`); what it refuses is dropped and counted.
     /// `None`: no cap beyond the device's speed.
     pub flash_write_rate: Option<u64>,
+    /// Small items on the flash tier in sets rather than indexed segments (about a byte
+    /// of DRAM per item instead of ten; `cache/sets.rs`). `None`: all in segments.
+    pub flash_sets: Option<FlashSetsConfig>,
 }
 
 impl CacheConfig {
@@ -145,6 +150,7 @@ impl CacheConfig {
             seed: 0x7e77ace,
             boot_id: None,
             flash_write_rate: None,
+            flash_sets: None,
         }
     }
 }
@@ -375,6 +381,14 @@ impl Expect {
     }
 }
 
+/// Whether a write kills the key's copy in a flash set (every write does, but a
+/// promotion of that copy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SetCopy {
+    Kill,
+    Keep,
+}
+
 /// Whether a lookup is a client's read, which records a hit (and may start a
 /// promotion), or the engine's own look at the current item, which must not steer
 /// eviction.
@@ -420,11 +434,13 @@ thread_local! {
 /// A flash tier (`flash_segments`) counts with its free reserve and reinsertion buffer
 /// out and only [`FLASH_LIVE_SHARE`] of the rest: flash is never cleaned, so its FIFO
 /// holds dead items until their segments go, and its index entries are most of the
-/// DRAM a flash item costs.
+/// DRAM a flash item costs. The flash tier's sets (`unindexed_segments`, in segments'
+/// worth of bytes) hold items without entries.
 fn index_items(
     expected: usize,
     areas: &[(SegmentArea, bool, u32)],
     flash_segments: Option<u32>,
+    unindexed_segments: u64,
     stripes: usize,
 ) -> usize {
     let memory: u64 = areas.iter().map(|(a, _, _)| u64::from(a.count())).sum();
@@ -437,7 +453,7 @@ fn index_items(
     let flash_usable =
         flash.saturating_sub(flash::FLASH_FREE_TARGET as u64 + 1) as f64 * FLASH_LIVE_SHARE;
     let usable = memory.saturating_sub(reserved).max(1) as f64 + flash_usable;
-    let share = usable / (memory + flash).max(1) as f64;
+    let share = usable / (memory + flash + unindexed_segments).max(1) as f64;
     ((expected as f64 * share).ceil() as usize).max(1)
 }
 
@@ -587,6 +603,8 @@ pub struct Cache {
     promote: bool,
     /// Promotions asked for and not yet done (`cache/promote.rs`).
     promotions: Mutex<Vec<(u64, Location)>>,
+    /// Small items in the flash tier's sets ([`CacheConfig::flash_sets`]).
+    sets_config: Option<FlashSetsConfig>,
     counters: EngineCounters,
 }
 
@@ -652,8 +670,30 @@ impl Cache {
                 why: "a flash tier needs a memory tier above it",
             });
         }
-        if let Some((_, bytes)) = &flash_config {
-            let segments = u32::try_from(bytes >> shift).unwrap_or(u32::MAX);
+        let sets_config = config.flash_sets.filter(|_| flash_config.is_some());
+        if let Some(c) = sets_config {
+            if !(0.05..=0.95).contains(&c.share) {
+                return Err(CacheError::Config {
+                    why: "the flash sets' share must be between 0.05 and 0.95",
+                });
+            }
+            if !(16..=crate::flash::SET_PAGE / 4).contains(&c.max_item) {
+                return Err(CacheError::Config {
+                    why: "the largest set item must be between 16 B and a quarter page",
+                });
+            }
+        }
+        // The flash tier's bytes: its segments, then its sets' pages.
+        let flash_set_bytes = flash_config.as_ref().map_or(0, |(_, bytes)| {
+            sets_config.map_or(0, |c| {
+                (*bytes as f64 * c.share) as u64 / crate::flash::SET_PAGE as u64
+                    * crate::flash::SET_PAGE as u64
+            })
+        });
+        let flash_segments = flash_config.as_ref().map(|(_, bytes)| {
+            u32::try_from((bytes - flash_set_bytes) >> shift).unwrap_or(u32::MAX)
+        });
+        if let Some(segments) = flash_segments {
             if segments < MIN_TIER_SEGMENTS {
                 return Err(CacheError::TierTooSmall {
                     tier: sizes.len(),
@@ -720,8 +760,8 @@ impl Cache {
             }
         }
         let flash_base = base as u32;
-        if let Some((_, bytes)) = &flash_config {
-            base += bytes >> shift;
+        if let Some(segments) = flash_segments {
+            base += u64::from(segments);
             if base > u64::from(u32::MAX) {
                 return Err(CacheError::Config {
                     why: "more than 2^32 segments",
@@ -742,9 +782,6 @@ impl Cache {
             config.stripes
         }
         .min((areas[0].0.count() / 4).max(1) as usize);
-        let flash_segments = flash_config
-            .as_ref()
-            .map(|(_, bytes)| u32::try_from(bytes >> shift).unwrap_or(u32::MAX));
         let mut index = Index::new(&IndexConfig {
             seed: config.seed,
             load: if flash_segments.is_some() {
@@ -753,7 +790,13 @@ impl Cache {
                 crate::index::DEFAULT_LOAD
             },
             ..IndexConfig::new(
-                index_items(expected_items, &areas, flash_segments, stripes),
+                index_items(
+                    expected_items,
+                    &areas,
+                    flash_segments,
+                    flash_set_bytes >> shift,
+                    stripes,
+                ),
                 total_segments,
                 shift,
             )
@@ -852,13 +895,26 @@ impl Cache {
         }
         let flash = match &flash_config {
             Some(((dir, path), bytes)) => {
+                let segments = flash_segments.unwrap_or(0);
+                let small_log =
+                    (bytes * sets::SMALL_LOG_SHARE.0 / sets::SMALL_LOG_SHARE.1) >> shift;
+                let shape = crate::flash::FlashShape {
+                    segments,
+                    sets: crate::flash::SetGeometry::new(
+                        flash_set_bytes / crate::flash::SET_PAGE as u64,
+                        index.bucket_count(),
+                    ),
+                    small_log_segments: (small_log as usize)
+                        .max(2)
+                        .min((segments as usize).saturating_sub(flash::FLASH_FREE_TARGET + 2)),
+                };
                 let (f, existing) = FlashTier::open(
                     FlashAt {
                         dir,
                         path: path.as_deref(),
                         tier: tiers.len(),
                     },
-                    *bytes,
+                    shape,
                     shift,
                     flash_base,
                     config.limits,
@@ -876,6 +932,8 @@ impl Cache {
                         now,
                     };
                     flash::scan_flash(&f, scan, untrusted)?;
+                    let records: Vec<_> = f.kills()?.into_iter().collect();
+                    f.rebuild_sets(&records, |k| index.hash_key(k), untrusted)?;
                 }
                 Some(f)
             }
@@ -919,6 +977,7 @@ impl Cache {
             clock_offset: AtomicI64::new(0),
             promote: config.promote,
             promotions: Mutex::new(Vec::new()),
+            sets_config,
             counters: EngineCounters::default(),
         };
         if let Some(saved) = &saved {
@@ -1124,14 +1183,65 @@ impl Cache {
                     read_before: hit.reads() > 0,
                 });
             }
-            return None;
+            return self.lookup_set(key, hash, now, access);
         }
         None
     }
 
+    /// A lookup that missed the index: the key's copy in its flash set, if any; a client's
+    /// read promotes it into the first tier (leaving the set copy, of the same version).
+    fn lookup_set(&self, key: &[u8], hash: u64, now: u32, access: Access) -> Option<Guard<'_>> {
+        self.sets_config?;
+        let (set, copy) = self.set_item(key, hash, now)?;
+        let i = copy.item();
+        let (client_flags, cas, expires_at, end) = (
+            i.client_flags,
+            i.origin_cas.unwrap_or(0),
+            i.expires_at,
+            i.end(),
+        );
+        if access == Access::Read {
+            if let Some(f) = &self.flash {
+                f.sets()
+                    .map(|s| s.counters.hits.fetch_add(1, Ordering::Relaxed));
+            }
+            let promoted = self.write_inner(
+                key,
+                &[i.value],
+                client_flags,
+                expires_at,
+                Some(cas),
+                Expect::Absent,
+                SetCopy::Keep,
+            );
+            if promoted.is_err() {
+                self.counters.persist_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Some(Guard {
+            held: Held::Copy(copy),
+            segment: sets::SET_SEGMENT,
+            offset: set,
+            end,
+            client_flags,
+            cas,
+            tier: self.tiers.len(),
+            expires_at,
+            read_before: true,
+        })
+    }
+
     /// The key's live, unexpired item, under its bucket lock; also any expired or other
-    /// entry of the key (to be replaced).
+    /// entry of the key (to be replaced); without an entry, its copy in a flash set.
     fn find_locked(&self, guard: &BucketGuard<'_>, key: &[u8], now: u32) -> FoundEntry {
+        match self.find_indexed(guard, key, now) {
+            FoundEntry::None => self.set_entry(key, now),
+            found => found,
+        }
+    }
+
+    /// [`find_locked`](Self::find_locked) among the index's entries only.
+    fn find_indexed(&self, guard: &BucketGuard<'_>, key: &[u8], now: u32) -> FoundEntry {
         for loc in guard.candidates() {
             let Some((_, held)) = self.hold(loc) else {
                 if self.flash_slot(loc.segment).is_some() {
@@ -1440,6 +1550,7 @@ impl Cache {
             FoundEntry::None => return Ok(Checked::NotFound),
         };
         self.unlink(&mut g, loc)?;
+        self.kill_set_copy(hash)?;
         drop(g);
         if !was_live {
             return Ok(Checked::NotFound);
@@ -1457,6 +1568,11 @@ impl Cache {
             }
             crate::index::Sweep::Remove
         });
+        if let Some(f) = &self.flash {
+            if f.drop_sets().is_err() {
+                self.counters.persist_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The write path (commit protocol steps 1–5): append a PENDING item to tier 0,
@@ -1483,6 +1599,30 @@ impl Cache {
         expires_at: u32,
         origin_cas: Option<u64>,
         expect: Expect,
+    ) -> Result<Store, CacheError> {
+        self.write_inner(
+            key,
+            value,
+            client_flags,
+            expires_at,
+            origin_cas,
+            expect,
+            SetCopy::Kill,
+        )
+    }
+
+    /// [`write_as`](Self::write_as), which kills the key's copy in a flash set unless
+    /// `set_copy` keeps it (a promotion out of the set: the same version).
+    #[allow(clippy::too_many_arguments)]
+    fn write_inner(
+        &self,
+        key: &[u8],
+        value: &[&[u8]],
+        client_flags: u32,
+        expires_at: u32,
+        origin_cas: Option<u64>,
+        expect: Expect,
+        set_copy: SetCopy,
     ) -> Result<Store, CacheError> {
         let value_len: usize = value.iter().map(|v| v.len()).sum();
         self.limits.check(key.len(), value_len)?;
@@ -1514,12 +1654,17 @@ impl Cache {
             if let FoundEntry::Live(Current { loc, .. }) | FoundEntry::Stale(loc) = found {
                 self.unlink(&mut g, loc)?;
             }
+            self.kill_set_copy(hash)?;
             return Ok(Store::Stored { cas: 0 });
         }
         loop {
             let (pin, new) = self.append_new(&spec, key, value, expires_at, now)?;
             let mut g = self.index.lock(hash);
-            let found = self.find_locked(&g, key, now);
+            // A promotion out of a set looks past the copy it promotes.
+            let found = match set_copy {
+                SetCopy::Kill => self.find_locked(&g, key, now),
+                SetCopy::Keep => self.find_indexed(&g, key, now),
+            };
             if !expect.met_by(found) {
                 self.kill(&pin, new)?;
                 return Ok(Store::NotStored);
@@ -1529,11 +1674,14 @@ impl Cache {
                 self.kill(&pin, new)?;
                 continue;
             }
+            // A copy in a flash set has no entry to repoint: the new item is inserted,
+            // and the set copy killed below.
             let old = match found {
                 FoundEntry::Live(cur) => Some(cur.loc),
                 FoundEntry::Stale(loc) => Some(loc),
                 FoundEntry::None => None,
-            };
+            }
+            .filter(|l| l.segment != sets::SET_SEGMENT);
             // E4: LIVE, then publish, then kill the old item — so that a current entry
             // never points at a DEAD item and readers never see a hole. A crash between
             // the two flips leaves two LIVE items of the key, which the restart scan
@@ -1553,6 +1701,9 @@ impl Cache {
             };
             if let Some(old) = old {
                 self.kill_at(old)?;
+            }
+            if set_copy == SetCopy::Kill {
+                self.kill_set_copy(hash)?;
             }
             if !published {
                 self.kill(&pin, new)?;

@@ -38,11 +38,15 @@
 //! Lock order (with `docs/concurrency.md`): a buffer set (`demote`, `reinsert`) before a
 //! slot's state, before a buffer's bytes, before the kill log; `lists` alone.
 
+mod sets;
+
+pub(crate) use sets::{kill_hash, SetGeometry, SetStore, PAGE as SET_PAGE};
+
 use std::collections::{HashSet, VecDeque};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -89,6 +93,22 @@ pub(crate) struct RestoredSlot {
     pub dead: u32,
     /// See [`SlotCell::latest_expiry`].
     pub latest_expiry: u32,
+    /// A segment of the small-item log (see [`SMALL_LOG_BUCKET`]).
+    pub small: bool,
+}
+
+/// The `ttl_bucket` of a flash segment's header that marks a segment of the small-item
+/// log: its items move into sets when it is evicted (`cache/sets.rs`).
+pub(crate) const SMALL_LOG_BUCKET: u16 = 1;
+
+/// How a flash tier's file is cut: `segments` segment slots, then one page per set of
+/// `sets` (none without sets); the small-item log may hold `small_log_segments` of the
+/// slots.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FlashShape {
+    pub segments: u32,
+    pub sets: Option<SetGeometry>,
+    pub small_log_segments: usize,
 }
 
 /// Where a flash tier lives: its file (`path`, else `flash<tier>.terrace` in `dir`) and
@@ -104,6 +124,8 @@ pub(crate) struct FlashAt<'a> {
 pub(crate) struct Buffer {
     pub slot: u32,
     pub write_seq: u64,
+    /// Of the small-item log.
+    pub small: bool,
     data: RwLock<BufferData>,
     /// Copies appended and not yet made LIVE or DEAD.
     pending: AtomicU32,
@@ -149,6 +171,8 @@ struct SlotCell {
     /// never expires, or it is not known): once past, every item in it has expired and
     /// the segment is freed first, without reinserting anything.
     latest_expiry: AtomicU32,
+    /// The segment there is of the small-item log.
+    small: AtomicBool,
 }
 
 /// [`SlotCell::latest_expiry`] of a segment that may hold an item that never expires.
@@ -313,6 +337,7 @@ impl std::fmt::Debug for FlashRead {
 }
 
 /// A copy of one item read from flash (or from a buffer).
+#[derive(Clone)]
 pub struct OwnedItem {
     bytes: Vec<u8>,
     offset: u32,
@@ -381,6 +406,8 @@ pub(crate) struct FlashCounters {
 pub(crate) struct FlashLists {
     pub free: Vec<u32>,
     pub fifo: VecDeque<u32>,
+    /// Stored segments of the small-item log, oldest first.
+    pub small_fifo: VecDeque<u32>,
     /// No stored segment has all its items expire before this (`None`: none ever
     /// does), so that looking for one ([`FlashTier::expired_in`]) costs nothing until
     /// then. Lowered as segments are stored, raised by the search that finds none.
@@ -421,9 +448,15 @@ pub(crate) struct FlashTier {
     pub tier: usize,
     slots: Box<[SlotCell]>,
     pub lists: Mutex<FlashLists>,
-    /// The open buffer of demotions from the tier above, and of reinsertions.
+    /// The open buffer of demotions from the tier above, of reinsertions, and of the
+    /// small-item log (with sets only).
     pub demote: Mutex<Option<Arc<Buffer>>>,
     pub reinsert: Mutex<Option<Arc<Buffer>>>,
+    pub small: Mutex<Option<Arc<Buffer>>>,
+    /// Small items on flash without index entries, after the segment slots.
+    sets: Option<SetStore>,
+    /// Stored segments the small-item log may hold before its oldest moves into sets.
+    pub small_log_cap: usize,
     pub counters: FlashCounters,
     /// The counters every tier has (hits, evictions, demotions in, reinsertions).
     pub stats: crate::tier::TierCounters,
@@ -476,12 +509,13 @@ fn io_error(op: &'static str, path: &Path, source: std::io::Error) -> MediaError
 }
 
 impl FlashTier {
-    /// Opens (or creates) the flash file of tier `tier` in `dir`: `bytes` rounded down to
-    /// whole segments of `2^shift` bytes. An existing file of another size is an error.
-    /// Returns the tier and whether the file existed (to be scanned).
+    /// Opens (or creates) the flash file of tier `tier` in `dir`: whole segments of
+    /// `2^shift` bytes, then the pages of `shape.sets` if any. An existing file of
+    /// another size is an error. Returns the tier and whether the file existed (to be
+    /// scanned).
     pub fn open(
         at: FlashAt<'_>,
-        bytes: u64,
+        shape: FlashShape,
         shift: u8,
         base: u32,
         limits: ItemLimits,
@@ -490,10 +524,12 @@ impl FlashTier {
         if !dir.is_dir() {
             return Err(CacheError::TierDir { dir: dir.into() });
         }
-        let count = u32::try_from(bytes >> shift).map_err(|_| CacheError::Config {
-            why: "more than 2^32 segments in a tier",
-        })?;
-        let size = u64::from(count) << shift;
+        let count = shape.segments;
+        let set_base = u64::from(count) << shift;
+        let size = set_base
+            + shape
+                .sets
+                .map_or(0, |g| u64::from(g.sets) * SET_PAGE as u64);
         let path = path.map_or_else(|| flash_path(dir, tier), Path::to_path_buf);
         // A block device always holds something: its slot headers say what (a device
         // never written by the tier has none that validate).
@@ -546,15 +582,20 @@ impl FlashTier {
                     dead: AtomicU32::new(0),
                     stored_seq: AtomicU64::new(0),
                     latest_expiry: AtomicU32::new(NEVER),
+                    small: AtomicBool::new(false),
                 })
                 .collect(),
             lists: Mutex::new(FlashLists {
                 earliest_expiry: None,
                 free: (0..count).rev().collect(),
                 fifo: VecDeque::new(),
+                small_fifo: VecDeque::new(),
             }),
             demote: Mutex::new(None),
             reinsert: Mutex::new(None),
+            small: Mutex::new(None),
+            sets: shape.sets.map(|g| SetStore::new(g, set_base)),
+            small_log_cap: shape.small_log_segments,
             counters: FlashCounters::default(),
             stats: crate::tier::TierCounters::default(),
             limits,
@@ -650,9 +691,11 @@ impl FlashTier {
     pub fn open_buffer(&self, header: SegmentHeader) -> Result<Arc<Buffer>, CacheError> {
         let mut bytes = AlignedBuf::new(self.seg_size())?;
         let cursor = SegmentWriter::create(&mut bytes[..], header, self.limits)?.cursor();
+        let small = header.ttl_bucket == SMALL_LOG_BUCKET;
         let buf = Arc::new(Buffer {
             slot: header.slot,
             write_seq: header.write_seq,
+            small,
             data: RwLock::new(BufferData {
                 bytes,
                 cursor: Some(cursor),
@@ -666,6 +709,7 @@ impl FlashTier {
         cell.items.store(0, Ordering::Relaxed);
         cell.dead.store(0, Ordering::Relaxed);
         cell.latest_expiry.store(0, Ordering::Relaxed);
+        cell.small.store(small, Ordering::Relaxed);
         cell.generation.fetch_add(1, Ordering::AcqRel);
         *state = Slot::Open(Arc::clone(&buf));
         Ok(buf)
@@ -762,7 +806,12 @@ impl FlashTier {
                 cell.stored_seq.store(buf.write_seq, Ordering::Release);
                 *cell.state.lock() = Slot::Stored { end };
                 let latest = cell.latest_expiry.load(Ordering::Relaxed);
-                self.lists.lock().push_stored(buf.slot, latest);
+                let mut lists = self.lists.lock();
+                if buf.small {
+                    lists.small_fifo.push_back(buf.slot);
+                } else {
+                    lists.push_stored(buf.slot, latest);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -830,6 +879,7 @@ impl FlashTier {
         let data = Arc::new(Buffer {
             slot,
             write_seq,
+            small: cell.small.load(Ordering::Relaxed),
             data: RwLock::new(BufferData {
                 bytes,
                 cursor: None,
@@ -1097,7 +1147,7 @@ impl FlashTier {
         };
         let mut kept: Vec<[u8; KILL_RECORD]> = records
             .into_iter()
-            .filter(|&(slot, _, seq)| self.holds_incarnation(slot, seq))
+            .filter(|&(slot, offset, seq)| self.holds_incarnation(slot, offset, seq))
             .map(|(slot, offset, seq)| encode_record(slot, offset, seq))
             .collect();
         let mut log = self.kill_log.lock();
@@ -1130,7 +1180,10 @@ impl FlashTier {
         Ok(())
     }
 
-    fn holds_incarnation(&self, slot: u32, seq: u64) -> bool {
+    fn holds_incarnation(&self, slot: u32, offset: u32, seq: u64) -> bool {
+        if slot == sets::SET_KILL_SLOT {
+            return sets::set_record_current(self.sets.as_ref(), offset, seq);
+        }
         let Some(cell) = self.slots.get(slot as usize) else {
             return false;
         };
@@ -1214,16 +1267,22 @@ impl FlashTier {
             items,
             dead,
             latest_expiry,
+            small,
         } = stored;
         let cell = &self.slots[slot as usize];
         *cell.state.lock() = Slot::Stored { end };
+        cell.small.store(small, Ordering::Relaxed);
         cell.latest_expiry.store(latest_expiry, Ordering::Relaxed);
         cell.stored_seq.store(write_seq, Ordering::Release);
         cell.items.store(items, Ordering::Relaxed);
         cell.dead.store(dead, Ordering::Relaxed);
         let mut lists = self.lists.lock();
         lists.free.retain(|&s| s != slot);
-        lists.push_stored(slot, latest_expiry);
+        if small {
+            lists.small_fifo.push_back(slot);
+        } else {
+            lists.push_stored(slot, latest_expiry);
+        }
     }
 
     /// The FIFO position of a stored segment whose items have all expired by `now`, if
@@ -1342,13 +1401,38 @@ impl FlashTier {
             refused_no_room: l(&c.refused_no_room),
             refused_budget: l(&c.refused_budget),
             write_rate: self.budget.as_ref().map(WriteBudget::rate),
+            sets: self.sets.as_ref().map(|s| {
+                let c = &s.counters;
+                crate::tier::SetStats {
+                    sets: u64::from(s.geometry.sets),
+                    items: s.items(),
+                    memory_bytes: s.memory_bytes() as u64,
+                    log_segments: self.lists.lock().small_fifo.len() as u64,
+                    log_cap: self.small_log_cap as u64,
+                    pages_written: l(&c.pages_written),
+                    page_reads: l(&c.page_reads),
+                    page_misses: l(&c.page_misses),
+                    hits: l(&c.hits),
+                    items_moved: l(&c.items_moved),
+                    below_threshold: l(&c.below_threshold),
+                    items_trimmed: l(&c.items_trimmed),
+                    kills: l(&c.kills),
+                }
+            }),
         }
     }
 
-    /// Free and stored segment counts.
+    /// Free and stored segment counts (the small-item log's included).
     pub fn segment_counts(&self) -> (usize, usize) {
         let l = self.lists.lock();
-        (l.free.len(), l.fifo.len())
+        (l.free.len(), l.fifo.len() + l.small_fifo.len())
+    }
+
+    /// Whether `slot` holds a segment of the small-item log.
+    pub fn is_small_log(&self, slot: u32) -> bool {
+        self.slots
+            .get(slot as usize)
+            .is_some_and(|c| c.small.load(Ordering::Relaxed))
     }
 }
 
@@ -1369,7 +1453,18 @@ mod tests {
             path: None,
             tier: 1,
         };
-        let (f, existing) = FlashTier::open(at, 8 << 15, 15, 100, limits).unwrap();
+        let (f, existing) = FlashTier::open(
+            at,
+            FlashShape {
+                segments: 8,
+                sets: None,
+                small_log_segments: 0,
+            },
+            15,
+            100,
+            limits,
+        )
+        .unwrap();
         (dir, f, existing)
     }
 

@@ -336,6 +336,20 @@ impl Index {
         })
     }
 
+    /// The occupied entries of bucket `bucket`, with their tags (the search for the index
+    /// entries of one flash set's items, `cache/sets.rs`). Loaded without the lock: the
+    /// caller checks each against its item under the key's lock.
+    pub fn bucket_entries(&self, bucket: usize) -> Vec<(Location, u64)> {
+        let layout = self.layout;
+        self.buckets().get(bucket).map_or_else(Vec::new, |b| {
+            b.iter()
+                .map(|s| s.load(Ordering::Acquire))
+                .filter(|&e| layout.tag_of_entry(e) != 0)
+                .map(|e| (layout.location(e), layout.tag_of_entry(e)))
+                .collect()
+        })
+    }
+
     /// Whether bucket `bucket` has a free slot.
     pub fn bucket_has_room(&self, bucket: usize) -> bool {
         self.free_slot(bucket).is_some()

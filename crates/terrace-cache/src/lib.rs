@@ -131,8 +131,8 @@ pub mod tier;
 mod write_budget;
 
 pub use cache::{
-    Cache, CacheConfig, Checked, Delta, FlashFetch, Guard, Movers, RestartReport, Side, Stats,
-    Store,
+    Cache, CacheConfig, Checked, Delta, FlashFetch, FlashSetsConfig, Guard, Movers, RestartReport,
+    Side, Stats, Store, DEFAULT_SET_ITEM_MAX,
 };
 pub use error::{CacheError, EncodeError, HeaderError, IndexError, ItemError};
 pub use flash::FlashRead;
@@ -141,4 +141,4 @@ pub use item::{ItemLimits, ItemRef, ItemSpec, ItemState};
 pub use pools::{PoolConfig, PoolQuota, Pools};
 pub use seglog::{LogConfig, LogError, LogScanReport, SegmentLog};
 pub use segment::{ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
-pub use tier::{FlashStats, Medium, TierConfig, TierSize, TierStats};
+pub use tier::{FlashStats, Medium, SetStats, TierConfig, TierSize, TierStats};

@@ -315,6 +315,50 @@ pub struct FlashStats {
     pub refused_budget: u64,
     /// The write budget, bytes per second (`None`: none).
     pub write_rate: Option<u64>,
+    /// The small items in sets (`None`: the tier has none).
+    pub sets: Option<SetStats>,
+}
+
+/// The flash tier's sets (`cache/sets.rs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SetStats {
+    /// Sets (one 4 KiB page each) and the items their pages held when last written.
+    pub sets: u64,
+    pub items: u64,
+    /// DRAM of the sets' filters, generations and counts.
+    pub memory_bytes: u64,
+    /// Segments of the small-item log on flash, and the most it may hold.
+    pub log_segments: u64,
+    pub log_cap: u64,
+    pub pages_written: u64,
+    pub page_reads: u64,
+    /// Page reads that found nothing for their key (filter false positives, kills).
+    pub page_misses: u64,
+    pub hits: u64,
+    /// Log items moved into sets; items below the move threshold (dropped, or
+    /// reinserted into the log with a hit); older items a full page let go.
+    pub items_moved: u64,
+    pub below_threshold: u64,
+    pub items_trimmed: u64,
+    pub kills: u64,
+}
+
+impl SetStats {
+    fn add(&mut self, o: &SetStats) {
+        self.sets += o.sets;
+        self.items += o.items;
+        self.memory_bytes += o.memory_bytes;
+        self.log_segments += o.log_segments;
+        self.log_cap += o.log_cap;
+        self.pages_written += o.pages_written;
+        self.page_reads += o.page_reads;
+        self.page_misses += o.page_misses;
+        self.hits += o.hits;
+        self.items_moved += o.items_moved;
+        self.below_threshold += o.below_threshold;
+        self.items_trimmed += o.items_trimmed;
+        self.kills += o.kills;
+    }
 }
 
 impl FlashStats {
@@ -338,6 +382,11 @@ impl FlashStats {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),
         };
+        match (&mut self.sets, &o.sets) {
+            (Some(a), Some(b)) => a.add(b),
+            (a @ None, Some(b)) => *a = Some(b.clone()),
+            _ => {}
+        }
     }
 }
 

@@ -39,7 +39,9 @@ use super::recover::{DropReason, Found, RestartReport};
 use super::saved::{Saved, SavedSegment};
 use super::{Cache, SegMeta};
 use crate::error::CacheError;
-use crate::flash::{expiry_bound, Buffer, FlashRead, FlashTier, OwnedItem, RestoredSlot, NEVER};
+use crate::flash::{
+    expiry_bound, Buffer, FlashRead, FlashTier, OwnedItem, RestoredSlot, NEVER, SMALL_LOG_BUCKET,
+};
 use crate::index::{Freq, Index, Location, Sweep};
 use crate::item::{ItemRef, ItemSpec, ItemState};
 use crate::mem::Pin;
@@ -169,6 +171,10 @@ impl Cache {
     /// Kills the item at `loc`, whose entry the caller removed or repointed, wherever it
     /// is: DEAD in place in memory, a kill record on flash.
     pub(super) fn kill_at(&self, loc: Location) -> Result<(), CacheError> {
+        if loc.segment == super::sets::SET_SEGMENT {
+            // A set copy: killed by its key's hash (`Cache::kill_set_copy`).
+            return Ok(());
+        }
         if let Some((f, slot)) = self.flash_slot(loc.segment) {
             f.kill(slot, loc.offset)?;
             return Ok(());
@@ -229,7 +235,25 @@ impl Cache {
         if !f.admit(spec.encoded_len()) {
             return Ok(None);
         }
-        let set = if reinsertion { &f.reinsert } else { &f.demote };
+        // Small items go to the small-item log (with sets), whose oldest segment moves
+        // into the sets once the log is full: done before its buffer is locked, since
+        // the move may reinsert into it.
+        let small = self.goes_to_sets(spec.encoded_len());
+        if small && !reinsertion {
+            while f.lists.lock().small_fifo.len() >= f.small_log_cap {
+                if !self.evict_small_one()? {
+                    break;
+                }
+            }
+        }
+        // Reinsertions of small items go with the large ones: the reinsertion buffer is
+        // the one buffer never held across an eviction (which may move small-log items
+        // and reinsert them), so no eviction waits on a buffer its own thread holds.
+        let set = match (small, reinsertion) {
+            (_, true) => &f.reinsert,
+            (true, false) => &f.small,
+            (false, false) => &f.demote,
+        };
         let mut open = set.lock();
         for _ in 0..2 {
             if let Some(buf) = open.as_ref() {
@@ -247,8 +271,14 @@ impl Cache {
             let Some(slot) = self.flash_slot_for_buffer(reinsertion)? else {
                 break;
             };
-            // Segments expire never: the items carry their own expiry.
-            let header = self.next_header(f.tier, slot, 0, 0, now)?;
+            // Segments expire never: the items carry their own expiry. The TTL bucket
+            // field marks the small-item log.
+            let bucket = if small && !reinsertion {
+                SMALL_LOG_BUCKET
+            } else {
+                0
+            };
+            let header = self.next_header(f.tier, slot, 0, bucket, now)?;
             let m = &self.meta[(f.base + slot) as usize];
             m.write_seq.store(header.write_seq, Ordering::Release);
             m.expires_at.store(0, Ordering::Release);
@@ -352,20 +382,58 @@ impl Cache {
                 Some(at) => lists.fifo.remove(at),
                 None => lists.fifo.pop_front(),
             }
+            .map(|slot| (slot, false))
+            // Flash all small-item log: its oldest goes.
+            .or_else(|| lists.small_fifo.pop_front().map(|slot| (slot, true)))
         };
-        let Some(slot) = victim else {
+        let Some((slot, small)) = victim else {
             return Ok(false);
         };
+        self.evict_flash_slot(slot, small, reinsert)
+    }
+
+    /// Evicts the oldest segment of the small-item log into the sets; whether there was
+    /// one.
+    fn evict_small_one(&self) -> Result<bool, CacheError> {
+        let Some(f) = &self.flash else {
+            return Ok(false);
+        };
+        let Some(slot) = f.lists.lock().small_fifo.pop_front() else {
+            return Ok(false);
+        };
+        self.evict_flash_slot(slot, true, true)
+    }
+
+    /// Evicts the stored segment of `slot`, taken off its queue (`small`: the small-item
+    /// log's): reads it back, retires it, then moves its items into sets (a small-log
+    /// segment) or reinserts those with hits (if `reinsert`) and drops the rest.
+    fn evict_flash_slot(&self, slot: u32, small: bool, reinsert: bool) -> Result<bool, CacheError> {
+        let Some(f) = &self.flash else {
+            return Ok(false);
+        };
+        let now = self.now();
         let id = f.base + slot;
         let data = match f.begin_evict(slot) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(true),
             Err(e) => {
                 // Not retired: its items may still be read from flash; it is put back.
-                f.lists.lock().fifo.push_front(slot);
+                let mut lists = f.lists.lock();
+                if small {
+                    lists.small_fifo.push_front(slot);
+                } else {
+                    lists.fifo.push_front(slot);
+                }
                 return Err(e.into());
             }
         };
+        if small {
+            self.move_into_sets(id, &data, reinsert)?;
+            self.sweep_unwalked(id, &data);
+            f.stats.segments_evicted.fetch_add(1, Ordering::Relaxed);
+            f.free(slot);
+            return Ok(true);
+        }
         let counters = &f.stats;
         let mut budget = if reinsert {
             ((1usize << self.shift) - HEADER_LEN) / FLASH_REINSERT_BUDGET.1
@@ -427,18 +495,40 @@ impl Cache {
             }
         }
         if !whole {
-            // Unreadable or damaged: the walk could not see every entry into it (E1).
-            self.index.sweep(0..self.index.bucket_count(), |l, _| {
-                if l.segment == id {
-                    Sweep::Remove
-                } else {
-                    Sweep::Keep
-                }
-            });
+            self.sweep_segment(id);
         }
         counters.segments_evicted.fetch_add(1, Ordering::Relaxed);
         f.free(slot);
         Ok(true)
+    }
+
+    /// Removes every entry into segment `id` if its bytes (`data`) do not walk whole to
+    /// their committed end.
+    fn sweep_unwalked(&self, id: u32, data: &Buffer) {
+        let whole = data.with_bytes(|bytes| {
+            SegmentReader::open(bytes).is_ok_and(|reader| {
+                let walked = reader
+                    .items()
+                    .last()
+                    .map_or(HEADER_LEN as u64, |i| u64::from(i.end()));
+                walked >= reader.committed_end()
+            })
+        });
+        if !whole {
+            self.sweep_segment(id);
+        }
+    }
+
+    /// Removes every entry into segment `id`: unreadable or damaged, the walk of its
+    /// eviction could not see every entry into it (E1).
+    fn sweep_segment(&self, id: u32) {
+        self.index.sweep(0..self.index.bucket_count(), |l, _| {
+            if l.segment == id {
+                Sweep::Remove
+            } else {
+                Sweep::Keep
+            }
+        });
     }
 
     /// The movers' flash work: free the segments whose items have all expired, and keep
@@ -466,7 +556,7 @@ impl Cache {
         let Some(f) = &self.flash else {
             return;
         };
-        for set in [&f.demote, &f.reinsert] {
+        for set in [&f.demote, &f.reinsert, &f.small] {
             let buf = set.lock().take();
             if let Some(buf) = buf {
                 self.write_flash_buffer(&buf);
@@ -487,7 +577,7 @@ impl Cache {
             segments: f.count,
             free_segments: free,
             sealed_segments: stored,
-            items,
+            items: items + f.sets().map_or(0, |s| s.items()),
             live_bytes,
             dead_bytes,
             hits: l(&c.hits),
@@ -608,6 +698,7 @@ pub(super) fn scan_flash(
                     items: 0,
                     dead: dead_bytes,
                     latest_expiry: NEVER,
+                    small: header.ttl_bucket == SMALL_LOG_BUCKET,
                 },
                 slot,
             ));
@@ -660,6 +751,7 @@ pub(super) fn scan_flash(
                 items,
                 dead,
                 latest_expiry,
+                small: header.ttl_bucket == SMALL_LOG_BUCKET,
             },
             slot,
         ));
