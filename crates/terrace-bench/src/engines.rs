@@ -84,6 +84,7 @@ pub struct TerraceOptions<'a> {
     pub dir: Option<PathBuf>,
     pub max_value: u64,
     pub promote: bool,
+    pub flash_sets: Option<terrace_cache::FlashSetsConfig>,
     pub expected_items: usize,
     pub mover_interval: Duration,
     pub segment_size: Option<u64>,
@@ -134,6 +135,7 @@ impl Terrace {
         }
         config.limits = limits;
         config.promote = o.promote;
+        config.flash_sets = o.flash_sets;
         let (cache, _report) =
             Cache::open(config.clone()).context("cannot open the Terrace cache")?;
         let cache = Arc::new(cache);
@@ -210,6 +212,7 @@ impl Engine for Terrace {
                 "refused_budget": f.refused_budget,
                 "write_errors": f.write_errors,
                 "read_errors": f.read_errors,
+                "sets": f.sets.as_ref().map(set_stats_json),
             })),
         })
     }
@@ -452,4 +455,22 @@ impl Engine for Foyer {
     fn extra(&self) -> Value {
         json!({ "policy": self.policy.name(), "usage_bytes": self.cache.usage(), "shards": self.cache.shards() })
     }
+}
+
+/// The flash tier's sets in a run's JSON.
+fn set_stats_json(s: &terrace_cache::SetStats) -> Value {
+    json!({
+        "sets": s.sets,
+        "items": s.items,
+        "memory_bytes": s.memory_bytes,
+        "log_segments": s.log_segments,
+        "pages_written": s.pages_written,
+        "page_reads": s.page_reads,
+        "page_misses": s.page_misses,
+        "hits": s.hits,
+        "items_moved": s.items_moved,
+        "below_threshold": s.below_threshold,
+        "items_trimmed": s.items_trimmed,
+        "kills": s.kills,
+    })
 }

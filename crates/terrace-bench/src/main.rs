@@ -195,6 +195,13 @@ struct CacheArgs {
     /// Terrace: promote items read often in a lower tier into tier 0 (off by default).
     #[arg(long)]
     promote: bool,
+    /// Terrace: put small items on the flash tier into sets taking this share of it
+    /// (0.05..=0.95; Kangaroo's design: about a byte of DRAM per item). Off by default.
+    #[arg(long)]
+    flash_sets: Option<f64>,
+    /// Terrace: the largest item (encoded) that goes into the flash sets.
+    #[arg(long, default_value_t = terrace_cache::DEFAULT_SET_ITEM_MAX)]
+    flash_set_item_max: usize,
     /// foyer's eviction policy (default S3-FIFO, its best on the issue-5 workload).
     #[arg(long, value_enum, default_value = "s3fifo")]
     foyer_policy: engines::FoyerPolicy,
@@ -424,6 +431,10 @@ fn open_engine(a: &CacheArgs, capacity: Option<u64>) -> Result<Box<dyn Engine>> 
                 expected_items: usize::try_from(expected).unwrap_or(usize::MAX),
                 mover_interval: Duration::from_micros(a.mover_interval_us),
                 promote: a.promote,
+                flash_sets: a.flash_sets.map(|share| terrace_cache::FlashSetsConfig {
+                    share,
+                    max_item: a.flash_set_item_max,
+                }),
                 segment_size: a.segment_size,
                 key_len: workload::KEY_LEN,
                 mean_value,

@@ -600,6 +600,20 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
             tier("flash_kills_logged", f.kills_logged);
             tier("flash_write_errors", f.write_errors);
             tier("flash_read_errors", f.read_errors);
+            if let Some(sets) = &f.sets {
+                tier("flash_sets", sets.sets);
+                tier("flash_set_items", sets.items);
+                tier("flash_set_memory_bytes", sets.memory_bytes);
+                tier("flash_set_log_segments", sets.log_segments);
+                tier("flash_set_pages_written", sets.pages_written);
+                tier("flash_set_page_reads", sets.page_reads);
+                tier("flash_set_page_misses", sets.page_misses);
+                tier("flash_set_hits", sets.hits);
+                tier("flash_set_items_moved", sets.items_moved);
+                tier("flash_set_below_threshold", sets.below_threshold);
+                tier("flash_set_items_trimmed", sets.items_trimmed);
+                tier("flash_set_kills", sets.kills);
+            }
         }
     }
     out
