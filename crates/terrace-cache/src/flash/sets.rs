@@ -7,11 +7,12 @@
 //! (`cache/sets.rs`); this module owns the pages and that DRAM state.
 //!
 //! # Page format
-//! `magic "TSET" | set u32 | generation u32 | items u16 | used u16 | crc32 u32 | 0 u32`,
+//! `magic "TSET" | set u32 | generation u32 | items u16 | used u16 | crc32 u32 | sets u32`,
 //! then `items` packed items in the item format of segments (`crate::item`), all LIVE,
-//! newest first, `used` bytes of them. The checksum covers the first 16 header bytes and
-//! the items. A page that does not validate (never written, torn by a crash, another
-//! set's) holds nothing.
+//! newest first, `used` bytes of them; `sets` is the region's set count, so that a page
+//! left by a region cut differently (a device reused with another share) never reads as
+//! this set's. The checksum covers the first 16 header bytes, the items and `sets`. A page
+//! that does not validate (never written, torn by a crash, another set's) holds nothing.
 //!
 //! # Kills
 //! A set copy cannot be marked dead in place (that would be a page rewrite per delete).
@@ -299,14 +300,15 @@ pub(crate) struct Page {
     pub items: Vec<OwnedItem>,
 }
 
-/// Decodes a page of `set`; an empty page of generation 0 when it does not validate.
-pub(crate) fn decode_page(bytes: &[u8], set: u32) -> Page {
+/// Decodes a page of `set` of a region of `sets` sets; an empty page of generation 0
+/// when it does not validate.
+pub(crate) fn decode_page(bytes: &[u8], set: u32, sets: u32) -> Page {
     let empty = Page {
         generation: 0,
         items: Vec::new(),
     };
     let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]));
-    if bytes.len() < PAGE || word(0) != PAGE_MAGIC || word(4) != set {
+    if bytes.len() < PAGE || word(0) != PAGE_MAGIC || word(4) != set || word(20) != sets {
         return empty;
     }
     let count = u16::from_le_bytes([bytes[12], bytes[13]]) as usize;
@@ -317,6 +319,7 @@ pub(crate) fn decode_page(bytes: &[u8], set: u32) -> Page {
     let mut crc = crc32fast::Hasher::new();
     crc.update(&bytes[..16]);
     crc.update(&bytes[PAGE_HEADER..PAGE_HEADER + used]);
+    crc.update(&bytes[20..24]);
     if crc.finalize() != word(16) {
         return empty;
     }
@@ -338,9 +341,14 @@ pub(crate) fn decode_page(bytes: &[u8], set: u32) -> Page {
     }
 }
 
-/// Encodes `items` (newest first) as a page of `set` at `generation` into `out` (a page),
-/// as many as fit; returns how many.
-pub(crate) fn encode_page(set: u32, generation: u32, items: &[OwnedItem], out: &mut [u8]) -> usize {
+/// Encodes `items` (newest first) as a page of `set` of `sets` at `generation` into `out`
+/// (a page), as many as fit; returns how many.
+pub(crate) fn encode_page(
+    (set, sets): (u32, u32),
+    generation: u32,
+    items: &[OwnedItem],
+    out: &mut [u8],
+) -> usize {
     out[..PAGE].fill(0);
     let mut at = PAGE_HEADER;
     let mut n = 0;
@@ -360,9 +368,11 @@ pub(crate) fn encode_page(set: u32, generation: u32, items: &[OwnedItem], out: &
     out[8..12].copy_from_slice(&generation.to_le_bytes());
     out[12..14].copy_from_slice(&(n as u16).to_le_bytes());
     out[14..16].copy_from_slice(&(used as u16).to_le_bytes());
+    out[20..24].copy_from_slice(&sets.to_le_bytes());
     let mut crc = crc32fast::Hasher::new();
     crc.update(&out[..16]);
     crc.update(&out[PAGE_HEADER..at]);
+    crc.update(&out[20..24]);
     out[16..20].copy_from_slice(&crc.finalize().to_le_bytes());
     n
 }
@@ -379,7 +389,7 @@ impl FlashTier {
         let mut buf = AlignedBuf::new(PAGE).ok()?;
         self.read_blocks(s.page_offset(set), &mut buf)?;
         s.counters.page_reads.fetch_add(1, Ordering::Relaxed);
-        Some(decode_page(&buf, set))
+        Some(decode_page(&buf, set, s.geometry.sets))
     }
 
     /// Rewrites the locked set's page with `items` (newest first, killed ones already
@@ -399,7 +409,7 @@ impl FlashTier {
         let set = lock.set;
         let generation = next_generation(lock.generation());
         let mut buf = AlignedBuf::new(PAGE)?;
-        let n = encode_page(set, generation, items, &mut buf);
+        let n = encode_page((set, s.geometry.sets), generation, items, &mut buf);
         let hashes: Vec<u64> = items[..n].iter().map(|i| hash(i.item().key)).collect();
         s.raise_filter(set, hashes.iter().copied());
         if let Err(e) = self.file.write_at(s.page_offset(set), &buf) {
@@ -461,7 +471,7 @@ impl FlashTier {
                 .read_at(s.page_offset(first as u32), &mut buf[..n * PAGE])?;
             for i in 0..n {
                 let set = (first + i) as u32;
-                let page = decode_page(&buf[i * PAGE..(i + 1) * PAGE], set);
+                let page = decode_page(&buf[i * PAGE..(i + 1) * PAGE], set, s.geometry.sets);
                 s.generations[set as usize].store(page.generation, Ordering::Relaxed);
                 s.counts[set as usize].store(page.items.len().min(255) as u8, Ordering::Relaxed);
                 s.set_filter(set, page.items.iter().map(|it| hash(it.item().key)));
@@ -560,31 +570,30 @@ mod tests {
 
     #[test]
     fn a_page_round_trips_and_a_damaged_one_holds_nothing() {
-        let items: Vec<OwnedItem> = (0..10u8)
-            .map(|i| owned(&[b'k', i], &[i; 100]))
-            .collect();
+        let items: Vec<OwnedItem> = (0..10u8).map(|i| owned(&[b'k', i], &[i; 100])).collect();
         let mut page = vec![0u8; PAGE];
-        assert_eq!(encode_page(5, 9, &items, &mut page), 10);
-        let p = decode_page(&page, 5);
+        assert_eq!(encode_page((5, 64), 9, &items, &mut page), 10);
+        let p = decode_page(&page, 5, 64);
         assert_eq!(p.generation, 9);
         assert_eq!(p.items.len(), 10);
         let second = p.items[1].item();
         assert_eq!((second.key, second.value.len()), (&[b'k', 1][..], 100));
         assert_eq!((second.client_flags, second.origin_cas), (7, Some(42)));
-        // Another set's page, a flipped bit, zeros: empty.
-        assert!(decode_page(&page, 6).items.is_empty());
+        // Another set's page, another region's, a flipped bit, zeros: empty.
+        assert!(decode_page(&page, 6, 64).items.is_empty());
+        assert!(decode_page(&page, 5, 65).items.is_empty());
         page[PAGE_HEADER + 30] ^= 1;
-        assert!(decode_page(&page, 5).items.is_empty());
-        assert!(decode_page(&[0u8; PAGE], 5).items.is_empty());
+        assert!(decode_page(&page, 5, 64).items.is_empty());
+        assert!(decode_page(&[0u8; PAGE], 5, 64).items.is_empty());
     }
 
     #[test]
     fn a_full_page_keeps_the_newest_items() {
         let items: Vec<OwnedItem> = (0..100u8).map(|i| owned(&[b'k', i], &[i; 200])).collect();
         let mut page = vec![0u8; PAGE];
-        let n = encode_page(0, 1, &items, &mut page);
+        let n = encode_page((0, 1), 1, &items, &mut page);
         assert!(n > 10 && n < 100, "{n}");
-        let p = decode_page(&page, 0);
+        let p = decode_page(&page, 0, 1);
         assert_eq!(p.items.len(), n);
         assert_eq!(p.items[0].item().key, b"k\0");
     }
