@@ -235,9 +235,8 @@ impl Cache {
         if !f.admit(spec.encoded_len()) {
             return Ok(None);
         }
-        // Small items go to the small-item log (with sets), whose oldest segment moves
-        // into the sets once the log is full: done before its buffer is locked, since
-        // the move may reinsert into it.
+        // Small items go to the small-item log (with sets), kept within its cap by
+        // moving its oldest segment into the sets before the buffer is locked.
         let small = self.goes_to_sets(spec.encoded_len());
         if small && !reinsertion {
             while f.lists.lock().small_fifo.len() >= f.small_log_cap {
@@ -383,7 +382,7 @@ impl Cache {
                 None => lists.fifo.pop_front(),
             }
             .map(|slot| (slot, false))
-            // Flash all small-item log: its oldest goes.
+            // No large segment stored: the small-item log's oldest goes.
             .or_else(|| lists.small_fifo.pop_front().map(|slot| (slot, true)))
         };
         let Some((slot, small)) = victim else {
