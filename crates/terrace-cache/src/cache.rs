@@ -381,12 +381,15 @@ impl Expect {
     }
 }
 
-/// Whether a write kills the key's copy in a flash set (every write does, but a
-/// promotion of that copy).
+/// Which version of a key a write stores ([`Cache::write_as`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SetCopy {
-    Kill,
-    Keep,
+enum Version {
+    /// A new one: its CAS is where it lands.
+    New,
+    /// The version of this CAS with a new expiry (a touch).
+    Touched(u64),
+    /// The version of this CAS read from a flash set (a promotion): the set copy stays.
+    FromSet(u64),
 }
 
 /// Whether a lookup is a client's read, which records a hit (and may start a
@@ -960,6 +963,9 @@ impl Cache {
             seq_bound = next_seq + seqmark::STEP;
             m.reserve(seq_bound)?;
         }
+        // Only where the flash tier has pages for them.
+        let sets_config =
+            sets_config.filter(|_| flash.as_ref().is_some_and(|f| f.sets().is_some()));
         let mut cache = Cache {
             tiers,
             flash,
@@ -1201,18 +1207,16 @@ impl Cache {
             i.end(),
         );
         if access == Access::Read {
-            if let Some(f) = &self.flash {
-                f.sets()
-                    .map(|s| s.counters.hits.fetch_add(1, Ordering::Relaxed));
+            if let Some(s) = self.flash.as_ref().and_then(|f| f.sets()) {
+                s.counters.hits.fetch_add(1, Ordering::Relaxed);
             }
-            let promoted = self.write_inner(
+            let promoted = self.write_as(
                 key,
                 &[i.value],
                 client_flags,
                 expires_at,
-                Some(cas),
+                Version::FromSet(cas),
                 Expect::Absent,
-                SetCopy::Keep,
             );
             if promoted.is_err() {
                 self.counters.persist_errors.fetch_add(1, Ordering::Relaxed);
@@ -1233,9 +1237,9 @@ impl Cache {
 
     /// The key's live, unexpired item, under its bucket lock; also any expired or other
     /// entry of the key (to be replaced); without an entry, its copy in a flash set.
-    fn find_locked(&self, guard: &BucketGuard<'_>, key: &[u8], now: u32) -> FoundEntry {
+    fn find_locked(&self, guard: &BucketGuard<'_>, key: &[u8], hash: u64, now: u32) -> FoundEntry {
         match self.find_indexed(guard, key, now) {
-            FoundEntry::None => self.set_entry(key, now),
+            FoundEntry::None => self.set_entry(key, hash, now),
             found => found,
         }
     }
@@ -1515,7 +1519,7 @@ impl Cache {
                 &[&value],
                 cur.client_flags,
                 self.expiry(ttl_secs),
-                Some(cur.cas),
+                Version::Touched(cur.cas),
                 Expect::At(cur.loc),
             )?;
             if r != Store::NotStored {
@@ -1541,7 +1545,7 @@ impl Cache {
         let hash = self.index.hash_key(key);
         let now = self.now();
         let mut g = self.index.lock(hash);
-        let (loc, was_live) = match self.find_locked(&g, key, now) {
+        let (loc, was_live) = match self.find_locked(&g, key, hash, now) {
             FoundEntry::Live(cur) if if_cas.is_some_and(|want| want != cur.cas) => {
                 return Ok(Checked::Exists)
             }
@@ -1586,44 +1590,25 @@ impl Cache {
         expires_at: u32,
         expect: Expect,
     ) -> Result<Store, CacheError> {
-        self.write_as(key, value, client_flags, expires_at, None, expect)
+        self.write_as(key, value, client_flags, expires_at, Version::New, expect)
     }
 
-    /// [`write`](Self::write), the new item carrying `origin_cas` as its CAS when given
-    /// (a touch: the same version with a new expiry), else the CAS of where it lands.
+    /// [`write`](Self::write) of a `version` of the key: a new one (its CAS is where it
+    /// lands), or one that keeps an earlier CAS (a touch; a promotion out of a flash set,
+    /// which leaves the set copy in place and looks past it for `expect`).
     fn write_as(
         &self,
         key: &[u8],
         value: &[&[u8]],
         client_flags: u32,
         expires_at: u32,
-        origin_cas: Option<u64>,
+        version: Version,
         expect: Expect,
     ) -> Result<Store, CacheError> {
-        self.write_inner(
-            key,
-            value,
-            client_flags,
-            expires_at,
-            origin_cas,
-            expect,
-            SetCopy::Kill,
-        )
-    }
-
-    /// [`write_as`](Self::write_as), which kills the key's copy in a flash set unless
-    /// `set_copy` keeps it (a promotion out of the set: the same version).
-    #[allow(clippy::too_many_arguments)]
-    fn write_inner(
-        &self,
-        key: &[u8],
-        value: &[&[u8]],
-        client_flags: u32,
-        expires_at: u32,
-        origin_cas: Option<u64>,
-        expect: Expect,
-        set_copy: SetCopy,
-    ) -> Result<Store, CacheError> {
+        let origin_cas = match version {
+            Version::New => None,
+            Version::Touched(cas) | Version::FromSet(cas) => Some(cas),
+        };
         let value_len: usize = value.iter().map(|v| v.len()).sum();
         self.limits.check(key.len(), value_len)?;
         let spec = ItemSpec {
@@ -1647,7 +1632,7 @@ impl Cache {
             // have replaced — only if `expect` still holds, under the key's lock, so that
             // a newer write that slipped in is never deleted by an older one.
             let mut g = self.index.lock(hash);
-            let found = self.find_locked(&g, key, now);
+            let found = self.find_locked(&g, key, hash, now);
             if !expect.met_by(found) {
                 return Ok(Store::NotStored);
             }
@@ -1661,9 +1646,9 @@ impl Cache {
             let (pin, new) = self.append_new(&spec, key, value, expires_at, now)?;
             let mut g = self.index.lock(hash);
             // A promotion out of a set looks past the copy it promotes.
-            let found = match set_copy {
-                SetCopy::Kill => self.find_locked(&g, key, now),
-                SetCopy::Keep => self.find_indexed(&g, key, now),
+            let found = match version {
+                Version::FromSet(_) => self.find_indexed(&g, key, now),
+                _ => self.find_locked(&g, key, hash, now),
             };
             if !expect.met_by(found) {
                 self.kill(&pin, new)?;
@@ -1702,7 +1687,7 @@ impl Cache {
             if let Some(old) = old {
                 self.kill_at(old)?;
             }
-            if set_copy == SetCopy::Kill {
+            if !matches!(version, Version::FromSet(_)) {
                 self.kill_set_copy(hash)?;
             }
             if !published {

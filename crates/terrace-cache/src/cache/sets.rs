@@ -96,11 +96,10 @@ impl Cache {
         Some((f, s, set))
     }
 
-    /// Whether an item of `encoded_len` bytes goes to the small-item log.
+    /// Whether an item of `encoded_len` bytes goes to the small-item log (a cache has
+    /// `sets_config` only with sets on its flash tier: `Cache::open`).
     pub(super) fn goes_to_sets(&self, encoded_len: usize) -> bool {
-        self.sets_config.is_some_and(|c| {
-            encoded_len <= c.max_item && self.flash.as_ref().is_some_and(|f| f.sets().is_some())
-        })
+        self.sets_config.is_some_and(|c| encoded_len <= c.max_item)
     }
 
     /// The key's live, unexpired copy in its set: (set, copy). One page read when the
@@ -134,11 +133,7 @@ impl Cache {
     }
 
     /// The key's set copy as the live item a write under its bucket lock finds.
-    pub(super) fn set_entry(&self, key: &[u8], now: u32) -> FoundEntry {
-        if self.sets_config.is_none() {
-            return FoundEntry::None;
-        }
-        let hash = self.index.hash_key(key);
+    pub(super) fn set_entry(&self, key: &[u8], hash: u64, now: u32) -> FoundEntry {
         match self.set_item(key, hash, now) {
             Some((set, copy)) => {
                 let i = copy.item();
@@ -232,28 +227,23 @@ impl Cache {
             }
             let moved = self.rewrite_set(f, s, set, &group, now)?;
             for (i, m) in group.iter().enumerate() {
+                // Items past `moved` found no room in the page (or it could not be
+                // written): evicted.
+                let in_page = i < moved;
                 let mut g = self.index.lock(m.hash);
-                if i >= moved {
-                    // No room in the page (or it could not be written): as an eviction.
-                    if g.remove(m.loc) {
-                        drop(g);
-                        if m.loc.segment != id {
-                            self.kill_at(m.loc)?;
-                        }
-                        f.stats.items_evicted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    continue;
-                }
                 if g.remove(m.loc) {
-                    s.counters.items_moved.fetch_add(1, Ordering::Relaxed);
                     if m.loc.segment != id {
                         self.kill_at(m.loc)?;
                     }
-                } else {
+                    let counter = match in_page {
+                        true => &s.counters.items_moved,
+                        false => &f.stats.items_evicted,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                } else if in_page {
                     // Written or deleted since its copy was taken, perhaps before the
                     // filter knew the key: the set copy is stale.
-                    let mut lock = s.lock(set);
-                    f.kill_in_set(&mut lock, m.hash)?;
+                    self.kill_set_copy(m.hash)?;
                 }
             }
         }
@@ -310,31 +300,19 @@ impl Cache {
         let Some(page) = f.read_page(set) else {
             return Ok(0);
         };
-        let generation = lock.generation();
-        let killed = |item: &OwnedItem| {
-            page.generation == generation
-                && s.killed_locked(&lock, kill_hash(self.index.hash_key(item.item().key)))
-        };
-        let mut items: Vec<OwnedItem> = Vec::with_capacity(group.len() + page.items.len());
-        let olds: Vec<OwnedItem> = page
-            .items
-            .into_iter()
-            .filter(|old| {
+        // The new items first, then the page's live ones they do not supersede; a page
+        // of another generation than the set's (torn, or written by a crashed run the
+        // kills no longer describe) is not merged.
+        let mut items: Vec<OwnedItem> = group.iter().map(|m| m.item.clone()).collect();
+        if page.generation == lock.generation() {
+            let keep = |old: &OwnedItem| {
                 let i = old.item();
                 !past(i.expires_at, now)
-                    && !killed(old)
+                    && !s.killed_locked(&lock, kill_hash(self.index.hash_key(i.key)))
                     && !group.iter().any(|m| m.item.item().key == i.key)
-            })
-            .collect();
-        // A page of another generation than the set's (torn, or written by a crashed
-        // run the kills no longer describe) is not merged.
-        let olds = if page.generation == generation {
-            olds
-        } else {
-            Vec::new()
-        };
-        items.extend(group.iter().map(|m| m.item.clone()));
-        items.extend(olds);
+            };
+            items.extend(page.items.into_iter().filter(keep));
+        }
         match f.rewrite_page(&mut lock, &items, |k| self.index.hash_key(k)) {
             Ok(n) => Ok(n.min(group.len())),
             Err(_) => Ok(0),
