@@ -124,8 +124,6 @@ pub(crate) struct FlashAt<'a> {
 pub(crate) struct Buffer {
     pub slot: u32,
     pub write_seq: u64,
-    /// Of the small-item log.
-    pub small: bool,
     data: RwLock<BufferData>,
     /// Copies appended and not yet made LIVE or DEAD.
     pending: AtomicU32,
@@ -695,7 +693,6 @@ impl FlashTier {
         let buf = Arc::new(Buffer {
             slot: header.slot,
             write_seq: header.write_seq,
-            small,
             data: RwLock::new(BufferData {
                 bytes,
                 cursor: Some(cursor),
@@ -807,7 +804,7 @@ impl FlashTier {
                 *cell.state.lock() = Slot::Stored { end };
                 let latest = cell.latest_expiry.load(Ordering::Relaxed);
                 let mut lists = self.lists.lock();
-                if buf.small {
+                if cell.small.load(Ordering::Relaxed) {
                     lists.small_fifo.push_back(buf.slot);
                 } else {
                     lists.push_stored(buf.slot, latest);
@@ -879,7 +876,6 @@ impl FlashTier {
         let data = Arc::new(Buffer {
             slot,
             write_seq,
-            small: cell.small.load(Ordering::Relaxed),
             data: RwLock::new(BufferData {
                 bytes,
                 cursor: None,

@@ -326,14 +326,10 @@ impl Index {
     /// The locations of bucket `bucket`'s occupied entries (a restart's search for room,
     /// with [`relocate_before_sharing`](Self::relocate_before_sharing)).
     pub fn bucket_locations(&self, bucket: usize) -> Vec<Location> {
-        let layout = self.layout;
-        self.buckets().get(bucket).map_or_else(Vec::new, |b| {
-            b.iter()
-                .map(|s| s.load(Ordering::Relaxed))
-                .filter(|&e| layout.tag_of_entry(e) != 0)
-                .map(|e| layout.location(e))
-                .collect()
-        })
+        self.bucket_entries(bucket)
+            .into_iter()
+            .map(|(loc, _)| loc)
+            .collect()
     }
 
     /// The occupied entries of bucket `bucket`, with their tags (the search for the index

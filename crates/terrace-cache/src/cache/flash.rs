@@ -381,14 +381,13 @@ impl Cache {
                 Some(at) => lists.fifo.remove(at),
                 None => lists.fifo.pop_front(),
             }
-            .map(|slot| (slot, false))
             // No large segment stored: the small-item log's oldest goes.
-            .or_else(|| lists.small_fifo.pop_front().map(|slot| (slot, true)))
+            .or_else(|| lists.small_fifo.pop_front())
         };
-        let Some((slot, small)) = victim else {
+        let Some(slot) = victim else {
             return Ok(false);
         };
-        self.evict_flash_slot(slot, small, reinsert)
+        self.evict_flash_slot(slot, reinsert)
     }
 
     /// Evicts the oldest segment of the small-item log into the sets; whether there was
@@ -400,16 +399,17 @@ impl Cache {
         let Some(slot) = f.lists.lock().small_fifo.pop_front() else {
             return Ok(false);
         };
-        self.evict_flash_slot(slot, true, true)
+        self.evict_flash_slot(slot, true)
     }
 
-    /// Evicts the stored segment of `slot`, taken off its queue (`small`: the small-item
-    /// log's): reads it back, retires it, then moves its items into sets (a small-log
-    /// segment) or reinserts those with hits (if `reinsert`) and drops the rest.
-    fn evict_flash_slot(&self, slot: u32, small: bool, reinsert: bool) -> Result<bool, CacheError> {
+    /// Evicts the stored segment of `slot`, taken off its queue: reads it back, retires
+    /// it, then moves its items into sets (a segment of the small-item log) or reinserts
+    /// those with hits (if `reinsert`) and drops the rest.
+    fn evict_flash_slot(&self, slot: u32, reinsert: bool) -> Result<bool, CacheError> {
         let Some(f) = &self.flash else {
             return Ok(false);
         };
+        let small = f.is_small_log(slot);
         let now = self.now();
         let id = f.base + slot;
         let data = match f.begin_evict(slot) {

@@ -176,6 +176,8 @@ pub(crate) struct SetStore {
     filters: Box<[AtomicU64]>,
     generations: Box<[AtomicU32]>,
     counts: Box<[AtomicU8]>,
+    /// The sum of `counts`.
+    items: AtomicU64,
     stripes: Box<[Mutex<Kills>]>,
     pub counters: SetCounters,
 }
@@ -211,6 +213,7 @@ impl SetStore {
             filters: (0..n * FILTER_WORDS).map(|_| AtomicU64::new(0)).collect(),
             generations: (0..n).map(|_| AtomicU32::new(0)).collect(),
             counts: (0..n).map(|_| AtomicU8::new(0)).collect(),
+            items: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Mutex::new(Kills::new())).collect(),
             counters: SetCounters::default(),
         }
@@ -223,10 +226,18 @@ impl SetStore {
 
     /// Items in the pages (as last written or read at a restart).
     pub fn items(&self) -> u64 {
-        self.counts
-            .iter()
-            .map(|c| u64::from(c.load(Ordering::Relaxed)))
-            .sum()
+        self.items.load(Ordering::Relaxed)
+    }
+
+    /// Sets `set`'s item count (saturating at 255), keeping their sum.
+    fn set_count(&self, set: u32, n: usize) {
+        let n = n.min(255) as u8;
+        let old = self.counts[set as usize].swap(n, Ordering::Relaxed);
+        if n >= old {
+            self.items.fetch_add(u64::from(n - old), Ordering::Relaxed);
+        } else {
+            self.items.fetch_sub(u64::from(old - n), Ordering::Relaxed);
+        }
     }
 
     pub fn page_offset(&self, set: u32) -> u64 {
@@ -424,7 +435,7 @@ impl FlashTier {
             .items_trimmed
             .fetch_add((items.len() - n) as u64, Ordering::Relaxed);
         s.generations[set as usize].store(generation, Ordering::Release);
-        s.counts[set as usize].store(n.min(255) as u8, Ordering::Relaxed);
+        s.set_count(set, n);
         s.set_filter(set, hashes);
         lock.kills.remove(&set);
         Ok(n)
@@ -473,7 +484,7 @@ impl FlashTier {
                 let set = (first + i) as u32;
                 let page = decode_page(&buf[i * PAGE..(i + 1) * PAGE], set, s.geometry.sets);
                 s.generations[set as usize].store(page.generation, Ordering::Relaxed);
-                s.counts[set as usize].store(page.items.len().min(255) as u8, Ordering::Relaxed);
+                s.set_count(set, page.items.len());
                 s.set_filter(set, page.items.iter().map(|it| hash(it.item().key)));
             }
             first += n;
@@ -503,6 +514,7 @@ impl FlashTier {
         for c in s.counts.iter() {
             c.store(0, Ordering::Relaxed);
         }
+        s.items.store(0, Ordering::Relaxed);
         for g in s.generations.iter() {
             g.store(
                 next_generation(g.load(Ordering::Acquire)),
