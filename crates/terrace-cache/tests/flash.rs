@@ -10,7 +10,7 @@ use terrace_cache::flash::flash_path;
 use terrace_cache::{Cache, CacheConfig, CacheError, TierConfig, TierSize};
 
 mod common;
-use common::{config, MIB};
+use common::{config, flash_dir, MIB};
 
 fn dram_and_flash(dir: &Path) -> CacheConfig {
     CacheConfig {
@@ -19,14 +19,6 @@ fn dram_and_flash(dir: &Path) -> CacheConfig {
             TierConfig::dram(TierSize::Bytes(2 * MIB)),
             TierConfig::flash(dir, TierSize::Bytes(16 * MIB)),
         ])
-    }
-}
-
-/// Flash on the disk where there is one (`O_DIRECT`), else the temporary directory.
-fn flash_dir() -> tempfile::TempDir {
-    match Path::new("/var/tmp").is_dir() {
-        true => tempfile::tempdir_in("/var/tmp").unwrap(),
-        false => tempfile::tempdir().unwrap(),
     }
 }
 

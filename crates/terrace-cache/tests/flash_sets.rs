@@ -6,10 +6,12 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use terrace_cache::{Cache, CacheConfig, FlashSetsConfig, SetStats, TierConfig, TierSize};
+use terrace_cache::{
+    Cache, CacheConfig, CacheError, FlashSetsConfig, SetStats, TierConfig, TierSize,
+};
 
 mod common;
-use common::{config, MIB};
+use common::{config, flash_dir, MIB};
 
 fn with_sets(dir: &Path) -> CacheConfig {
     CacheConfig {
@@ -19,14 +21,6 @@ fn with_sets(dir: &Path) -> CacheConfig {
             TierConfig::dram(TierSize::Bytes(2 * MIB)),
             TierConfig::flash(dir, TierSize::Bytes(16 * MIB)),
         ])
-    }
-}
-
-/// Flash on the disk where there is one (`O_DIRECT`), else the temporary directory.
-fn flash_dir() -> tempfile::TempDir {
-    match Path::new("/var/tmp").is_dir() {
-        true => tempfile::tempdir_in("/var/tmp").unwrap(),
-        false => tempfile::tempdir().unwrap(),
     }
 }
 
@@ -176,6 +170,7 @@ fn a_bad_sets_configuration_is_refused() {
             flash_sets: Some(sets),
             ..with_sets(dir.path())
         };
-        assert!(Cache::open(config).is_err());
+        let err = Cache::open(config).unwrap_err();
+        assert!(matches!(err, CacheError::Config { .. }), "{err}");
     }
 }

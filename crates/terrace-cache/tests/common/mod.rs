@@ -1,6 +1,6 @@
 //! Helpers shared by the engine's tests: a configuration of small segments (32 KiB,
 //! values up to 8 KiB, two writer stripes), a directory for file tiers on tmpfs where
-//! there is one, and a set whose TTL is checked to be exact. Each test crate uses a part.
+//! there is one, one for flash tiers on the disk, and a set whose TTL is checked to be exact. Each test crate uses a part.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -19,6 +19,15 @@ pub fn config(tiers: Vec<TierConfig>) -> CacheConfig {
         },
         stripes: 2,
         ..CacheConfig::new(tiers)
+    }
+}
+
+/// A directory for a flash tier: on the disk where there is one (`O_DIRECT`), else the
+/// default temporary directory.
+pub fn flash_dir() -> tempfile::TempDir {
+    match Path::new("/var/tmp").is_dir() {
+        true => tempfile::tempdir_in("/var/tmp").expect("a directory in /var/tmp"),
+        false => tempfile::tempdir().expect("a temporary directory"),
     }
 }
 
