@@ -65,6 +65,10 @@ const FLASH_REINSERT_RESERVE: usize = 1;
 /// DRAM tier.
 pub(super) const FLASH_BUFFER_SEGMENTS: u32 = 3;
 
+/// Segments of the small-item log beyond its cap that demotions wait for the movers to
+/// move into sets before they move one themselves.
+const SMALL_LOG_SLACK: usize = 2;
+
 /// Free flash segments the movers keep ready (demotions write whole segments, so few).
 pub(super) const FLASH_FREE_TARGET: usize = 3;
 
@@ -235,11 +239,12 @@ impl Cache {
         if !f.admit(spec.encoded_len()) {
             return Ok(None);
         }
-        // Small items go to the small-item log (with sets), kept within its cap by
-        // moving its oldest segment into the sets before the buffer is locked.
+        // Small items go to the small-item log (with sets). The movers keep it below its
+        // cap; past the slack (movers behind) the demotion moves its oldest segment into
+        // the sets itself, before the buffer is locked.
         let small = self.goes_to_sets(spec.encoded_len());
         if small && !reinsertion {
-            while f.lists.lock().small_fifo.len() >= f.small_log_cap {
+            while f.lists.lock().small_fifo.len() >= f.small_log_cap + SMALL_LOG_SLACK {
                 if !self.evict_small_one()? {
                     break;
                 }
@@ -530,8 +535,8 @@ impl Cache {
         });
     }
 
-    /// The movers' flash work: free the segments whose items have all expired, and keep
-    /// [`FLASH_FREE_TARGET`] segments free.
+    /// The movers' flash work: free the segments whose items have all expired, keep
+    /// [`FLASH_FREE_TARGET`] segments free, and the small-item log below its cap.
     pub(super) fn maintain_flash(&self) -> Result<usize, CacheError> {
         let Some(f) = &self.flash else {
             return Ok(0);
@@ -541,6 +546,15 @@ impl Cache {
         let expired = |f: &FlashTier| f.expired_in(&mut f.lists.lock(), now).is_some();
         while f.lists.lock().free.len() < FLASH_FREE_TARGET || expired(f) {
             if !self.evict_flash_one(true)? {
+                break;
+            }
+            f.stats.background_evictions.fetch_add(1, Ordering::Relaxed);
+            evicted += 1;
+        }
+        // Moving a small-log segment into sets takes a read per log peer and a page read
+        // and write per set: here, off the writers' path.
+        while f.lists.lock().small_fifo.len() >= f.small_log_cap {
+            if !self.evict_small_one()? {
                 break;
             }
             f.stats.background_evictions.fetch_add(1, Ordering::Relaxed);
