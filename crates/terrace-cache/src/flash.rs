@@ -334,6 +334,21 @@ impl std::fmt::Debug for FlashRead {
     }
 }
 
+/// A stored segment's committed bytes ([`FlashTier::read_stored_segment`]).
+pub(crate) struct StoredSegment {
+    bytes: AlignedBuf,
+    end: u32,
+}
+
+impl StoredSegment {
+    /// The item at `offset`, copied out; `None` when none decodes there.
+    pub fn item(&self, offset: u32) -> Option<OwnedItem> {
+        item::decode(&self.bytes, offset, self.end as usize)
+            .ok()
+            .map(|i| OwnedItem::from_ref(&i))
+    }
+}
+
 /// A copy of one item read from flash (or from a buffer).
 #[derive(Clone)]
 pub struct OwnedItem {
@@ -1055,6 +1070,22 @@ impl FlashTier {
                 }
             }
         }
+    }
+
+    /// The committed bytes of the segment stored in `slot`, read whole (one `pread`,
+    /// counted) to take many of its items at once; `None` when the slot holds no stored
+    /// segment, the read fails, or the slot changed incarnation during it.
+    pub fn read_stored_segment(&self, slot: u32) -> Option<StoredSegment> {
+        let cell = self.slots.get(slot as usize)?;
+        let generation = cell.generation.load(Ordering::Acquire);
+        let Slot::Stored { end } = *cell.state.lock() else {
+            return None;
+        };
+        let len = (end as usize).next_multiple_of(BLOCK).min(self.seg_size());
+        let mut bytes = AlignedBuf::new(len).ok()?;
+        self.read_blocks(self.seg_offset(slot), &mut bytes)?;
+        (cell.generation.load(Ordering::Acquire) == generation)
+            .then_some(StoredSegment { bytes, end })
     }
 
     /// One `pread` of whole blocks, counted.

@@ -72,6 +72,10 @@ pub(super) const SMALL_LOG_SHARE: (u64, u64) = (1, 20);
 /// Items of one set that must move together for its page to be rewritten.
 const MOVE_THRESHOLD: usize = 2;
 
+/// Log items to move from one other small-log segment at which it is read whole rather
+/// than item by item (each item read is a device round trip of two blocks).
+const WHOLE_READ_PEERS: usize = 16;
+
 /// The segment id of a set item's [`Location`] (its offset is the set). Never in the
 /// index: a write that finds it inserts a new entry, a kill of it is the set kill every
 /// write makes.
@@ -214,8 +218,8 @@ impl Cache {
                     .push(Moving { hash, loc, item });
             }
         }
-        for (set, mut group) in groups {
-            self.add_log_peers(f, set, id, now, &mut group);
+        self.add_log_peers(f, id, now, &mut groups);
+        for (set, group) in groups {
             if group.len() < MOVE_THRESHOLD {
                 s.counters
                     .below_threshold
@@ -250,25 +254,51 @@ impl Cache {
         Ok(())
     }
 
-    /// Adds to `group` (items of `set` from segment `id`) the other log items of `set`:
-    /// entries of its buckets with a matching tag that point into stored small-log
-    /// segments, read and checked to be of that set.
-    fn add_log_peers(&self, f: &FlashTier, set: u32, id: u32, now: u32, group: &mut Vec<Moving>) {
+    /// Adds to `groups` (items of segment `id` by set) the other log items of their sets.
+    /// Their entries are found in the sets' buckets (a matching tag, pointing into a
+    /// stored small-log segment); each is read and checked to be of its set. A segment
+    /// holding at least [`WHOLE_READ_PEERS`] of them is read whole, once (one sequential
+    /// read instead of one per item).
+    fn add_log_peers(
+        &self,
+        f: &FlashTier,
+        id: u32,
+        now: u32,
+        groups: &mut HashMap<u32, Vec<Moving>>,
+    ) {
         let Some(s) = f.sets() else {
             return;
         };
-        for bucket in s.geometry.buckets_of_set(set) {
-            for (loc, tag) in self.index.bucket_entries(bucket) {
-                if loc.segment == id || !s.geometry.tag_may_match(set, tag) {
-                    continue;
+        // Candidates by segment: (offset, set).
+        let mut by_segment: HashMap<u32, Vec<(u32, u32)>> = HashMap::new();
+        for &set in groups.keys() {
+            for bucket in s.geometry.buckets_of_set(set) {
+                for (loc, tag) in self.index.bucket_entries(bucket) {
+                    let small_log = f
+                        .slot_of(loc.segment)
+                        .is_some_and(|slot| f.is_small_log(slot));
+                    if loc.segment != id && small_log && s.geometry.tag_may_match(set, tag) {
+                        by_segment
+                            .entry(loc.segment)
+                            .or_default()
+                            .push((loc.offset, set));
+                    }
                 }
-                let Some(slot) = f.slot_of(loc.segment) else {
-                    continue;
+            }
+        }
+        for (segment, candidates) in by_segment {
+            let Some(slot) = f.slot_of(segment) else {
+                continue;
+            };
+            let whole = (candidates.len() >= WHOLE_READ_PEERS)
+                .then(|| f.read_stored_segment(slot))
+                .flatten();
+            for (offset, set) in candidates {
+                let item = match &whole {
+                    Some(segment_bytes) => segment_bytes.item(offset),
+                    None => f.read(slot, offset),
                 };
-                if !f.is_small_log(slot) {
-                    continue;
-                }
-                let Some(item) = f.read(slot, loc.offset) else {
+                let Some(item) = item else {
                     continue;
                 };
                 let i = item.item();
@@ -277,9 +307,13 @@ impl Cache {
                 }
                 let hash = self.index.hash_key(i.key);
                 let same_set = self.set_of_hash(hash).is_some_and(|(_, _, s)| s == set);
+                let Some(group) = groups.get_mut(&set) else {
+                    continue;
+                };
                 if !same_set || group.iter().any(|m| m.item.item().key == i.key) {
                     continue;
                 }
+                let loc = Location { segment, offset };
                 group.push(Moving { hash, loc, item });
             }
         }
