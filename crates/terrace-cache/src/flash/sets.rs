@@ -33,7 +33,7 @@
 //!
 //! Lock order: a key's bucket lock, then a set stripe, then the kill log.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -165,8 +165,14 @@ pub(crate) struct SetCounters {
     pub hits: AtomicU64,
 }
 
-/// One set's kills of its current generation (32-bit key hashes).
-type Kills = HashMap<u32, Vec<u32>>;
+/// The kills of a stripe's sets in their current generations: `set << 32 | kill hash`.
+/// A flat set (about ten bytes a kill), emptied of one set's kills by a scan of its
+/// stripe when that set's page is rewritten.
+type Kills = HashSet<u64>;
+
+fn kill_key(set: u32, hash: u32) -> u64 {
+    (u64::from(set) << 32) | u64::from(hash)
+}
 
 /// The sets' DRAM state. See the module docs.
 pub(crate) struct SetStore {
@@ -286,13 +292,13 @@ impl SetStore {
 
     /// Whether the locked set's current generation killed the key of kill hash `h`.
     pub fn killed_locked(&self, lock: &SetLock<'_>, h: u32) -> bool {
-        lock.kills.get(&lock.set).is_some_and(|k| k.contains(&h))
+        lock.kills.contains(&kill_key(lock.set, h))
     }
 
     /// Records a kill of the key of `hash` in the locked set's current generation (the
     /// caller logged it).
     pub fn add_kill(lock: &mut SetLock<'_>, hash: u32) {
-        lock.kills.entry(lock.set).or_default().push(hash);
+        lock.kills.insert(kill_key(lock.set, hash));
         lock.store.counters.kills.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -437,7 +443,7 @@ impl FlashTier {
         s.generations[set as usize].store(generation, Ordering::Release);
         s.set_count(set, n);
         s.set_filter(set, hashes);
-        lock.kills.remove(&set);
+        lock.kills.retain(|&k| (k >> 32) as u32 != set);
         Ok(n)
     }
 
@@ -493,7 +499,7 @@ impl FlashTier {
             let (generation, h) = split_set_record(seq);
             if slot == SET_KILL_SLOT && s.record_current(set, generation) {
                 let mut lock = s.lock(set);
-                lock.kills.entry(set).or_default().push(h);
+                lock.kills.insert(kill_key(set, h));
             }
         }
         Ok(())
