@@ -281,13 +281,14 @@ fn decode_read(offset: u32, end: u32, start: usize, bytes: &[u8]) -> Decoded {
     }
 }
 
-/// A read of one flash item that the caller's own I/O engine runs (a server's io_uring
+/// A read of one flash item (or a flash set's page) that the caller's own I/O engine runs (a server's io_uring
 /// worker, whose loop must not wait on the device): read [`len`](Self::len) bytes at
 /// [`file_offset`](Self::file_offset) of [`fd`](Self::fd) into
 /// [`buffer`](Self::buffer) (block-aligned, heap-allocated: its address does not change
 /// when the `FlashRead` moves), then hand the result to the cache, which stages the item
 /// for the lookup that follows. The descriptor is valid while the cache is open.
 pub struct FlashRead {
+    /// The slot, or [`sets::SET_SLOT`] for a set's page (`offset` is then the set).
     slot: u32,
     offset: u32,
     /// The slot's generation when planned: an item read from a later incarnation is not
@@ -1026,6 +1027,10 @@ impl FlashTier {
         read: FlashRead,
         result: std::io::Result<usize>,
     ) -> Option<FlashRead> {
+        if read.slot == sets::SET_SLOT {
+            self.finish_page_read(read, result);
+            return None;
+        }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         match result {
             Ok(n) if n == read.buf.len() => {}
@@ -1208,7 +1213,7 @@ impl FlashTier {
     }
 
     fn holds_incarnation(&self, slot: u32, offset: u32, seq: u64) -> bool {
-        if slot == sets::SET_KILL_SLOT {
+        if slot == sets::SET_SLOT {
             return sets::set_record_current(self.sets.as_ref(), offset, seq);
         }
         let Some(cell) = self.slots.get(slot as usize) else {

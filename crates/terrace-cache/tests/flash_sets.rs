@@ -4,8 +4,10 @@
 //! them; `flush_all` empties the sets for good.
 
 use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use terrace_cache::flash::flash_path;
 use terrace_cache::{
     Cache, CacheConfig, CacheError, FlashSetsConfig, SetStats, TierConfig, TierSize,
 };
@@ -173,4 +175,40 @@ fn a_bad_sets_configuration_is_refused() {
         let err = Cache::open(config).unwrap_err();
         assert!(matches!(err, CacheError::Config { .. }), "{err}");
     }
+}
+
+#[test]
+fn a_fetch_stages_set_pages_so_that_the_get_reads_no_page() {
+    let dir = flash_dir();
+    let (c, _) = Cache::open(with_sets(dir.path())).unwrap();
+    let mut latest = HashMap::new();
+    fill(&c, 0..60_000, 0, &mut latest);
+    let staged_used = |c: &Cache| c.stats().tiers[1].flash.as_ref().unwrap().staged_used;
+    // The test's own I/O engine for the planned reads (a server's ring).
+    let file = std::fs::File::open(flash_path(dir.path(), 1)).unwrap();
+    let mut from_sets = 0;
+    for k in 0..20_000u32 {
+        let Some(fetch) = c.flash_fetch(&key(k)) else {
+            continue;
+        };
+        if k % 2 == 0 {
+            std::thread::scope(|s| {
+                s.spawn(|| c.run_flash_fetch(&fetch));
+            });
+        } else {
+            for mut read in c.flash_reads(&fetch) {
+                let at = read.file_offset();
+                let n = file.read_at(read.buffer(), at).unwrap();
+                assert!(c.finish_flash_read(read, Ok(n)).is_none());
+            }
+        }
+        let (hits, used) = (set_stats(&c).hits, staged_used(&c));
+        let g = c.get(&key(k)).unwrap();
+        if set_stats(&c).hits > hits {
+            assert!(staged_used(&c) > used, "key{k}: its page was read inline");
+            assert_eq!(g.unwrap().value(), &value(k, 0)[..]);
+            from_sets += 1;
+        }
+    }
+    assert!(from_sets > 1000, "{from_sets} gets from sets");
 }

@@ -82,6 +82,8 @@ const FLASH_SPARE_SHARE: u32 = 32;
 #[derive(Debug, Clone)]
 pub struct FlashFetch {
     locations: Vec<Location>,
+    /// The flash set whose page the lookup would read (the key has no index entry).
+    set: Option<u32>,
 }
 
 impl Cache {
@@ -97,19 +99,27 @@ impl Cache {
     /// server's worker asks before a get, hands the fetch to a thread that may block, and
     /// gets once it ran: so a flash hit never blocks the worker's loop (a segment stored
     /// between the two, or a staged item dropped for room, is read inline, rarely).
+    ///
+    /// With flash sets, a key without any index entry whose set may hold it needs its
+    /// set's page: that read is in the fetch too (a key with an entry, the key's or a
+    /// tag's namesake, reads no page here; the rare namesake reads it inline).
     pub fn flash_fetch(&self, key: &[u8]) -> Option<FlashFetch> {
         let f = self.flash.as_ref()?;
         let hash = self.index.hash_key(key);
-        let locations: Vec<Location> = self
-            .index
-            .lookup(hash)
-            .map(|hit| hit.location())
+        let candidates: Vec<Location> = self.index.lookup(hash).map(|hit| hit.location()).collect();
+        let set = if candidates.is_empty() {
+            self.set_to_read(hash)
+        } else {
+            None
+        };
+        let locations: Vec<Location> = candidates
+            .into_iter()
             .filter(|l| {
                 f.slot_of(l.segment)
                     .is_some_and(|slot| f.needs_read(slot, l.offset))
             })
             .collect();
-        (!locations.is_empty()).then_some(FlashFetch { locations })
+        (!locations.is_empty() || set.is_some()).then_some(FlashFetch { locations, set })
     }
 
     /// Reads the items of `fetch` from flash into DRAM, for the next lookup of their key
@@ -120,6 +130,9 @@ impl Cache {
                 f.stage(slot, loc.offset);
             }
         }
+        if let (Some(set), Some(f)) = (fetch.set, &self.flash) {
+            f.stage_page(set);
+        }
     }
 
     /// The reads of `fetch` as [`FlashRead`]s for the caller's own I/O engine to run
@@ -127,6 +140,9 @@ impl Cache {
     /// result goes to [`finish_flash_read`](Self::finish_flash_read). Items staged or
     /// moved since the fetch was made need no read.
     pub fn flash_reads(&self, fetch: &FlashFetch) -> Vec<FlashRead> {
+        let page = fetch
+            .set
+            .and_then(|set| self.flash.as_ref()?.plan_page_read(set));
         fetch
             .locations
             .iter()
@@ -134,6 +150,7 @@ impl Cache {
                 let (f, slot) = self.flash_slot(loc.segment)?;
                 f.plan_read(slot, loc.offset)
             })
+            .chain(page)
             .collect()
     }
 

@@ -115,7 +115,7 @@ impl Cache {
         }
         // A page rewritten between the read and the check is read again.
         for _ in 0..4 {
-            let page = f.read_page(set)?;
+            let page = f.staged_page(set).or_else(|| f.read_page(set))?;
             match s.killed(set, page.generation, hash) {
                 None => continue,
                 Some(true) => {
@@ -134,6 +134,13 @@ impl Cache {
             };
         }
         None
+    }
+
+    /// The set whose page a lookup of the key of `hash` (which has no index entry) would
+    /// read from the device: its filter may hold the key and no page of it is staged.
+    pub(super) fn set_to_read(&self, hash: u64) -> Option<u32> {
+        let (f, s, set) = self.set_of_hash(hash)?;
+        (s.may_hold(set, hash) && !f.page_staged(set)).then_some(set)
     }
 
     /// The key's set copy as the live item a write under its bucket lock finds.

@@ -33,14 +33,14 @@
 //!
 //! Lock order: a key's bucket lock, then a set stripe, then the kill log.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 use terrace_media::flash::{AlignedBuf, BLOCK};
 use terrace_media::MediaError;
 
-use super::{FlashTier, OwnedItem};
+use super::{FlashRead, FlashTier, OwnedItem};
 use crate::item::{self, ItemState};
 
 /// Bytes of a set's page.
@@ -59,8 +59,9 @@ const STRIPES: usize = 1024;
 /// Pages a restart reads at once when it rebuilds the DRAM state.
 const REBUILD_PAGES: usize = 256;
 
-/// The kill-log record of a set kill carries this in its slot field.
-pub(super) const SET_KILL_SLOT: u32 = u32::MAX;
+/// The slot field of a kill-log record of a set kill, and of a [`FlashRead`] of a set's
+/// page: the offset field is then the set.
+pub(super) const SET_SLOT: u32 = u32::MAX;
 
 /// How keys map to sets. The index's home bucket of a hash fixes its set, so that the
 /// index entries of the small items still in the log that belong to one set are found in
@@ -185,8 +186,22 @@ pub(crate) struct SetStore {
     /// The sum of `counts`.
     items: AtomicU64,
     stripes: Box<[Mutex<Kills>]>,
+    /// Pages read ahead of the lookup that wants them (a server's worker must not wait
+    /// on the device), taken by that lookup.
+    staged: Mutex<StagedPages>,
     pub counters: SetCounters,
 }
+
+/// Staged pages, at most [`STAGED_PAGES`], the oldest dropped first.
+#[derive(Default)]
+struct StagedPages {
+    pages: HashMap<u32, Page>,
+    /// Insertion order (may name pages already taken).
+    order: VecDeque<u32>,
+}
+
+/// Pages staged at most (about 4 KiB of items each).
+const STAGED_PAGES: usize = 1024;
 
 impl std::fmt::Debug for SetStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -221,6 +236,7 @@ impl SetStore {
             counts: (0..n).map(|_| AtomicU8::new(0)).collect(),
             items: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Mutex::new(Kills::new())).collect(),
+            staged: Mutex::new(StagedPages::default()),
             counters: SetCounters::default(),
         }
     }
@@ -400,6 +416,87 @@ impl FlashTier {
         self.sets.as_ref()
     }
 
+    /// Whether a page of `set` is staged.
+    pub fn page_staged(&self, set: u32) -> bool {
+        self.sets
+            .as_ref()
+            .is_some_and(|s| s.staged.lock().pages.contains_key(&set))
+    }
+
+    /// Takes the staged page of `set`, if any (the caller checks its generation).
+    pub fn staged_page(&self, set: u32) -> Option<Page> {
+        let page = self.sets.as_ref()?.staged.lock().pages.remove(&set)?;
+        self.counters.staged_used.fetch_add(1, Ordering::Relaxed);
+        Some(page)
+    }
+
+    fn put_staged_page(&self, set: u32, page: Page) {
+        let Some(s) = self.sets.as_ref() else {
+            return;
+        };
+        self.counters.staged.fetch_add(1, Ordering::Relaxed);
+        let mut st = s.staged.lock();
+        if st.pages.insert(set, page).is_none() {
+            st.order.push_back(set);
+        }
+        while st.pages.len() > STAGED_PAGES {
+            let Some(oldest) = st.order.pop_front() else {
+                break;
+            };
+            st.pages.remove(&oldest);
+        }
+        if st.pages.is_empty() {
+            st.order.clear();
+        }
+    }
+
+    /// Reads `set`'s page into DRAM for the next lookup of a key of it (on a thread that
+    /// may wait on the device, for one that may not).
+    pub fn stage_page(&self, set: u32) {
+        if let Some(page) = self.read_page(set) {
+            self.put_staged_page(set, page);
+        }
+    }
+
+    /// A read of `set`'s page for the caller's own I/O engine (see [`FlashRead`]), unless
+    /// one is staged.
+    pub fn plan_page_read(&self, set: u32) -> Option<FlashRead> {
+        let s = self.sets.as_ref()?;
+        if self.page_staged(set) {
+            return None;
+        }
+        Some(FlashRead {
+            slot: SET_SLOT,
+            offset: set,
+            generation: 0,
+            end: 0,
+            start: 0,
+            file_offset: s.page_offset(set),
+            buf: AlignedBuf::new(PAGE).ok()?,
+            fd: self.file.raw_fd(),
+        })
+    }
+
+    /// Stages the page a [`plan_page_read`](Self::plan_page_read) read; a failed or
+    /// short read is counted and stages nothing (the lookup reads inline, and fails
+    /// alike).
+    pub(super) fn finish_page_read(&self, read: FlashRead, result: std::io::Result<usize>) {
+        let Some(s) = self.sets.as_ref() else {
+            return;
+        };
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        if !matches!(result, Ok(n) if n == PAGE) {
+            self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.counters
+            .bytes_read
+            .fetch_add(PAGE as u64, Ordering::Relaxed);
+        s.counters.page_reads.fetch_add(1, Ordering::Relaxed);
+        let page = decode_page(&read.buf, read.offset, s.geometry.sets);
+        self.put_staged_page(read.offset, page);
+    }
+
     /// Reads `set`'s page (one 4 KiB `pread`, counted); `None` on a read error.
     pub fn read_page(&self, set: u32) -> Option<Page> {
         let s = self.sets.as_ref()?;
@@ -452,7 +549,7 @@ impl FlashTier {
     pub fn kill_in_set(&self, lock: &mut SetLock<'_>, hash: u64) -> Result<(), MediaError> {
         let h = kill_hash(hash);
         let due = self.log_kill(
-            SET_KILL_SLOT,
+            SET_SLOT,
             lock.set,
             set_record_seq(lock.generation(), h),
         )?;
@@ -497,7 +594,7 @@ impl FlashTier {
         }
         for &(slot, set, seq) in records {
             let (generation, h) = split_set_record(seq);
-            if slot == SET_KILL_SLOT && s.record_current(set, generation) {
+            if slot == SET_SLOT && s.record_current(set, generation) {
                 let mut lock = s.lock(set);
                 lock.kills.insert(kill_key(set, h));
             }
