@@ -1449,6 +1449,7 @@ impl FlashTier {
                     below_threshold: l(&c.below_threshold),
                     items_trimmed: l(&c.items_trimmed),
                     kills: l(&c.kills),
+                    staged_used: l(&c.staged_used),
                 }
             }),
         }

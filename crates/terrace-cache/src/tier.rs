@@ -341,6 +341,8 @@ pub struct SetStats {
     pub below_threshold: u64,
     pub items_trimmed: u64,
     pub kills: u64,
+    /// Lookups that found their page read ahead (a server's).
+    pub staged_used: u64,
 }
 
 impl SetStats {
@@ -358,6 +360,7 @@ impl SetStats {
         self.below_threshold += o.below_threshold;
         self.items_trimmed += o.items_trimmed;
         self.kills += o.kills;
+        self.staged_used += o.staged_used;
     }
 }
 

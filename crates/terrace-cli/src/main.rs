@@ -42,7 +42,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the tiered cache over memcached's protocols (ascii, meta, binary).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Show the memory media this machine offers.
     Info {
         /// Also probe this directory as a file tier (DAX? durability? free space?).
@@ -114,7 +114,7 @@ enum BenchCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Info { dir } => info::run(dir.as_deref()),
         Command::Bench(BenchCommand::Kinds {
             dir,

@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// [default: no cap].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     flash_write_rate: Option<u64>,
+    /// Keep small items (up to 320 bytes) on the flash tier in 4 KiB sets taking SHARE of
+    /// it (0.05 to 0.95): about a byte of DRAM per item instead of an index entry's ten
+    /// (Kangaroo's design) [default: off].
+    #[arg(long, value_name = "SHARE")]
+    flash_sets: Option<f64>,
     /// A named pool with its own quota (repeatable): keys starting with PREFIX live in it,
     /// within SIZE of the cache (a size such as 64MiB, or a share such as 25%); other keys
     /// go to the default pool, which gets the rest. The prefix may contain ':'
@@ -93,6 +98,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         log_json: args.log_json,
         promote: args.promote,
         flash_write_rate: args.flash_write_rate,
+        flash_sets: args.flash_sets,
         pools: args.pools,
         io: args.io,
     })

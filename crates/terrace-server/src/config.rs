@@ -46,6 +46,9 @@ pub struct ServerConfig {
     pub promote: bool,
     /// The flash tier's write budget, bytes per second (`None`: no cap).
     pub flash_write_rate: Option<u64>,
+    /// The share of the flash tier that holds small items in sets (`None`: none; see
+    /// `terrace_cache::FlashSetsConfig`).
+    pub flash_sets: Option<f64>,
     /// Named pools, each with the key prefix that routes keys to it; keys that match no
     /// prefix go to the default pool, which gets the space the named pools leave.
     pub pools: Vec<PoolDef>,
@@ -140,6 +143,7 @@ impl Default for ServerConfig {
             log_json: false,
             promote: false,
             flash_write_rate: None,
+            flash_sets: None,
             pools: Vec::new(),
             io: IoChoice::Auto,
         }
@@ -205,6 +209,9 @@ struct FileConfig {
     /// Bytes per second: an integer or a size with a unit (`"50MiB"`).
     #[serde(alias = "flash_write_rate")]
     flash_write_rate: Option<Size>,
+    /// A share of the flash tier, 0.05 to 0.95.
+    #[serde(alias = "flash_sets")]
+    flash_sets: Option<f64>,
     /// `auto`, `uring` or `epoll`.
     io: Option<String>,
     /// `[[pool]]` tables.
@@ -237,6 +244,7 @@ pub struct Overrides {
     pub log_json: bool,
     pub promote: bool,
     pub flash_write_rate: Option<u64>,
+    pub flash_sets: Option<f64>,
     /// Replace the config file's pools when not empty.
     pub pools: Vec<PoolDef>,
     pub io: Option<IoChoice>,
@@ -283,6 +291,9 @@ impl ServerConfig {
         c.promote |= flags.promote;
         if let Some(v) = flags.flash_write_rate {
             c.flash_write_rate = Some(v);
+        }
+        if let Some(v) = flags.flash_sets {
+            c.flash_sets = Some(v);
         }
         if !flags.pools.is_empty() {
             c.pools = flags.pools;
@@ -356,6 +367,9 @@ impl ServerConfig {
         if let Some(v) = f.flash_write_rate {
             self.flash_write_rate = Some(v.bytes("flash-write-rate")?);
         }
+        if let Some(v) = f.flash_sets {
+            self.flash_sets = Some(v);
+        }
         if let Some(v) = f.io {
             self.io = v.parse().map_err(|message| ConfigError::Invalid {
                 setting: "io",
@@ -423,6 +437,14 @@ impl ServerConfig {
                     "flash-write-rate",
                     "needs a flash tier (--tiers ...,flash:SIZE)",
                 );
+            }
+        }
+        if let Some(share) = self.flash_sets {
+            if !(0.05..=0.95).contains(&share) {
+                return invalid("flash-sets", "must be a share between 0.05 and 0.95");
+            }
+            if !self.tiers.has_flash() {
+                return invalid("flash-sets", "needs a flash tier (--tiers ...,flash:SIZE)");
             }
         }
         for (i, pool) in self.pools.iter().enumerate() {
@@ -624,6 +646,25 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().starts_with("threads:"));
+    }
+
+    #[test]
+    fn flash_sets_need_a_flash_tier_and_a_share_in_range() {
+        let mut c = ServerConfig::default();
+        c.apply_toml("tiers = \"dram:64MiB,flash:1GiB\"\nflash-sets = 0.8\n")
+            .unwrap();
+        assert_eq!(c.flash_sets, Some(0.8));
+        c.validate().unwrap();
+        for (tiers, share) in [("dram:64MiB,flash:1GiB", 0.99), ("dram:64MiB", 0.5)] {
+            let e = ServerConfig::resolve(Overrides {
+                tiers: Some(tiers.parse().unwrap()),
+                flash_sets: Some(share),
+                ..Overrides::default()
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(e.starts_with("flash-sets:"), "{e}");
+        }
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub fn open_pools(
     cache_config.stripes = config.threads;
     cache_config.promote = config.promote;
     cache_config.flash_write_rate = config.flash_write_rate;
+    cache_config.flash_sets = config.flash_sets.map(terrace_cache::FlashSetsConfig::new);
     let named: Vec<PoolConfig> = config
         .pools
         .iter()

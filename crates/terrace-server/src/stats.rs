@@ -613,6 +613,7 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
                 tier("flash_set_below_threshold", sets.below_threshold);
                 tier("flash_set_items_trimmed", sets.items_trimmed);
                 tier("flash_set_kills", sets.kills);
+                tier("flash_set_staged_used", sets.staged_used);
             }
         }
     }

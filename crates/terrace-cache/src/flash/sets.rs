@@ -164,6 +164,8 @@ pub(crate) struct SetCounters {
     pub items_trimmed: AtomicU64,
     pub kills: AtomicU64,
     pub hits: AtomicU64,
+    /// Lookups that found their page staged (read ahead, off a server's worker).
+    pub staged_used: AtomicU64,
 }
 
 /// The kills of a stripe's sets in their current generations: `set << 32 | kill hash`.
@@ -425,8 +427,10 @@ impl FlashTier {
 
     /// Takes the staged page of `set`, if any (the caller checks its generation).
     pub fn staged_page(&self, set: u32) -> Option<Page> {
-        let page = self.sets.as_ref()?.staged.lock().pages.remove(&set)?;
+        let s = self.sets.as_ref()?;
+        let page = s.staged.lock().pages.remove(&set)?;
         self.counters.staged_used.fetch_add(1, Ordering::Relaxed);
+        s.counters.staged_used.fetch_add(1, Ordering::Relaxed);
         Some(page)
     }
 
@@ -548,11 +552,7 @@ impl FlashTier {
     /// the DRAM kill.
     pub fn kill_in_set(&self, lock: &mut SetLock<'_>, hash: u64) -> Result<(), MediaError> {
         let h = kill_hash(hash);
-        let due = self.log_kill(
-            SET_SLOT,
-            lock.set,
-            set_record_seq(lock.generation(), h),
-        )?;
+        let due = self.log_kill(SET_SLOT, lock.set, set_record_seq(lock.generation(), h))?;
         SetStore::add_kill(lock, h);
         if due {
             self.compact_kill_log()?;
