@@ -83,7 +83,8 @@ pub struct CacheConfig {
     pub segment_shift: Option<u8>,
     pub limits: ItemLimits,
     /// Items the whole capacity holds at the expected item size (capacity divided by the
-    /// mean item size); `None`: one per 256 bytes of capacity. The index is sized for the
+    /// mean item size); `None`: one per 256 bytes of capacity, or per half the sets'
+    /// largest item with flash sets (`default_item_bytes`). The index is sized for the
     /// share of them that the engine keeps live (about 95%, about 85% of a flash tier's; see
     /// `index_items`).
     pub expected_items: Option<usize>,
@@ -417,6 +418,18 @@ const GHOST_ITEMS_PER_SLOT: usize = 3;
 static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
     static STRIPE: usize = NEXT_STRIPE.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The item size the index is sized for when the configuration gives no expected item
+/// count: 256 bytes, or with flash sets half their largest item (at most 256, at least
+/// 64). A cache with sets is one for small items: counted at 256 bytes, items of 100 in
+/// DRAM alone would outnumber the index's entries, and index evictions would drop fresh
+/// items.
+fn default_item_bytes(sets: Option<&FlashSetsConfig>) -> u64 {
+    const WITHOUT_SETS: u64 = 256;
+    sets.map_or(WITHOUT_SETS, |c| {
+        (c.max_item as u64 / 2).clamp(64, WITHOUT_SETS)
+    })
 }
 
 /// The items the index is sized for, of `expected` (what the whole capacity would hold at
@@ -776,7 +789,7 @@ impl Cache {
             sizes.iter().sum::<u64>() + flash_config.as_ref().map_or(0, |(_, b)| *b);
         let expected_items = config
             .expected_items
-            .unwrap_or((capacity / 256).max(1024) as usize);
+            .unwrap_or((capacity / default_item_bytes(sets_config.as_ref())).max(1024) as usize);
         // Each stripe keeps at least one open segment in tier 0: no more stripes than a
         // quarter of its segments, so that they stay within their share of it.
         let stripes = if config.stripes == 0 {

@@ -369,9 +369,10 @@ fn set_pages_are_read_off_the_worker() {
         );
         let mut c = server.connect();
         let keys: Vec<String> = (0..200_000).map(|i| format!("s{i}")).collect();
-        // Items of about 250 bytes: the server sizes its index for one per 256 bytes of
-        // capacity (smaller ones would outnumber its entries in DRAM alone).
-        let value = |k: &str| common::versioned_value(k, 1, 180 + k.len() * 11);
+        // Items of about 100 bytes: with sets the server sizes its index for items of
+        // half the sets' largest (160 bytes), so even these do not outnumber its entries
+        // and every fresh item is found.
+        let value = |k: &str| common::versioned_value(k, 1, 40 + k.len() * 7);
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(c.set(k, &value(k)), "STORED");
             if i >= 8 {
