@@ -60,6 +60,7 @@ mod flash;
 pub mod number;
 mod promote;
 mod recover;
+mod replica;
 mod saved;
 mod sets;
 mod snapshot;
@@ -619,6 +620,8 @@ pub struct Cache {
     promote: bool,
     /// Promotions asked for and not yet done (`cache/promote.rs`).
     promotions: Mutex<Vec<(u64, Location)>>,
+    /// The flash copies promotions left in place (`cache/replica.rs`).
+    replicas: replica::Replicas,
     /// Small items in the flash tier's sets ([`CacheConfig::flash_sets`]).
     sets_config: Option<FlashSetsConfig>,
     counters: EngineCounters,
@@ -996,6 +999,7 @@ impl Cache {
             clock_offset: AtomicI64::new(0),
             promote: config.promote,
             promotions: Mutex::new(Vec::new()),
+            replicas: replica::Replicas::new(),
             sets_config,
             counters: EngineCounters::default(),
         };
@@ -1567,7 +1571,7 @@ impl Cache {
             FoundEntry::None => return Ok(Checked::NotFound),
         };
         self.unlink(&mut g, loc)?;
-        self.kill_set_copy(hash)?;
+        self.kill_flash_copies(hash)?;
         drop(g);
         if !was_live {
             return Ok(Checked::NotFound);
@@ -1585,6 +1589,9 @@ impl Cache {
             }
             crate::index::Sweep::Remove
         });
+        if self.kill_all_replicas().is_err() {
+            self.counters.persist_errors.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(f) = &self.flash {
             if f.drop_sets().is_err() {
                 self.counters.persist_errors.fetch_add(1, Ordering::Relaxed);
@@ -1652,7 +1659,7 @@ impl Cache {
             if let FoundEntry::Live(Current { loc, .. }) | FoundEntry::Stale(loc) = found {
                 self.unlink(&mut g, loc)?;
             }
-            self.kill_set_copy(hash)?;
+            self.kill_flash_copies(hash)?;
             return Ok(Store::Stored { cas: 0 });
         }
         loop {
@@ -1701,7 +1708,7 @@ impl Cache {
                 self.kill_at(old)?;
             }
             if !matches!(version, Version::FromSet(_)) {
-                self.kill_set_copy(hash)?;
+                self.kill_flash_copies(hash)?;
             }
             if !published {
                 self.kill(&pin, new)?;

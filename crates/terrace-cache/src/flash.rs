@@ -413,6 +413,9 @@ pub(crate) struct FlashCounters {
     pub refused_no_room: AtomicU64,
     /// Items not admitted: over the write budget.
     pub refused_budget: AtomicU64,
+    /// Demotions that repointed an entry to the item's replica instead of writing it
+    /// (`cache/replica.rs`).
+    pub replica_demotions: AtomicU64,
 }
 
 /// The queues of a flash tier: free slots, and stored segments oldest first.
@@ -1111,6 +1114,29 @@ impl FlashTier {
     /// in the kill log (one `pwrite`, before this returns). Nothing to do for a segment
     /// already retired.
     pub fn kill(&self, slot: u32, offset: u32) -> Result<(), MediaError> {
+        self.kill_of(slot, offset, None)
+    }
+
+    /// Kills the item at `offset` of `slot` as [`kill`](Self::kill) does, if the segment
+    /// there (stored, or evicted and not yet retired) is still the one of write sequence
+    /// `write_seq` — a replica whose segment went is gone with it, and the slot may hold
+    /// another segment since.
+    pub fn kill_replica(&self, slot: u32, offset: u32, write_seq: u64) -> Result<(), MediaError> {
+        self.kill_of(slot, offset, Some(write_seq))
+    }
+
+    /// The write sequence of the segment stored in `slot`, if one is stored there (not in
+    /// a buffer, not being evicted): where a promotion may leave a replica.
+    pub fn stored_write_seq(&self, slot: u32) -> Option<u64> {
+        let cell = self.slots.get(slot as usize)?;
+        let state = cell.state.lock();
+        match &*state {
+            Slot::Stored { .. } => self.stored_seq(slot),
+            _ => None,
+        }
+    }
+
+    fn kill_of(&self, slot: u32, offset: u32, want_seq: Option<u64>) -> Result<(), MediaError> {
         let Some(cell) = self.slots.get(slot as usize) else {
             return Ok(());
         };
@@ -1119,6 +1145,7 @@ impl FlashTier {
             Slot::Free => return Ok(()),
             Slot::Evicting { retired: true, .. } => return Ok(()),
             Slot::Evicting { data, .. } => data.write_seq,
+            Slot::Open(_) if want_seq.is_some() => return Ok(()),
             Slot::Open(buf) => {
                 let mut d = buf.data.write();
                 if !d.writing {
@@ -1133,6 +1160,9 @@ impl FlashTier {
                 None => return Ok(()),
             },
         };
+        if want_seq.is_some_and(|want| want != write_seq) {
+            return Ok(());
+        }
         cell.dead.fetch_add(1, Ordering::Relaxed);
         // Written while the slot's state is held: its eviction cannot mark it retired in
         // between, so no kill of an item still on flash goes unrecorded.
@@ -1432,6 +1462,9 @@ impl FlashTier {
             staged_used: l(&c.staged_used),
             refused_no_room: l(&c.refused_no_room),
             refused_budget: l(&c.refused_budget),
+            // The cache fills in how many it holds (`cache/replica.rs`).
+            replicas: 0,
+            replica_demotions: l(&c.replica_demotions),
             write_rate: self.budget.as_ref().map(WriteBudget::rate),
             sets: self.sets.as_ref().map(|s| {
                 let c = &s.counters;

@@ -315,6 +315,10 @@ pub struct FlashStats {
     pub refused_budget: u64,
     /// The write budget, bytes per second (`None`: none).
     pub write_rate: Option<u64>,
+    /// Promoted items whose flash copy is kept as a replica now, and demotions that
+    /// repointed to a replica instead of writing the item again (`cache/replica.rs`).
+    pub replicas: u64,
+    pub replica_demotions: u64,
     /// The small items in sets (`None`: the tier has none).
     pub sets: Option<SetStats>,
 }
@@ -381,6 +385,8 @@ impl FlashStats {
         self.staged_used += o.staged_used;
         self.refused_no_room += o.refused_no_room;
         self.refused_budget += o.refused_budget;
+        self.replicas += o.replicas;
+        self.replica_demotions += o.replica_demotions;
         self.write_rate = match (self.write_rate, o.write_rate) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),

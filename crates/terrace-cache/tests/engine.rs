@@ -11,7 +11,7 @@ use terrace_cache::{
 };
 
 mod common;
-use common::{set_with_ttl, MIB};
+use common::{flash_dir, set_with_ttl, MIB};
 
 /// The shared test configuration, with values up to 16 KiB (half a segment).
 fn config(tiers: Vec<TierConfig>) -> CacheConfig {
@@ -623,6 +623,20 @@ fn tiered_promoting(dir: &std::path::Path) -> Cache {
     .0
 }
 
+/// 2 MiB of DRAM over 8 MiB of flash on the disk, promotion on: promoted flash items
+/// keep their flash copy as a replica (`cache/replica.rs`), which writes must kill.
+fn flash_promoting(dir: &std::path::Path) -> Cache {
+    Cache::open(CacheConfig {
+        promote: true,
+        ..config(vec![
+            dram(2),
+            TierConfig::flash(dir, TierSize::Bytes(8 * MIB)),
+        ])
+    })
+    .unwrap()
+    .0
+}
+
 fn key(k: u32) -> Vec<u8> {
     format!("key-{k}").into_bytes()
 }
@@ -660,7 +674,7 @@ proptest! {
     #[test]
     fn engine_matches_a_hashmap_model(ops in proptest::collection::vec(op(), 1..1200)) {
         let (c, _) = Cache::open(config(vec![dram(2)])).unwrap();
-        check_against_model(&c, ops, KEYS, false)?;
+        check_against_model(&c, ops, KEYS, false, 0)?;
     }
 
     /// The same with two tiers and promotion on, the movers' work (demotions,
@@ -671,8 +685,48 @@ proptest! {
     ) {
         let dir = tempfile::tempdir().unwrap();
         let c = tiered_promoting(dir.path());
-        check_against_model(&c, ops, TIERED_KEYS, true)?;
+        check_against_model(&c, ops, TIERED_KEYS, true, 0)?;
     }
+
+    /// The same over a flash tier: promotions out of flash leave replicas, and no
+    /// write, touch or delete lets one be read again.
+    #[test]
+    fn a_flash_engine_with_promotion_matches_a_hashmap_model(
+        ops in proptest::collection::vec(op_over(TIERED_KEYS, 12_000), 1..1200),
+    ) {
+        let dir = flash_dir();
+        let c = flash_promoting(dir.path());
+        check_against_model(&c, ops, TIERED_KEYS, true, FLASH_CHURN)?;
+    }
+}
+
+#[test]
+fn the_flash_model_test_exercises_replicas() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 4,
+        ..ProptestConfig::default()
+    });
+    let (promoted, returned) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    runner
+        .run(
+            &proptest::collection::vec(op_over(TIERED_KEYS, 12_000), 1000..1200),
+            |ops| {
+                let dir = flash_dir();
+                let c = flash_promoting(dir.path());
+                check_against_model(&c, ops, TIERED_KEYS, true, FLASH_CHURN)?;
+                let s = c.stats();
+                promoted.set(promoted.get() + s.promotions);
+                let f = s.tiers[1].flash.as_ref().unwrap();
+                returned.set(returned.get() + f.replica_demotions);
+                Ok(())
+            },
+        )
+        .unwrap();
+    let (promoted, returned) = (promoted.get(), returned.get());
+    assert!(
+        promoted > 0 && returned > 0,
+        "{promoted} promotions, {returned} demotions back to replicas"
+    );
 }
 
 thread_local! {
@@ -691,7 +745,7 @@ fn the_tiered_model_test_exercises_promotion() {
             |ops| {
                 let dir = tempfile::tempdir().unwrap();
                 let c = tiered_promoting(dir.path());
-                check_against_model(&c, ops, TIERED_KEYS, true)?;
+                check_against_model(&c, ops, TIERED_KEYS, true, 0)?;
                 PROMOTED.with(|p| p.set(p.get() + c.stats().promotions));
                 Ok(())
             },
@@ -703,15 +757,22 @@ fn the_tiered_model_test_exercises_promotion() {
 /// Keys of the tiered model test.
 const TIERED_KEYS: u32 = 100;
 
+/// Filler items the flash model test writes after every read: about 24 KB, so that a
+/// run pushes its 2 MiB of DRAM out a few times and promoted items are demoted again
+/// (back to their replicas).
+const FLASH_CHURN: u32 = 8;
+
 /// Runs `ops` on `c` and on a model (keys `0..keys`). With `tiered`, first sets every key
 /// and reads it twice, then overflows tier 0 with other keys, so that the keys start in
 /// tier 1 with the hits that make their next read ask for promotion, and runs the movers'
-/// work after every read.
+/// work after every read. After every read `churn` items of keys outside the model are
+/// written.
 fn check_against_model(
     c: &Cache,
     ops: Vec<Op>,
     keys: u32,
     tiered: bool,
+    churn: u32,
 ) -> Result<(), TestCaseError> {
     {
         let mut model: HashMap<u32, (Vec<u8>, u64)> = HashMap::new();
@@ -730,6 +791,7 @@ fn check_against_model(
             }
         }
         let maintain = tiered;
+        let mut filler = 0u32;
         for op in ops {
             match op {
                 Op::Set(k, s, n) => {
@@ -837,6 +899,16 @@ fn check_against_model(
                         prop_assert_eq!(g.cas(), *cas);
                     } else {
                         model.remove(&k);
+                    }
+                    for _ in 0..churn {
+                        filler += 1;
+                        c.set(
+                            &key(keys + 1000 + filler % 4000),
+                            &value(filler, 3000),
+                            0,
+                            0,
+                        )
+                        .unwrap();
                     }
                     if maintain {
                         c.maintain().unwrap();

@@ -597,6 +597,8 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
             tier("flash_refused_budget", f.refused_budget);
             tier("flash_write_rate", f.write_rate.unwrap_or(0));
             tier("flash_reinserted", t.reinserted);
+            tier("flash_replicas", f.replicas);
+            tier("flash_replica_demotions", f.replica_demotions);
             tier("flash_kills_logged", f.kills_logged);
             tier("flash_write_errors", f.write_errors);
             tier("flash_read_errors", f.read_errors);

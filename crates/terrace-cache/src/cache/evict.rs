@@ -547,7 +547,14 @@ impl Cache {
                 *flash_copy = self.copy_to_flash(&item, cas(), now, expires_at, false)?;
                 Ok(None)
             };
-            let copy = if !kept {
+            // A promoted item whose replica is still on flash goes back to it, kept or
+            // not: a repoint, no write (`cache/replica.rs`).
+            let to_replica = to_flash
+                && !expired
+                && !stay
+                && victim.walk != Walk::Clean
+                && self.has_replica(hash);
+            let copy = if to_replica || !kept {
                 None
             } else if victim.walk == Walk::Clean {
                 self.copy_item(tier, Dest::Reinsert, &item, cas(), now, expires_at)?
@@ -583,6 +590,9 @@ impl Cache {
                 (Some(copy), _) => self.publish_copy(&mut g, Some(&pin), loc, copy, frequency)?,
                 (None, Some((buf, dloc))) => {
                     self.publish_flash_copy(&mut g, Some(&pin), loc, (buf, *dloc), frequency)?
+                }
+                (None, None) if to_replica => {
+                    self.demote_to_replica(&mut g, hash, &pin, loc, frequency)?
                 }
                 (None, None) => false,
             };

@@ -206,6 +206,14 @@ impl Cache {
         Ok(())
     }
 
+    /// Kills the flash copies of the key of `hash` that no entry points at: its set copy
+    /// and its replica. The caller holds the key's bucket lock and has just written,
+    /// touched or deleted the key.
+    pub(super) fn kill_flash_copies(&self, hash: u64) -> Result<(), CacheError> {
+        self.kill_set_copy(hash)?;
+        self.kill_replica_of(hash)
+    }
+
     /// A free flash slot, evicting a segment if none is free.
     fn flash_slot_for_buffer(&self, reinsertion: bool) -> Result<Option<u32>, CacheError> {
         let Some(f) = &self.flash else {
@@ -490,6 +498,10 @@ impl Cache {
             } else {
                 self.entry_hits(hash, loc)
             };
+            if hits.is_none() {
+                // Unindexed: perhaps a promoted item's replica, which goes with its segment.
+                self.forget_replica_at(hash, loc);
+            }
             let copy = match hits {
                 Some((freq, _)) if freq > 0 && budget >= item.len as usize => {
                     budget -= item.len as usize;
@@ -628,7 +640,10 @@ impl Cache {
                 terrace_media::Durability::Power
             }),
             flushed_at_shutdown: !f.is_emulated(),
-            flash: Some(f.flash_stats()),
+            flash: Some(crate::tier::FlashStats {
+                replicas: self.replicas.len() as u64,
+                ..f.flash_stats()
+            }),
             ..crate::tier::TierStats::default()
         }
     }

@@ -12,6 +12,10 @@
 //! so an item cannot bounce between the tiers on every read. Off unless
 //! [`CacheConfig::promote`](super::CacheConfig::promote) is set.
 //!
+//! Out of flash the source stays: a promoted item out of a stored flash segment keeps
+//! its flash copy as a replica, which its demotion repoints to instead of writing the
+//! item again (`cache/replica.rs`).
+//!
 //! # Invariants
 //! A copy is published exactly as a demotion is (`evict.rs`): written PENDING, then under
 //! the key's bucket lock, only if the entry still points at the source and the source is
@@ -90,6 +94,11 @@ impl Cache {
         }
         let expires_at = self.item_expiry(loc.segment, &item);
         let cas = self.cas_of(loc.segment, &item);
+        // A stored flash item stays where it is, as the key's replica (`cache/replica.rs`).
+        let replica_seq = match src {
+            None => self.replica_seq(loc),
+            Some(_) => None,
+        };
         let Some((dpin, dloc)) = self.copy_item(0, Dest::Moved, &item, cas, now, expires_at)?
         else {
             return Ok(false);
@@ -97,7 +106,13 @@ impl Cache {
         #[cfg(test)]
         super::evict::tests::before_publish(item.key);
         let mut g = self.index.lock(hash);
-        if !self.publish_copy(&mut g, src, loc, (dpin, dloc), Freq::Set(1))? {
+        let published = match replica_seq {
+            Some(seq) => {
+                self.publish_keeping_replica(&mut g, hash, loc, seq, (dpin, dloc), Freq::Set(1))?
+            }
+            None => self.publish_copy(&mut g, src, loc, (dpin, dloc), Freq::Set(1))?,
+        };
+        if !published {
             return Ok(false);
         }
         drop(g);

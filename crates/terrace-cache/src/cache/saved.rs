@@ -419,6 +419,8 @@ impl Cache {
     /// tier this is just a drop.
     pub fn shutdown(mut self) -> Result<(), CacheError> {
         self.seal_all();
+        // A saved index does not name replicas: killed, so that none can come back.
+        self.kill_all_replicas()?;
         // Every demoted item reaches flash, and the kill log the disk.
         self.flush_flash();
         if let Some(f) = &self.flash {

@@ -210,6 +210,8 @@ impl Cache {
                 offset: i.offset,
             };
             if self.entry_hits(hash, loc).is_none() {
+                // Unindexed: perhaps a promoted item's replica, which goes with its segment.
+                self.forget_replica_at(hash, loc);
                 continue;
             }
             if past(i.expires_at, now) {
