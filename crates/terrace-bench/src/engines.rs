@@ -83,7 +83,7 @@ pub struct TerraceOptions<'a> {
     pub tiers: &'a Tiers,
     pub dir: Option<PathBuf>,
     pub max_value: u64,
-    pub promote: bool,
+    pub promote: Option<bool>,
     pub flash_sets: Option<terrace_cache::FlashSetsConfig>,
     pub expected_items: usize,
     pub mover_interval: Duration,
@@ -134,7 +134,9 @@ impl Terrace {
                 .context("--value-size MAX is too large for the cache (at most 4 GiB - 1)")?;
         }
         config.limits = limits;
-        config.promote = o.promote;
+        if let Some(promote) = o.promote {
+            config.promote = promote;
+        }
         config.flash_sets = o.flash_sets;
         let (cache, _report) =
             Cache::open(config.clone()).context("cannot open the Terrace cache")?;
@@ -210,6 +212,8 @@ impl Engine for Terrace {
                 "segments_written": f.segments_written,
                 "refused_no_room": f.refused_no_room,
                 "refused_budget": f.refused_budget,
+                "replicas": f.replicas,
+                "replica_demotions": f.replica_demotions,
                 "write_errors": f.write_errors,
                 "read_errors": f.read_errors,
                 "sets": f.sets.as_ref().map(set_stats_json),

@@ -192,9 +192,11 @@ struct CacheArgs {
     /// Terrace: mover thread polling interval, microseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     mover_interval_us: u64,
-    /// Terrace: promote items read often in a lower tier into tier 0 (off by default).
-    #[arg(long)]
-    promote: bool,
+    /// Terrace: promote items read often in a lower tier into tier 0 [default: the
+    /// cache's, on with a flash tier].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    promote: Option<bool>,
     /// Terrace: put small items on the flash tier into sets taking this share of it
     /// (0.05..=0.95; Kangaroo's design: about a byte of DRAM per item). Off by default.
     #[arg(long)]

@@ -93,10 +93,12 @@ pub struct CacheConfig {
     /// parallelism.
     pub stripes: usize,
     /// Copy items read often in a lower tier up into tier 0, in the background (the
-    /// mover thread does it; see `cache/promote.rs`). Off by default: it pays when the
-    /// lower tiers are slower to read than DRAM (PMem, CXL or far NUMA memory, flash);
-    /// with a file tier in page cache or on tmpfs it only costs copies and space, and so
-    /// hit ratio and throughput (`docs/experiments.md`).
+    /// mover thread does it; see `cache/promote.rs`). [`CacheConfig::new`] turns it on
+    /// with a flash tier: a flash hit costs a device read, and an item promoted out of
+    /// flash keeps its flash copy, which its demotion returns to (`cache/replica.rs`).
+    /// Off otherwise: it pays when the lower tiers are slower to read than DRAM (PMem,
+    /// CXL or far NUMA memory); with a file tier in page cache or on tmpfs it only costs
+    /// copies and space, and so hit ratio and throughput (`docs/experiments.md`).
     pub promote: bool,
     /// Key hash seed.
     pub seed: u64,
@@ -140,7 +142,11 @@ impl CacheConfig {
         })
     }
 
+    /// Defaults for `tiers`: promotion on when one of them is flash.
     pub fn new(tiers: Vec<TierConfig>) -> CacheConfig {
+        let promote = tiers
+            .iter()
+            .any(|t| matches!(t.medium, tier::Medium::Flash { .. }));
         CacheConfig {
             tiers,
             total_bytes: None,
@@ -148,7 +154,7 @@ impl CacheConfig {
             limits: ItemLimits::default(),
             expected_items: None,
             stripes: 0,
-            promote: false,
+            promote,
             seed: 0x7e77ace,
             boot_id: None,
             flash_write_rate: None,

@@ -673,3 +673,18 @@ fn a_clean_shutdown_kills_replicas_so_a_later_crash_cannot_bring_one_back() {
     let (hits, _) = check(&c, &latest, &[]);
     eprintln!("after a clean stop and a crash: {hits} hits; {report:?}");
 }
+
+#[test]
+fn promotion_is_on_by_default_with_a_flash_tier_only() {
+    let dir = flash_dir();
+    let with_flash = CacheConfig::new(vec![
+        TierConfig::dram(TierSize::Bytes(2 * MIB)),
+        TierConfig::flash(dir.path(), TierSize::Bytes(16 * MIB)),
+    ]);
+    assert!(with_flash.promote);
+    let memory_only = CacheConfig::new(vec![
+        TierConfig::dram(TierSize::Bytes(2 * MIB)),
+        TierConfig::file(dir.path(), TierSize::Bytes(8 * MIB)),
+    ]);
+    assert!(!memory_only.promote);
+}

@@ -45,9 +45,12 @@ pub struct ServeArgs {
     #[arg(long)]
     log_json: bool,
     /// Copy items read often in a lower tier up into the first one, in the background
-    /// (worth it when the lower tiers are slower than DRAM: PMem, CXL, far NUMA memory).
-    #[arg(long)]
-    promote: bool,
+    /// (worth it when the lower tiers are slower than DRAM: flash, PMem, CXL, far NUMA
+    /// memory). An item promoted out of flash keeps its flash copy, which its demotion
+    /// returns to [default: on with a flash tier, else off]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    promote: Option<bool>,
     /// The flash tier's write budget in bytes per second (e.g. 50MiB): what is over it
     /// stays off flash, counted in `stats` as tier_<i>_flash_refused_budget
     /// [default: no cap].

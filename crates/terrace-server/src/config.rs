@@ -42,8 +42,9 @@ pub struct ServerConfig {
     pub metrics: Option<String>,
     /// Logs as JSON lines instead of text.
     pub log_json: bool,
-    /// Promote items read often in a lower tier into the first (see `terrace-cache`).
-    pub promote: bool,
+    /// Promote items read often in a lower tier into the first (see `terrace-cache`);
+    /// `None`: the cache's default (on with a flash tier).
+    pub promote: Option<bool>,
     /// The flash tier's write budget, bytes per second (`None`: no cap).
     pub flash_write_rate: Option<u64>,
     /// The share of the flash tier that holds small items in sets (`None`: none; see
@@ -141,7 +142,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             metrics: None,
             log_json: false,
-            promote: false,
+            promote: None,
             flash_write_rate: None,
             flash_sets: None,
             pools: Vec::new(),
@@ -242,7 +243,7 @@ pub struct Overrides {
     pub max_connections: Option<usize>,
     pub metrics: Option<String>,
     pub log_json: bool,
-    pub promote: bool,
+    pub promote: Option<bool>,
     pub flash_write_rate: Option<u64>,
     pub flash_sets: Option<f64>,
     /// Replace the config file's pools when not empty.
@@ -288,7 +289,9 @@ impl ServerConfig {
             c.metrics = Some(v);
         }
         c.log_json |= flags.log_json;
-        c.promote |= flags.promote;
+        if let Some(v) = flags.promote {
+            c.promote = Some(v);
+        }
         if let Some(v) = flags.flash_write_rate {
             c.flash_write_rate = Some(v);
         }
@@ -362,7 +365,7 @@ impl ServerConfig {
             self.log_json = v;
         }
         if let Some(v) = f.promote {
-            self.promote = v;
+            self.promote = Some(v);
         }
         if let Some(v) = f.flash_write_rate {
             self.flash_write_rate = Some(v.bytes("flash-write-rate")?);
@@ -496,6 +499,7 @@ mod tests {
         assert_eq!(c.dir, PathBuf::from(DEFAULT_DIR));
         assert_eq!(c.tiers.to_string(), DEFAULT_TIERS);
         assert!(c.tiers.has_file());
+        assert_eq!(c.promote, None, "the cache's default: on with a flash tier");
     }
 
     #[test]
@@ -506,7 +510,7 @@ mod tests {
              max-item-size = 2097152\nthreads = 3\nmax_connections = 10\npromote = true\n",
         )
         .unwrap();
-        assert!(c.promote);
+        assert_eq!(c.promote, Some(true));
         assert_eq!(c.listen.as_deref(), Some("127.0.0.1:9"));
         assert_eq!(c.capacity, Some(1 << 30));
         assert_eq!(c.max_item_size, 2 << 20);
@@ -517,14 +521,20 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.toml");
-        std::fs::write(&path, "threads = 3\nunix = \"/tmp/x.sock\"\n").unwrap();
+        std::fs::write(
+            &path,
+            "threads = 3\nunix = \"/tmp/x.sock\"\npromote = true\n",
+        )
+        .unwrap();
         let c = ServerConfig::resolve(Overrides {
             config: Some(path),
             threads: Some(5),
+            promote: Some(false),
             ..Overrides::default()
         })
         .unwrap();
         assert_eq!(c.threads, 5);
+        assert_eq!(c.promote, Some(false), "--promote=false over the file's");
         assert_eq!(c.listen, None, "a UNIX socket alone turns TCP off");
         assert_eq!(c.unix, Some(PathBuf::from("/tmp/x.sock")));
     }

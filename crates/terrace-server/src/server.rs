@@ -69,7 +69,9 @@ pub fn open_pools(
         ..ItemLimits::default()
     };
     cache_config.stripes = config.threads;
-    cache_config.promote = config.promote;
+    if let Some(promote) = config.promote {
+        cache_config.promote = promote;
+    }
     cache_config.flash_write_rate = config.flash_write_rate;
     cache_config.flash_sets = config.flash_sets.map(terrace_cache::FlashSetsConfig::new);
     let named: Vec<PoolConfig> = config

@@ -9,8 +9,9 @@
 //! tier-0 segment is evicted (tier 0 is every tiered cache's probation stage) unless it
 //! is read again up there (then tier 0 keeps it: `evict.rs`, `STAY_HITS`), and it must
 //! record [`PROMOTE_AFTER_HITS`] hits again down there before a hit brings it back up,
-//! so an item cannot bounce between the tiers on every read. Off unless
-//! [`CacheConfig::promote`](super::CacheConfig::promote) is set.
+//! so an item cannot bounce between the tiers on every read. On where
+//! [`CacheConfig::promote`](super::CacheConfig::promote) is set (by default with a flash
+//! tier).
 //!
 //! Out of flash the source stays: a promoted item out of a stored flash segment keeps
 //! its flash copy as a replica, which its demotion repoints to instead of writing the
