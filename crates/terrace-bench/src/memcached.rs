@@ -70,6 +70,9 @@ pub struct Memcached {
     pool: Mutex<Vec<Conn>>,
     refused: AtomicU64,
     first_refusal: Mutex<Option<String>>,
+    /// The first few wrong values, described (what came back against what was expected),
+    /// so that a server's wrong values can be told from a client's misreading.
+    wrong: Mutex<Vec<String>>,
     /// The server's stats, read once after the run (or why they could not be).
     stats: OnceLock<Result<Vec<(String, String)>, String>>,
 }
@@ -86,6 +89,7 @@ impl Memcached {
             pool: Mutex::new(Vec::new()),
             refused: AtomicU64::new(0),
             first_refusal: Mutex::new(None),
+            wrong: Mutex::new(Vec::new()),
             stats: OnceLock::new(),
         };
         m.with_conn(|c| {
@@ -145,6 +149,33 @@ fn stat_value(v: &str) -> Value {
     }
 }
 
+/// Wrong values described in the JSON (`first_wrong`).
+const WRONG_NOTED: usize = 8;
+
+impl Memcached {
+    /// Describes a wrong value of key `id` (expected `len` bytes): its length, and whether
+    /// it starts with the key's tag.
+    fn note_wrong(&self, key: &[u8], id: u64, len: usize, got: &[u8]) {
+        let Ok(mut noted) = self.wrong.lock() else {
+            return;
+        };
+        if noted.len() >= WRONG_NOTED {
+            return;
+        }
+        let n = len.min(8);
+        let mut tag = vec![0u8; n];
+        crate::workload::fill_value(&mut tag, id, n);
+        let tag_ok = got.starts_with(&tag);
+        noted.push(format!(
+            "{}: {} bytes back, {len} expected; first bytes {} the key's tag ({:02x?})",
+            String::from_utf8_lossy(key),
+            got.len(),
+            if tag_ok { "match" } else { "do not match" },
+            &got[..got.len().min(8)],
+        ));
+    }
+}
+
 impl Engine for Memcached {
     fn get(&self, key: &[u8], id: u64, len: usize) -> Result<Got> {
         debug_assert!(key.iter().all(|b| b.is_ascii_graphic()));
@@ -163,7 +194,13 @@ impl Engine for Memcached {
             })?;
             Ok(match got {
                 reply::Got::Miss => Got::Miss,
-                reply::Got::Hit => check(&c.value, id, len),
+                reply::Got::Hit => {
+                    let verdict = check(&c.value, id, len);
+                    if verdict == Got::Wrong {
+                        self.note_wrong(key, id, len, &c.value);
+                    }
+                    verdict
+                }
             })
         })
     }
@@ -223,6 +260,7 @@ impl Engine for Memcached {
             "connections": self.pool.lock().map(|p| p.len()).ok(),
             "sets_refused": self.refused.load(Ordering::Relaxed),
             "first_refusal": self.first_refusal.lock().ok().and_then(|f| f.clone()),
+            "first_wrong": self.wrong.lock().map(|w| w.clone()).unwrap_or_default(),
             "stats": stats,
         })
     }
