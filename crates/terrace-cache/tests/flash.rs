@@ -571,16 +571,22 @@ fn stored_on_flash(c: &Cache, latest: &HashMap<u32, u32>) -> Vec<u32> {
     keys
 }
 
+/// A cache with promotion on, 12k items written, and 300 of those stored on flash read
+/// until promoted; returns it, the latest versions and the keys promoted (over 100).
+fn with_promoted(dir: &Path) -> (Cache, HashMap<u32, u32>, Vec<u32>) {
+    let (c, _) = Cache::open(promoting(dir)).unwrap();
+    let latest = fill(&c, 12_000, 0);
+    let on_flash = stored_on_flash(&c, &latest);
+    let promoted = promote(&c, &on_flash[..300]);
+    assert!(promoted.len() > 100, "{} promoted", promoted.len());
+    (c, latest, promoted)
+}
+
 #[test]
 fn a_promotion_out_of_flash_leaves_a_replica_that_demotion_returns_to() {
     let dir = flash_dir();
-    let (c, _) = Cache::open(promoting(dir.path())).unwrap();
-    let mut latest = fill(&c, 12_000, 0);
-    let on_flash = stored_on_flash(&c, &latest);
-    let promoted = promote(&c, &on_flash[..300]);
-    let s = c.stats();
-    let f = s.tiers[1].flash.clone().unwrap();
-    assert!(promoted.len() > 100, "{} promoted: {s:?}", promoted.len());
+    let (c, mut latest, promoted) = with_promoted(dir.path());
+    let f = c.stats().tiers[1].flash.clone().unwrap();
     assert_eq!(f.replicas as usize, promoted.len(), "{f:?}");
     // New keys push tier 0 out: the promoted items go back to their replicas.
     let written = f.bytes_written;
@@ -612,11 +618,7 @@ fn a_promotion_out_of_flash_leaves_a_replica_that_demotion_returns_to() {
 #[test]
 fn writes_to_promoted_items_kill_their_replicas_across_an_unclean_stop() {
     let dir = flash_dir();
-    let (c, _) = Cache::open(promoting(dir.path())).unwrap();
-    let mut latest = fill(&c, 12_000, 0);
-    let on_flash = stored_on_flash(&c, &latest);
-    let promoted = promote(&c, &on_flash[..300]);
-    assert!(promoted.len() > 100);
+    let (c, mut latest, promoted) = with_promoted(dir.path());
     // Overwrite a third, touch a third (a new expiry is a new version too), delete the
     // rest: no replica may come back.
     let mut deleted = Vec::new();
@@ -654,11 +656,7 @@ fn writes_to_promoted_items_kill_their_replicas_across_an_unclean_stop() {
 #[test]
 fn a_clean_shutdown_kills_replicas_so_a_later_crash_cannot_bring_one_back() {
     let dir = flash_dir();
-    let (c, _) = Cache::open(promoting(dir.path())).unwrap();
-    let mut latest = fill(&c, 12_000, 0);
-    let on_flash = stored_on_flash(&c, &latest);
-    let promoted = promote(&c, &on_flash[..300]);
-    assert!(promoted.len() > 100);
+    let (c, mut latest, promoted) = with_promoted(dir.path());
     c.shutdown().unwrap();
     // The promoted items come back in tier 0 (its snapshot); their flash copies must be
     // dead, since nothing remembers them now.
