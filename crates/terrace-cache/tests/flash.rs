@@ -375,15 +375,7 @@ fn holds_items_at(dir: &Path, path: &Path) {
     let (c, report) = Cache::open(dram_and_flash_at(dir, path, 16 * MIB)).unwrap();
     let (_, flash) = check(&c, &latest, &deleted);
     assert!(flash > 500, "{report:?}");
-    let on_flash: Vec<u32> = latest
-        .keys()
-        .copied()
-        .filter(|k| {
-            c.peek(format!("key{k}").as_bytes())
-                .unwrap()
-                .is_some_and(|g| g.tier() == 1)
-        })
-        .collect();
+    let on_flash = in_tier(&c, latest.keys().copied(), 1);
     c.shutdown().unwrap();
     let (c, report) = Cache::open(dram_and_flash_at(dir, path, 16 * MIB)).unwrap();
     assert!(report.from_saved_index > 0, "{report:?}");
@@ -545,30 +537,27 @@ fn promote(c: &Cache, keys: &[u32]) -> Vec<u32> {
         }
         c.maintain().unwrap();
     }
-    keys.iter()
-        .copied()
+    in_tier(c, keys.iter().copied(), 0)
+}
+
+/// Those of `keys` whose items are in tier `tier` (1: flash), in order.
+fn in_tier(c: &Cache, keys: impl IntoIterator<Item = u32>, tier: usize) -> Vec<u32> {
+    let mut found: Vec<u32> = keys
+        .into_iter()
         .filter(|k| {
             c.peek(format!("key{k}").as_bytes())
                 .unwrap()
-                .is_some_and(|g| g.tier() == 0)
+                .is_some_and(|g| g.tier() == tier)
         })
-        .collect()
+        .collect();
+    found.sort_unstable();
+    found
 }
 
 /// Keys of `latest` whose items are on flash, stored (not in a write buffer).
 fn stored_on_flash(c: &Cache, latest: &HashMap<u32, u32>) -> Vec<u32> {
     c.flush_flash();
-    let mut keys: Vec<u32> = latest
-        .keys()
-        .copied()
-        .filter(|k| {
-            c.peek(format!("key{k}").as_bytes())
-                .unwrap()
-                .is_some_and(|g| g.tier() == 1)
-        })
-        .collect();
-    keys.sort_unstable();
-    keys
+    in_tier(c, latest.keys().copied(), 1)
 }
 
 /// A cache with promotion on, 12k items written, and 300 of those stored on flash read
@@ -600,14 +589,7 @@ fn a_promotion_out_of_flash_leaves_a_replica_that_demotion_returns_to() {
     eprintln!("{} promoted; {f:?}", promoted.len());
     assert!(f.replica_demotions > 50, "{f:?}");
     assert!(f.bytes_written > written);
-    let back = promoted
-        .iter()
-        .filter(|k| {
-            c.peek(format!("key{k}").as_bytes())
-                .unwrap()
-                .is_some_and(|g| g.tier() == 1)
-        })
-        .count();
+    let back = in_tier(&c, promoted.iter().copied(), 1).len();
     assert!(
         back as u64 >= f.replica_demotions / 2,
         "{back} back on flash: {f:?}"
