@@ -259,6 +259,18 @@ impl Drop for Movers {
     }
 }
 
+/// What becomes of the source of a copy [`Cache::publish_copy`] publishes.
+#[derive(Clone, Copy)]
+pub(super) enum Source<'p, 'c> {
+    /// In a memory tier: killed in place.
+    Memory(&'p Pin<'c>),
+    /// On flash: killed (a kill record).
+    Flash,
+    /// On flash, stored in the segment of `write_seq`: kept as the key's replica
+    /// (`cache/replica.rs`).
+    KeptOnFlash { hash: u64, write_seq: u64 },
+}
+
 impl Cache {
     /// A free slot of `tier`: from the free list (less, in the last tier, the
     /// [`REINSERT_RESERVE`]), from segments whose eviction finished and whose pins
@@ -587,7 +599,9 @@ impl Cache {
                 Freq::Keep
             };
             let moved = match (copy, &flash_copy) {
-                (Some(copy), _) => self.publish_copy(&mut g, Some(&pin), loc, copy, frequency)?,
+                (Some(copy), _) => {
+                    self.publish_copy(&mut g, Source::Memory(&pin), loc, copy, frequency)?
+                }
                 (None, Some((buf, dloc))) => {
                     self.publish_flash_copy(&mut g, Some(&pin), loc, (buf, *dloc), frequency)?
                 }
@@ -708,14 +722,19 @@ impl Cache {
     pub(super) fn publish_copy(
         &self,
         g: &mut BucketGuard<'_>,
-        src: Option<&Pin<'_>>,
+        src: Source<'_, '_>,
         loc: Location,
         (dpin, dloc): (Pin<'_>, Location),
         frequency: Freq,
     ) -> Result<bool, CacheError> {
         let present = g.candidates().any(|l| l == loc);
-        // A flash source (`None`) is LIVE exactly while its entry is there.
-        let live = src.is_none_or(|p| p.item_state(loc.offset) == Some(ItemState::Live));
+        // A flash source is LIVE exactly while its entry is there; one kept as a replica
+        // must also still be stored in the segment it was read from.
+        let live = match src {
+            Source::Memory(p) => p.item_state(loc.offset) == Some(ItemState::Live),
+            Source::Flash => true,
+            Source::KeptOnFlash { write_seq, .. } => self.replica_seq(loc) == Some(write_seq),
+        };
         if !(present && live && matches!(dpin.state(), SegState::Open | SegState::Sealed)) {
             self.kill(&dpin, dloc)?;
             return Ok(false);
@@ -723,8 +742,9 @@ impl Cache {
         dpin.set_state(dloc.offset, ItemState::Live)?;
         g.repoint(loc, dloc, frequency);
         match src {
-            Some(p) => self.kill(p, loc)?,
-            None => self.kill_at(loc)?,
+            Source::Memory(p) => self.kill(p, loc)?,
+            Source::Flash => self.kill_at(loc)?,
+            Source::KeptOnFlash { hash, write_seq } => self.keep_replica(hash, loc, write_seq),
         }
         Ok(true)
     }

@@ -30,7 +30,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::evict::Dest;
+use super::evict::{Dest, Source};
 use super::{Cache, Held};
 use crate::error::CacheError;
 use crate::index::{Freq, Location};
@@ -107,13 +107,12 @@ impl Cache {
         #[cfg(test)]
         super::evict::tests::before_publish(item.key);
         let mut g = self.index.lock(hash);
-        let published = match replica_seq {
-            Some(seq) => {
-                self.publish_keeping_replica(&mut g, hash, loc, seq, (dpin, dloc), Freq::Set(1))?
-            }
-            None => self.publish_copy(&mut g, src, loc, (dpin, dloc), Freq::Set(1))?,
+        let source = match (src, replica_seq) {
+            (Some(p), _) => Source::Memory(p),
+            (None, Some(write_seq)) => Source::KeptOnFlash { hash, write_seq },
+            (None, None) => Source::Flash,
         };
-        if !published {
+        if !self.publish_copy(&mut g, source, loc, (dpin, dloc), Freq::Set(1))? {
             return Ok(false);
         }
         drop(g);

@@ -132,34 +132,12 @@ impl Cache {
         f.stored_write_seq(slot)
     }
 
-    /// Publishes the tier-0 copy `(dpin, dloc)` of the flash item at `loc` (segment of
-    /// write sequence `write_seq`) and keeps the flash item as the key's replica; the
-    /// caller holds the key's bucket lock. As `publish_copy`, but the source lives on.
-    pub(super) fn publish_keeping_replica(
-        &self,
-        g: &mut BucketGuard<'_>,
-        hash: u64,
-        loc: Location,
-        write_seq: u64,
-        (dpin, dloc): (Pin<'_>, Location),
-        frequency: Freq,
-    ) -> Result<bool, CacheError> {
-        let present = g.candidates().any(|l| l == loc);
-        let stored = self.replica_seq(loc) == Some(write_seq);
-        if !(present
-            && stored
-            && matches!(
-                dpin.state(),
-                crate::mem::SegState::Open | crate::mem::SegState::Sealed
-            ))
-        {
-            self.kill(&dpin, dloc)?;
-            return Ok(false);
-        }
-        dpin.set_state(dloc.offset, ItemState::Live)?;
-        g.repoint(loc, dloc, frequency);
+    /// Records the flash item at `loc` (segment of write sequence `write_seq`) as the
+    /// replica of the key of `hash`, whose entry a promotion has just moved to tier 0
+    /// (`Cache::publish_copy` with `Source::KeptOnFlash`); the caller holds the key's
+    /// bucket lock.
+    pub(super) fn keep_replica(&self, hash: u64, loc: Location, write_seq: u64) {
         self.replicas.insert(hash, Replica { loc, write_seq });
-        Ok(true)
     }
 
     /// Whether the key of `hash` has a replica whose segment is still stored (checked
