@@ -702,10 +702,18 @@ proptest! {
 
 #[test]
 fn the_flash_model_test_exercises_replicas() {
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 4,
-        ..ProptestConfig::default()
-    });
+    // Sixteen cases from a fixed seed: a case whose writes overwrite every promoted key
+    // before its copy is demoted returns to no replica (a run of four random cases had none
+    // about once in a dozen).
+    let mut runner = proptest::test_runner::TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: 16,
+            ..ProptestConfig::default()
+        },
+        proptest::test_runner::TestRng::deterministic_rng(
+            proptest::test_runner::RngAlgorithm::ChaCha,
+        ),
+    );
     let (promoted, returned) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     runner
         .run(
