@@ -3,8 +3,8 @@
 //! form, the read path with its [`Guard`], TTL buckets, segment allocation with eviction,
 //! demotion and reinsertion (ahead of need by the movers, [`Cache::maintain`], else inline;
 //! the policy is in `cache/evict.rs`), the write-sequence mark and the restart scan.
-//! Eviction and the movers live in `cache/evict.rs`, the restart scan in
-//! `cache/recover.rs`; the invariants below are the ones all three keep.
+//! Eviction lives in `cache/evict.rs`, the mover threads in `cache/movers.rs`, the restart
+//! scan in `cache/recover.rs`; the invariants below are the ones all of them keep.
 //!
 //! Invariants (outside a bucket lock held by a writer):
 //! - **E1** every index entry points at the start of a committed item of a segment in state
@@ -57,6 +57,7 @@ use terrace_media::Durability;
 
 mod evict;
 mod flash;
+mod movers;
 pub mod number;
 mod promote;
 mod recover;
@@ -65,9 +66,9 @@ mod saved;
 mod sets;
 mod snapshot;
 
-pub use evict::Movers;
 use evict::Queue;
 pub use flash::FlashFetch;
+pub use movers::{default_movers, MoverStats, Movers, MAX_DEFAULT_MOVERS};
 pub use recover::{DropReason, RestartReport};
 pub use saved::saved_path;
 pub use sets::{FlashSetsConfig, DEFAULT_SET_ITEM_MAX};
@@ -92,6 +93,13 @@ pub struct CacheConfig {
     /// Open-segment stripes (threads map to stripes round-robin); 0 = available
     /// parallelism.
     pub stripes: usize,
+    /// Mover threads [`Cache::start_movers`] starts (`cache/movers.rs`); 0 = one per four
+    /// cores of the available parallelism, 1 to 8 ([`default_movers`]).
+    pub movers: usize,
+    /// Test and benchmark knob: every mover thread sleeps this long after each segment it
+    /// evicts, as a mover starved of CPU would be slow. `None` in production.
+    #[doc(hidden)]
+    pub mover_delay: Option<std::time::Duration>,
     /// Copy items read often in a lower tier up into tier 0, in the background (the
     /// mover thread does it; see `cache/promote.rs`). [`CacheConfig::new`] turns it on
     /// with a flash tier: a flash hit costs a device read, and an item promoted out of
@@ -154,6 +162,8 @@ impl CacheConfig {
             limits: ItemLimits::default(),
             expected_items: None,
             stripes: 0,
+            movers: 0,
+            mover_delay: None,
             promote,
             seed: 0x7e77ace,
             boot_id: None,
@@ -236,8 +246,10 @@ pub struct Stats {
     pub persist_errors: u64,
     /// Segment evictions done by [`Cache::maintain`] (the movers), off the request path.
     pub background_evictions: u64,
-    /// Rounds of the mover thread that ended in an error.
+    /// Rounds of the mover threads that ended in an error.
     pub mover_errors: u64,
+    /// What the mover threads did and waited for (`cache/movers.rs`).
+    pub movers: MoverStats,
     /// Index memory (with the ghost filter's) per indexed item, in bytes (the per-item
     /// header is extra: 4–5 bytes).
     pub index_bytes_per_item: f64,
@@ -265,7 +277,6 @@ struct EngineCounters {
     demotions: AtomicU64,
     promotions: AtomicU64,
     persist_errors: AtomicU64,
-    mover_errors: AtomicU64,
 }
 
 /// DRAM copy of what the engine needs from a segment header.
@@ -610,8 +621,13 @@ pub struct Cache {
     index: Index,
     /// Keys a probation stage dropped recently (see `crate::ghost`).
     ghost: Ghost,
-    /// The mover thread, if one was started: writers wake it when free segments run low.
-    mover_thread: Mutex<Option<std::thread::Thread>>,
+    /// Mover threads to start ([`CacheConfig::movers`], resolved).
+    movers: usize,
+    /// [`CacheConfig::mover_delay`].
+    mover_delay: Option<std::time::Duration>,
+    /// The mover threads started, if any: writers wake them when free segments run low.
+    mover_threads: Mutex<Vec<std::thread::Thread>>,
+    mover_counters: movers::MoverCounters,
     stripes: Box<[Mutex<HashMap<u16, Appender>>]>,
     shift: u8,
     limits: ItemLimits,
@@ -799,10 +815,15 @@ impl Cache {
         let expected_items = config
             .expected_items
             .unwrap_or((capacity / default_item_bytes(sets_config.as_ref())).max(1024) as usize);
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let movers = match config.movers {
+            0 => default_movers(cores),
+            n => n,
+        };
         // Each stripe keeps at least one open segment in tier 0: no more stripes than a
         // quarter of its segments, so that they stay within their share of it.
         let stripes = if config.stripes == 0 {
-            std::thread::available_parallelism().map_or(4, |n| n.get())
+            cores
         } else {
             config.stripes
         }
@@ -898,7 +919,16 @@ impl Cache {
                     saved.as_ref(),
                 )?;
             }
-            let tier = Tier::new(area, base);
+            // Lanes for every mover and one for the writers' inline evictions, as many
+            // as the copies' share of the tier has segments for.
+            let copy_sets = if t == 0 && config.tiers.len() > 1 {
+                2
+            } else {
+                1
+            };
+            let lanes =
+                (movers + 1).min(open_segments_cap(area.count(), MOVER_OPEN_SHARE, copy_sets));
+            let tier = Tier::new(area, base, lanes);
             {
                 let mut lists = tier.lists.lock();
                 kept.sort_unstable();
@@ -993,7 +1023,10 @@ impl Cache {
             flash,
             meta,
             ghost: Ghost::new(expected_items / GHOST_ITEMS_PER_SLOT),
-            mover_thread: Mutex::new(None),
+            movers,
+            mover_delay: config.mover_delay,
+            mover_threads: Mutex::new(Vec::new()),
+            mover_counters: movers::MoverCounters::default(),
             index,
             stripes: (0..stripes).map(|_| Mutex::new(HashMap::new())).collect(),
             shift,
@@ -1995,7 +2028,8 @@ impl Cache {
                 .iter()
                 .map(|t| t.counters.background_evictions.load(Ordering::Relaxed))
                 .sum(),
-            mover_errors: c.mover_errors.load(Ordering::Relaxed),
+            mover_errors: self.mover_counters.errors.load(Ordering::Relaxed),
+            movers: self.mover_stats(),
             index_bytes_per_item: (self.index.memory_bytes() + self.ghost.memory_bytes()) as f64
                 / items.max(1) as f64,
             items,
@@ -2064,11 +2098,10 @@ impl Cache {
             }
         }
         for t in &self.tiers {
-            for (_, app) in t.mover.lock().drain() {
-                t.area.seal(app);
-            }
-            for (_, app) in t.reinsert.lock().drain() {
-                t.area.seal(app);
+            for lane in t.mover.iter().chain(t.reinsert.iter()) {
+                for (_, app) in lane.lock().drain() {
+                    t.area.seal(app);
+                }
             }
         }
     }

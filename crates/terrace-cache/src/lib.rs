@@ -51,8 +51,9 @@
 //! - **stripe**: one of the engine's sets of open tier-0 segments (one per TTL bucket);
 //!   each thread appends through one stripe.
 //! - **mover**: the work that keeps segments free ahead of writers — eviction, cleaning,
-//!   promotion — run by [`Cache::maintain`] or a thread from [`Cache::start_movers`]
-//!   ([`Movers`]); a writer that finds no free segment evicts inline.
+//!   promotion — run by [`Cache::maintain`] or by the threads of [`Cache::start_movers`]
+//!   ([`Movers`], one per four cores by default); a writer that finds no free segment
+//!   evicts inline, and then cleans as a mover would.
 //! - **eviction**: freeing a sealed segment by walking its items: the ones worth keeping
 //!   are copied (demoted, reinserted or kept in tier 0), the others lose their entries.
 //! - **probation queue** (small queue): where new writes are judged — the single tier's
@@ -91,7 +92,8 @@
 //!   `unsafe`.
 //! - [`tier`]: one medium's segment area, its lists and counters; tier sizes.
 //! - [`cache`]: the concurrent engine [`Cache`] — reads, writes, TTL buckets, stats; its
-//!   submodules own eviction, cleaning and the movers (`cache/evict.rs`), promotion
+//!   submodules own eviction and cleaning (`cache/evict.rs`), the mover threads
+//!   (`cache/movers.rs`), promotion
 //!   (`cache/promote.rs`), the restart scan (`cache/recover.rs`), the saved index
 //!   (`cache/saved.rs`) and DRAM snapshots (`cache/snapshot.rs`).
 //! - [`flash`]: the flash tier's I/O — its file, write buffers, kill log; the engine's
@@ -131,8 +133,9 @@ pub mod tier;
 mod write_budget;
 
 pub use cache::{
-    Cache, CacheConfig, Checked, Delta, FlashFetch, FlashSetsConfig, Guard, Movers, RestartReport,
-    Side, Stats, Store, DEFAULT_SET_ITEM_MAX,
+    default_movers, Cache, CacheConfig, Checked, Delta, FlashFetch, FlashSetsConfig, Guard,
+    MoverStats, Movers, RestartReport, Side, Stats, Store, DEFAULT_SET_ITEM_MAX,
+    MAX_DEFAULT_MOVERS,
 };
 pub use error::{CacheError, EncodeError, HeaderError, IndexError, ItemError};
 pub use flash::FlashRead;

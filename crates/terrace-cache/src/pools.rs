@@ -366,6 +366,7 @@ impl Stats {
             out.persist_errors += s.persist_errors;
             out.background_evictions += s.background_evictions;
             out.mover_errors += s.mover_errors;
+            out.movers.add(&s.movers);
             out.items += s.items;
             // Per item, or the whole index of an empty cache: its memory either way.
             index_bytes += s.index_bytes_per_item * s.items.max(1) as f64;

@@ -13,9 +13,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use terrace_media::{Durability, FileLocation, FileOptions, Region};
 
 use crate::error::CacheError;
@@ -242,6 +242,13 @@ pub struct TierCounters {
     pub segments_cleaned: AtomicU64,
     /// Items those cleanings copied.
     pub items_cleaned: AtomicU64,
+    /// Evictions without reinsertion (nor stays) done to open a reinsertion segment when
+    /// none was free: the items with hits of those segments were dropped.
+    pub barred_evictions: AtomicU64,
+    /// The fewest free segments an allocation left (0: one found none and evicted
+    /// inline, or a writer took the last tier's reinsertion reserve); the tier's segment
+    /// count until the first allocation.
+    pub free_low_water: AtomicUsize,
 }
 
 /// A snapshot of one tier's state and counters.
@@ -274,6 +281,12 @@ pub struct TierStats {
     pub segments_cleaned: u64,
     /// Items copied by those cleanings.
     pub items_cleaned: u64,
+    /// Evictions without reinsertion (nor stays) done to open a reinsertion segment when
+    /// none was free (in `segments_evicted` too): their items with hits were dropped.
+    pub barred_evictions: u64,
+    /// The fewest free segments an allocation left since the tier opened (summed over
+    /// pools by `Stats::combined`): 0 means writers found none and evicted inline.
+    pub free_low_water: usize,
     pub durability: Option<Durability>,
     /// Written through the page cache and flushed to the medium at a clean shutdown: it
     /// survives a process crash, and a power loss or OS crash only after a clean stop
@@ -420,6 +433,8 @@ impl TierStats {
         self.background_evictions += other.background_evictions;
         self.segments_cleaned += other.segments_cleaned;
         self.items_cleaned += other.items_cleaned;
+        self.free_low_water += other.free_low_water;
+        self.barred_evictions += other.barred_evictions;
         self.durability = self.durability.or(other.durability);
         self.flushed_at_shutdown |= other.flushed_at_shutdown;
         match (&mut self.flash, &other.flash) {
@@ -442,6 +457,47 @@ pub(crate) struct Lists {
     pub reclaim: Vec<u32>,
 }
 
+/// One tier's open segments for one kind of copy ([`Tier::mover`], [`Tier::reinsert`]),
+/// in lanes: each lane a set of open segments per TTL bucket under its own lock, so that
+/// several movers (and writers evicting inline) copy at once instead of queueing for
+/// one lock, each holding a lane for one append. A thread takes the first free lane
+/// round the ring from its own ([`CopyLanes::try_from`]) and waits for its own only
+/// when all are busy; no thread holds two lanes of one set (see `docs/concurrency.md`).
+/// Every lane's open segments are capped at its part of the copies' share of the tier.
+#[derive(Debug)]
+pub(crate) struct CopyLanes {
+    lanes: Box<[Mutex<HashMap<u16, Appender>>]>,
+}
+
+impl CopyLanes {
+    pub fn new(lanes: usize) -> CopyLanes {
+        CopyLanes {
+            lanes: (0..lanes.max(1))
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Lane `lane` (modulo their number): the one a thread waits for when all are busy.
+    pub fn lane(&self, lane: usize) -> &Mutex<HashMap<u16, Appender>> {
+        &self.lanes[lane % self.lanes.len()]
+    }
+
+    /// The first lane not locked by another thread, round the ring from `lane`.
+    pub fn try_from(&self, lane: usize) -> Option<MutexGuard<'_, HashMap<u16, Appender>>> {
+        let n = self.lanes.len();
+        (0..n).find_map(|i| self.lanes[(lane + i) % n].try_lock())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Mutex<HashMap<u16, Appender>>> {
+        self.lanes.iter()
+    }
+}
+
 /// One tier. See the module docs.
 #[derive(Debug)]
 pub(crate) struct Tier {
@@ -454,12 +510,13 @@ pub(crate) struct Tier {
     /// trusted after an unclean stop only within the same boot (`crate::bootmark`).
     pub page_cache: bool,
     pub lists: Mutex<Lists>,
-    /// The open segments demotions from the tier above append to, per TTL bucket.
-    pub mover: Mutex<HashMap<u16, Appender>>,
-    /// The open segments reinsertions within this tier append to, per TTL bucket (used
-    /// by the last tier only; apart from `mover` because an eviction that reinserts may
-    /// run inside a demotion that holds `mover`).
-    pub reinsert: Mutex<HashMap<u16, Appender>>,
+    /// The open segments demotions from the tier above (and promotions into tier 0)
+    /// append to, per TTL bucket.
+    pub mover: CopyLanes,
+    /// The open segments copies within this tier append to, per TTL bucket: the last
+    /// tier's reinsertions and cleanings, tier 0's stays (apart from `mover` because an
+    /// eviction that reinserts may run inside a demotion that holds `mover`).
+    pub reinsert: CopyLanes,
     pub counters: TierCounters,
     /// The cache-clock second of the movers' last sweep for expired segments.
     pub expiry_swept: AtomicU32,
@@ -470,9 +527,11 @@ pub(crate) struct Tier {
 }
 
 impl Tier {
-    pub fn new(area: SegmentArea, base: u32) -> Tier {
+    /// A tier over `area` whose copy sets have `copy_lanes` lanes each.
+    pub fn new(area: SegmentArea, base: u32, copy_lanes: usize) -> Tier {
         let durable = area.region().durability() != Durability::None;
         let page_cache = area.region().is_page_cached();
+        let segments = area.count() as usize;
         Tier {
             lists: Mutex::new(Lists {
                 free: (0..area.count()).rev().collect(),
@@ -482,9 +541,12 @@ impl Tier {
             base,
             durable,
             page_cache,
-            mover: Mutex::new(HashMap::new()),
-            reinsert: Mutex::new(HashMap::new()),
-            counters: TierCounters::default(),
+            mover: CopyLanes::new(copy_lanes),
+            reinsert: CopyLanes::new(copy_lanes),
+            counters: TierCounters {
+                free_low_water: AtomicUsize::new(segments),
+                ..TierCounters::default()
+            },
             expiry_swept: AtomicU32::new(0),
             probation_mean_len: AtomicU32::new(0),
         }
@@ -510,6 +572,8 @@ impl Tier {
             background_evictions: self.counters.background_evictions.load(Ordering::Relaxed),
             segments_cleaned: self.counters.segments_cleaned.load(Ordering::Relaxed),
             items_cleaned: self.counters.items_cleaned.load(Ordering::Relaxed),
+            free_low_water: self.counters.free_low_water.load(Ordering::Relaxed),
+            barred_evictions: self.counters.barred_evictions.load(Ordering::Relaxed),
             durability: Some(self.area.region().durability()),
             flushed_at_shutdown: self.page_cache,
             flash: None,

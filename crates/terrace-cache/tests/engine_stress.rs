@@ -58,16 +58,28 @@ impl Rng {
 
 #[test]
 fn readers_writers_evictors_and_movers() {
-    run_mixed(false);
+    run_mixed(0);
 }
 
 #[test]
 fn readers_writers_and_a_background_mover() {
-    run_mixed(true);
+    run_mixed(1);
 }
 
-fn run_mixed(with_mover: bool) {
-    let (cache, _) = Cache::open(config()).unwrap();
+/// Several movers evict, demote and reinsert at once, each into its own copy lanes.
+#[test]
+fn readers_writers_and_four_background_movers() {
+    run_mixed(4);
+}
+
+/// Runs the mixed load with `movers` mover threads (0: writers evict inline).
+fn run_mixed(movers: usize) {
+    let with_mover = movers > 0;
+    let (cache, _) = Cache::open(CacheConfig {
+        movers: movers.max(1),
+        ..config()
+    })
+    .unwrap();
     let cache = std::sync::Arc::new(cache);
     let movers =
         with_mover.then(|| Cache::start_movers(&cache, std::time::Duration::from_micros(200)));

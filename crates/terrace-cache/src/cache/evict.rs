@@ -1,8 +1,8 @@
-//! Eviction, cleaning and the movers: allocating a free segment in a tier (from the free
-//! list, the reclaim list, or by evicting a sealed segment), the choice of that segment,
-//! the eviction walk with its demotions and reinsertions, the cleaning of dead-heavy
-//! segments, and [`Cache::maintain`] / [`Cache::start_movers`], which do that work ahead
-//! of need, off the request path.
+//! Eviction and cleaning: allocating a free segment in a tier (from the free list, the
+//! reclaim list, or by evicting a sealed segment), the choice of that segment, the
+//! eviction walk with its demotions and reinsertions, and the cleaning of dead-heavy
+//! segments. The movers (`cache/movers.rs`) do this work ahead of need, off the request
+//! path; writers do it when the movers fall behind.
 //!
 //! # Policy
 //! When a segment is evicted, its *kept* items are those with hits (frequency > 0 in
@@ -40,14 +40,19 @@
 //!
 //! # Cleaning
 //! Overwrites and deletes leave dead copies behind, and a FIFO log frees them only when
-//! their segment reaches the tail. Each round of the movers therefore also cleans one
-//! segment of the last tier's main queue whose dead bytes are at least
+//! their segment reaches the tail. Each round of the movers, and each inline eviction of
+//! a writer in that tier, therefore also cleans one segment of the last tier's main
+//! queue whose dead bytes are at least
 //! [`CLEAN_DEAD_SHARE`] of it ([`Cache::clean_one`]): every live item is copied into the
 //! reinsertion segment with its frequency — read or not, and no hit is spent — and the
 //! segment is freed. The oldest [`CLEAN_SKIP_OLDEST`] of the queue is left to the tail,
 //! which frees its dead bytes soon anyway. A round cleans nothing while the free list is
 //! down to [`REINSERT_RESERVE`]: the copies could then need a segment freed by an
 //! eviction without reinsertion, which drops the items with hits of the oldest segment.
+//! A writer's eviction has just put a segment on the reclaim list, which the copies may
+//! take ([`CleanRoom`]); the writer then takes the cleaned one. Cleaning on the writers'
+//! path costs a slow write a second walk, but without it dead bytes would pile up for as
+//! long as the movers stay behind (measured with a slowed mover: `docs/results.md`).
 //! (Should no segment take a copy all the same, that item is dropped, as at an eviction.)
 //! A cleaning is neither an eviction nor a reinsertion in the stats (`segments_cleaned`,
 //! `items_cleaned`).
@@ -73,14 +78,13 @@
 //! its segments; a cleaning moves it without spending one, but frees the dead bytes it
 //! chose the segment for), and an item leaves probation once per write; one eviction
 //! copies at most [`REINSERT_BUDGET`] of a segment, so it frees at least the rest
-//! whatever the readers do; a cleaning runs at most once per round of the movers and only
-//! while the free list is above [`REINSERT_RESERVE`]; and the reinsertion segment is
+//! whatever the readers do; a cleaning runs at most once per round of the movers or per
+//! inline eviction, and only with a segment to copy into ([`CleanRoom`]); and the
+//! reinsertion segment is
 //! opened only from a free segment or by evicting another one *without* reinsertion (nor
 //! stays), never by waiting. Lock order: `docs/concurrency.md`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use super::{Cache, Placement};
 use crate::error::CacheError;
@@ -180,6 +184,18 @@ fn clean_candidate(
     (most >= enough).then_some(at)
 }
 
+/// Where a cleaning's copies may find a segment ([`Cache::clean_one`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CleanRoom {
+    /// Free segments beyond [`REINSERT_RESERVE`] (a mover's round).
+    Free,
+    /// Any free segment, or one just evicted and waiting on the reclaim list (a writer's
+    /// inline eviction, which has just put one there): the copies need one segment at
+    /// most (the candidate is at least [`CLEAN_DEAD_SHARE`] dead), and the writer then
+    /// takes the cleaned one.
+    FreeOrEvicted,
+}
+
 /// Which queue a sealed segment goes to (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Queue {
@@ -230,35 +246,6 @@ pub(super) enum Dest {
     Reinsert,
 }
 
-thread_local! {
-    /// Set while this thread runs [`Cache::maintain`]: its evictions are background ones.
-    static IN_MOVER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// The handle of a mover thread ([`Cache::start_movers`]); stops and joins it on drop.
-#[derive(Debug)]
-pub struct Movers {
-    stop: Arc<AtomicBool>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Movers {
-    /// Whether the thread could be started.
-    pub fn is_running(&self) -> bool {
-        self.handle.is_some()
-    }
-}
-
-impl Drop for Movers {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(h) = self.handle.take() {
-            h.thread().unpark();
-            let _ = h.join();
-        }
-    }
-}
-
 /// What becomes of the source of a copy [`Cache::publish_copy`] publishes.
 #[derive(Clone, Copy)]
 pub(super) enum Source<'p, 'c> {
@@ -273,9 +260,10 @@ pub(super) enum Source<'p, 'c> {
 
 impl Cache {
     /// A free slot of `tier`: from the free list (less, in the last tier, the
-    /// [`REINSERT_RESERVE`]), from segments whose eviction finished and whose pins
-    /// drained, or by evicting a sealed segment inline. Wakes the mover thread when the
-    /// free list runs below its target.
+    /// [`REINSERT_RESERVE`]), which segments whose eviction finished and whose pins
+    /// drained join first, or by evicting sealed segments inline until the free list is
+    /// past the reserve (the last tier's inline evictions then clean too). Wakes the
+    /// movers when the free list runs below its target.
     pub(super) fn allocate(&self, tier: usize) -> Result<u32, CacheError> {
         let t = &self.tiers[tier];
         let reserve = if tier + 1 == self.levels() {
@@ -285,9 +273,25 @@ impl Cache {
         };
         for attempt in 0..10_000u32 {
             let victim = {
-                let mut lists = t.lists.lock();
+                let mut lists = self.lock_timed(&t.lists);
+                // Drained segments join the free list first, so that the reserve is
+                // kept from them too: a writer evicting inline restores it before it
+                // takes a segment, instead of leaving the reinsertions nothing but an
+                // eviction without reinsertion.
+                let mut j = 0;
+                while j < lists.reclaim.len() {
+                    if t.area.try_free(lists.reclaim[j]) {
+                        let slot = lists.reclaim.swap_remove(j);
+                        lists.free.push(slot);
+                    } else {
+                        j += 1;
+                    }
+                }
                 let past_reserve = lists.free.len() > reserve;
                 if let Some(slot) = past_reserve.then(|| lists.free.pop()).flatten() {
+                    t.counters
+                        .free_low_water
+                        .fetch_min(lists.free.len(), Ordering::Relaxed);
                     let low = lists.free.len() < self.free_target(tier);
                     drop(lists);
                     if low {
@@ -295,9 +299,7 @@ impl Cache {
                     }
                     return Ok(slot);
                 }
-                if let Some(i) = lists.reclaim.iter().position(|&s| t.area.try_free(s)) {
-                    return Ok(lists.reclaim.swap_remove(i));
-                }
+                t.counters.free_low_water.store(0, Ordering::Relaxed);
                 match self.pop_victim(tier, &mut lists) {
                     // Nothing to evict: the reserve too, rather than fail the write.
                     None => {
@@ -310,7 +312,14 @@ impl Cache {
                 }
             };
             match victim {
-                Some(v) => self.evict_counted(tier, v, Reinsertion::Allowed)?,
+                Some(v) => {
+                    self.evict_counted(tier, v, Reinsertion::Allowed)?;
+                    // The movers are behind: this writer does their cleaning too, or
+                    // dead bytes would pile up for as long as they stay behind.
+                    if tier + 1 == self.levels() && !super::movers::in_mover() {
+                        self.clean_one(tier, CleanRoom::FreeOrEvicted)?;
+                    }
+                }
                 None if attempt > 100 => std::thread::sleep(std::time::Duration::from_micros(50)),
                 None => std::thread::yield_now(),
             }
@@ -320,7 +329,7 @@ impl Cache {
 
     /// Evicts `victim` (taken out of its queue by the caller), counts it as inline or
     /// background, and puts it on the reclaim list.
-    fn evict_counted(
+    pub(super) fn evict_counted(
         &self,
         tier: usize,
         victim: Victim,
@@ -328,13 +337,13 @@ impl Cache {
     ) -> Result<(), CacheError> {
         let t = &self.tiers[tier];
         self.evict(tier, victim, reinsert)?;
-        let counter = if IN_MOVER.with(|m| m.get()) {
+        let counter = if super::movers::in_mover() {
             &t.counters.background_evictions
         } else {
             &t.counters.inline_evictions
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        t.lists.lock().reclaim.push(victim.slot);
+        self.lock_timed(&t.lists).reclaim.push(victim.slot);
         Ok(())
     }
 
@@ -367,14 +376,16 @@ impl Cache {
         // copies where `copy_item` seals them.
         let copies = self.copies_queue(tier);
         let writers = if tier == 0 { &self.stripes[..] } else { &[] };
+        let lanes = t.mover.iter().chain(t.reinsert.iter());
         let open_sets = writers
             .iter()
             .map(|stripe| (stripe, Queue::Fifo))
-            .chain([(&t.mover, copies), (&t.reinsert, copies)]);
+            .chain(lanes.map(|lane| (lane, copies)));
         for (set, queue) in open_sets {
             // Never wait here: a writer evicting inline holds its stripe for that long,
             // when the movers are needed most. A busy set is swept a second later.
             let Some(mut open) = set.try_lock() else {
+                self.skipped_contended();
                 continue;
             };
             let done: Vec<u16> = open
@@ -391,7 +402,7 @@ impl Cache {
         // Each with the queue it came from, to go back to on an error.
         let mut expired: Vec<(Victim, Queue)> = Vec::new();
         {
-            let mut lists = t.lists.lock();
+            let mut lists = self.lock_timed(&t.lists);
             let mut take = |queue: &mut std::collections::VecDeque<u32>, from: Queue| {
                 queue.retain(|&slot| {
                     let gone = self.expired(t.base + slot, now);
@@ -416,7 +427,7 @@ impl Cache {
             if let Err(e) = self.evict(tier, victim, Reinsertion::Barred) {
                 // The failed one stays out of every list (see `evict`); the others go
                 // back to the front of their queues, to be reclaimed or evicted later.
-                let mut lists = t.lists.lock();
+                let mut lists = self.lock_timed(&t.lists);
                 for &(v, from) in expired[reclaimed + 1..].iter().rev() {
                     match from {
                         Queue::Fifo => lists.fifo.push_front(v.slot),
@@ -425,7 +436,7 @@ impl Cache {
                 }
                 return Err(e);
             }
-            t.lists.lock().reclaim.push(victim.slot);
+            self.lock_timed(&t.lists).reclaim.push(victim.slot);
             reclaimed += 1;
         }
         Ok(())
@@ -440,8 +451,11 @@ impl Cache {
         let t = &self.tiers[tier];
         for round in 0..3 {
             let victim = {
-                let mut lists = t.lists.lock();
+                let mut lists = self.lock_timed(&t.lists);
                 if let Some(slot) = lists.free.pop() {
+                    t.counters
+                        .free_low_water
+                        .fetch_min(lists.free.len(), Ordering::Relaxed);
                     return Ok(Some(slot));
                 }
                 if let Some(i) = lists.reclaim.iter().position(|&s| t.area.try_free(s)) {
@@ -456,6 +470,7 @@ impl Cache {
                 return Ok(None);
             };
             self.evict_counted(tier, victim, Reinsertion::Barred)?;
+            t.counters.barred_evictions.fetch_add(1, Ordering::Relaxed);
         }
         Ok(None)
     }
@@ -675,13 +690,17 @@ impl Cache {
     /// ([`clean_candidate`]): its live items are copied into the reinsertion segment (a
     /// [`Walk::Clean`]), so its dead bytes are freed a long time before FIFO order would
     /// reach them. Returns whether it cleaned one.
-    pub(super) fn clean_one(&self, tier: usize) -> Result<bool, CacheError> {
+    pub(super) fn clean_one(&self, tier: usize, room: CleanRoom) -> Result<bool, CacheError> {
         let t = &self.tiers[tier];
         let enough = (((1usize << self.shift) - HEADER_LEN) / CLEAN_DEAD_SHARE.1
             * CLEAN_DEAD_SHARE.0) as u64;
         let victim = {
-            let mut lists = t.lists.lock();
-            if lists.free.len() <= REINSERT_RESERVE {
+            let mut lists = self.lock_timed(&t.lists);
+            let short = match room {
+                CleanRoom::Free => lists.free.len() <= REINSERT_RESERVE,
+                CleanRoom::FreeOrEvicted => lists.free.is_empty() && lists.reclaim.is_empty(),
+            };
+            if short {
                 // The copies might need a segment that only an eviction without
                 // reinsertion could free (`reinsert_slot`): not worth the hot items it
                 // would drop. Cleaned at a later round.
@@ -705,7 +724,7 @@ impl Cache {
             return Ok(false);
         };
         self.evict(tier, victim, Reinsertion::Allowed)?;
-        t.lists.lock().reclaim.push(victim.slot);
+        self.lock_timed(&t.lists).reclaim.push(victim.slot);
         Ok(true)
     }
 
@@ -769,15 +788,23 @@ impl Cache {
             ..item.spec()
         };
         let t = &self.tiers[tier];
-        let mut movers = match dest {
-            Dest::Moved => t.mover.lock(),
-            Dest::Reinsert => t.reinsert.lock(),
+        let lanes = match dest {
+            Dest::Moved => &t.mover,
+            Dest::Reinsert => &t.reinsert,
         };
+        let lane = self.copy_lane();
+        let mut movers = lanes
+            .try_from(lane)
+            .unwrap_or_else(|| self.lock_timed(lanes.lane(lane)));
         // Tier 0 of several has writers too, and two sets of copies (promotions in, its
-        // stays): those share the movers' quarter, so that open segments never take more
-        // than three quarters of it (`super::MIN_TIER_SEGMENTS`).
+        // stays): those share the movers' quarter, lane by lane, so that open segments
+        // never take more than three quarters of it (`super::MIN_TIER_SEGMENTS`).
         let copy_sets = if tier == 0 && self.levels() > 1 { 2 } else { 1 };
-        let cap = super::open_segments_cap(t.area.count(), super::MOVER_OPEN_SHARE, copy_sets);
+        let cap = super::open_segments_cap(
+            t.area.count(),
+            super::MOVER_OPEN_SHARE,
+            copy_sets * lanes.len(),
+        );
         let bucket = match super::place(&movers, spec.encoded_len(), expires_at, now, cap) {
             Placement::Append(bucket) => bucket,
             Placement::Open {
@@ -837,7 +864,7 @@ impl Cache {
     /// Takes the next segment of `tier` to evict out of its queues (see the module docs):
     /// in a tier above the last, the oldest; in the last tier, the oldest of the small
     /// queue while it is longer than its length, else the oldest of the main queue.
-    fn pop_victim(&self, tier: usize, lists: &mut Lists) -> Option<Victim> {
+    pub(super) fn pop_victim(&self, tier: usize, lists: &mut Lists) -> Option<Victim> {
         let from_fifo = |lists: &mut Lists| {
             lists.fifo.pop_front().map(|slot| Victim {
                 slot,
@@ -864,101 +891,6 @@ impl Cache {
             None if !lists.fifo.is_empty() => from_fifo(lists),
             _ => from_main(lists),
         }
-    }
-
-    /// Wakes the mover thread, if one runs, to refill free segments now rather than at
-    /// its next interval.
-    fn wake_movers(&self) {
-        if let Some(t) = self.mover_thread.lock().as_ref() {
-            t.unpark();
-        }
-    }
-
-    /// Free segments [`maintain`](Self::maintain) keeps ready in a tier: 1/64 of it, at
-    /// least [`MIN_FREE`], at most [`MAX_FREE_SHARE`] of it ([`free_target_of`]). Writers
-    /// wake the mover thread as soon as a tier runs below it, so the reserve only has to
-    /// cover the time the thread takes to wake up and evict.
-    pub(super) fn free_target(&self, tier: usize) -> usize {
-        free_target_of(self.tiers[tier].area.count())
-    }
-
-    /// One round of the movers' work: in every tier, frees segments whose eviction has
-    /// drained and evicts sealed segments (chosen, demoting and reinserting as an inline
-    /// eviction would) until the tier has its target of free segments, so that writes find
-    /// free segments instead of evicting on their own critical path. Returns the segments
-    /// evicted. Safe to call from any thread, concurrently with everything else;
-    /// [`start_movers`](Self::start_movers) calls it in a loop.
-    pub fn maintain(&self) -> Result<usize, CacheError> {
-        struct Flag;
-        impl Drop for Flag {
-            fn drop(&mut self) {
-                IN_MOVER.with(|m| m.set(false));
-            }
-        }
-        IN_MOVER.with(|m| m.set(true));
-        let _flag = Flag;
-        // Promotions first: they take tier 0 space, which the loop below then refills.
-        self.run_promotions()?;
-        let mut evicted = 0;
-        for (i, t) in self.tiers.iter().enumerate() {
-            self.reclaim_expired(i)?;
-            let target = self.free_target(i);
-            loop {
-                let victim = {
-                    let mut lists = t.lists.lock();
-                    let mut j = 0;
-                    while j < lists.reclaim.len() {
-                        if t.area.try_free(lists.reclaim[j]) {
-                            let slot = lists.reclaim.swap_remove(j);
-                            lists.free.push(slot);
-                        } else {
-                            j += 1;
-                        }
-                    }
-                    if lists.free.len() + lists.reclaim.len() >= target {
-                        break;
-                    }
-                    self.pop_victim(i, &mut lists)
-                };
-                let Some(victim) = victim else {
-                    break;
-                };
-                self.evict_counted(i, victim, Reinsertion::Allowed)?;
-                evicted += 1;
-            }
-            if i + 1 == self.levels() {
-                self.clean_one(i)?;
-            }
-        }
-        evicted += self.maintain_flash()?;
-        Ok(evicted)
-    }
-
-    /// Starts a background mover thread calling [`maintain`](Self::maintain) every
-    /// `interval` until the returned handle is dropped. Errors are counted in
-    /// [`Stats::mover_errors`](super::Stats::mover_errors).
-    /// Writers also wake the thread whenever a tier's free segments run below target.
-    pub fn start_movers(cache: &Arc<Cache>, interval: Duration) -> Movers {
-        let stop = Arc::new(AtomicBool::new(false));
-        let handle = {
-            let cache = Arc::clone(cache);
-            let stop = Arc::clone(&stop);
-            std::thread::Builder::new()
-                .name("terrace-mover".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Acquire) {
-                        if cache.maintain().is_err() {
-                            cache.counters.mover_errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                        std::thread::park_timeout(interval);
-                    }
-                })
-        };
-        let handle = handle.ok();
-        if let Some(h) = &handle {
-            *cache.mover_thread.lock() = Some(h.thread().clone());
-        }
-        Movers { stop, handle }
     }
 }
 
@@ -1066,6 +998,44 @@ pub(super) mod tests {
         assert!(
             old * 100 < cold as usize / 2,
             "{old} old cold keys survived"
+        );
+    }
+
+    #[test]
+    fn writers_evicting_inline_keep_the_reinsertion_reserve_and_clean() {
+        // No movers: every eviction is a writer's, as when the movers fall behind.
+        let (c, _) = Cache::open(config(vec![TierConfig::dram(TierSize::Bytes(TIER))])).unwrap();
+        // Keys read every round, which live in the main queue by reinsertion; a
+        // twentieth of them overwritten each round, which leaves dead bytes there (the
+        // new copy is read too, and joins the main queue in turn); and keys written once
+        // and never read, which push the FIFO round.
+        let hot = 2_500;
+        for round in 0..40 {
+            for k in 0..hot {
+                if round == 0 || k % 20 == round % 20 {
+                    c.set(format!("hot{k}").as_bytes(), &value(k, round), 0, 0)
+                        .unwrap();
+                }
+                c.get(format!("hot{k}").as_bytes()).unwrap();
+            }
+            for k in 0..1_000 {
+                c.set(format!("cold{round}:{k}").as_bytes(), &value(k, 0), 0, 0)
+                    .unwrap();
+            }
+        }
+        let t = &c.stats().tiers[0];
+        assert!(t.inline_evictions > 100, "{t:?}");
+        assert_eq!(t.background_evictions, 0);
+        // Each writer's eviction left the reinsertions their reserve: none had to open
+        // a segment by dropping another's items with hits.
+        assert_eq!(t.barred_evictions, 0, "{t:?}");
+        // And did the cleaning the movers would have done.
+        assert!(t.segments_cleaned > 0, "{t:?}");
+        assert_eq!(t.free_low_water, 0, "writers found no free segment");
+        let kept = present(&c, "hot", 0..hot);
+        assert!(
+            kept * 4 >= hot as usize * 3,
+            "{kept} of {hot} hot keys kept"
         );
     }
 
@@ -1483,10 +1453,13 @@ pub(super) mod tests {
             .filter(|k| main_slot(&c, format!("t{k}").as_bytes()) == Some(slot))
             .collect();
         assert!(tiny.len() >= 20, "{} unread keys share it", tiny.len());
-        assert!(!c.clean_one(0).unwrap(), "nothing is dead enough yet");
+        assert!(
+            !c.clean_one(0, CleanRoom::Free).unwrap(),
+            "nothing is dead enough yet"
+        );
         overwrite_odd(&c, &same);
         let before = c.stats().tiers[0].clone();
-        assert!(c.clean_one(0).unwrap());
+        assert!(c.clean_one(0, CleanRoom::Free).unwrap());
         let after = c.stats().tiers[0].clone();
         assert_eq!(after.segments_cleaned, 1);
         // The victim, the even keys and the unread ones, copied; nothing dropped, nothing
@@ -1529,7 +1502,7 @@ pub(super) mod tests {
         overwrite_odd(&c, &same);
         let c = std::sync::Arc::new(c);
         let fired = race_a_writer_before_publishing(&c, racer);
-        assert!(c.clean_one(0).unwrap());
+        assert!(c.clean_one(0, CleanRoom::Free).unwrap());
         assert_eq!(
             fired.load(Ordering::Relaxed),
             1,
@@ -1598,7 +1571,10 @@ pub(super) mod tests {
         });
         // The copy raced was a stay: the only item read twice is the victim, and tier 0's
         // reinsertion segment was opened for it (a demotion would have gone to tier 1).
-        assert!(!c.tiers[0].reinsert.lock().is_empty(), "no stay was copied");
+        assert!(
+            c.tiers[0].reinsert.iter().any(|l| !l.lock().is_empty()),
+            "no stay was copied"
+        );
         assert_eq!(c.stats().tiers[0].reinserted, 0, "the stay was published");
         check_the_writer_won(c, files(dir.path()), racer);
     }

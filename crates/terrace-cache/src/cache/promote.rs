@@ -49,10 +49,10 @@ impl Cache {
         if !self.promote || tier == 0 || hits < PROMOTE_AFTER_HITS {
             return;
         }
-        if let Some(mut queue) = self.promotions.try_lock() {
-            if queue.len() < PROMOTION_QUEUE {
-                queue.push((hash, loc));
-            }
+        match self.promotions.try_lock() {
+            Some(mut queue) if queue.len() < PROMOTION_QUEUE => queue.push((hash, loc)),
+            Some(_) => {}
+            None => self.skipped_contended(),
         }
     }
 
