@@ -87,6 +87,10 @@ pub struct TerraceOptions<'a> {
     pub flash_sets: Option<terrace_cache::FlashSetsConfig>,
     pub expected_items: usize,
     pub mover_interval: Duration,
+    /// Mover threads; 0: the cache's default.
+    pub movers: usize,
+    /// The movers' test-only delay after each eviction (`CacheConfig::mover_delay`).
+    pub mover_delay: Option<Duration>,
     pub segment_size: Option<u64>,
     pub key_len: usize,
     pub mean_value: u64,
@@ -138,6 +142,8 @@ impl Terrace {
             config.promote = promote;
         }
         config.flash_sets = o.flash_sets;
+        config.movers = o.movers;
+        config.mover_delay = o.mover_delay;
         let (cache, _report) =
             Cache::open(config.clone()).context("cannot open the Terrace cache")?;
         let cache = Arc::new(cache);
@@ -191,6 +197,9 @@ impl Engine for Terrace {
             "promotions": s.promotions,
             "reinsertions": s.reinsertions,
             "mover_errors": s.mover_errors,
+            "movers": mover_stats_json(&s.movers),
+            "tier_free_low_water": s.tiers.iter().map(|t| t.free_low_water).collect::<Vec<_>>(),
+            "tier_barred_evictions": s.tiers.iter().map(|t| t.barred_evictions).collect::<Vec<_>>(),
             "movers_running": self.movers.as_ref().is_some_and(Movers::is_running),
             "segment_bytes": self.cache.segment_size(),
             "tier_hits": s.tiers.iter().map(|t| t.hits).collect::<Vec<_>>(),
@@ -295,6 +304,17 @@ impl Engine for Terrace {
             "open_seconds": open_seconds,
         }))
     }
+}
+
+/// The movers' counters in the run's JSON.
+fn mover_stats_json(m: &terrace_cache::MoverStats) -> Value {
+    json!({
+        "threads": m.threads,
+        "rounds": m.rounds,
+        "busy_ns": m.busy_ns,
+        "blocked_ns": m.blocked_ns,
+        "skipped_contended": m.skipped_contended,
+    })
 }
 
 /// How `--restart` stops the cache.

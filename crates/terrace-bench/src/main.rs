@@ -83,7 +83,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Look-aside cache workload (cachebench-style) against one engine.
-    Cache(CacheArgs),
+    Cache(Box<CacheArgs>),
     /// Store items 0..N in a memcached-compatible server (keys `key:<id>`, values derived
     /// from the id), pipelined over several connections.
     NetFill(net::FillArgs),
@@ -189,6 +189,13 @@ struct CacheArgs {
     /// 1 MiB value limit).
     #[arg(long, value_parser = args::parse_size)]
     segment_size: Option<u64>,
+    /// Terrace: mover threads [default: the cache's, one per four cores, 1 to 8].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+    movers: Option<u64>,
+    /// Terrace, a test knob: each mover thread sleeps this long after every segment it
+    /// evicts (a mover starved of CPU), microseconds.
+    #[arg(long, hide = true)]
+    mover_delay_us: Option<u64>,
     /// Terrace: mover thread polling interval, microseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     mover_interval_us: u64,
@@ -432,6 +439,8 @@ fn open_engine(a: &CacheArgs, capacity: Option<u64>) -> Result<Box<dyn Engine>> 
                 max_value: a.value_size.max,
                 expected_items: usize::try_from(expected).unwrap_or(usize::MAX),
                 mover_interval: Duration::from_micros(a.mover_interval_us),
+                movers: a.movers.map_or(0, |n| n as usize),
+                mover_delay: a.mover_delay_us.map(Duration::from_micros),
                 promote: a.promote,
                 flash_sets: a.flash_sets.map(|share| terrace_cache::FlashSetsConfig {
                     share,

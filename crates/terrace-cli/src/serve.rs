@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Mover threads of the cache (per pool): they evict, demote, reinsert, clean and
+    /// promote ahead of the writers [default: one per four cores, 1 to 8].
+    #[arg(long, value_name = "N")]
+    movers: Option<usize>,
     /// Logs as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -95,6 +99,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         tiers: args.tiers,
         capacity: args.capacity,
         threads: args.threads,
+        movers: args.movers,
         max_item_size: args.max_item_size,
         max_connections: args.max_connections,
         metrics: args.metrics,

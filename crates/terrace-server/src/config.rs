@@ -35,6 +35,9 @@ pub struct ServerConfig {
     pub capacity: Option<u64>,
     /// Worker threads.
     pub threads: usize,
+    /// The cache's mover threads (per pool); `None`: the cache's default, one per four
+    /// cores (`terrace_cache::default_movers`).
+    pub movers: Option<usize>,
     /// Largest value accepted.
     pub max_item_size: u64,
     pub max_connections: usize,
@@ -138,6 +141,7 @@ impl Default for ServerConfig {
             tiers: DEFAULT_TIERS.parse().unwrap_or(TierList(Vec::new())),
             capacity: None,
             threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
+            movers: None,
             max_item_size: 1 << 20,
             max_connections: 1024,
             metrics: None,
@@ -199,6 +203,7 @@ struct FileConfig {
     tiers: Option<String>,
     capacity: Option<Size>,
     threads: Option<usize>,
+    movers: Option<usize>,
     #[serde(alias = "max_item_size")]
     max_item_size: Option<Size>,
     #[serde(alias = "max_connections")]
@@ -239,6 +244,7 @@ pub struct Overrides {
     pub tiers: Option<TierList>,
     pub capacity: Option<u64>,
     pub threads: Option<usize>,
+    pub movers: Option<usize>,
     pub max_item_size: Option<u64>,
     pub max_connections: Option<usize>,
     pub metrics: Option<String>,
@@ -278,6 +284,9 @@ impl ServerConfig {
         }
         if let Some(v) = flags.threads {
             c.threads = v;
+        }
+        if let Some(v) = flags.movers {
+            c.movers = Some(v);
         }
         if let Some(v) = flags.max_item_size {
             c.max_item_size = v;
@@ -352,6 +361,9 @@ impl ServerConfig {
         if let Some(v) = f.threads {
             self.threads = v;
         }
+        if let Some(v) = f.movers {
+            self.movers = Some(v);
+        }
         if let Some(v) = f.max_item_size {
             self.max_item_size = v.bytes("max-item-size")?;
         }
@@ -424,6 +436,9 @@ impl ServerConfig {
         }
         if self.threads == 0 || self.threads > 1024 {
             return invalid("threads", "must be between 1 and 1024");
+        }
+        if self.movers.is_some_and(|m| m == 0 || m > 256) {
+            return invalid("movers", "must be between 1 and 256");
         }
         if self.max_item_size == 0 || self.max_item_size > 1 << 30 {
             return invalid("max-item-size", "must be between 1 byte and 1 GiB");
@@ -523,17 +538,25 @@ mod tests {
         let path = dir.path().join("t.toml");
         std::fs::write(
             &path,
-            "threads = 3\nunix = \"/tmp/x.sock\"\npromote = true\n",
+            "threads = 3\nunix = \"/tmp/x.sock\"\npromote = true\nmovers = 2\n",
         )
         .unwrap();
         let c = ServerConfig::resolve(Overrides {
+            config: Some(path.clone()),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(c.movers, Some(2), "the file's movers");
+        let c = ServerConfig::resolve(Overrides {
             config: Some(path),
             threads: Some(5),
+            movers: Some(6),
             promote: Some(false),
             ..Overrides::default()
         })
         .unwrap();
         assert_eq!(c.threads, 5);
+        assert_eq!(c.movers, Some(6), "--movers over the file's");
         assert_eq!(c.promote, Some(false), "--promote=false over the file's");
         assert_eq!(c.listen, None, "a UNIX socket alone turns TCP off");
         assert_eq!(c.unix, Some(PathBuf::from("/tmp/x.sock")));
@@ -656,6 +679,13 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().starts_with("threads:"));
+        let e = ServerConfig::resolve(Overrides {
+            movers: Some(0),
+            ..Overrides::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().starts_with("movers:"));
+        assert_eq!(ServerConfig::default().movers, None, "the cache's default");
     }
 
     #[test]

@@ -69,6 +69,7 @@ pub fn open_pools(
         ..ItemLimits::default()
     };
     cache_config.stripes = config.threads;
+    cache_config.movers = config.movers.unwrap_or(0);
     if let Some(promote) = config.promote {
         cache_config.promote = promote;
     }

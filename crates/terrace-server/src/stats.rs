@@ -529,6 +529,21 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
     );
     put("terrace_index_evictions", Value::Int(cache.index_evictions));
     put("terrace_mover_errors", Value::Int(cache.mover_errors));
+    let movers = &cache.movers;
+    put("terrace_movers", Value::Int(movers.threads as u64));
+    put("terrace_mover_rounds", Value::Int(movers.rounds));
+    put(
+        "terrace_mover_busy_seconds",
+        Value::Float(movers.busy_ns as f64 / 1e9),
+    );
+    put(
+        "terrace_mover_blocked_seconds",
+        Value::Float(movers.blocked_ns as f64 / 1e9),
+    );
+    put(
+        "terrace_mover_skipped_contended",
+        Value::Int(movers.skipped_contended),
+    );
     put("terrace_persist_errors", Value::Int(cache.persist_errors));
     put(
         "terrace_index_bytes_per_item",
@@ -580,6 +595,8 @@ fn report_of(shared: &Shared, per_pool: &[(String, terrace_cache::Stats)]) -> Ve
         tier("promotions_in", t.promotions_in);
         tier("inline_evictions", t.inline_evictions);
         tier("background_evictions", t.background_evictions);
+        tier("barred_evictions", t.barred_evictions);
+        tier("free_low_water", t.free_low_water as u64);
         tier("cleaned_segments", t.segments_cleaned);
         tier("cleaned_items", t.items_cleaned);
         if let Some(f) = &t.flash {
