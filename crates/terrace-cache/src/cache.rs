@@ -59,6 +59,7 @@ mod evict;
 mod flash;
 mod movers;
 pub mod number;
+mod policy;
 mod promote;
 mod recover;
 mod replica;

@@ -5,18 +5,16 @@
 //! path; writers do it when the movers fall behind.
 //!
 //! # Policy
-//! When a segment is evicted, its *kept* items are those with hits (frequency > 0 in
-//! their index entry) and, from a probation stage (below), those that are small: under
-//! [`SMALL_ITEM_SHARE`] of the mean live item of the stage's last evicted segment, an item
-//! costs less space than its chance of a hit is worth. The other items are dropped.
-//!
-//! Every tier but the last is a FIFO whose kept items are demoted to the next tier,
-//! frequency kept, when their segment is evicted — except that tier 0 keeps those read at
-//! least [`STAY_HITS`] times, one hit spent (the hottest items stay in the fastest tier).
-//! The last tier keeps what it is given by *reinsertion*: evicting one of its segments
-//! copies its kept items into the tier's reinsertion segment, their frequency lowered by
-//! one (a CLOCK with a two-bit counter, at segment granularity). Its sealed segments are in
-//! two queues (`tier::Lists`):
+//! What becomes of each item of a walked segment — dropped, demoted, reinserted, kept in
+//! tier 0, sent back to its flash replica — is `cache/policy.rs`'s pure decision, with
+//! its rules and its no-livelock argument; this module walks, copies and publishes. In
+//! short: every tier but the last is a FIFO whose kept items (those with hits, and small
+//! ones out of probation) are demoted to the next tier — except that tier 0 keeps those
+//! read at least [`STAY_HITS`](policy::STAY_HITS) times (the hottest items stay in the fastest tier). The
+//! last tier keeps what it is given by *reinsertion*: evicting one of its segments copies
+//! its kept items into the tier's reinsertion segment, their frequency lowered by one (a
+//! CLOCK with a two-bit counter, at segment granularity). Which segment is evicted is
+//! this module's: the last tier's sealed segments are in two queues (`tier::Lists`):
 //!
 //! - `main`: the segments it keeps items in — reinsertions, and demotions from the tier
 //!   above; evicted strictly oldest first, however dead a younger segment is: evicting
@@ -77,7 +75,7 @@
 //! spends one recorded hit (an item nobody reads survives at most three more evictions of
 //! its segments; a cleaning moves it without spending one, but frees the dead bytes it
 //! chose the segment for), and an item leaves probation once per write; one eviction
-//! copies at most [`REINSERT_BUDGET`] of a segment, so it frees at least the rest
+//! copies at most [`REINSERT_BUDGET`](policy::REINSERT_BUDGET) of a segment, so it frees at least the rest
 //! whatever the readers do; a cleaning runs at most once per round of the movers or per
 //! inline eviction, and only with a segment to copy into ([`CleanRoom`]); and the
 //! reinsertion segment is
@@ -86,6 +84,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::policy::{self, Fate};
 use super::{Cache, Placement};
 use crate::error::CacheError;
 use crate::index::{BucketGuard, Freq, Location};
@@ -94,24 +93,8 @@ use crate::mem::{Pin, SegState};
 use crate::segment::HEADER_LEN;
 use crate::tier::Lists;
 
-/// The most one eviction reinserts, as a fraction (numerator, denominator) of a
-/// segment's item bytes: every eviction frees at least the rest.
-pub(super) const REINSERT_BUDGET: (usize, usize) = (3, 4);
-
 /// A single tier's small (probation) queue, as a fraction of its segments (S3-FIFO's 10%).
 pub(super) const SMALL_QUEUE_SHARE: (usize, usize) = (1, 10);
-
-/// Items smaller than this share of the mean live item of a probation stage's last
-/// evicted segment (`Tier::probation_mean_len`; 0, keeping nothing more, until one is)
-/// are kept at their eviction from it — promoted or demoted, as items with hits are —
-/// even without a hit: a small item costs little of the space a drop would free, so the
-/// chance that it is read again is worth more than its bytes. A workload of items of one
-/// size is filtered exactly as before. Items under 2/7 of the mean take under 2/7 of a
-/// segment's bytes, so they leave most of [`REINSERT_BUDGET`] to the items with hits
-/// walked after them. The cache then holds more, smaller items than the mean written,
-/// which is why the index is sized for the whole live share (`super::index_items`).
-/// Measurements: `docs/experiments.md`.
-pub(super) const SMALL_ITEM_SHARE: (usize, usize) = (2, 7);
 
 /// The dead share (numerator, denominator) of its item space at which a main-queue
 /// segment is worth cleaning ([`Cache::clean_one`]): the movers copy its live items to the
@@ -131,14 +114,6 @@ pub(super) const CLEAN_SKIP_OLDEST: (usize, usize) = (1, 4);
 /// that may be cleaned, and the pass stays short under the tier's lists lock however
 /// large the tier is.
 pub(super) const CLEAN_WINDOW: usize = 32;
-
-/// In a cache of several tiers, an item leaving tier 0 with at least this many hits
-/// stays in tier 0 — copied into its reinsertion segment, one hit spent, within
-/// [`REINSERT_BUDGET`] of the segment — instead of being demoted: the items read most are
-/// kept in the fastest tier (CacheLib's tiers keep the hottest items in DRAM), and tier 0,
-/// which is every tiered cache's probation stage, then also holds a small main queue of
-/// its own (measured in `docs/experiments.md`).
-pub(super) const STAY_HITS: u8 = 2;
 
 /// Free segments that writers (and demotions) leave to the last tier's reinsertion
 /// segment: when that segment fills and no free one is left, the reinsertion segment is
@@ -476,16 +451,12 @@ impl Cache {
     }
 
     /// Evicts (or cleans) one sealed segment: on a durable tier retire it first (E2), then
-    /// walk its items. Kept items (see the module docs) that have not expired get another
-    /// life: in a tier with a next tier they are demoted there, frequency kept — except
-    /// that tier 0, if `reinsert` allows it, keeps those read [`STAY_HITS`] times in its
-    /// reinsertion segment, one hit spent; in the last tier, if it allows it, they are
-    /// copied into the tier's reinsertion segment — promoted from probation with their
-    /// frequency kept, else with it lowered by one. Copies within a tier take at most
-    /// [`REINSERT_BUDGET`] of a segment per eviction. A [`Walk::Clean`] keeps every live
-    /// item, frequency kept, with no budget (the segment is at least [`CLEAN_DEAD_SHARE`]
-    /// dead). Copies are published as the module docs say; everything else loses its entry
-    /// (and, from probation, becomes a ghost).
+    /// walk its items, each to the fate `cache/policy.rs` gives it: copies (demotions,
+    /// stays, reinsertions, cleanings) are published as the module docs say, a return to a
+    /// flash replica repoints the entry, and everything else loses its entry (and, from
+    /// probation, becomes a ghost). Copies within the tier take at most
+    /// [`REINSERT_BUDGET`](policy::REINSERT_BUDGET) of a segment per eviction, none where `reinsert` bars them; a
+    /// stay that no segment could take is demoted instead.
     ///
     /// On an error (a failed persist) the segment stays `Evicting` and out of every list:
     /// lost to the cache until restart, but never freed while entries may point into it.
@@ -513,17 +484,16 @@ impl Cache {
         let last = next == self.levels();
         // The tier below is flash: kept items are demoted into its write buffers.
         let to_flash = next == self.tiers.len() && !last;
-        // A flash tier with room to spare takes every live item, hit or not (see
-        // `cache/flash.rs`, "Policy").
-        let flash_has_room = to_flash && self.flash_has_room();
-        // Tier 0 of several keeps the items read most within itself (STAY_HITS).
         let allowed = reinsert == Reinsertion::Allowed;
-        let stays = allowed && !last && tier == 0 && victim.walk == Walk::Probation;
-        let mut budget = if allowed && (last || stays) {
-            ((1usize << self.shift) - HEADER_LEN) / REINSERT_BUDGET.1 * REINSERT_BUDGET.0
-        } else {
-            0
+        let place = policy::Place {
+            last,
+            to_flash,
+            // A flash tier with room to spare takes every live item, hit or not (see
+            // `cache/flash.rs`, "Policy").
+            flash_has_room: to_flash && self.flash_has_room(),
+            stays: allowed && !last && tier == 0 && victim.walk == Walk::Probation,
         };
+        let mut budget = policy::copy_budget((1usize << self.shift) - HEADER_LEN, place, allowed);
         let mut walked = HEADER_LEN as u32;
         let mean_len = t.probation_mean_len.load(Ordering::Relaxed) as usize;
         let (mut live_items, mut live_bytes) = (0u64, 0u64);
@@ -550,21 +520,24 @@ impl Cache {
             } else {
                 self.entry_hits(hash, loc)
             };
-            let kept = hits.is_some_and(|(frequency, _)| {
-                flash_has_room
-                    || match victim.walk {
-                        Walk::Evict => frequency > 0,
-                        Walk::Probation => {
-                            frequency > 0
-                                || item.len as usize * SMALL_ITEM_SHARE.1
-                                    < mean_len * SMALL_ITEM_SHARE.0
-                        }
-                        Walk::Clean => true,
-                    }
-            });
-            let mut stay = stays
-                && hits.is_some_and(|(_, reads)| reads >= STAY_HITS)
-                && budget >= item.len as usize;
+            let len = item.len as usize;
+            let mut fate = policy::fate(
+                place,
+                policy::ItemFacts {
+                    walk: victim.walk,
+                    expired,
+                    hits,
+                    len,
+                    mean_len,
+                    // Looked up only where the policy may use it.
+                    has_replica: to_flash
+                        && !expired
+                        && victim.walk != Walk::Clean
+                        && self.has_replica(hash),
+                    budget,
+                },
+            );
+            budget -= fate.budget_used(len);
             let cas = || self.cas_of(id, &item);
             let mut flash_copy = None;
             let demote = |flash_copy: &mut Option<_>| -> Result<_, CacheError> {
@@ -574,41 +547,26 @@ impl Cache {
                 *flash_copy = self.copy_to_flash(&item, cas(), now, expires_at, false)?;
                 Ok(None)
             };
-            // A promoted item whose replica is still on flash goes back to it, kept or
-            // not: a repoint, no write (`cache/replica.rs`).
-            let to_replica = to_flash
-                && !expired
-                && !stay
-                && victim.walk != Walk::Clean
-                && self.has_replica(hash);
-            let copy = if to_replica || !kept {
-                None
-            } else if victim.walk == Walk::Clean {
-                self.copy_item(tier, Dest::Reinsert, &item, cas(), now, expires_at)?
-            } else if stay {
-                budget -= item.len as usize;
-                match self.copy_item(tier, Dest::Reinsert, &item, cas(), now, expires_at)? {
+            let within = |dest| self.copy_item(tier, dest, &item, cas(), now, expires_at);
+            let copy = match fate {
+                Fate::Drop | Fate::ToReplica => None,
+                Fate::Reinsert | Fate::CleanCopy => within(Dest::Reinsert)?,
+                Fate::Stay => match within(Dest::Reinsert)? {
                     Some(copy) => Some(copy),
                     // No segment could take it now: demoted, as it would have been.
                     None => {
-                        stay = false;
+                        fate = Fate::Demote;
                         demote(&mut flash_copy)?
                     }
-                }
-            } else if !last {
-                demote(&mut flash_copy)?
-            } else if budget >= item.len as usize {
-                budget -= item.len as usize;
-                self.copy_item(tier, Dest::Reinsert, &item, cas(), now, expires_at)?
-            } else {
-                None
+                },
+                Fate::Demote => demote(&mut flash_copy)?,
             };
             #[cfg(test)]
             if copy.is_some() || flash_copy.is_some() {
                 tests::before_publish(item.key);
             }
             let mut g = self.index.lock(hash);
-            let frequency = if stay || (last && victim.walk == Walk::Evict) {
+            let frequency = if fate.spends_hit(victim.walk) {
                 Freq::Spend
             } else {
                 Freq::Keep
@@ -620,14 +578,14 @@ impl Cache {
                 (None, Some((buf, dloc))) => {
                     self.publish_flash_copy(&mut g, Some(&pin), loc, (buf, *dloc), frequency)?
                 }
-                (None, None) if to_replica => {
+                (None, None) if fate == Fate::ToReplica => {
                     self.demote_to_replica(&mut g, hash, &pin, loc, frequency)?
                 }
                 (None, None) => false,
             };
             if moved && victim.walk == Walk::Clean {
                 t.counters.items_cleaned.fetch_add(1, Ordering::Relaxed);
-            } else if moved && (last || stay) {
+            } else if moved && (last || fate == Fate::Stay) {
                 t.counters.reinserted.fetch_add(1, Ordering::Relaxed);
             } else if moved {
                 self.counters.demotions.fetch_add(1, Ordering::Relaxed);
@@ -901,6 +859,7 @@ pub(super) mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+    use crate::cache::policy::STAY_HITS;
     use crate::item::ItemLimits;
     use crate::tier::{TierConfig, TierSize};
     use crate::CacheConfig;

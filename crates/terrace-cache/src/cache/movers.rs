@@ -41,7 +41,7 @@ use crate::error::CacheError;
 /// The most segments one round of [`Cache::maintain`] evicts in one tier: a round that
 /// evicted until the writers stopped taking segments would, under a steady load, never
 /// reach the tier's cleaning, the tiers below or the flash tier.
-pub const ROUND_EVICTIONS: usize = 2;
+pub(super) const ROUND_EVICTIONS: usize = 2;
 
 /// The most movers [`default_movers`] picks, however many cores.
 pub const MAX_DEFAULT_MOVERS: usize = 8;
@@ -206,7 +206,7 @@ impl Cache {
     /// One round of the movers' work: promotions; then in every tier, the expiry sweep,
     /// freeing segments whose eviction has drained and evicting sealed segments (chosen,
     /// demoting and reinserting as an inline eviction would) until the tier has its
-    /// target of free segments — at most [`ROUND_EVICTIONS`] of them, so that a round
+    /// target of free segments — at most `ROUND_EVICTIONS` of them, so that a round
     /// ends however fast writers take segments — and in the last memory tier one
     /// cleaning; then the flash tier's moves. Returns the segments evicted. Safe to call
     /// from any thread, concurrently with everything else and with itself:
