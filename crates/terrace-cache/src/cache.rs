@@ -66,6 +66,8 @@ mod replica;
 mod saved;
 mod sets;
 mod snapshot;
+#[cfg(any(test, debug_assertions))]
+mod verify;
 
 use evict::Queue;
 pub use flash::FlashFetch;
@@ -73,6 +75,8 @@ pub use movers::{default_movers, MoverStats, Movers, MAX_DEFAULT_MOVERS};
 pub use recover::{DropReason, RestartReport};
 pub use saved::saved_path;
 pub use sets::{FlashSetsConfig, DEFAULT_SET_ITEM_MAX};
+#[cfg(any(test, debug_assertions))]
+pub use verify::VerifyReport;
 
 /// How to open a [`Cache`].
 #[derive(Clone, Debug)]

@@ -132,6 +132,8 @@ mod synced;
 pub mod tier;
 mod write_budget;
 
+#[cfg(any(test, debug_assertions))]
+pub use cache::VerifyReport;
 pub use cache::{
     default_movers, Cache, CacheConfig, Checked, Delta, FlashFetch, FlashSetsConfig, Guard,
     MoverStats, Movers, RestartReport, Side, Stats, Store, DEFAULT_SET_ITEM_MAX,

@@ -933,6 +933,9 @@ fn check_against_model(
                 prop_assert_eq!(g.value(), &v[..]);
             }
         }
+        if let Err(e) = c.verify() {
+            return Err(TestCaseError::fail(format!("{e:?}")));
+        }
     }
     Ok(())
 }

@@ -594,6 +594,7 @@ fn crash_rounds_n(layout: &str, rounds: u64) -> u64 {
         }
         total_ops = max_op;
         let (c, report) = Cache::open(crash_config(dir.path(), layout)).unwrap();
+        c.verify().unwrap();
         // A kill in the middle of a flash segment's write leaves it torn: dropped by its
         // checksum. Memory tiers never drop a segment.
         let torn_flash_only = report.dropped.iter().all(|(t, _, why)| {

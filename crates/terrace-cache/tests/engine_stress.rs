@@ -128,6 +128,7 @@ fn run_mixed(movers: usize) {
         }
     });
     drop(movers);
+    cache.verify().unwrap();
     let s = cache.stats();
     assert!(s.tiers[0].segments_evicted > 0, "{s:?}");
     assert_eq!(s.mover_errors, 0);
