@@ -45,6 +45,7 @@ pub mod flash;
 pub mod numa;
 pub mod os;
 pub mod persist;
+pub mod persist_hook;
 pub mod region;
 pub mod registry;
 

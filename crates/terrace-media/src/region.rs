@@ -576,6 +576,11 @@ impl Region {
         let Some(backing) = &self.file else {
             return Ok(());
         };
+        // SAFETY: the range is inside the live mapping (checked above), which outlives
+        // the call.
+        unsafe {
+            crate::persist_hook::call(&backing.path, offset, self.base.as_ptr().add(offset), len)
+        };
         if self.persist_level == Durability::Process {
             std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
             return Ok(());
