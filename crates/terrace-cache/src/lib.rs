@@ -106,9 +106,6 @@
 //! - `synced` (private): small side files written whole and synced.
 //! - [`pools`]: named pools with quotas over one configuration.
 //! - [`spec`]: text forms of a configuration (sizes, tier lists) shared by the front ends.
-//! - [`seglog`]: [`SegmentLog`], a single-tier, single-threaded cache that follows the
-//!   commit protocol step by step; its tests recover from the image at every persist
-//!   point.
 //! - [`error`]: one typed error enum per operation family.
 
 #![deny(unsafe_code)]
@@ -124,7 +121,6 @@ pub mod item;
 mod mem;
 mod parallel;
 pub mod pools;
-pub mod seglog;
 pub mod segment;
 pub mod seqmark;
 pub mod spec;
@@ -144,6 +140,5 @@ pub use flash::FlashRead;
 pub use index::{BucketGuard, Candidate, Freq, Full, Index, IndexConfig, Location};
 pub use item::{ItemLimits, ItemRef, ItemSpec, ItemState};
 pub use pools::{PoolConfig, PoolQuota, Pools};
-pub use seglog::{LogConfig, LogError, LogScanReport, SegmentLog};
 pub use segment::{ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
 pub use tier::{FlashStats, Medium, SetStats, TierConfig, TierSize, TierStats};

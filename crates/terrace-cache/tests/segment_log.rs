@@ -9,7 +9,9 @@ use std::rc::Rc;
 
 use proptest::prelude::*;
 use terrace_cache::item::ItemLimits;
-use terrace_cache::seglog::{LogConfig, LogDropReason, LogError, SegmentLog};
+mod seglog;
+
+use seglog::{LogConfig, LogDropReason, LogError, SegmentLog};
 use terrace_cache::{EncodeError, ScanEnd};
 
 const KEYS: u32 = 24;

@@ -4,7 +4,8 @@
 //! `docs/cache-format.md` step by step. It is the executable argument for that protocol
 //! (its tests recover from the image at every persist point) and the skeleton the
 //! concurrent, tiered engine grows from; it is not that engine (no tiers, TTLs, movers or
-//! threads).
+//! threads). It lives with the tests: the engine's own persist points are checked by
+//! `tests/engine_crash_images.rs`.
 //!
 //! Invariants (between calls):
 //! - every LIVE item in the committed range of a non-retired segment is the item the
@@ -16,10 +17,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{EncodeError, HeaderError, IndexError};
-use crate::index::{Freq, Index, IndexConfig, Location};
-use crate::item::{self, ItemLimits, ItemSpec, ItemState};
-use crate::segment::{self, Cursor, ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
+use terrace_cache::error::{EncodeError, HeaderError, IndexError};
+use terrace_cache::index::{Freq, Index, IndexConfig, Location};
+use terrace_cache::item::{self, ItemLimits, ItemSpec, ItemState};
+use terrace_cache::segment::{self, Cursor, ScanEnd, SegmentHeader, SegmentReader, SegmentWriter};
 
 /// How to build a [`SegmentLog`].
 #[derive(Clone, Copy, Debug)]
@@ -206,10 +207,6 @@ impl SegmentLog {
 
     pub fn stats(&self) -> &LogStats {
         &self.stats
-    }
-
-    pub fn index(&self) -> &Index {
-        &self.index
     }
 
     /// Hands the segments back (a clean shutdown; [`recover`](Self::recover) reopens them).
