@@ -1,4 +1,5 @@
-//! The engine's crash images: a cache of two file tiers runs a seeded mix of sets,
+//! The engine's crash images: a cache of two file tiers — alone, or split into two
+//! pools — runs a seeded mix of sets,
 //! overwrites, deletes, reads, TTL expiry and mover rounds (demotion, reinsertion,
 //! cleaning, stays, promotion, expired segments reclaimed) on one thread, while a hook
 //! under every `Region::persist` (`terrace_media::persist_hook`) keeps a shadow of each
@@ -17,15 +18,18 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use terrace_cache::{Cache, CacheConfig, TierConfig, TierSize};
+use terrace_cache::pools::{PoolConfig, PoolQuota, Pools};
+use terrace_cache::{CacheConfig, Stats, TierConfig, TierSize};
 
-/// Keys of the run: about one and a half times what the first tier holds.
+/// Keys of a run on one cache: about one and a half times what its first tier holds
+/// (twice as many for two pools, [`Setup::keys`]).
 const KEYS: u32 = 2_000;
-/// Operations before images are kept: the first tier fills, and the movers start
-/// demoting, promoting and reinserting (the shadows are kept from the start).
+/// Operations before images are kept on one cache: the first tier fills, and the movers
+/// start demoting, promoting and reinserting (the shadows are kept from the start).
 const WARM_UP: usize = 5_000;
-/// Persist points to check at least, after the warm-up.
+/// Persist points to check at least, after the warm-up: one cache, and two pools.
 const POINTS: usize = 2_500;
+const POOL_POINTS: usize = 600;
 
 #[derive(Default)]
 struct Recorder {
@@ -58,16 +62,86 @@ fn record(path: &Path, offset: usize, bytes: &[u8]) {
     });
 }
 
-fn config(dir: &Path) -> CacheConfig {
+/// Two file tiers of `mib` MiB each (whole 2 MiB granules: 64 segments of 32 KiB
+/// each per 2 MiB), promotion on.
+fn config(dir: &Path, mib: u64) -> CacheConfig {
     CacheConfig {
         stripes: 1,
         promote: true,
         expected_items: Some(4_096),
         ..common::config(vec![
-            TierConfig::file(dir, TierSize::Bytes(256 << 10)),
-            TierConfig::file(dir, TierSize::Bytes(512 << 10)),
+            TierConfig::file(dir, TierSize::Bytes(mib << 20)),
+            TierConfig::file(dir, TierSize::Bytes(mib << 20)),
         ])
     }
+}
+
+/// What is checked: one cache, or the default pool and a named one splitting the tiers.
+#[derive(Clone, Copy)]
+enum Setup {
+    One,
+    TwoPools,
+}
+
+impl Setup {
+    fn open(self, dir: &Path) -> Pools {
+        let (config, named) = match self {
+            Setup::One => (config(dir, 2), vec![]),
+            Setup::TwoPools => (
+                config(dir, 4),
+                vec![PoolConfig {
+                    name: "odd".into(),
+                    quota: PoolQuota::Percent(50.0),
+                }],
+            ),
+        };
+        Pools::open(config, &named)
+            .unwrap_or_else(|e| panic!("open: {e}"))
+            .0
+    }
+
+    /// The pool key `k` lives in (a server routes by prefix; here, odd keys to `odd`).
+    fn pool(self, k: u32) -> usize {
+        match self {
+            Setup::One => 0,
+            Setup::TwoPools => (k % 2) as usize,
+        }
+    }
+
+    fn keys(self) -> u32 {
+        match self {
+            Setup::One => KEYS,
+            Setup::TwoPools => 2 * KEYS,
+        }
+    }
+
+    fn warm_up(self) -> usize {
+        match self {
+            Setup::One => WARM_UP,
+            Setup::TwoPools => 2 * WARM_UP,
+        }
+    }
+
+    fn tier_files(self) -> usize {
+        match self {
+            Setup::One => 2,
+            Setup::TwoPools => 4,
+        }
+    }
+}
+
+/// Every file under `dir`, in its subdirectories (the pools') too.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            out.extend(files(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
 }
 
 /// A key's value in the model: its bytes and its expiry (cache clock; 0: none).
@@ -103,6 +177,7 @@ impl Rng {
 /// Reopens `image` (with the live directory's other files) in `scratch` and checks it.
 #[allow(clippy::too_many_arguments)]
 fn check_image(
+    setup: Setup,
     image: &HashMap<PathBuf, Vec<u8>>,
     live: &Path,
     scratch: &Path,
@@ -113,11 +188,15 @@ fn check_image(
     point: usize,
 ) {
     for e in std::fs::read_dir(scratch).unwrap() {
-        std::fs::remove_file(e.unwrap().path()).unwrap();
-    }
-    for e in std::fs::read_dir(live).unwrap() {
         let path = e.unwrap().path();
-        let to = scratch.join(path.file_name().unwrap());
+        match path.is_dir() {
+            true => std::fs::remove_dir_all(path).unwrap(),
+            false => std::fs::remove_file(path).unwrap(),
+        }
+    }
+    for path in files(live) {
+        let to = scratch.join(path.strip_prefix(live).unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         match image.get(&path) {
             Some(bytes) => std::fs::write(&to, bytes).unwrap(),
             None => {
@@ -125,11 +204,11 @@ fn check_image(
             }
         }
     }
-    let (c, _) = Cache::open(config(scratch))
-        .unwrap_or_else(|e| panic!("op {op}, persist {point}: reopen failed: {e}"));
-    c.advance_clock(clock);
-    let now = c.now();
-    for k in 0..KEYS {
+    let pools = setup.open(scratch);
+    pools.advance_clock(clock);
+    for k in 0..setup.keys() {
+        let c = pools.at(setup.pool(k)).unwrap();
+        let now = c.now();
         let Some(g) = c.peek(&key(k)).unwrap() else {
             continue;
         };
@@ -149,27 +228,45 @@ fn check_image(
             )),
         );
     }
-    if let Err(e) = c.verify() {
-        panic!("op {op}, persist {point}: {e:?}");
+    for (name, c) in pools.iter() {
+        if let Err(e) = c.verify() {
+            panic!("op {op}, persist {point}, pool {name}: {e:?}");
+        }
     }
 }
 
 #[test]
 fn every_persist_point_of_the_engine_recovers_to_an_acknowledged_state() {
+    run(Setup::One, POINTS);
+}
+
+#[test]
+fn every_persist_point_of_two_pools_recovers_to_an_acknowledged_state() {
+    run(Setup::TwoPools, POOL_POINTS);
+}
+
+/// All the pools' counters, summed.
+fn stats(pools: &Pools) -> Stats {
+    let all = pools.stats();
+    Stats::combined(all.iter().map(|(_, s)| s))
+}
+
+/// Runs the seeded mix on `setup` until `points` images were checked after the warm-up.
+fn run(setup: Setup, points: usize) {
+    // Once per process; the recorder is per thread, so the tests run side by side.
     terrace_media::persist_hook::install(record);
     let dir = common::tier_dir();
     let scratch = common::tier_dir();
-    let (c, _) = Cache::open(config(dir.path())).unwrap();
+    let pools = setup.open(dir.path());
     RECORDER.with(|r| {
         let mut r = r.borrow_mut();
-        for e in std::fs::read_dir(dir.path()).unwrap() {
-            let path = e.unwrap().path();
+        for path in files(dir.path()) {
             if path.extension().is_some_and(|x| x == "terrace") {
                 let bytes = std::fs::read(&path).unwrap();
                 r.shadows.insert(path, bytes);
             }
         }
-        assert_eq!(r.shadows.len(), 2, "two tier files");
+        assert_eq!(r.shadows.len(), setup.tier_files(), "the tier files");
     });
     let mut model: HashMap<u32, Entry> = HashMap::new();
     let mut rng = Rng(0x5eed_c0de);
@@ -177,15 +274,16 @@ fn every_persist_point_of_the_engine_recovers_to_an_acknowledged_state() {
     let mut images_checked = 0;
     let mut op = 0;
     let mut before = None;
-    while RECORDER.with(|r| r.borrow().points) < POINTS {
+    while RECORDER.with(|r| r.borrow().points) < points {
         op += 1;
         assert!(op < 200_000, "too few persist points");
-        if op == WARM_UP {
-            before = Some(c.stats());
+        if op == setup.warm_up() {
+            before = Some(stats(&pools));
             RECORDER.with(|r| r.borrow_mut().on = true);
         }
         let r = rng.next();
-        let k = (r >> 16) as u32 % KEYS;
+        let k = (r >> 16) as u32 % setup.keys();
+        let c = pools.at(setup.pool(k)).unwrap();
         let (in_flight, ttl) = match r % 100 {
             0..=39 => {
                 let len = 100 + (r >> 40) as usize % 3_000;
@@ -200,9 +298,13 @@ fn every_persist_point_of_the_engine_recovers_to_an_acknowledged_state() {
             // A delete of a key the cache evicted: its old copy must not come back
             // (the evicted segment was retired before its walk, E2).
             44..=47 => {
-                let evicted = (0..KEYS).map(|i| (k + i) % KEYS).find(|&e| {
-                    model.get(&e).is_some_and(Option::is_some) && c.peek(&key(e)).unwrap().is_none()
-                });
+                let evicted = (0..setup.keys())
+                    .map(|i| (k + i) % setup.keys())
+                    .find(|&e| {
+                        let c = pools.at(setup.pool(e)).unwrap();
+                        model.get(&e).is_some_and(Option::is_some)
+                            && c.peek(&key(e)).unwrap().is_none()
+                    });
                 (InFlight::Delete(evicted.unwrap_or(k)), 0)
             }
             48..=84 => {
@@ -210,27 +312,31 @@ fn every_persist_point_of_the_engine_recovers_to_an_acknowledged_state() {
                 (InFlight::None, 0)
             }
             85..=97 => {
-                c.maintain().unwrap();
+                for (_, c) in pools.iter() {
+                    c.maintain().unwrap();
+                }
                 (InFlight::None, 0)
             }
             _ => {
-                c.advance_clock(30);
+                pools.advance_clock(30);
                 clock += 30;
                 (InFlight::None, 0)
             }
         };
         match &in_flight {
             InFlight::Set(k, v) => {
+                let c = pools.at(setup.pool(*k)).unwrap();
                 c.set(&key(*k), v, 0, ttl).unwrap();
             }
             InFlight::Delete(k) => {
-                c.delete(&key(*k)).unwrap();
+                pools.at(setup.pool(*k)).unwrap().delete(&key(*k)).unwrap();
             }
             InFlight::None => {}
         }
         let images = RECORDER.with(|r| std::mem::take(&mut r.borrow_mut().images));
         for (point, image) in images.iter().enumerate() {
             check_image(
+                setup,
                 image,
                 dir.path(),
                 scratch.path(),
@@ -254,7 +360,7 @@ fn every_persist_point_of_the_engine_recovers_to_an_acknowledged_state() {
         }
     }
     // What the checked operations did, from the warm-up's end.
-    let (a, b) = (before.unwrap(), c.stats());
+    let (a, b) = (before.unwrap(), stats(&pools));
     let tier = |f: fn(&terrace_cache::TierStats) -> u64| -> u64 {
         b.tiers.iter().map(f).sum::<u64>() - a.tiers.iter().map(f).sum::<u64>()
     };
@@ -266,12 +372,28 @@ fn every_persist_point_of_the_engine_recovers_to_an_acknowledged_state() {
         tier(|t| t.items_evicted),
     );
     eprintln!(
-        "{images_checked} images over {} operations after {WARM_UP}: demotions {demotions}, \
+        "{images_checked} images over {} operations after {}: demotions {demotions}, \
          promotions {promotions}, reinserted {reinserted}, cleaned {cleaned}, expired \
          {expired}, evicted {evicted}",
-        op - WARM_UP,
+        op - setup.warm_up(),
+        setup.warm_up(),
     );
-    assert!(images_checked >= POINTS);
-    assert!(demotions > 0 && promotions > 0 && reinserted > 0, "{b:?}");
-    assert!(expired > 0 && evicted > 0, "{b:?}");
+    assert!(images_checked >= points);
+    assert!(expired > 0, "{b:?}");
+    match setup {
+        // Every kind of move, in the images checked.
+        Setup::One => {
+            assert!(demotions > 0 && promotions > 0 && reinserted > 0, "{b:?}");
+            assert!(cleaned > 0 && evicted > 0, "{b:?}");
+        }
+        // The pools' shorter run: some mover work in its images, and every kind of move
+        // over the whole run.
+        Setup::TwoPools => {
+            assert!(demotions + promotions + reinserted + cleaned > 0, "{b:?}");
+            assert!(
+                b.demotions > 0 && b.promotions > 0 && b.reinsertions > 0,
+                "{b:?}"
+            );
+        }
+    }
 }
