@@ -616,6 +616,10 @@ fn place(
     Placement::Open { bucket, expires_at }
 }
 
+/// Promotions asked for: each key's hash and where its item was read
+/// (`cache/promote.rs`).
+type PromotionQueue = Vec<(u64, Location)>;
+
 /// The tiered cache engine. See the module docs for its invariants.
 pub struct Cache {
     tiers: Vec<Tier>,
@@ -645,8 +649,8 @@ pub struct Cache {
     clock_offset: AtomicI64,
     /// Whether hits in lower tiers ask for promotion ([`CacheConfig::promote`]).
     promote: bool,
-    /// Promotions asked for and not yet done (`cache/promote.rs`).
-    promotions: Mutex<Vec<(u64, Location)>>,
+    /// Promotions asked for and not yet done, in shards by hash (`cache/promote.rs`).
+    promotions: Box<[Mutex<PromotionQueue>]>,
     /// The flash copies promotions left in place (`cache/replica.rs`).
     replicas: replica::Replicas,
     /// Small items in the flash tier's sets ([`CacheConfig::flash_sets`]).
@@ -1042,7 +1046,9 @@ impl Cache {
             first_file_dir,
             clock_offset: AtomicI64::new(0),
             promote: config.promote,
-            promotions: Mutex::new(Vec::new()),
+            promotions: (0..promote::PROMOTION_SHARDS)
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
             replicas: replica::Replicas::new(),
             sets_config,
             counters: EngineCounters::default(),

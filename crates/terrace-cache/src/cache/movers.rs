@@ -6,17 +6,25 @@
 //! # Design
 //! [`Cache::start_movers`] starts [`CacheConfig::movers`](super::CacheConfig::movers)
 //! threads (default: [`default_movers`] of the core count). Each calls `maintain` in a
-//! loop and parks between rounds. They share no mover-wide state: a round pops victims
-//! under the tier's lists lock, so each segment is walked by one mover while the others
-//! walk other segments, and the copies of all of them append to the tier's copy sets
-//! (`Tier::mover`, `Tier::reinsert`), one item per lock hold. Work is thus split by
-//! segment, which is what writes consume.
+//! loop, again at once after a round that evicted, else after its interval. They share
+//! no mover-wide state: a round pops victims under the tier's lists lock, so each segment
+//! is walked by one mover while the others walk other segments, and each mover copies
+//! into lanes of its own (`tier::CopyLanes`: a lane per mover in each of the tier's copy
+//! sets, `Tier::mover` and `Tier::reinsert`), so that their copies do not queue for one
+//! lock. Work is thus split by segment, which is what writes consume. A round evicts
+//! at most `ROUND_EVICTIONS` segments per tier, so that under a steady load it still
+//! reaches the cleaning, the tiers below and the flash tier.
 //!
 //! Wake-ups: a writer that takes a free segment and leaves fewer than the tier's target
 //! ([`Cache::free_target`]) wakes every mover; a parked mover also wakes at its interval.
-//! A writer that finds no free segment at all evicts one itself (an *inline* eviction,
-//! counted): the writers' help when the movers fall behind, and the last resort, since
-//! a whole segment's walk on a request's path is what a set's tail latency must not see.
+//!
+//! The writers' help: a writer that finds no free segment past the reinsertion reserve
+//! evicts itself (an *inline* eviction, counted) until there is one, so the reserve
+//! stays for the reinsertions, and in the last tier it then cleans a segment as a round
+//! would (`cache/evict.rs`, `Cache::allocate`). So the policy's work gets done however
+//! far behind the movers are — a mover slowed to one eviction per 10 ms leaves the hit
+//! ratio where it was (`docs/results.md`) — and only the tail latency of sets pays, which
+//! is why the movers are there.
 //!
 //! # Counters
 //! Busy time (inside `maintain`), blocked time (waiting for a lists or copy-set lock a

@@ -1,9 +1,11 @@
 //! Promotion: an item read often in a lower tier is copied up into tier 0, off the
 //! request path. A hit in tier *i > 0* whose index entry had already recorded
 //! [`PROMOTE_AFTER_HITS`] hits asks for its promotion — it leaves the key's hash and the
-//! item's location in a small queue, or nothing when the queue is full or another
-//! reader holds it (a promotion is a hint, never a wait) — and the mover thread
-//! ([`Cache::maintain`]) copies the queued items into tier 0's copy segment.
+//! item's location in a small queue (one of [`PROMOTION_SHARDS`], chosen by the hash, so
+//! that readers on many cores do not meet on one lock), or nothing when the queue is
+//! full or another reader holds it (a promotion is a hint, never a wait; counted in
+//! `MoverStats::skipped_contended`) — and the movers ([`Cache::maintain`]) copy the
+//! queued items into tier 0's copy segments.
 //!
 //! A promoted item enters tier 0 with a frequency of 1: it is demoted again when its
 //! tier-0 segment is evicted (tier 0 is every tiered cache's probation stage) unless it
@@ -39,8 +41,12 @@ use crate::mem::SegState;
 /// Hits an entry must have recorded before a hit in a lower tier asks for its promotion.
 pub(super) const PROMOTE_AFTER_HITS: u8 = 2;
 
-/// Most promotions waiting at once (what one mover round copies at most).
+/// Most promotions waiting at once, all shards together (what the movers' rounds copy
+/// at most between two looks).
 pub(super) const PROMOTION_QUEUE: usize = 1024;
+
+/// The promotion queue's shards (`Cache::promotions`).
+pub(super) const PROMOTION_SHARDS: usize = 16;
 
 impl Cache {
     /// Called on a hit in tier `tier` of an entry that had recorded `hits` hits: asks for
@@ -49,21 +55,27 @@ impl Cache {
         if !self.promote || tier == 0 || hits < PROMOTE_AFTER_HITS {
             return;
         }
-        match self.promotions.try_lock() {
-            Some(mut queue) if queue.len() < PROMOTION_QUEUE => queue.push((hash, loc)),
+        let shard = &self.promotions[(hash >> 32) as usize % PROMOTION_SHARDS];
+        match shard.try_lock() {
+            Some(mut queue) if queue.len() < PROMOTION_QUEUE / PROMOTION_SHARDS => {
+                queue.push((hash, loc))
+            }
             Some(_) => {}
             None => self.skipped_contended(),
         }
     }
 
     /// Promotes every queued item that is still where it was asked from; returns how many
-    /// were promoted. Runs on the mover thread ([`Cache::maintain`]).
+    /// were promoted. Runs on the movers ([`Cache::maintain`]); several empty the shards
+    /// at once, each taking what it finds.
     pub(super) fn run_promotions(&self) -> Result<usize, CacheError> {
-        let queued = std::mem::take(&mut *self.promotions.lock());
         let mut promoted = 0;
-        for (hash, loc) in queued {
-            if self.promote_one(hash, loc)? {
-                promoted += 1;
+        for shard in self.promotions.iter() {
+            let queued = std::mem::take(&mut *shard.lock());
+            for (hash, loc) in queued {
+                if self.promote_one(hash, loc)? {
+                    promoted += 1;
+                }
             }
         }
         Ok(promoted)
