@@ -10,11 +10,12 @@
 //! its rules and its no-livelock argument; this module walks, copies and publishes. In
 //! short: every tier but the last is a FIFO whose kept items (those with hits, and small
 //! ones out of probation) are demoted to the next tier — except that tier 0 keeps those
-//! read at least [`STAY_HITS`](policy::STAY_HITS) times (the hottest items stay in the fastest tier). The
-//! last tier keeps what it is given by *reinsertion*: evicting one of its segments copies
-//! its kept items into the tier's reinsertion segment, their frequency lowered by one (a
-//! CLOCK with a two-bit counter, at segment granularity). Which segment is evicted is
-//! this module's: the last tier's sealed segments are in two queues (`tier::Lists`):
+//! read at least [`STAY_HITS`](policy::STAY_HITS) times (the hottest items stay in the
+//! fastest tier). The last tier keeps what it is given by *reinsertion*: evicting one of
+//! its segments copies its kept items into the tier's reinsertion segment, their
+//! frequency lowered by one (a CLOCK with a two-bit counter, at segment granularity).
+//! Which segment is evicted is this module's: the last tier's sealed segments are in two
+//! queues (`tier::Lists`):
 //!
 //! - `main`: the segments it keeps items in — reinsertions, and demotions from the tier
 //!   above; evicted strictly oldest first, however dead a younger segment is: evicting
@@ -75,12 +76,12 @@
 //! spends one recorded hit (an item nobody reads survives at most three more evictions of
 //! its segments; a cleaning moves it without spending one, but frees the dead bytes it
 //! chose the segment for), and an item leaves probation once per write; one eviction
-//! copies at most [`REINSERT_BUDGET`](policy::REINSERT_BUDGET) of a segment, so it frees at least the rest
-//! whatever the readers do; a cleaning runs at most once per round of the movers or per
-//! inline eviction, and only with a segment to copy into ([`CleanRoom`]); and the
-//! reinsertion segment is
-//! opened only from a free segment or by evicting another one *without* reinsertion (nor
-//! stays), never by waiting. Lock order: `docs/concurrency.md`.
+//! copies at most [`REINSERT_BUDGET`](policy::REINSERT_BUDGET) of a segment, so it frees
+//! at least the rest whatever the readers do; a cleaning runs at most once per round of
+//! the movers or per inline eviction, and only with a segment to copy into
+//! ([`CleanRoom`]); and the reinsertion segment is opened only from a free segment or by
+//! evicting another one *without* reinsertion (nor stays), never by waiting. Lock order:
+//! `docs/concurrency.md`.
 
 use std::sync::atomic::Ordering;
 
@@ -455,8 +456,8 @@ impl Cache {
     /// stays, reinsertions, cleanings) are published as the module docs say, a return to a
     /// flash replica repoints the entry, and everything else loses its entry (and, from
     /// probation, becomes a ghost). Copies within the tier take at most
-    /// [`REINSERT_BUDGET`](policy::REINSERT_BUDGET) of a segment per eviction, none where `reinsert` bars them; a
-    /// stay that no segment could take is demoted instead.
+    /// [`REINSERT_BUDGET`](policy::REINSERT_BUDGET) of a segment per eviction, none where
+    /// `reinsert` bars them; a stay that no segment could take is demoted instead.
     ///
     /// On an error (a failed persist) the segment stays `Evicting` and out of every list:
     /// lost to the cache until restart, but never freed while entries may point into it.
