@@ -274,6 +274,9 @@ fn run(setup: Setup, points: usize) {
     let mut images_checked = 0;
     let mut op = 0;
     let mut before = None;
+    // Keys the last mover round dropped: deleting one of them while its old copy may
+    // still be on the medium is what retiring a segment before its walk guards against.
+    let mut just_dropped: Vec<u32> = Vec::new();
     while RECORDER.with(|r| r.borrow().points) < points {
         op += 1;
         assert!(op < 200_000, "too few persist points");
@@ -298,13 +301,17 @@ fn run(setup: Setup, points: usize) {
             // A delete of a key the cache evicted: its old copy must not come back
             // (the evicted segment was retired before its walk, E2).
             44..=47 => {
-                let evicted = (0..setup.keys())
-                    .map(|i| (k + i) % setup.keys())
-                    .find(|&e| {
-                        let c = pools.at(setup.pool(e)).unwrap();
-                        model.get(&e).is_some_and(Option::is_some)
-                            && c.peek(&key(e)).unwrap().is_none()
-                    });
+                // One the last mover round dropped if there is one (its segment may not
+                // be reused yet), else any the cache no longer has.
+                let evicted = just_dropped.pop().or_else(|| {
+                    (0..setup.keys())
+                        .map(|i| (k + i) % setup.keys())
+                        .find(|&e| {
+                            let c = pools.at(setup.pool(e)).unwrap();
+                            model.get(&e).is_some_and(Option::is_some)
+                                && c.peek(&key(e)).unwrap().is_none()
+                        })
+                });
                 (InFlight::Delete(evicted.unwrap_or(k)), 0)
             }
             48..=84 => {
@@ -312,9 +319,30 @@ fn run(setup: Setup, points: usize) {
                 (InFlight::None, 0)
             }
             85..=97 => {
+                let had: Vec<u32> = (0..setup.keys())
+                    .filter(|&e| {
+                        pools
+                            .at(setup.pool(e))
+                            .unwrap()
+                            .peek(&key(e))
+                            .unwrap()
+                            .is_some()
+                    })
+                    .collect();
                 for (_, c) in pools.iter() {
                     c.maintain().unwrap();
                 }
+                just_dropped = had
+                    .into_iter()
+                    .filter(|&e| {
+                        pools
+                            .at(setup.pool(e))
+                            .unwrap()
+                            .peek(&key(e))
+                            .unwrap()
+                            .is_none()
+                    })
+                    .collect();
                 (InFlight::None, 0)
             }
             _ => {
