@@ -457,6 +457,22 @@ pub(crate) struct Lists {
     pub reclaim: Vec<u32>,
 }
 
+impl Lists {
+    /// Moves the segments of the reclaim list whose eviction finished and whose pins
+    /// drained ([`SegmentArea::try_free`]) to the free list.
+    pub fn free_drained(&mut self, area: &SegmentArea) {
+        let mut j = 0;
+        while j < self.reclaim.len() {
+            if area.try_free(self.reclaim[j]) {
+                let slot = self.reclaim.swap_remove(j);
+                self.free.push(slot);
+            } else {
+                j += 1;
+            }
+        }
+    }
+}
+
 /// One tier's open segments for one kind of copy ([`Tier::mover`], [`Tier::reinsert`]),
 /// in lanes: each lane a set of open segments per TTL bucket under its own lock, so that
 /// several movers (and writers evicting inline) copy at once instead of queueing for

@@ -254,15 +254,7 @@ impl Cache {
                 // kept from them too: a writer evicting inline restores it before it
                 // takes a segment, instead of leaving the reinsertions nothing but an
                 // eviction without reinsertion.
-                let mut j = 0;
-                while j < lists.reclaim.len() {
-                    if t.area.try_free(lists.reclaim[j]) {
-                        let slot = lists.reclaim.swap_remove(j);
-                        lists.free.push(slot);
-                    } else {
-                        j += 1;
-                    }
-                }
+                lists.free_drained(&t.area);
                 let past_reserve = lists.free.len() > reserve;
                 if let Some(slot) = past_reserve.then(|| lists.free.pop()).flatten() {
                     t.counters

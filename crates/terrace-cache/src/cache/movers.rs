@@ -238,15 +238,7 @@ impl Cache {
             loop {
                 let victim = {
                     let mut lists = self.lock_timed(&t.lists);
-                    let mut j = 0;
-                    while j < lists.reclaim.len() {
-                        if t.area.try_free(lists.reclaim[j]) {
-                            let slot = lists.reclaim.swap_remove(j);
-                            lists.free.push(slot);
-                        } else {
-                            j += 1;
-                        }
-                    }
+                    lists.free_drained(&t.area);
                     if lists.free.len() + lists.reclaim.len() >= target || budget == 0 {
                         break;
                     }
