@@ -164,16 +164,6 @@ fn value(k: u32, op: usize, len: usize) -> Vec<u8> {
     v
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Reopens `image` (with the live directory's other files) in `scratch` and checks it.
 #[allow(clippy::too_many_arguments)]
 fn check_image(
@@ -245,6 +235,12 @@ fn every_persist_point_of_two_pools_recovers_to_an_acknowledged_state() {
     run(Setup::TwoPools, POOL_POINTS);
 }
 
+/// Whether the cache holds key `k` now (a peek: no hit recorded).
+fn has(pools: &Pools, setup: Setup, k: u32) -> bool {
+    let c = pools.at(setup.pool(k)).unwrap();
+    c.peek(&key(k)).unwrap().is_some()
+}
+
 /// All the pools' counters, summed.
 fn stats(pools: &Pools) -> Stats {
     let all = pools.stats();
@@ -269,7 +265,7 @@ fn run(setup: Setup, points: usize) {
         assert_eq!(r.shadows.len(), setup.tier_files(), "the tier files");
     });
     let mut model: HashMap<u32, Entry> = HashMap::new();
-    let mut rng = Rng(0x5eed_c0de);
+    let mut rng = common::Rng(0x5eed_c0de);
     let mut clock = 0i64;
     let mut images_checked = 0;
     let mut op = 0;
@@ -307,9 +303,7 @@ fn run(setup: Setup, points: usize) {
                     (0..setup.keys())
                         .map(|i| (k + i) % setup.keys())
                         .find(|&e| {
-                            let c = pools.at(setup.pool(e)).unwrap();
-                            model.get(&e).is_some_and(Option::is_some)
-                                && c.peek(&key(e)).unwrap().is_none()
+                            model.get(&e).is_some_and(Option::is_some) && !has(&pools, setup, e)
                         })
                 });
                 (InFlight::Delete(evicted.unwrap_or(k)), 0)
@@ -320,28 +314,14 @@ fn run(setup: Setup, points: usize) {
             }
             85..=97 => {
                 let had: Vec<u32> = (0..setup.keys())
-                    .filter(|&e| {
-                        pools
-                            .at(setup.pool(e))
-                            .unwrap()
-                            .peek(&key(e))
-                            .unwrap()
-                            .is_some()
-                    })
+                    .filter(|&e| has(&pools, setup, e))
                     .collect();
                 for (_, c) in pools.iter() {
                     c.maintain().unwrap();
                 }
                 just_dropped = had
                     .into_iter()
-                    .filter(|&e| {
-                        pools
-                            .at(setup.pool(e))
-                            .unwrap()
-                            .peek(&key(e))
-                            .unwrap()
-                            .is_none()
-                    })
+                    .filter(|&e| !has(&pools, setup, e))
                     .collect();
                 (InFlight::None, 0)
             }

@@ -46,16 +46,6 @@ fn check_value(key: u32, v: &[u8]) {
     );
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 #[test]
 fn readers_writers_evictors_and_movers() {
     run_mixed(0);
@@ -90,7 +80,7 @@ fn run_mixed(movers: usize) {
             let cache = &*cache;
             let writes = &writes;
             s.spawn(move || {
-                let mut rng = Rng(0x9E37_79B9 + t as u64);
+                let mut rng = common::Rng(0x9E37_79B9 + t as u64);
                 for _ in 0..40_000 {
                     let r = rng.next();
                     // Skewed keys: a hot set that gets demoted, a long cold tail.

@@ -9,6 +9,8 @@
 //! Every location is registered with (key, version) in a side table before it is
 //! published, standing in for the item the real cache would read to verify the key.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread;
 
@@ -57,17 +59,6 @@ impl Registry {
     }
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 #[test]
 fn readers_writers_and_movers() {
     let index = Index::new(&IndexConfig::new(256, 1000, 20)).unwrap();
@@ -87,7 +78,7 @@ fn readers_writers_and_movers() {
             let (index, reg, finals, writers_done) = (&index, &reg, &finals, &writers_done);
             let (moved, move_lost, reads) = (&moved, &move_lost, &reads);
             s.spawn(move || {
-                let mut rng = Rng(0x1234_5678 + u64::from(w));
+                let mut rng = common::Rng(0x1234_5678 + u64::from(w));
                 let mut versions = vec![0u32; KEYS as usize];
                 for op in 0..OPS_PER_WRITER * 10 {
                     if op >= OPS_PER_WRITER
@@ -125,7 +116,7 @@ fn readers_writers_and_movers() {
         {
             let (index, reg, stop, moved, move_lost) = (&index, &reg, &stop, &moved, &move_lost);
             s.spawn(move || {
-                let mut rng = Rng(0xDEAD_BEEF);
+                let mut rng = common::Rng(0xDEAD_BEEF);
                 // Leave the registry's second half to the writers.
                 while !stop.load(Ordering::Acquire)
                     && (reg.next.load(Ordering::Relaxed) as usize) < CAPACITY / 2
@@ -156,7 +147,7 @@ fn readers_writers_and_movers() {
         for r in 0..READERS {
             let (index, reg, stop, reads) = (&index, &reg, &stop, &reads);
             s.spawn(move || {
-                let mut rng = Rng(0xFEED + r as u64);
+                let mut rng = common::Rng(0xFEED + r as u64);
                 let mut seen = vec![0u32; KEYS as usize];
                 let mut n = 0u64;
                 while !stop.load(Ordering::Acquire) {

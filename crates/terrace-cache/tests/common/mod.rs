@@ -1,6 +1,7 @@
 //! Helpers shared by the engine's tests: a configuration of small segments (32 KiB,
 //! values up to 8 KiB, two writer stripes), a directory for file tiers on tmpfs where
-//! there is one, one for flash tiers on the disk, and a set whose TTL is checked to be exact. Each test crate uses a part.
+//! there is one, one for flash tiers on the disk, a set whose TTL is checked to be exact,
+//! and a seeded generator. Each test crate uses a part.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -9,6 +10,18 @@ use terrace_cache::item::ItemLimits;
 use terrace_cache::{Cache, CacheConfig, TierConfig};
 
 pub const MIB: u64 = 1 << 20;
+
+/// A seeded xorshift generator: the same sequence for a seed on every run.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
 
 pub fn config(tiers: Vec<TierConfig>) -> CacheConfig {
     CacheConfig {
