@@ -1,0 +1,146 @@
+//! Backends: the slow storage a volume caches, behind one trait ([`Backend`]) of byte-range
+//! reads, writes, flushes and trims. The volume never knows which one it has.
+//!
+//! - [`FileBackend`]: a file or a block device, through `terrace-media`'s [`FlashFile`]
+//!   (`O_DIRECT` where the file system allows it, `fdatasync` on flush).
+//! - `NbdBackend` (`nbd/client.rs`): any NBD server — so every nbdkit plugin and filter
+//!   (file, memory, `delay`, `error`, `pause`) is a backend.
+//!
+//! Contract: offsets and lengths handed to a backend are multiples of [`BLOCK_SIZE`] and
+//! inside [`Backend::size`]; a write is durable only after a successful
+//! [`Backend::flush`]; `trim` may discard, and a read of a trimmed range returns zeroes.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use terrace_media::flash::{AlignedBuf, FlashFile};
+
+/// The unit the volume caches, logs and writes back: 4 KiB.
+pub const BLOCK_SIZE: usize = 4096;
+
+/// Slow storage under a volume. Implementations are shared by many threads.
+pub trait Backend: Send + Sync {
+    /// Bytes the backend holds; the volume's size.
+    fn size(&self) -> u64;
+    /// Reads `buf.len()` bytes at `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `data` at `offset` (durable after the next [`Backend::flush`]).
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Discards `len` bytes at `offset`; later reads of them return zeroes.
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// What the backend is, for logs and `status` ("file /path", "nbd unix:/sock").
+    fn describe(&self) -> String;
+}
+
+/// A file or block device as a backend.
+pub struct FileBackend {
+    file: FlashFile,
+    path: PathBuf,
+}
+
+impl FileBackend {
+    /// Opens an existing file or block device; its size is the volume's.
+    pub fn open(path: &Path) -> io::Result<FileBackend> {
+        let size = match FlashFile::existing_size(path).map_err(io::Error::other)? {
+            Some(size) if size > 0 => size,
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{}: no such file, or empty", path.display()),
+                ))
+            }
+        };
+        if size % BLOCK_SIZE as u64 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: {size} bytes is not a multiple of {BLOCK_SIZE}",
+                    path.display()
+                ),
+            ));
+        }
+        let file = FlashFile::open(path, size).map_err(io::Error::other)?;
+        Ok(FileBackend {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Whether I/O bypasses the page cache (`O_DIRECT`).
+    pub fn is_direct(&self) -> bool {
+        self.file.is_direct()
+    }
+
+    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
+        let aligned = offset.is_multiple_of(BLOCK_SIZE as u64) && len.is_multiple_of(BLOCK_SIZE);
+        if !aligned
+            || offset
+                .checked_add(len as u64)
+                .is_none_or(|end| end > self.size())
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "backend range {offset}+{len} misaligned or past {}",
+                    self.size()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for FileBackend {
+    fn size(&self) -> u64 {
+        self.file.size()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check(offset, buf.len())?;
+        if !self.file.is_direct() || is_aligned_addr(buf.as_ptr()) {
+            return self.file.read_at(offset, buf).map_err(io::Error::other);
+        }
+        let mut bounce = AlignedBuf::new(buf.len()).map_err(io::Error::other)?;
+        self.file
+            .read_at(offset, &mut bounce)
+            .map_err(io::Error::other)?;
+        buf.copy_from_slice(&bounce);
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.check(offset, data.len())?;
+        if !self.file.is_direct() || is_aligned_addr(data.as_ptr()) {
+            return self.file.write_at(offset, data).map_err(io::Error::other);
+        }
+        let mut bounce = AlignedBuf::new(data.len()).map_err(io::Error::other)?;
+        bounce.copy_from_slice(data);
+        self.file
+            .write_at(offset, &bounce)
+            .map_err(io::Error::other)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync().map_err(io::Error::other)
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len as usize)?;
+        self.file.punch(offset, len).map_err(io::Error::other)
+    }
+
+    fn describe(&self) -> String {
+        let direct = if self.file.is_direct() {
+            "O_DIRECT"
+        } else {
+            "buffered"
+        };
+        format!("file {} ({direct})", self.path.display())
+    }
+}
+
+fn is_aligned_addr(ptr: *const u8) -> bool {
+    (ptr as usize).is_multiple_of(BLOCK_SIZE)
+}

@@ -1,0 +1,191 @@
+//! The control socket of `terrace serve-volume`: a UNIX socket that takes one command
+//! line per connection, answers and closes — what `terrace volume status|flush|mode|
+//! metrics` send. Commands:
+//! - `status [NAME]`: one `key value` block per volume (present, dirty, log, hits…);
+//! - `metrics`: every volume's Prometheus text;
+//! - `flush [NAME]`: writes every dirty block back (waits, bounded);
+//! - `mode NAME MODE`: switches a volume's mode while it runs.
+//!
+//! A reply's first line is `OK` or `ERROR <why>`. Bad input (an unknown command, a line
+//! over 4 KiB, a client that never sends) gets an error or a timeout, never a stuck
+//! thread: each connection has a 10 s read timeout.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::VolumeError;
+use crate::volume::{Mode, Volume};
+
+/// How long `flush` waits for a drain.
+const FLUSH_WAIT: Duration = Duration::from_secs(600);
+
+/// A running control socket.
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Listens on `path` (a stale socket there is replaced) for `volumes`.
+    pub fn start(path: &Path, volumes: Vec<Arc<Volume>>) -> Result<ControlServer, VolumeError> {
+        let io_err = |source| VolumeError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if path.exists() {
+            std::fs::remove_file(path).map_err(io_err)?;
+        }
+        let listener = UnixListener::bind(path).map_err(io_err)?;
+        listener.set_nonblocking(true).map_err(io_err)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("volume-control".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            let volumes = volumes.clone();
+                            let _ = std::thread::Builder::new()
+                                .name("volume-control-conn".into())
+                                .spawn(move || serve(stream, &volumes));
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(50))
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "control socket accept");
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
+                }
+            })
+            .map_err(io_err)?;
+        Ok(ControlServer {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops accepting and removes the socket (commands in progress finish on their own).
+    pub fn shutdown(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve(stream: UnixStream, volumes: &[Arc<Volume>]) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut line = String::new();
+    let reply = match BufReader::new((&stream).take(4096)).read_line(&mut line) {
+        Ok(0) => return,
+        Ok(_) if !line.ends_with('\n') && line.len() >= 4096 => {
+            "ERROR command line longer than 4 KiB\n".to_string()
+        }
+        Ok(_) => answer(line.trim(), volumes),
+        Err(e) => format!("ERROR reading the command: {e}\n"),
+    };
+    let mut stream = stream;
+    let _ = stream.write_all(reply.as_bytes());
+}
+
+/// The reply to one command line.
+pub fn answer(line: &str, volumes: &[Arc<Volume>]) -> String {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let pick = |name: Option<&&str>| -> Result<Vec<&Arc<Volume>>, String> {
+        match name {
+            None => Ok(volumes.iter().collect()),
+            Some(n) => volumes
+                .iter()
+                .find(|v| v.name() == *n)
+                .map(|v| vec![v])
+                .ok_or_else(|| format!("no volume named {n:?}")),
+        }
+    };
+    let result: Result<String, String> = match words.first().copied() {
+        Some("status") => pick(words.get(1)).map(|vs| vs.iter().map(|v| status_text(v)).collect()),
+        Some("metrics") => Ok(volumes.iter().map(|v| v.status().prometheus()).collect()),
+        Some("flush") => pick(words.get(1)).and_then(|vs| {
+            for v in vs {
+                v.drain(FLUSH_WAIT)
+                    .map_err(|e| format!("{}: {e}", v.name()))?;
+            }
+            Ok(String::new())
+        }),
+        Some("mode") => match (words.get(1), words.get(2)) {
+            (Some(name), Some(mode)) => mode.parse::<Mode>().and_then(|mode| {
+                pick(Some(name)).map(|vs| {
+                    vs[0].set_mode(mode);
+                    String::new()
+                })
+            }),
+            _ => Err("usage: mode NAME write-through|write-back|write-around|read-only".into()),
+        },
+        Some(other) => Err(format!(
+            "unknown command {other:?}: status, metrics, flush, mode"
+        )),
+        None => Err("empty command".into()),
+    };
+    match result {
+        Ok(body) => format!("OK\n{body}"),
+        Err(why) => format!("ERROR {why}\n"),
+    }
+}
+
+fn status_text(v: &Volume) -> String {
+    let s = v.status();
+    let present = s.size;
+    format!(
+        "volume {}\n  mode {}\n  ack {:?}\n  backend {}\n  size_bytes {present}\n  dirty_bytes {}\n  \
+         log_used_bytes {}\n  log_capacity_bytes {}\n  read_hit_blocks {}\n  read_miss_blocks {}\n  \
+         read_dirty_blocks {}\n  read_bytes {}\n  written_bytes {}\n  written_back_bytes {}\n  \
+         epochs_written_back {}\n  backend_errors {}\n  cache_errors {}\n  log_full_waits {}\n  \
+         last_error {}\n",
+        s.name,
+        s.mode.name(),
+        s.ack,
+        s.backend,
+        s.dirty_bytes,
+        s.log.used,
+        s.log.capacity,
+        s.read_hit_blocks,
+        s.read_miss_blocks,
+        s.read_dirty_blocks,
+        s.bytes_read,
+        s.bytes_written,
+        s.written_back_bytes,
+        s.epochs_written_back,
+        s.backend_errors,
+        s.cache_errors,
+        s.log.full_waits,
+        s.last_error.as_deref().unwrap_or("none"),
+    )
+}
+
+/// Sends one command to a control socket and returns the reply (the client side of
+/// `terrace volume`).
+pub fn send(path: &Path, command: &str, timeout: Duration) -> Result<String, VolumeError> {
+    let io_err = |source| VolumeError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut stream = UnixStream::connect(path).map_err(io_err)?;
+    stream.set_read_timeout(Some(timeout)).map_err(io_err)?;
+    stream
+        .write_all(format!("{command}\n").as_bytes())
+        .map_err(io_err)?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).map_err(io_err)?;
+    Ok(reply)
+}

@@ -1,0 +1,1177 @@
+//! [`Volume`]: one cached block volume — the modes, the dirty-block map, clean blocks in
+//! the cache engine, the write log and the write-back thread. It is an [`Export`], so the
+//! NBD front end serves it as it is.
+//!
+//! # Where a block's newest data is
+//! 1. *Dirty*: in the write log, named by the block's entry in the dirty map (or zeroes).
+//! 2. *Clean and cached*: in the [`Cache`] under the key `volume id | block number`.
+//! 3. Otherwise in the backend.
+//!
+//! # Invariants
+//! - V1: every operation on a block holds the lock of the block's shard (the shard also
+//!   holds its blocks' dirty entries); a request locks all its shards in ascending order
+//!   (the lock order, `docs/concurrency.md`), and no thread waits for log space or for the
+//!   write-back while holding a shard lock — reservations come first.
+//! - V2: a cached block equals the backend's block, or the block is dirty. So a
+//!   write-through write deletes the cached copy before writing the backend and stores
+//!   the new one after; the write-back stores a block in the cache after writing it to
+//!   the backend and before the log releases its record.
+//! - V3: a dirty entry names the newest record of its block (the higher sequence number
+//!   wins when two writers race), and recovery rebuilds the same map from the log.
+//! - V4: a write to a dirty block goes through the log whatever the mode, so the
+//!   write-back never writes older data over a newer write-through write.
+//! - V5 (the backend's consistency): the write-back writes one epoch at a time — the
+//!   newest data of each block within the epoch, then a backend flush, then the head
+//!   moves past the epoch — so the backend always holds every write of the epochs before
+//!   and some of the current one's.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use rustc_hash::FxHashMap;
+use terrace_cache::Cache;
+
+use crate::backend::{Backend, BLOCK_SIZE};
+use crate::error::{BlockError, VolumeError};
+use crate::export::Export;
+use crate::log::{FileLogStore, LogStats, LogStore, Payload, RecordKind, Wait, WriteLog};
+
+const BS: u64 = BLOCK_SIZE as u64;
+/// Shards of the dirty map and of the block locks.
+const SHARDS: usize = 1024;
+/// The longest run of blocks the write-back hands the backend in one write (1 MiB).
+const RUN_BLOCKS: u64 = 256;
+
+/// How writes travel. See the crate docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    WriteThrough = 0,
+    WriteBack = 1,
+    WriteAround = 2,
+    ReadOnly = 3,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::WriteThrough => "write-through",
+            Mode::WriteBack => "write-back",
+            Mode::WriteAround => "write-around",
+            Mode::ReadOnly => "read-only",
+        }
+    }
+
+    fn from_u8(v: u8) -> Mode {
+        match v {
+            1 => Mode::WriteBack,
+            2 => Mode::WriteAround,
+            3 => Mode::ReadOnly,
+            _ => Mode::WriteThrough,
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        Ok(match s {
+            "write-through" | "writethrough" | "wt" => Mode::WriteThrough,
+            "write-back" | "writeback" | "wb" => Mode::WriteBack,
+            "write-around" | "writearound" | "wa" => Mode::WriteAround,
+            "read-only" | "readonly" | "ro" => Mode::ReadOnly,
+            _ => {
+                return Err(format!(
+                    "unknown mode {s:?}: write-through, write-back, write-around or read-only"
+                ))
+            }
+        })
+    }
+}
+
+/// When a write-back write is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckDurability {
+    /// Once durable in the log (the default): no acknowledged write is ever lost.
+    OnWrite,
+    /// Once written to the log with every record before it, not synced: it survives a
+    /// process crash, and a power loss only after the client's next FLUSH or with FUA
+    /// (NBD's own semantics, like a disk's volatile write cache).
+    OnFlush,
+}
+
+impl std::str::FromStr for AckDurability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<AckDurability, String> {
+        match s {
+            "on-write" | "write" => Ok(AckDurability::OnWrite),
+            "on-flush" | "flush" => Ok(AckDurability::OnFlush),
+            _ => Err(format!("unknown durability {s:?}: on-write or on-flush")),
+        }
+    }
+}
+
+/// How to open a volume.
+#[derive(Clone, Debug)]
+pub struct VolumeConfig {
+    /// The export name.
+    pub name: String,
+    /// The cache key prefix; unique among the volumes sharing a cache.
+    pub id: u32,
+    pub mode: Mode,
+    pub ack: AckDurability,
+    /// The write log's file (on the persistent tier) and its size when created.
+    pub log_path: PathBuf,
+    pub log_bytes: u64,
+    /// Backend writes the write-back keeps in flight.
+    pub writeback_threads: usize,
+    /// The write-back starts when the log is this full (share of its capacity)…
+    pub high_watermark: f64,
+    /// …and goes on until it is this empty.
+    pub low_watermark: f64,
+    /// With no request for this long, the write-back writes everything back.
+    pub idle_writeback: Duration,
+    /// How long a write waits for log space before failing with ENOSPC.
+    pub full_wait: Duration,
+    /// A read stream longer than this (bytes, consecutive requests) is not cached; 0 = off.
+    pub sequential_cutoff: u64,
+}
+
+impl VolumeConfig {
+    /// Defaults: write-through, acknowledged on write, a 1 GiB log, 16 write-back
+    /// writes in flight, watermarks 50% / 40% (dm-writecache's 50 / 45, a little lower
+    /// so a burst has room), idle write-back after 1 s, a 30 s wait for a full log, a
+    /// 4 MiB sequential cutoff.
+    pub fn new(name: &str, id: u32, log_path: impl Into<PathBuf>) -> VolumeConfig {
+        VolumeConfig {
+            name: name.to_string(),
+            id,
+            mode: Mode::WriteThrough,
+            ack: AckDurability::OnWrite,
+            log_path: log_path.into(),
+            log_bytes: 1 << 30,
+            writeback_threads: 16,
+            high_watermark: 0.5,
+            low_watermark: 0.4,
+            idle_writeback: Duration::from_secs(1),
+            full_wait: Duration::from_secs(30),
+            sequential_cutoff: 4 << 20,
+        }
+    }
+}
+
+/// A dirty block: where its newest data is.
+#[derive(Clone, Copy, Debug)]
+struct Dirty {
+    seq: u64,
+    /// The record's position; `u64::MAX` for zeroes.
+    pos: u64,
+    /// The block's index within the record.
+    within: u32,
+}
+
+impl Dirty {
+    fn is_zero(&self) -> bool {
+        self.pos == u64::MAX
+    }
+}
+
+type Shard = FxHashMap<u64, Dirty>;
+
+/// The shard locks one request holds, ascending (V1).
+struct Locked<'a> {
+    guards: Vec<(usize, MutexGuard<'a, Shard>)>,
+}
+
+impl Locked<'_> {
+    fn shard(&mut self, block: u64) -> &mut Shard {
+        let index = shard_of(block);
+        let at = self
+            .guards
+            .binary_search_by_key(&index, |(i, _)| *i)
+            .expect("the request locked this block's shard");
+        &mut self.guards[at].1
+    }
+}
+
+fn shard_of(block: u64) -> usize {
+    (block.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % SHARDS
+}
+
+/// What recovery found when the volume opened.
+#[derive(Debug, Clone)]
+pub struct RecoveryReport {
+    pub log_created: bool,
+    pub records: usize,
+    pub dirty_blocks: usize,
+    pub scan_end: String,
+    pub elapsed: Duration,
+}
+
+/// A snapshot of a volume's state and counters (`terrace volume status`, Prometheus).
+#[derive(Debug, Clone)]
+pub struct VolumeStatus {
+    pub name: String,
+    pub mode: Mode,
+    pub ack: AckDurability,
+    pub size: u64,
+    pub backend: String,
+    pub dirty_bytes: u64,
+    pub log: LogStats,
+    pub read_hit_blocks: u64,
+    pub read_miss_blocks: u64,
+    pub read_dirty_blocks: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub written_back_bytes: u64,
+    pub epochs_written_back: u64,
+    pub backend_errors: u64,
+    pub cache_errors: u64,
+    pub last_error: Option<String>,
+}
+
+impl VolumeStatus {
+    /// The status as Prometheus text lines, labelled with the volume's name.
+    pub fn prometheus(&self) -> String {
+        let l = format!("volume=\"{}\"", self.name);
+        let mut out = String::new();
+        let mut line = |name: &str, help: &str, value: u64| {
+            out.push_str(&format!(
+                "# HELP terrace_volume_{name} {help}\n# TYPE terrace_volume_{name} gauge\n\
+                 terrace_volume_{name}{{{l}}} {value}\n"
+            ));
+        };
+        line("size_bytes", "Volume size.", self.size);
+        line(
+            "dirty_bytes",
+            "Bytes in the write log not yet in the backend.",
+            self.dirty_bytes,
+        );
+        line(
+            "log_used_bytes",
+            "Write log bytes between head and tail.",
+            self.log.used,
+        );
+        line(
+            "log_capacity_bytes",
+            "Write log record area.",
+            self.log.capacity,
+        );
+        line(
+            "read_hit_blocks",
+            "Blocks read from the cache.",
+            self.read_hit_blocks,
+        );
+        line(
+            "read_miss_blocks",
+            "Blocks read from the backend.",
+            self.read_miss_blocks,
+        );
+        line(
+            "read_dirty_blocks",
+            "Blocks read from the write log.",
+            self.read_dirty_blocks,
+        );
+        line("read_bytes", "Bytes read by clients.", self.bytes_read);
+        line(
+            "written_bytes",
+            "Bytes written by clients.",
+            self.bytes_written,
+        );
+        line(
+            "written_back_bytes",
+            "Bytes the write-back wrote to the backend.",
+            self.written_back_bytes,
+        );
+        line(
+            "epochs_written_back",
+            "Epochs written back and released.",
+            self.epochs_written_back,
+        );
+        line(
+            "backend_errors",
+            "Backend operations that failed.",
+            self.backend_errors,
+        );
+        line(
+            "cache_errors",
+            "Cache operations that failed (clean data dropped).",
+            self.cache_errors,
+        );
+        line(
+            "log_full_waits",
+            "Writes that waited for log space.",
+            self.log.full_waits,
+        );
+        out
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    read_hit_blocks: AtomicU64,
+    read_miss_blocks: AtomicU64,
+    read_dirty_blocks: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    written_back_bytes: AtomicU64,
+    epochs_written_back: AtomicU64,
+    backend_errors: AtomicU64,
+    cache_errors: AtomicU64,
+}
+
+/// The write-back thread's instructions.
+struct Control {
+    shutdown: bool,
+    /// Drain requests made and served: a drain waits until `served >= its request`.
+    drain_requested: u64,
+    drain_served: u64,
+    last_request: Instant,
+    last_error: Option<String>,
+    /// Set while usage is between the watermarks after passing the high one.
+    cleaning: bool,
+}
+
+/// A cached block volume. See the module docs.
+pub struct Volume {
+    config: VolumeConfig,
+    size: u64,
+    backend: Arc<dyn Backend>,
+    cache: Arc<Cache>,
+    log: WriteLog,
+    mode: AtomicU8,
+    shards: Box<[Mutex<Shard>]>,
+    dirty_blocks: AtomicU64,
+    /// A write-through write reached the backend since its last flush.
+    backend_unflushed: AtomicBool,
+    /// Where the last read ended and how long its stream is, for the cutoff.
+    read_stream: Mutex<(u64, u64)>,
+    control: Mutex<Control>,
+    wake: Condvar,
+    drained: Condvar,
+    counters: Counters,
+    writeback: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Volume {
+    /// Opens a volume over `backend` with clean blocks in `cache`, creating its write log
+    /// or recovering it (the dirty map is rebuilt from the records after the head), and
+    /// starts its write-back thread.
+    pub fn open(
+        config: VolumeConfig,
+        backend: Arc<dyn Backend>,
+        cache: Arc<Cache>,
+    ) -> Result<(Arc<Volume>, RecoveryReport), VolumeError> {
+        let store = FileLogStore::open(&config.log_path, config.log_bytes)?;
+        Volume::open_with_store(config, backend, cache, Box::new(store))
+    }
+
+    /// [`Volume::open`] with a log store of the caller's (tests record crash images).
+    pub fn open_with_store(
+        config: VolumeConfig,
+        backend: Arc<dyn Backend>,
+        cache: Arc<Cache>,
+        store: Box<dyn LogStore>,
+    ) -> Result<(Arc<Volume>, RecoveryReport), VolumeError> {
+        let started = Instant::now();
+        let size = backend.size();
+        if size == 0 || !size.is_multiple_of(BS) {
+            return Err(VolumeError::Config(format!(
+                "volume {}: the backend's {size} bytes is not a positive multiple of {BS}",
+                config.name
+            )));
+        }
+        if !(0.0..=1.0).contains(&config.low_watermark)
+            || !(config.low_watermark..=1.0).contains(&config.high_watermark)
+        {
+            return Err(VolumeError::Config(format!(
+                "volume {}: watermarks must satisfy 0 <= low <= high <= 1",
+                config.name
+            )));
+        }
+        let (log, recovery) = WriteLog::open(store, size)?;
+        let shards: Box<[Mutex<Shard>]> =
+            (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        let mut dirty = 0u64;
+        for r in &recovery.records {
+            let zero = match r.kind {
+                RecordKind::Write => false,
+                RecordKind::Zero => true,
+                RecordKind::Barrier | RecordKind::Wrap => continue,
+            };
+            for i in 0..r.len / BS {
+                let block = r.offset / BS + i;
+                let entry = Dirty {
+                    seq: r.seq,
+                    pos: if zero { u64::MAX } else { r.pos },
+                    within: i as u32,
+                };
+                if shards[shard_of(block)]
+                    .lock()
+                    .insert(block, entry)
+                    .is_none()
+                {
+                    dirty += 1;
+                }
+            }
+        }
+        let report = RecoveryReport {
+            log_created: recovery.created,
+            records: recovery.records.len(),
+            dirty_blocks: dirty as usize,
+            scan_end: recovery.end,
+            elapsed: started.elapsed(),
+        };
+        let volume = Arc::new(Volume {
+            mode: AtomicU8::new(config.mode as u8),
+            config,
+            size,
+            backend,
+            cache,
+            log,
+            shards,
+            dirty_blocks: AtomicU64::new(dirty),
+            backend_unflushed: AtomicBool::new(false),
+            read_stream: Mutex::new((u64::MAX, 0)),
+            control: Mutex::new(Control {
+                shutdown: false,
+                drain_requested: 0,
+                drain_served: 0,
+                last_request: Instant::now(),
+                last_error: None,
+                cleaning: false,
+            }),
+            wake: Condvar::new(),
+            drained: Condvar::new(),
+            counters: Counters::default(),
+            writeback: Mutex::new(None),
+        });
+        let worker = Arc::clone(&volume);
+        let handle = std::thread::Builder::new()
+            .name(format!("writeback-{}", volume.config.name))
+            .spawn(move || worker.writeback_loop())
+            .map_err(|source| VolumeError::Io {
+                path: volume.config.log_path.clone(),
+                source,
+            })?;
+        *volume.writeback.lock() = Some(handle);
+        tracing::info!(
+            volume = %volume.config.name,
+            backend = %volume.backend.describe(),
+            mode = volume.mode().name(),
+            records = report.records,
+            dirty_blocks = report.dirty_blocks,
+            "volume opened"
+        );
+        Ok((volume, report))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn mode(&self) -> Mode {
+        Mode::from_u8(self.mode.load(Ordering::Acquire))
+    }
+
+    /// Switches the mode while running. Leaving write-back drains the log in the
+    /// background; until then writes to dirty blocks still go through the log (V4).
+    pub fn set_mode(&self, mode: Mode) {
+        self.mode.store(mode as u8, Ordering::Release);
+        self.wake.notify_all();
+        tracing::info!(volume = %self.config.name, mode = mode.name(), "mode changed");
+    }
+
+    /// Writes every dirty block back (`terrace volume flush`), waiting at most `timeout`.
+    pub fn drain(&self, timeout: Duration) -> Result<(), BlockError> {
+        let deadline = Instant::now() + timeout;
+        let mut c = self.control.lock();
+        c.drain_requested += 1;
+        let ticket = c.drain_requested;
+        self.wake.notify_all();
+        while c.drain_served < ticket {
+            if c.shutdown {
+                return Err(BlockError::ShuttingDown);
+            }
+            if self.drained.wait_until(&mut c, deadline).timed_out() {
+                let why = c
+                    .last_error
+                    .clone()
+                    .unwrap_or_else(|| "still writing back".into());
+                return Err(BlockError::Backend {
+                    what: format!("drain did not finish in {timeout:?}"),
+                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, why),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the write-back thread (dirty blocks stay in the log for the next open) and
+    /// syncs the log. Requests after this fail.
+    pub fn close(&self) {
+        self.control.lock().shutdown = true;
+        self.wake.notify_all();
+        self.drained.notify_all();
+        if let Some(handle) = self.writeback.lock().take() {
+            let _ = handle.join();
+        }
+        if let Err(e) = self.log.sync() {
+            tracing::warn!(volume = %self.config.name, error = %e, "syncing the write log at close");
+        }
+    }
+
+    pub fn status(&self) -> VolumeStatus {
+        let c = &self.counters;
+        VolumeStatus {
+            name: self.config.name.clone(),
+            mode: self.mode(),
+            ack: self.config.ack,
+            size: self.size,
+            backend: self.backend.describe(),
+            dirty_bytes: self.dirty_blocks.load(Ordering::Relaxed) * BS,
+            log: self.log.stats(),
+            read_hit_blocks: c.read_hit_blocks.load(Ordering::Relaxed),
+            read_miss_blocks: c.read_miss_blocks.load(Ordering::Relaxed),
+            read_dirty_blocks: c.read_dirty_blocks.load(Ordering::Relaxed),
+            bytes_read: c.bytes_read.load(Ordering::Relaxed),
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            written_back_bytes: c.written_back_bytes.load(Ordering::Relaxed),
+            epochs_written_back: c.epochs_written_back.load(Ordering::Relaxed),
+            backend_errors: c.backend_errors.load(Ordering::Relaxed),
+            cache_errors: c.cache_errors.load(Ordering::Relaxed),
+            last_error: self.control.lock().last_error.clone(),
+        }
+    }
+
+    fn key(&self, block: u64) -> [u8; 12] {
+        let mut key = [0u8; 12];
+        key[..4].copy_from_slice(&self.config.id.to_le_bytes());
+        key[4..].copy_from_slice(&block.to_le_bytes());
+        key
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        match offset.checked_add(len) {
+            Some(end) if len > 0 && end <= self.size => Ok(()),
+            _ => Err(BlockError::OutOfRange {
+                offset,
+                len,
+                size: self.size,
+            }),
+        }
+    }
+
+    fn touch(&self) {
+        self.control.lock().last_request = Instant::now();
+    }
+
+    fn lock_blocks(&self, first: u64, last: u64) -> Locked<'_> {
+        let mut indexes: Vec<usize> = if last - first + 1 >= SHARDS as u64 {
+            (0..SHARDS).collect()
+        } else {
+            (first..=last).map(shard_of).collect()
+        };
+        indexes.sort_unstable();
+        indexes.dedup();
+        Locked {
+            guards: indexes
+                .into_iter()
+                .map(|i| (i, self.shards[i].lock()))
+                .collect(),
+        }
+    }
+
+    fn backend_error(&self, what: String, source: std::io::Error) -> BlockError {
+        self.counters.backend_errors.fetch_add(1, Ordering::Relaxed);
+        BlockError::Backend { what, source }
+    }
+
+    fn cache_failed(&self, what: &str, e: terrace_cache::CacheError) {
+        self.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(volume = %self.config.name, error = %e, "cache {what} failed");
+    }
+
+    /// Whether a read starting at `offset` continues a stream past the cutoff.
+    fn sequential(&self, offset: u64, len: u64) -> bool {
+        let cutoff = self.config.sequential_cutoff;
+        let mut s = self.read_stream.lock();
+        s.1 = if s.0 == offset { s.1 + len } else { len };
+        s.0 = offset + len;
+        cutoff > 0 && s.1 > cutoff
+    }
+
+    /// Reads whole blocks `[first, first + out.len() / BS)` into `out`, all locked.
+    fn read_blocks_locked(
+        &self,
+        locked: &mut Locked<'_>,
+        first: u64,
+        out: &mut [u8],
+        cache_misses: bool,
+    ) -> Result<(), BlockError> {
+        let count = out.len() as u64 / BS;
+        let mut missing: Vec<u64> = Vec::new();
+        for i in 0..count {
+            let block = first + i;
+            let dest = &mut out[(i * BS) as usize..((i + 1) * BS) as usize];
+            if let Some(d) = locked.shard(block).get(&block).copied() {
+                self.counters
+                    .read_dirty_blocks
+                    .fetch_add(1, Ordering::Relaxed);
+                if d.is_zero() {
+                    dest.fill(0);
+                } else {
+                    self.log
+                        .read_payload(d.pos, u64::from(d.within) * BS, dest)
+                        .map_err(|e| BlockError::Log(format!("reading block {block}: {e}")))?;
+                }
+                continue;
+            }
+            match self.cache.get(&self.key(block)) {
+                Ok(Some(hit)) if hit.value().len() == BLOCK_SIZE => {
+                    dest.copy_from_slice(hit.value());
+                    self.counters
+                        .read_hit_blocks
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(_) => missing.push(i),
+                Err(e) => {
+                    self.cache_failed("get", e);
+                    missing.push(i);
+                }
+            }
+        }
+        // Misses, one backend read per run of consecutive blocks.
+        let mut at = 0;
+        while at < missing.len() {
+            let mut end = at + 1;
+            while end < missing.len() && missing[end] == missing[end - 1] + 1 {
+                end += 1;
+            }
+            let (lo, hi) = (missing[at], missing[end - 1] + 1);
+            let bytes = &mut out[(lo * BS) as usize..(hi * BS) as usize];
+            let offset = (first + lo) * BS;
+            self.backend
+                .read_at(offset, bytes)
+                .map_err(|e| self.backend_error(format!("read at {offset}"), e))?;
+            self.counters
+                .read_miss_blocks
+                .fetch_add(hi - lo, Ordering::Relaxed);
+            if cache_misses {
+                for i in lo..hi {
+                    let value = &out[(i * BS) as usize..((i + 1) * BS) as usize];
+                    if let Err(e) = self.cache.set(&self.key(first + i), value, 0, 0) {
+                        self.cache_failed("set", e);
+                    }
+                }
+            }
+            at = end;
+        }
+        Ok(())
+    }
+
+    /// Reserves the log records a change needs before any shard is locked (V1): the
+    /// aligned data record, or for zeroes the partial edge blocks and the aligned middle.
+    fn plan(&self, offset: u64, len: u64, zero: bool) -> Vec<(RecordKind, u64, u64)> {
+        let first = offset / BS;
+        let end_block = (offset + len).div_ceil(BS);
+        if !zero {
+            return vec![(RecordKind::Write, first * BS, (end_block - first) * BS)];
+        }
+        let mut parts = Vec::new();
+        let head_partial = !offset.is_multiple_of(BS);
+        let tail_partial = !(offset + len).is_multiple_of(BS);
+        let mut mid_first = first;
+        let mut mid_end = end_block;
+        if head_partial {
+            parts.push((RecordKind::Write, first * BS, BS));
+            mid_first += 1;
+        }
+        if tail_partial && end_block > mid_first {
+            parts.push((RecordKind::Write, (end_block - 1) * BS, BS));
+            mid_end -= 1;
+        }
+        if mid_end > mid_first {
+            parts.push((RecordKind::Zero, mid_first * BS, (mid_end - mid_first) * BS));
+        }
+        parts
+    }
+
+    /// The bytes of blocks `[first, first + n)` after applying `change` at `offset`.
+    fn merged(
+        &self,
+        locked: &mut Locked<'_>,
+        first: u64,
+        n: u64,
+        offset: u64,
+        change: Change<'_>,
+    ) -> Result<Vec<u8>, BlockError> {
+        let mut buf = vec![0u8; (n * BS) as usize];
+        let start = first * BS;
+        let (lo, hi) = (
+            offset.max(start),
+            (offset + change.len()).min(start + n * BS),
+        );
+        let whole = lo == start && hi == start + n * BS;
+        if !whole {
+            // Only the edge blocks need their current bytes.
+            let edges = if n == 1 { vec![0] } else { vec![0, n - 1] };
+            for e in edges {
+                let range = (e * BS) as usize..((e + 1) * BS) as usize;
+                self.read_blocks_locked(locked, first + e, &mut buf[range], false)?;
+            }
+        }
+        let dest = &mut buf[(lo - start) as usize..(hi - start) as usize];
+        match change {
+            Change::Data(d) => {
+                dest.copy_from_slice(&d[(lo - offset) as usize..(hi - offset) as usize])
+            }
+            Change::Zeroes(_) => dest.fill(0),
+        }
+        Ok(buf)
+    }
+
+    /// A change through the write log (write-back, or any write to a dirty block).
+    fn change_logged(&self, offset: u64, change: Change<'_>, fua: bool) -> Result<(), BlockError> {
+        let len = change.len();
+        let plan = self.plan(offset, len, matches!(change, Change::Zeroes(_)));
+        let mut reserved = Vec::with_capacity(plan.len());
+        for (kind, at, bytes) in plan {
+            reserved.push(self.log.reserve(kind, at, bytes, self.config.full_wait)?);
+        }
+        let first = offset / BS;
+        let last = (offset + len - 1) / BS;
+        let mut locked = self.lock_blocks(first, last);
+        let mut newest = 0;
+        for meta in &reserved {
+            let blocks = meta.len / BS;
+            let mb = meta.offset / BS;
+            if meta.kind == RecordKind::Write {
+                let aligned = offset == meta.offset && len == meta.len;
+                match change {
+                    Change::Data(d) if aligned => self.log.write_record(meta, d)?,
+                    _ => {
+                        let bytes = self.merged(&mut locked, mb, blocks, offset, change)?;
+                        self.log.write_record(meta, &bytes)?;
+                    }
+                }
+            } else {
+                self.log.write_record(meta, &[])?;
+            }
+            for i in 0..blocks {
+                let block = mb + i;
+                let entry = Dirty {
+                    seq: meta.seq,
+                    pos: if meta.kind == RecordKind::Zero {
+                        u64::MAX
+                    } else {
+                        meta.pos
+                    },
+                    within: i as u32,
+                };
+                let shard = locked.shard(block);
+                match shard.get(&block) {
+                    Some(old) if old.seq > meta.seq => {}
+                    Some(_) => {
+                        shard.insert(block, entry);
+                    }
+                    None => {
+                        shard.insert(block, entry);
+                        self.dirty_blocks.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            newest = newest.max(meta.seq);
+        }
+        drop(locked);
+        if fua || self.config.ack == AckDurability::OnWrite {
+            self.log.wait_durable(newest)?;
+        } else {
+            // On-flush: not synced, but every record before it written, so a process
+            // crash (the page cache keeps written bytes) loses nothing acknowledged.
+            self.log.wait_written(newest)?;
+        }
+        Ok(())
+    }
+
+    /// A change straight to the backend (write-through, write-around) — unless a block it
+    /// touches is dirty, which sends it through the log (V4).
+    fn change_direct(
+        &self,
+        offset: u64,
+        change: Change<'_>,
+        fua: bool,
+        keep_cached: bool,
+    ) -> Result<(), BlockError> {
+        let len = change.len();
+        let first = offset / BS;
+        let last = (offset + len - 1) / BS;
+        let mut locked = self.lock_blocks(first, last);
+        if (first..=last).any(|b| locked.shard(b).contains_key(&b)) {
+            drop(locked);
+            return self.change_logged(offset, change, fua);
+        }
+        let n = last - first + 1;
+        // V2: no cached copy while the backend changes.
+        for b in first..=last {
+            if let Err(e) = self.cache.delete(&self.key(b)) {
+                let source = std::io::Error::other(e.to_string());
+                self.cache_failed("delete", e);
+                return Err(BlockError::Backend {
+                    what: format!("dropping the cached copy of block {b}"),
+                    source,
+                });
+            }
+        }
+        let aligned = offset == first * BS && len == n * BS;
+        let bytes: Vec<u8>;
+        let data: &[u8] = match change {
+            Change::Data(d) if aligned => d,
+            Change::Zeroes(_) if aligned => {
+                self.backend
+                    .trim(offset, len)
+                    .map_err(|e| self.backend_error(format!("trim at {offset}"), e))?;
+                &[]
+            }
+            _ => {
+                bytes = self.merged(&mut locked, first, n, offset, change)?;
+                &bytes
+            }
+        };
+        if !data.is_empty() {
+            self.backend
+                .write_at(first * BS, data)
+                .map_err(|e| self.backend_error(format!("write at {}", first * BS), e))?;
+        }
+        if fua {
+            self.backend
+                .flush()
+                .map_err(|e| self.backend_error("flush".into(), e))?;
+        } else {
+            self.backend_unflushed.store(true, Ordering::Release);
+        }
+        if keep_cached && !data.is_empty() {
+            for i in 0..n {
+                let value = &data[(i * BS) as usize..((i + 1) * BS) as usize];
+                if let Err(e) = self.cache.set(&self.key(first + i), value, 0, 0) {
+                    self.cache_failed("set", e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn change(&self, offset: u64, change: Change<'_>, fua: bool) -> Result<(), BlockError> {
+        self.check(offset, change.len())?;
+        self.touch();
+        let result = match self.mode() {
+            Mode::ReadOnly => Err(BlockError::ReadOnly),
+            Mode::WriteBack => self.change_logged(offset, change, fua),
+            Mode::WriteThrough => self.change_direct(offset, change, fua, true),
+            Mode::WriteAround => self.change_direct(offset, change, fua, false),
+        };
+        if result.is_ok() {
+            self.counters
+                .bytes_written
+                .fetch_add(change.len(), Ordering::Relaxed);
+        }
+        result
+    }
+
+    // ---- the write-back thread ----
+
+    fn writeback_loop(&self) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            {
+                let mut c = self.control.lock();
+                loop {
+                    if c.shutdown {
+                        return;
+                    }
+                    let has_data = self.log.has_data_records();
+                    let usage = self.log.stats();
+                    let share = usage.used as f64 / usage.capacity as f64;
+                    if share >= self.config.high_watermark {
+                        c.cleaning = true;
+                    } else if share <= self.config.low_watermark {
+                        c.cleaning = false;
+                    }
+                    let drain = c.drain_requested > c.drain_served;
+                    if !has_data {
+                        if drain {
+                            c.drain_served = c.drain_requested;
+                            self.drained.notify_all();
+                        }
+                        // Release what only barriers and wraps hold.
+                        if usage.used > 0 && self.log.ends_in_barrier() {
+                            break;
+                        }
+                        self.wake.wait_for(&mut c, Duration::from_millis(200));
+                        continue;
+                    }
+                    let idle = c.last_request.elapsed() >= self.config.idle_writeback;
+                    let leaving_writeback = self.mode() != Mode::WriteBack;
+                    if drain || c.cleaning || idle || leaving_writeback {
+                        break;
+                    }
+                    self.wake.wait_for(&mut c, Duration::from_millis(100));
+                }
+            }
+            match self.write_back_one_epoch() {
+                Ok(()) => backoff = Duration::from_millis(50),
+                Err(e) => {
+                    tracing::warn!(volume = %self.config.name, error = %e, "write-back failed; retrying");
+                    self.control.lock().last_error = Some(e.to_string());
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Writes the oldest epoch back and releases it (V5). Cuts an epoch first if no
+    /// barrier is pending.
+    fn write_back_one_epoch(&self) -> Result<(), BlockError> {
+        let epoch = match self.log.oldest_epoch() {
+            Some(epoch) => epoch,
+            None => {
+                if !self.log.ends_in_barrier() {
+                    self.log.append(
+                        RecordKind::Barrier,
+                        0,
+                        Payload::Length(0),
+                        Wait::Written,
+                        self.config.full_wait,
+                    )?;
+                }
+                let last = self.log.last_seq();
+                self.log.wait_written(last)?;
+                match self.log.oldest_epoch() {
+                    Some(epoch) => epoch,
+                    None => return Ok(()),
+                }
+            }
+        };
+        // The newest data of each block within the epoch.
+        let mut newest: FxHashMap<u64, Dirty> = FxHashMap::default();
+        for r in &epoch {
+            let zero = match r.kind {
+                RecordKind::Write => false,
+                RecordKind::Zero => true,
+                _ => continue,
+            };
+            for i in 0..r.len / BS {
+                newest.insert(
+                    r.offset / BS + i,
+                    Dirty {
+                        seq: r.seq,
+                        pos: if zero { u64::MAX } else { r.pos },
+                        within: i as u32,
+                    },
+                );
+            }
+        }
+        let mut blocks: Vec<u64> = newest.keys().copied().collect();
+        blocks.sort_unstable();
+        let mut runs: Vec<(u64, u64, bool)> = Vec::new(); // first block, count, zero
+        for b in blocks {
+            let zero = newest[&b].is_zero();
+            match runs.last_mut() {
+                Some((first, n, z)) if *first + *n == b && *z == zero && *n < RUN_BLOCKS => *n += 1,
+                _ => runs.push((b, 1, zero)),
+            }
+        }
+        let next = AtomicU64::new(0);
+        let failure: Mutex<Option<BlockError>> = Mutex::new(None);
+        let workers = self
+            .config
+            .writeback_threads
+            .clamp(1, 64)
+            .min(runs.len().max(1));
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    if i >= runs.len() || failure.lock().is_some() {
+                        return;
+                    }
+                    if let Err(e) = self.write_back_run(runs[i], &newest) {
+                        *failure.lock() = Some(e);
+                        return;
+                    }
+                });
+            }
+        });
+        if let Some(e) = failure.into_inner() {
+            return Err(e);
+        }
+        self.backend
+            .flush()
+            .map_err(|e| self.backend_error("flush after an epoch".into(), e))?;
+        let barrier = *epoch.last().expect("an epoch ends in its barrier");
+        self.log.release_through(&barrier)?;
+        // Only now are the blocks clean: until the release, recovery would replay the
+        // epoch's records, so a write to one of its blocks must go through the log (V4).
+        for (&block, d) in &newest {
+            let mut shard = self.shards[shard_of(block)].lock();
+            if shard.get(&block).is_some_and(|now| now.seq == d.seq) {
+                shard.remove(&block);
+                self.dirty_blocks.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.counters
+            .epochs_written_back
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes one run of an epoch to the backend, then stores each block whose dirty
+    /// entry is still this epoch's in the cache (V2); the entries go after the release.
+    fn write_back_run(
+        &self,
+        (first, n, zero): (u64, u64, bool),
+        newest: &FxHashMap<u64, Dirty>,
+    ) -> Result<(), BlockError> {
+        let offset = first * BS;
+        let mut data = Vec::new();
+        if zero {
+            self.backend
+                .trim(offset, n * BS)
+                .map_err(|e| self.backend_error(format!("write-back trim at {offset}"), e))?;
+        } else {
+            data = vec![0u8; (n * BS) as usize];
+            for i in 0..n {
+                let d = newest[&(first + i)];
+                let dest = &mut data[(i * BS) as usize..((i + 1) * BS) as usize];
+                self.log
+                    .read_payload(d.pos, u64::from(d.within) * BS, dest)
+                    .map_err(|e| {
+                        BlockError::Log(format!("reading block {} for write-back: {e}", first + i))
+                    })?;
+            }
+            self.backend
+                .write_at(offset, &data)
+                .map_err(|e| self.backend_error(format!("write-back at {offset}"), e))?;
+        }
+        self.counters
+            .written_back_bytes
+            .fetch_add(n * BS, Ordering::Relaxed);
+        let mut locked = self.lock_blocks(first, first + n - 1);
+        for i in 0..n {
+            let block = first + i;
+            let ours = newest[&block].seq;
+            if locked
+                .shard(block)
+                .get(&block)
+                .is_none_or(|d| d.seq != ours)
+            {
+                continue; // a newer record holds the block; its epoch updates the cache
+            }
+            let key = self.key(block);
+            let stored = if zero {
+                self.cache.delete(&key).map(|_| ())
+            } else {
+                let value = &data[(i * BS) as usize..((i + 1) * BS) as usize];
+                self.cache.set(&key, value, 0, 0).map(|_| ())
+            };
+            if let Err(e) = stored {
+                self.cache_failed("update after write-back", e);
+                // V2 once the block is clean: no cached copy rather than an old one.
+                if let Err(e) = self.cache.delete(&key) {
+                    let source = std::io::Error::other(e.to_string());
+                    self.cache_failed("delete after write-back", e);
+                    return Err(BlockError::Backend {
+                        what: format!("dropping the cached copy of block {block}"),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a change writes.
+#[derive(Clone, Copy)]
+enum Change<'a> {
+    Data(&'a [u8]),
+    Zeroes(u64),
+}
+
+impl Change<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Change::Data(d) => d.len() as u64,
+            Change::Zeroes(n) => *n,
+        }
+    }
+}
+
+impl Export for Volume {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn is_read_only(&self) -> bool {
+        self.mode() == Mode::ReadOnly
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        let len = buf.len() as u64;
+        self.check(offset, len)?;
+        self.touch();
+        let cache_misses = !self.sequential(offset, len);
+        let first = offset / BS;
+        let last = (offset + len - 1) / BS;
+        let mut locked = self.lock_blocks(first, last);
+        if offset.is_multiple_of(BS) && len.is_multiple_of(BS) {
+            self.read_blocks_locked(&mut locked, first, buf, cache_misses)?;
+        } else {
+            let mut whole = vec![0u8; ((last - first + 1) * BS) as usize];
+            self.read_blocks_locked(&mut locked, first, &mut whole, cache_misses)?;
+            let from = (offset - first * BS) as usize;
+            buf.copy_from_slice(&whole[from..from + buf.len()]);
+        }
+        self.counters.bytes_read.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
+        self.change(offset, Change::Data(data), fua)
+    }
+
+    fn flush(&self) -> Result<(), BlockError> {
+        self.touch();
+        if self.log.has_data_records() || !self.log.ends_in_barrier() {
+            if !self.log.ends_in_barrier() {
+                self.log.append(
+                    RecordKind::Barrier,
+                    0,
+                    Payload::Length(0),
+                    Wait::Written,
+                    self.config.full_wait,
+                )?;
+            }
+            self.log.wait_durable(self.log.last_seq())?;
+        }
+        if self.backend_unflushed.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.backend.flush() {
+                self.backend_unflushed.store(true, Ordering::Release);
+                return Err(self.backend_error("flush".into(), e));
+            }
+        }
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), BlockError> {
+        self.change(offset, Change::Zeroes(len), fua)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BlockError> {
+        self.change(offset, Change::Zeroes(len), fua)
+    }
+}

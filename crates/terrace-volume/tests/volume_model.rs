@@ -1,0 +1,327 @@
+//! A volume against a model: seeded random reads, writes (aligned and not), zeroes,
+//! trims, flushes, mode switches, drains and reopenings — cold (a new cache) and warm
+//! (the same cache) — over an in-memory backend, several threads at once. Every read
+//! must equal the model; after a drain the backend alone must equal it; the backend
+//! must never hold data the model never had.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use terrace_cache::{Cache, CacheConfig, TierConfig, TierSize};
+use terrace_volume::{Backend, Export, Mode, Volume, VolumeConfig, BLOCK_SIZE};
+
+const BS: u64 = BLOCK_SIZE as u64;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// An in-memory backend that can be told to fail.
+struct MemBackend {
+    bytes: Mutex<Vec<u8>>,
+    fail_writes: AtomicU64,
+    writes: AtomicU64,
+    flushes: AtomicU64,
+}
+
+impl MemBackend {
+    fn new(size: u64) -> Arc<MemBackend> {
+        Arc::new(MemBackend {
+            bytes: Mutex::new(vec![0; size as usize]),
+            fail_writes: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+        })
+    }
+}
+
+impl Backend for MemBackend {
+    fn size(&self) -> u64 {
+        self.bytes.lock().len() as u64
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let b = self.bytes.lock();
+        buf.copy_from_slice(&b[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if self.fail_writes.load(Ordering::SeqCst) > 0 {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.bytes.lock()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        if self.fail_writes.load(Ordering::SeqCst) > 0 {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.fail_writes.load(Ordering::SeqCst) > 0 {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.bytes.lock()[offset as usize..(offset + len) as usize].fill(0);
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "memory".into()
+    }
+}
+
+fn cache(bytes: u64) -> Arc<Cache> {
+    let config = CacheConfig {
+        movers: 1,
+        ..CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(bytes))])
+    };
+    Arc::new(Cache::open(config).expect("cache").0)
+}
+
+fn config(dir: &std::path::Path, mode: Mode) -> VolumeConfig {
+    VolumeConfig {
+        mode,
+        log_bytes: 2 << 20,
+        idle_writeback: Duration::from_millis(20),
+        full_wait: Duration::from_secs(20),
+        ..VolumeConfig::new("v", 7, dir.join("v.log"))
+    }
+}
+
+/// One thread's random operations on its own quarter of the volume (so the model is
+/// exact without ordering threads against each other).
+fn worker(volume: &Volume, model: &Mutex<Vec<u8>>, lane: u64, lanes: u64, seed: u64, ops: usize) {
+    let size = volume.size();
+    let lane_bytes = size / lanes;
+    let base = lane * lane_bytes;
+    let mut rng = Rng(seed);
+    for op in 0..ops {
+        let len = match rng.below(4) {
+            0 => 1 + rng.below(3 * BS),
+            1 => BS,
+            _ => BS * (1 + rng.below(8)),
+        }
+        .min(lane_bytes);
+        let offset = base + rng.below(lane_bytes - len + 1);
+        let offset = if rng.below(3) > 0 {
+            offset / BS * BS
+        } else {
+            offset
+        };
+        let len = len.min(base + lane_bytes - offset);
+        match rng.below(10) {
+            0..=3 => {
+                let mut got = vec![0u8; len as usize];
+                volume.read(offset, &mut got).expect("read");
+                let m = model.lock();
+                let want = &m[offset as usize..(offset + len) as usize];
+                if got != want {
+                    let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap();
+                    panic!("op {op}: read {offset}+{len} differs at byte {at}");
+                }
+            }
+            4..=7 => {
+                let data: Vec<u8> = (0..len).map(|i| (rng.next() as u8) ^ (i as u8)).collect();
+                volume
+                    .write(offset, &data, rng.below(8) == 0)
+                    .expect("write");
+                model.lock()[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+            }
+            8 => {
+                if rng.below(2) == 0 {
+                    volume.write_zeroes(offset, len, false).expect("zeroes");
+                } else {
+                    volume.trim(offset, len, false).expect("trim");
+                }
+                model.lock()[offset as usize..(offset + len) as usize].fill(0);
+            }
+            _ => volume.flush().expect("flush"),
+        }
+    }
+}
+
+fn check_all(volume: &Volume, model: &Mutex<Vec<u8>>, what: &str) {
+    let mut got = vec![0u8; volume.size() as usize];
+    for (i, chunk) in got.chunks_mut(64 * BLOCK_SIZE).enumerate() {
+        volume.read(i as u64 * 64 * BS, chunk).expect("read");
+    }
+    let m = model.lock();
+    if got != *m {
+        let at = got.iter().zip(m.iter()).position(|(a, b)| a != b).unwrap();
+        panic!("{what}: the volume differs from the model at byte {at}");
+    }
+}
+
+fn run_threads(volume: &Arc<Volume>, model: &Arc<Mutex<Vec<u8>>>, seed: u64, ops: usize) {
+    std::thread::scope(|s| {
+        for lane in 0..4 {
+            let (volume, model) = (Arc::clone(volume), Arc::clone(model));
+            s.spawn(move || worker(&volume, &model, lane, 4, seed + lane, ops));
+        }
+    });
+}
+
+#[test]
+fn a_volume_matches_its_model_in_every_mode_across_switches_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 512 * BS;
+    let backend = MemBackend::new(size);
+    let model = Arc::new(Mutex::new(vec![0u8; size as usize]));
+    let mut current_cache = cache(16 << 20);
+    let (mut volume, _) = Volume::open(
+        config(dir.path(), Mode::WriteBack),
+        backend.clone(),
+        Arc::clone(&current_cache),
+    )
+    .unwrap();
+    let modes = [
+        Mode::WriteBack,
+        Mode::WriteThrough,
+        Mode::WriteBack,
+        Mode::WriteAround,
+        Mode::WriteBack,
+    ];
+    for (round, mode) in modes.iter().enumerate() {
+        volume.set_mode(*mode);
+        run_threads(&volume, &model, 100 * round as u64 + 1, 600);
+        check_all(&volume, &model, &format!("round {round} ({})", mode.name()));
+        // Reopen: warm (the same cache) on even rounds, cold (a new one) on odd ones,
+        // without a drain.
+        volume.close();
+        if round % 2 == 1 {
+            current_cache = cache(16 << 20);
+        }
+        let (reopened, report) = Volume::open(
+            config(dir.path(), *mode),
+            backend.clone(),
+            Arc::clone(&current_cache),
+        )
+        .unwrap();
+        volume = reopened;
+        check_all(
+            &volume,
+            &model,
+            &format!("round {round} after reopen ({report:?})"),
+        );
+    }
+    volume.drain(Duration::from_secs(30)).expect("drain");
+    assert_eq!(volume.status().dirty_bytes, 0);
+    assert!(
+        *backend.bytes.lock() == *model.lock(),
+        "after a drain the backend equals the model"
+    );
+    volume.close();
+}
+
+#[test]
+fn write_back_keeps_acknowledging_while_the_backend_fails_and_drains_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 256 * BS;
+    let backend = MemBackend::new(size);
+    let mut cfg = config(dir.path(), Mode::WriteBack);
+    cfg.log_bytes = 32 << 20;
+    let (volume, _) = Volume::open(cfg, backend.clone(), cache(32 << 20)).unwrap();
+    backend.fail_writes.store(1, Ordering::SeqCst);
+    let model = Arc::new(Mutex::new(vec![0u8; size as usize]));
+    run_threads(&volume, &model, 42, 150);
+    std::thread::sleep(Duration::from_millis(200));
+    let status = volume.status();
+    assert!(status.dirty_bytes > 0, "writes stayed dirty");
+    assert!(
+        status.backend_errors > 0,
+        "the write-back tried and counted failures"
+    );
+    assert!(status.last_error.is_some());
+    check_all(&volume, &model, "reads while the backend fails");
+    assert!(
+        volume.drain(Duration::from_millis(300)).is_err(),
+        "a drain cannot finish"
+    );
+    backend.fail_writes.store(0, Ordering::SeqCst);
+    volume
+        .drain(Duration::from_secs(30))
+        .expect("drains once the backend is back");
+    assert!(*backend.bytes.lock() == *model.lock());
+    volume.close();
+}
+
+#[test]
+fn a_full_log_makes_writes_wait_then_fail_with_enospc_not_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 1024 * BS;
+    let backend = MemBackend::new(size);
+    let mut cfg = config(dir.path(), Mode::WriteBack);
+    cfg.log_bytes = 256 << 10;
+    cfg.full_wait = Duration::from_millis(200);
+    let (volume, _) = Volume::open(cfg, backend.clone(), cache(32 << 20)).unwrap();
+    backend.fail_writes.store(1, Ordering::SeqCst);
+    let data = vec![7u8; BLOCK_SIZE];
+    let mut result = Ok(());
+    for b in 0..1024 {
+        result = volume.write(b * BS, &data, false);
+        if result.is_err() {
+            break;
+        }
+    }
+    let err = result.expect_err("the log filled");
+    assert_eq!(err.errno(), libc::ENOSPC as u32, "{err}");
+    backend.fail_writes.store(0, Ordering::SeqCst);
+    volume.drain(Duration::from_secs(30)).unwrap();
+    volume.write(0, &data, false).expect("room again");
+    volume.close();
+}
+
+#[test]
+fn bad_requests_get_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = MemBackend::new(64 * BS);
+    let (volume, _) = Volume::open(
+        config(dir.path(), Mode::ReadOnly),
+        backend.clone(),
+        cache(32 << 20),
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(
+        volume.read(63 * BS + 1, &mut buf).unwrap_err().errno(),
+        libc::EINVAL as u32
+    );
+    assert_eq!(
+        volume.read(u64::MAX - 10, &mut buf).unwrap_err().errno(),
+        libc::EINVAL as u32
+    );
+    assert_eq!(
+        volume.write(0, &buf, false).unwrap_err().errno(),
+        libc::EPERM as u32
+    );
+    assert!(volume.is_read_only());
+    volume.set_mode(Mode::WriteThrough);
+    volume.write(0, &buf, false).unwrap();
+    assert_eq!(
+        volume
+            .write_zeroes(60 * BS, 8 * BS, false)
+            .unwrap_err()
+            .errno(),
+        libc::EINVAL as u32
+    );
+    volume.close();
+    // A log made for another size is refused, not misread.
+    let other = MemBackend::new(128 * BS);
+    let err = Volume::open(config(dir.path(), Mode::WriteBack), other, cache(32 << 20))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("belongs to a volume"), "{err}");
+}
