@@ -22,6 +22,7 @@ mod bench;
 mod info;
 mod pool;
 mod serve;
+mod volume;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +44,13 @@ struct Cli {
 enum Command {
     /// Serve the tiered cache over memcached's protocols (ascii, meta, binary).
     Serve(Box<serve::ServeArgs>),
+    /// Serve cached block volumes over NBD: Terrace's tiers in front of a file, a block
+    /// device or any NBD server, in write-through, write-back, write-around or read-only
+    /// mode.
+    ServeVolume(Box<volume::ServeVolumeArgs>),
+    /// Ask a running serve-volume: status, flush, mode, metrics.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
     /// Show the memory media this machine offers.
     Info {
         /// Also probe this directory as a file tier (DAX? durability? free space?).
@@ -55,6 +63,36 @@ enum Command {
     /// Create, inspect and check persistent pools.
     #[command(subcommand)]
     Pool(PoolCommand),
+}
+
+#[derive(Subcommand)]
+enum VolumeCommand {
+    /// Each volume's mode, dirty and log bytes, hits and misses, write-back progress.
+    Status {
+        #[arg(long, default_value = "terrace-volume-data/control.sock")]
+        control: PathBuf,
+        /// One volume [default: all].
+        name: Option<String>,
+    },
+    /// Write every dirty block back to the backend; returns when done.
+    Flush {
+        #[arg(long, default_value = "terrace-volume-data/control.sock")]
+        control: PathBuf,
+        name: Option<String>,
+    },
+    /// Switch a volume's mode while it runs.
+    Mode {
+        #[arg(long, default_value = "terrace-volume-data/control.sock")]
+        control: PathBuf,
+        name: String,
+        /// write-through, write-back, write-around or read-only.
+        mode: String,
+    },
+    /// Every volume's counters as Prometheus text.
+    Metrics {
+        #[arg(long, default_value = "terrace-volume-data/control.sock")]
+        control: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -115,6 +153,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
+        Command::ServeVolume(args) => volume::serve(*args),
+        Command::Volume(VolumeCommand::Status { control, name }) => {
+            volume::control(&control, &format!("status {}", name.unwrap_or_default()))
+        }
+        Command::Volume(VolumeCommand::Flush { control, name }) => {
+            volume::control(&control, &format!("flush {}", name.unwrap_or_default()))
+        }
+        Command::Volume(VolumeCommand::Mode {
+            control,
+            name,
+            mode,
+        }) => volume::control(&control, &format!("mode {name} {mode}")),
+        Command::Volume(VolumeCommand::Metrics { control }) => volume::control(&control, "metrics"),
         Command::Info { dir } => info::run(dir.as_deref()),
         Command::Bench(BenchCommand::Kinds {
             dir,

@@ -122,7 +122,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     terrace_server::run(config).map_err(|e| e.to_string())
 }
 
-fn init_logs(json: bool) {
+pub fn init_logs(json: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal;

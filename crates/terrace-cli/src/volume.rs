@@ -1,0 +1,188 @@
+//! `terrace serve-volume` (flags → [`terrace_volume::ServiceConfig`] → the service until
+//! SIGTERM or SIGINT, then a clean stop) and `terrace volume status|flush|mode|metrics`
+//! (one command over the service's control socket).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use terrace_cache::spec::{parse_size, TierList};
+use terrace_volume::nbd::Listen;
+use terrace_volume::{AckDurability, BackendSpec, Mode, Service, ServiceConfig, VolumeConfig};
+
+/// The flags of `terrace serve-volume`.
+#[derive(clap::Args, Debug)]
+pub struct ServeVolumeArgs {
+    /// The backend of a single volume: file:PATH (or a path; a file or block device),
+    /// nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME (any NBD server).
+    #[arg(long, value_name = "URI", value_parser = parse_backend)]
+    backend: Option<BackendSpec>,
+    /// The single volume's export name.
+    #[arg(long, default_value = "volume")]
+    name: String,
+    /// More volumes, each NAME=BACKEND (repeatable); all share the cache and the modes
+    /// below.
+    #[arg(long = "volume", value_name = "NAME=URI", value_parser = parse_volume)]
+    volumes: Vec<(String, BackendSpec)>,
+    /// Where to serve NBD: unix:PATH or tcp:HOST:PORT (repeatable)
+    /// [default: unix:<dir>/nbd.sock].
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
+    listen: Vec<Listen>,
+    /// The control socket `terrace volume` talks to [default: <dir>/control.sock].
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+    /// Directory of the write logs, the file tiers and the sockets, created if missing.
+    #[arg(long, default_value = "terrace-volume-data")]
+    dir: PathBuf,
+    /// Write logs' directory (the persistent tier: a DAX or tmpfs mount, or a disk)
+    /// [default: --dir].
+    #[arg(long, value_name = "DIR")]
+    log_dir: Option<PathBuf>,
+    /// Bytes of each volume's write log (when created).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
+    log_size: u64,
+    /// The cache's tiers for clean blocks, fastest first (as `terrace serve --tiers`).
+    #[arg(long, value_name = "SPEC", value_parser = parse_tiers, default_value = "dram:256MiB")]
+    tiers: TierList,
+    /// write-through (backend, then the reply), write-back (the write log, then the
+    /// reply; the backend later), write-around or read-only.
+    #[arg(long, default_value = "write-through", value_parser = parse_mode)]
+    mode: Mode,
+    /// When a write-back write is acknowledged: on-write (durable in the log) or
+    /// on-flush (at the client's next FLUSH or with FUA).
+    #[arg(long, default_value = "on-write", value_parser = parse_ack)]
+    durability: AckDurability,
+    /// Backend writes the write-back keeps in flight.
+    #[arg(long, default_value_t = 16)]
+    writeback_threads: usize,
+    /// Start writing back when the log is this full (0..1) ...
+    #[arg(long, default_value_t = 0.5)]
+    high_watermark: f64,
+    /// ... and go on until it is this empty.
+    #[arg(long, default_value_t = 0.4)]
+    low_watermark: f64,
+    /// Connections to an NBD backend (its requests in flight).
+    #[arg(long, default_value_t = 16)]
+    backend_connections: usize,
+    /// Logs as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn parse_backend(s: &str) -> Result<BackendSpec, String> {
+    s.parse()
+}
+
+fn parse_volume(s: &str) -> Result<(String, BackendSpec), String> {
+    let (name, uri) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=BACKEND"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?}: an empty volume name"));
+    }
+    Ok((name.to_string(), uri.parse()?))
+}
+
+fn parse_listen(s: &str) -> Result<Listen, String> {
+    if let Some(path) = s.strip_prefix("unix:") {
+        Ok(Listen::Unix(PathBuf::from(path)))
+    } else {
+        let addr = s.strip_prefix("tcp:").unwrap_or(s);
+        addr.parse()
+            .map(Listen::Tcp)
+            .map_err(|e| format!("{s:?}: expected unix:PATH or tcp:HOST:PORT ({e})"))
+    }
+}
+
+fn parse_tiers(s: &str) -> Result<TierList, String> {
+    s.parse()
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    s.parse()
+}
+
+fn parse_ack(s: &str) -> Result<AckDurability, String> {
+    s.parse()
+}
+
+pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
+    crate::serve::init_logs(args.log_json);
+    std::fs::create_dir_all(&args.dir)
+        .map_err(|e| format!("creating {}: {e}", args.dir.display()))?;
+    let log_dir = args.log_dir.clone().unwrap_or_else(|| args.dir.clone());
+    std::fs::create_dir_all(&log_dir)
+        .map_err(|e| format!("creating {}: {e}", log_dir.display()))?;
+    let mut named = args.volumes.clone();
+    if let Some(backend) = &args.backend {
+        named.insert(0, (args.name.clone(), backend.clone()));
+    }
+    if named.is_empty() {
+        return Err("give a volume: --backend URI (and --name), or --volume NAME=URI".into());
+    }
+    let volumes = named
+        .into_iter()
+        .enumerate()
+        .map(|(id, (name, spec))| {
+            let config = VolumeConfig {
+                mode: args.mode,
+                ack: args.durability,
+                log_bytes: args.log_size,
+                writeback_threads: args.writeback_threads,
+                high_watermark: args.high_watermark,
+                low_watermark: args.low_watermark,
+                ..VolumeConfig::new(&name, id as u32, log_dir.join(format!("{name}.log")))
+            };
+            (config, spec)
+        })
+        .collect();
+    let listen = if args.listen.is_empty() {
+        vec![Listen::Unix(args.dir.join("nbd.sock"))]
+    } else {
+        args.listen
+    };
+    let config = ServiceConfig {
+        listen,
+        control: Some(
+            args.control
+                .unwrap_or_else(|| args.dir.join("control.sock")),
+        ),
+        tiers: args.tiers.configs(&args.dir),
+        volumes,
+        backend_connections: args.backend_connections,
+    };
+    let service = Service::start(config).map_err(|e| e.to_string())?;
+    wait_for_signal()?;
+    tracing::info!("stopping");
+    service.stop().map_err(|e| e.to_string())
+}
+
+/// Blocks until SIGTERM or SIGINT.
+fn wait_for_signal() -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the signal runtime: {e}"))?;
+    runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+        let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        Ok(())
+    })
+}
+
+/// `terrace volume ...`: one control command.
+pub fn control(socket: &std::path::Path, command: &str) -> Result<(), String> {
+    let reply = terrace_volume::control::send(socket, command, Duration::from_secs(900))
+        .map_err(|e| e.to_string())?;
+    let (first, rest) = reply.split_once('\n').unwrap_or((reply.as_str(), ""));
+    if first == "OK" {
+        print!("{rest}");
+        Ok(())
+    } else {
+        Err(first.strip_prefix("ERROR ").unwrap_or(first).to_string())
+    }
+}
