@@ -20,6 +20,13 @@ pub trait Export: Send + Sync {
     fn is_read_only(&self) -> bool;
     /// Reads `buf.len()` bytes at `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError>;
+    /// [`read`](Export::read) if it can be served at once, from memory, without waiting
+    /// on slow storage; `None` otherwise (and `buf` is to be ignored). The front end
+    /// answers such reads on the thread that parsed them, skipping a hand-off to a
+    /// worker. The default never can.
+    fn read_cached(&self, _offset: u64, _buf: &mut [u8]) -> Option<Result<(), BlockError>> {
+        None
+    }
     /// Writes `data` at `offset`; with `fua`, durable on return.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError>;
     /// Makes every completed write durable.

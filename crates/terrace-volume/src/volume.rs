@@ -329,7 +329,6 @@ struct Control {
     /// Drain requests made and served: a drain waits until `served >= its request`.
     drain_requested: u64,
     drain_served: u64,
-    last_request: Instant,
     last_error: Option<String>,
     /// Set while usage is between the watermarks after passing the high one.
     cleaning: bool,
@@ -345,6 +344,9 @@ pub struct Volume {
     mode: AtomicU8,
     shards: Box<[Mutex<Shard>]>,
     dirty_blocks: AtomicU64,
+    /// When the volume opened, and the last request since then (ms), for idle write-back.
+    opened: Instant,
+    last_request_ms: AtomicU64,
     /// A write-through write reached the backend since its last flush.
     backend_unflushed: AtomicBool,
     /// Where the last read ended and how long its stream is, for the cutoff.
@@ -434,13 +436,14 @@ impl Volume {
             log,
             shards,
             dirty_blocks: AtomicU64::new(dirty),
+            opened: Instant::now(),
+            last_request_ms: AtomicU64::new(0),
             backend_unflushed: AtomicBool::new(false),
             read_stream: Mutex::new((u64::MAX, 0)),
             control: Mutex::new(Control {
                 shutdown: false,
                 drain_requested: 0,
                 drain_served: 0,
-                last_request: Instant::now(),
                 last_error: None,
                 cleaning: false,
             }),
@@ -566,7 +569,13 @@ impl Volume {
     }
 
     fn touch(&self) {
-        self.control.lock().last_request = Instant::now();
+        let now = self.opened.elapsed().as_millis() as u64;
+        self.last_request_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let last = self.last_request_ms.load(Ordering::Relaxed);
+        Duration::from_millis((self.opened.elapsed().as_millis() as u64).saturating_sub(last))
     }
 
     fn lock_blocks(&self, first: u64, last: u64) -> Locked<'_> {
@@ -610,17 +619,16 @@ impl Volume {
         locked: &mut Locked<'_>,
         first: u64,
         out: &mut [u8],
-        cache_misses: bool,
-    ) -> Result<(), BlockError> {
+        misses: Misses,
+    ) -> Result<bool, BlockError> {
         let count = out.len() as u64 / BS;
         let mut missing: Vec<u64> = Vec::new();
+        let (mut hit_blocks, mut dirty_blocks) = (0, 0);
         for i in 0..count {
             let block = first + i;
             let dest = &mut out[(i * BS) as usize..((i + 1) * BS) as usize];
             if let Some(d) = locked.shard(block).get(&block).copied() {
-                self.counters
-                    .read_dirty_blocks
-                    .fetch_add(1, Ordering::Relaxed);
+                dirty_blocks += 1;
                 if d.is_zero() {
                     dest.fill(0);
                 } else {
@@ -633,17 +641,22 @@ impl Volume {
             match self.cache.get(&self.key(block)) {
                 Ok(Some(hit)) if hit.value().len() == BLOCK_SIZE => {
                     dest.copy_from_slice(hit.value());
-                    self.counters
-                        .read_hit_blocks
-                        .fetch_add(1, Ordering::Relaxed);
+                    hit_blocks += 1;
                 }
+                Ok(_) if misses == Misses::Refuse => return Ok(false),
                 Ok(_) => missing.push(i),
                 Err(e) => {
                     self.cache_failed("get", e);
+                    if misses == Misses::Refuse {
+                        return Ok(false);
+                    }
                     missing.push(i);
                 }
             }
         }
+        let c = &self.counters;
+        c.read_hit_blocks.fetch_add(hit_blocks, Ordering::Relaxed);
+        c.read_dirty_blocks.fetch_add(dirty_blocks, Ordering::Relaxed);
         // Misses, one backend read per run of consecutive blocks.
         let mut at = 0;
         while at < missing.len() {
@@ -660,7 +673,7 @@ impl Volume {
             self.counters
                 .read_miss_blocks
                 .fetch_add(hi - lo, Ordering::Relaxed);
-            if cache_misses {
+            if misses == Misses::ReadAndCache {
                 for i in lo..hi {
                     let value = &out[(i * BS) as usize..((i + 1) * BS) as usize];
                     if let Err(e) = self.cache.set(&self.key(first + i), value, 0, 0) {
@@ -670,7 +683,7 @@ impl Volume {
             }
             at = end;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Reserves the log records a change needs before any shard is locked (V1): the
@@ -721,7 +734,7 @@ impl Volume {
             let edges = if n == 1 { vec![0] } else { vec![0, n - 1] };
             for e in edges {
                 let range = (e * BS) as usize..((e + 1) * BS) as usize;
-                self.read_blocks_locked(locked, first + e, &mut buf[range], false)?;
+                self.read_blocks_locked(locked, first + e, &mut buf[range], Misses::Read)?;
             }
         }
         let dest = &mut buf[(lo - start) as usize..(hi - start) as usize];
@@ -881,6 +894,28 @@ impl Volume {
         result
     }
 
+    /// A checked read with its blocks locked; false if `misses` refused a block.
+    fn read_locked(&self, offset: u64, buf: &mut [u8], misses: Misses) -> Result<bool, BlockError> {
+        let len = buf.len() as u64;
+        self.touch();
+        let first = offset / BS;
+        let last = (offset + len - 1) / BS;
+        let mut locked = self.lock_blocks(first, last);
+        let done = if offset.is_multiple_of(BS) && len.is_multiple_of(BS) {
+            self.read_blocks_locked(&mut locked, first, buf, misses)?
+        } else {
+            let mut whole = vec![0u8; ((last - first + 1) * BS) as usize];
+            let done = self.read_blocks_locked(&mut locked, first, &mut whole, misses)?;
+            let from = (offset - first * BS) as usize;
+            buf.copy_from_slice(&whole[from..from + buf.len()]);
+            done
+        };
+        if done {
+            self.counters.bytes_read.fetch_add(len, Ordering::Relaxed);
+        }
+        Ok(done)
+    }
+
     // ---- the write-back thread ----
 
     fn writeback_loop(&self) {
@@ -913,7 +948,7 @@ impl Volume {
                         self.wake.wait_for(&mut c, Duration::from_millis(200));
                         continue;
                     }
-                    let idle = c.last_request.elapsed() >= self.config.idle_writeback;
+                    let idle = self.idle_for() >= self.config.idle_writeback;
                     let leaving_writeback = self.mode() != Mode::WriteBack;
                     if drain || c.cleaning || idle || leaving_writeback {
                         break;
@@ -1095,6 +1130,17 @@ impl Volume {
     }
 }
 
+/// What a read does with a block that is neither dirty nor cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Misses {
+    /// Reads it from the backend and stores it in the cache.
+    ReadAndCache,
+    /// Reads it from the backend only (a sequential stream, a read-modify-write).
+    Read,
+    /// Gives up: the read is to be served by a thread that may wait.
+    Refuse,
+}
+
 /// What a change writes.
 #[derive(Clone, Copy)]
 enum Change<'a> {
@@ -1123,21 +1169,24 @@ impl Export for Volume {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         let len = buf.len() as u64;
         self.check(offset, len)?;
-        self.touch();
-        let cache_misses = !self.sequential(offset, len);
-        let first = offset / BS;
-        let last = (offset + len - 1) / BS;
-        let mut locked = self.lock_blocks(first, last);
-        if offset.is_multiple_of(BS) && len.is_multiple_of(BS) {
-            self.read_blocks_locked(&mut locked, first, buf, cache_misses)?;
+        let misses = if self.sequential(offset, len) {
+            Misses::Read
         } else {
-            let mut whole = vec![0u8; ((last - first + 1) * BS) as usize];
-            self.read_blocks_locked(&mut locked, first, &mut whole, cache_misses)?;
-            let from = (offset - first * BS) as usize;
-            buf.copy_from_slice(&whole[from..from + buf.len()]);
-        }
-        self.counters.bytes_read.fetch_add(len, Ordering::Relaxed);
+            Misses::ReadAndCache
+        };
+        self.read_locked(offset, buf, misses)?;
         Ok(())
+    }
+
+    fn read_cached(&self, offset: u64, buf: &mut [u8]) -> Option<Result<(), BlockError>> {
+        if let Err(e) = self.check(offset, buf.len() as u64) {
+            return Some(Err(e));
+        }
+        match self.read_locked(offset, buf, Misses::Refuse) {
+            Ok(true) => Some(Ok(())),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        }
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {

@@ -125,7 +125,12 @@ fn worker(volume: &Volume, model: &Mutex<Vec<u8>>, lane: u64, lanes: u64, seed: 
         match rng.below(10) {
             0..=3 => {
                 let mut got = vec![0u8; len as usize];
-                volume.read(offset, &mut got).expect("read");
+                // Half the reads as the NBD reader thread tries them first: from memory
+                // only, falling back to a full read.
+                let at_once = rng.below(2) == 0 && volume.read_cached(offset, &mut got).is_some();
+                if !at_once {
+                    volume.read(offset, &mut got).expect("read");
+                }
                 let m = model.lock();
                 let want = &m[offset as usize..(offset + len) as usize];
                 if got != want {

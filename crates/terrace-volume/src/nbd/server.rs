@@ -879,6 +879,7 @@ impl Connection {
                     }
                 }
                 _ => match self.check(&header) {
+                    Ok(()) if header.command == proto::CMD_READ && self.read_at_once(&header) => {}
                     Ok(()) => {
                         let cost = if header.command == proto::CMD_READ {
                             u64::from(header.length)
@@ -1059,19 +1060,47 @@ impl Connection {
         }
     }
 
-    /// Reads into a buffer that already holds room for the reply header, so the whole
-    /// reply leaves in one write.
-    fn execute_read(&self, header: &RequestHeader) {
-        let prefix = if self.structured_replies {
+    /// Answers a READ on the reader's own thread if the export can serve it from memory
+    /// ([`Export::read_cached`]); false if it must go to a worker.
+    fn read_at_once(&self, header: &RequestHeader) -> bool {
+        let prefix = self.read_reply_prefix();
+        let mut reply = vec![0; prefix + header.length as usize];
+        match self.export.read_cached(header.offset, &mut reply[prefix..]) {
+            None => false,
+            Some(Ok(())) => {
+                self.send_read_reply(header, reply);
+                true
+            }
+            Some(Err(error)) => {
+                self.export_failed(header, &error);
+                true
+            }
+        }
+    }
+
+    fn read_reply_prefix(&self) -> usize {
+        if self.structured_replies {
             proto::OFFSET_DATA_PREFIX_LEN
         } else {
             proto::SIMPLE_REPLY_LEN
-        };
+        }
+    }
+
+    /// Reads into a buffer that already holds room for the reply header, so the whole
+    /// reply leaves in one write.
+    fn execute_read(&self, header: &RequestHeader) {
+        let prefix = self.read_reply_prefix();
         let mut reply = vec![0; prefix + header.length as usize];
         if let Err(error) = self.export.read(header.offset, &mut reply[prefix..]) {
             self.export_failed(header, &error);
             return;
         }
+        self.send_read_reply(header, reply);
+    }
+
+    /// Fills in the reply header of a read's `reply` (data after the prefix) and sends it.
+    fn send_read_reply(&self, header: &RequestHeader, mut reply: Vec<u8>) {
+        let prefix = self.read_reply_prefix();
         if self.structured_replies {
             let mut chunk_prefix = [0; proto::OFFSET_DATA_PREFIX_LEN];
             proto::write_offset_data_prefix(
