@@ -29,6 +29,17 @@ pub trait Export: Send + Sync {
     }
     /// Writes `data` at `offset`; with `fua`, durable on return.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError>;
+    /// [`write`](Export::write) if it can be done at once, in memory (a write log on
+    /// tmpfs), without waiting on slow storage; `None` otherwise, with nothing written.
+    /// The default never can.
+    fn write_at_once(
+        &self,
+        _offset: u64,
+        _data: &[u8],
+        _fua: bool,
+    ) -> Option<Result<(), BlockError>> {
+        None
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> Result<(), BlockError>;
     /// Discards `len` bytes at `offset`; they read as zeroes afterwards.

@@ -11,12 +11,16 @@
 //! - **write log**: a checksummed, sequence-numbered circular log on the persistent tier
 //!   ([`log`]); in write-back a write is acknowledged once its record, and every record
 //!   before it, is durable there.
-//! - **epoch**: the records between two barriers. A client's FLUSH ends one; so does the
-//!   write-back thread when it wants to write back what has no barrier yet. Write-back
-//!   writes one epoch to the backend, flushes the backend, then starts the next: the
-//!   backend image is always every write of the epochs before plus some of the current
-//!   one's — what a disk with a volatile write cache may show after a crash — so losing
-//!   the whole cache leaves a consistent backend.
+//! - **barrier**: a record a client's FLUSH appends: every write acknowledged before the
+//!   flush is in a record before it.
+//! - **batch**: what the write-back copies to the backend at once — the oldest records,
+//!   through the first barrier or over at most 64 MiB of log. It writes the newest data
+//!   of each block in the batch, flushes the backend, then releases the batch. The log's
+//!   order is the order writes were acknowledged in, so every prefix of it is a point in
+//!   time a crash could have left: the backend image is always all the writes of the
+//!   batches before plus some of the current one's — what a disk with a volatile write
+//!   cache may show after a crash — and losing the whole cache leaves a consistent
+//!   backend.
 //! - **dirty block**: a block whose newest data is in the log and not yet in the backend.
 //!   Clean blocks live in a `terrace-cache` [`Cache`](terrace_cache::Cache) keyed by
 //!   volume and block number.

@@ -1,7 +1,8 @@
 //! The write log: a checksummed, sequence-numbered circular log of block writes on the
 //! persistent tier. In write-back a volume acknowledges a write once its record — and
 //! every record before it — is durable here; the write-back thread later copies records
-//! to the backend one epoch at a time and then releases them ([`WriteLog::release_through`]).
+//! to the backend a batch (a prefix of the log) at a time and then releases them
+//! ([`WriteLog::release_through`]).
 //!
 //! # Layout (all integers little-endian)
 //! - Bytes `[0, 8192)`: two superblock slots of 4 KiB (`SB_SLOT`). Each holds
@@ -69,19 +70,28 @@ pub enum RecordKind {
     Write = 1,
     /// `length` zero bytes at `offset` (write-zeroes and trim), no payload.
     Zero = 2,
-    /// The end of an epoch: a client flush, or a cut the write-back made.
+    /// A client's flush: every write acknowledged before it is in an earlier record.
     Barrier = 3,
     /// Nothing more before the record area's end.
     Wrap = 4,
+    /// `length` bytes (this header included) that a failed request reserved and did not
+    /// use.
+    Pad = 5,
 }
 
 impl RecordKind {
+    /// WRITE and ZERO records change blocks; barriers and wraps do not.
+    pub fn carries_data(self) -> bool {
+        matches!(self, RecordKind::Write | RecordKind::Zero)
+    }
+
     fn from_u8(v: u8) -> Option<RecordKind> {
         Some(match v {
             1 => RecordKind::Write,
             2 => RecordKind::Zero,
             3 => RecordKind::Barrier,
             4 => RecordKind::Wrap,
+            5 => RecordKind::Pad,
             _ => return None,
         })
     }
@@ -103,7 +113,7 @@ impl RecordMeta {
     /// Position just past this record (a WRAP's `len` is the bytes it skips).
     pub fn end(&self) -> u64 {
         match self.kind {
-            RecordKind::Wrap => self.pos + self.len,
+            RecordKind::Wrap | RecordKind::Pad => self.pos + self.len,
             kind => self.pos + record_span(kind, self.len),
         }
     }
@@ -122,14 +132,21 @@ pub trait LogStore: Send + Sync {
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
     fn sync(&self) -> io::Result<()>;
     fn describe(&self) -> String;
+    /// Whether [`sync`](LogStore::sync) costs nothing (memory: tmpfs, a test's store), so
+    /// an append may wait for durability on a thread that must not block long.
+    fn sync_is_free(&self) -> bool {
+        false
+    }
 }
 
-/// A write log in a file: `pwrite` and `fdatasync`. On tmpfs a sync is nothing and the
-/// log survives a process crash, not a power loss; on a DAX or disk file it survives both.
+/// A write log in a file: `pwrite` and `fdatasync`. On tmpfs (or ramfs) the page cache is
+/// the medium: the log survives a process crash, not a power loss, and there is nothing
+/// to sync; on a DAX or disk file it survives both.
 pub struct FileLogStore {
     file: File,
     path: PathBuf,
     len: u64,
+    in_memory: bool,
 }
 
 impl FileLogStore {
@@ -152,10 +169,16 @@ impl FileLogStore {
             reserve(&file, len).map_err(io_err)?;
             existing = len;
         }
+        use std::os::fd::AsFd;
+        let in_memory = matches!(
+            terrace_media::os::fs_type(file.as_fd()),
+            Ok(t) if t == terrace_media::os::TMPFS_MAGIC || t == terrace_media::os::RAMFS_MAGIC
+        );
         Ok(FileLogStore {
             file,
             path: path.to_path_buf(),
             len: existing,
+            in_memory,
         })
     }
 }
@@ -189,10 +212,16 @@ impl LogStore for FileLogStore {
         self.file.write_all_at(data, offset)
     }
     fn sync(&self) -> io::Result<()> {
+        if self.in_memory {
+            return Ok(());
+        }
         self.file.sync_data()
     }
     fn describe(&self) -> String {
         format!("{}", self.path.display())
+    }
+    fn sync_is_free(&self) -> bool {
+        self.in_memory
     }
 }
 
@@ -310,6 +339,8 @@ struct Tail {
     tail_pos: u64,
     head_pos: u64,
     records: VecDeque<RecordMeta>,
+    /// How many of `records` are WRITE or ZERO records.
+    data_records: usize,
 }
 
 /// Which records are written and which are durable.
@@ -472,6 +503,7 @@ impl WriteLog {
                 tail_pos,
                 head_pos: sb.head_pos,
                 records: records.iter().copied().collect(),
+                data_records: records.iter().filter(|r| r.kind.carries_data()).count(),
             }),
             space_freed: Condvar::new(),
             commit: Mutex::new(Commit {
@@ -530,7 +562,9 @@ impl WriteLog {
     }
 
     /// Takes a sequence number and space for a record, waiting up to `max_wait` for the
-    /// write-back to free space. The record is pending until [`WriteLog::write_record`].
+    /// write-back to free space. The record is pending until [`WriteLog::write_record`]
+    /// (or [`WriteLog::abandon`]): every reservation must end in one of them, or nothing
+    /// after it is ever acknowledged.
     pub fn reserve(
         &self,
         kind: RecordKind,
@@ -538,43 +572,68 @@ impl WriteLog {
         len: u64,
         max_wait: Duration,
     ) -> Result<RecordMeta, BlockError> {
-        let span = record_span(kind, len);
-        if span + HEADER + BARRIER_ROOM > self.capacity {
+        Ok(self.reserve_all(&[(kind, offset, len)], max_wait)?[0])
+    }
+
+    /// Reserves several records at once, all or none (a request that needs a few records
+    /// never holds some while it waits for the others).
+    pub fn reserve_all(
+        &self,
+        wanted: &[(RecordKind, u64, u64)],
+        max_wait: Duration,
+    ) -> Result<Vec<RecordMeta>, BlockError> {
+        let spans: Vec<u64> = wanted.iter().map(|&(k, _, l)| record_span(k, l)).collect();
+        let total: u64 = spans.iter().sum();
+        let largest = spans.iter().copied().max().unwrap_or(0);
+        if total + largest + BARRIER_ROOM > self.capacity {
             return Err(BlockError::Log(format!(
-                "a {len}-byte record does not fit a {}-byte log",
+                "{total} bytes of records do not fit a {}-byte log",
                 self.capacity
             )));
         }
+        // Barriers may use the last BARRIER_ROOM bytes; nothing else may, so a client's
+        // flush never waits for space in a full log (a barrier never needs a wrap:
+        // positions are 64-byte aligned, so 64 bytes always fit before the end).
+        let only_barriers = wanted.iter().all(|&(k, _, _)| k == RecordKind::Barrier);
+        let limit = if only_barriers {
+            self.capacity
+        } else {
+            self.capacity - BARRIER_ROOM
+        };
         let deadline = Instant::now() + max_wait;
         let mut tail = self.tail.lock();
         let mut waited = false;
         loop {
-            // Room left before the area's end; a record never straddles it.
-            let to_end = self.capacity - tail.tail_pos % self.capacity;
-            let needed = if to_end >= span { span } else { to_end + span };
-            // Barriers may use the last BARRIER_ROOM bytes; nothing else may, so the
-            // write-back can always cut an epoch in a full log (a barrier never needs
-            // a wrap: positions are 64-byte aligned, so 64 bytes always fit the end).
-            let limit = if kind == RecordKind::Barrier {
-                self.capacity
-            } else {
-                self.capacity - BARRIER_ROOM
-            };
-            if tail.tail_pos + needed - tail.head_pos <= limit {
+            // Where the records would go: a record never straddles the area's end.
+            let mut pos = tail.tail_pos;
+            for &span in &spans {
+                let to_end = self.capacity - pos % self.capacity;
                 if to_end < span {
-                    self.place_wrap(&mut tail, to_end)?;
+                    pos += to_end;
                 }
-                let meta = RecordMeta {
-                    seq: tail.next_seq,
-                    pos: tail.tail_pos,
-                    kind,
-                    offset,
-                    len,
-                };
-                tail.next_seq += 1;
-                tail.tail_pos += span;
-                tail.records.push_back(meta);
-                return Ok(meta);
+                pos += span;
+            }
+            if pos - tail.head_pos <= limit {
+                let mut placed = Vec::with_capacity(wanted.len());
+                for (&(kind, offset, len), &span) in wanted.iter().zip(&spans) {
+                    let to_end = self.capacity - tail.tail_pos % self.capacity;
+                    if to_end < span {
+                        self.place_wrap(&mut tail, to_end)?;
+                    }
+                    let meta = RecordMeta {
+                        seq: tail.next_seq,
+                        pos: tail.tail_pos,
+                        kind,
+                        offset,
+                        len,
+                    };
+                    tail.next_seq += 1;
+                    tail.tail_pos += span;
+                    tail.records.push_back(meta);
+                    tail.data_records += usize::from(kind.carries_data());
+                    placed.push(meta);
+                }
+                return Ok(placed);
             }
             if !waited {
                 waited = true;
@@ -587,6 +646,33 @@ impl WriteLog {
                 });
             }
         }
+    }
+
+    /// Fills a reservation that will not be used (its request failed before writing it)
+    /// with a PAD record of the same span, so the log stays readable past it and the
+    /// records after it can be acknowledged.
+    pub fn abandon(&self, meta: &RecordMeta) -> Result<(), BlockError> {
+        let span = record_span(meta.kind, meta.len);
+        {
+            let mut tail = self.tail.lock();
+            let at = tail.records.partition_point(|r| r.seq < meta.seq);
+            if tail.records.get(at).is_some_and(|r| r.seq == meta.seq) {
+                if tail.records[at].kind.carries_data() {
+                    tail.data_records -= 1;
+                }
+                let r = &mut tail.records[at];
+                r.kind = RecordKind::Pad;
+                r.offset = 0;
+                r.len = span;
+            }
+        }
+        let pad = RecordMeta {
+            kind: RecordKind::Pad,
+            offset: 0,
+            len: span,
+            ..*meta
+        };
+        self.write_record(&pad, &[])
     }
 
     /// Fills the `to_end` bytes before the area's end: a WRAP record where 64 bytes fit
@@ -759,32 +845,32 @@ impl WriteLog {
         self.tail.lock().next_seq - 1
     }
 
-    /// The oldest epoch: the records from the head through the first barrier, once all
-    /// of them are written. `None` when no barrier is pending or one is still unwritten.
-    pub fn oldest_epoch(&self) -> Option<Vec<RecordMeta>> {
-        let epoch: Vec<RecordMeta> = {
-            let tail = self.tail.lock();
-            let end = tail
-                .records
-                .iter()
-                .position(|r| r.kind == RecordKind::Barrier)?;
-            tail.records.range(..=end).copied().collect()
-        };
-        let last = epoch.last()?.seq;
-        if self.commit.lock().written_through > last {
-            Some(epoch)
-        } else {
-            None
+    /// The oldest records to write back together: from the head through the first
+    /// barrier, or fewer if they span over `max_bytes` of log, and only records already
+    /// written. Any prefix of the log is a point in time a crash could leave (the log's
+    /// order is the order writes were acknowledged in, and a flush's barrier follows every
+    /// write it covers), so the write-back may release any prefix it has written back.
+    /// `None` when nothing is pending or the oldest record is still being written.
+    pub fn oldest_batch(&self, max_bytes: u64) -> Option<Vec<RecordMeta>> {
+        let written_through = self.commit.lock().written_through;
+        let tail = self.tail.lock();
+        let first = tail.records.front()?;
+        let mut batch = Vec::new();
+        for r in tail.records.iter() {
+            if r.seq >= written_through {
+                break;
+            }
+            batch.push(*r);
+            if r.kind == RecordKind::Barrier || r.end() - first.pos >= max_bytes {
+                break;
+            }
         }
+        (!batch.is_empty()).then_some(batch)
     }
 
     /// Whether any record other than barriers and wraps is pending.
     pub fn has_data_records(&self) -> bool {
-        self.tail
-            .lock()
-            .records
-            .iter()
-            .any(|r| matches!(r.kind, RecordKind::Write | RecordKind::Zero))
+        self.tail.lock().data_records > 0
     }
 
     /// Whether the newest pending record is a barrier (or nothing is pending).
@@ -796,7 +882,8 @@ impl WriteLog {
             .is_none_or(|r| r.kind == RecordKind::Barrier)
     }
 
-    /// Releases every record through `last` (a barrier the caller wrote back through):
+    /// Releases every record through `last` (the end of a batch the caller wrote back
+    /// and flushed to the backend):
     /// moves the head past it durably and wakes appends waiting for space.
     pub fn release_through(&self, last: &RecordMeta) -> Result<(), BlockError> {
         let mut sb = self.superblock.lock();
@@ -810,8 +897,9 @@ impl WriteLog {
         drop(sb);
         let mut tail = self.tail.lock();
         let mut released = 0;
-        while tail.records.front().is_some_and(|r| r.seq <= last.seq) {
+        while let Some(r) = tail.records.front().copied().filter(|r| r.seq <= last.seq) {
             tail.records.pop_front();
+            tail.data_records -= usize::from(r.kind.carries_data());
             released += 1;
         }
         tail.head_pos = new_head;
@@ -819,6 +907,11 @@ impl WriteLog {
         self.released_records.fetch_add(released, Ordering::Relaxed);
         self.space_freed.notify_all();
         Ok(())
+    }
+
+    /// Whether waiting for durability costs no I/O ([`LogStore::sync_is_free`]).
+    pub fn sync_is_free(&self) -> bool {
+        self.store.sync_is_free()
     }
 
     /// Syncs the store (a clean stop's last step).
@@ -888,12 +981,16 @@ fn scan(store: &dyn LogStore, sb: &Superblock) -> (Vec<RecordMeta>, String) {
             RecordKind::Zero => h.payload_len == 0 && len.is_multiple_of(BLOCK_SIZE as u64),
             RecordKind::Barrier => h.payload_len == 0,
             RecordKind::Wrap => h.payload_len == 0 && len == to_end,
+            RecordKind::Pad => {
+                h.payload_len == 0 && len >= HEADER && len.is_multiple_of(HEADER) && len <= to_end
+            }
         };
-        let in_volume = kind == RecordKind::Wrap
+        let skips = matches!(kind, RecordKind::Wrap | RecordKind::Pad);
+        let in_volume = skips
             || h.offset
                 .checked_add(len)
                 .is_some_and(|e| e <= sb.volume_size);
-        if !shape_ok || !in_volume || (kind != RecordKind::Wrap && span > to_end) {
+        if !shape_ok || !in_volume || (!skips && span > to_end) {
             return (records, format!("record {seq} is malformed"));
         }
         if kind == RecordKind::Write {
@@ -915,10 +1012,6 @@ fn scan(store: &dyn LogStore, sb: &Superblock) -> (Vec<RecordMeta>, String) {
         };
         records.push(meta);
         seq += 1;
-        pos = if kind == RecordKind::Wrap {
-            pos + to_end
-        } else {
-            pos + span
-        };
+        pos = meta.end();
     }
 }

@@ -20,10 +20,10 @@
 //!   wins when two writers race), and recovery rebuilds the same map from the log.
 //! - V4: a write to a dirty block goes through the log whatever the mode, so the
 //!   write-back never writes older data over a newer write-through write.
-//! - V5 (the backend's consistency): the write-back writes one epoch at a time — the
-//!   newest data of each block within the epoch, then a backend flush, then the head
-//!   moves past the epoch — so the backend always holds every write of the epochs before
-//!   and some of the current one's.
+//! - V5 (the backend's consistency): the write-back writes one batch (a prefix of the
+//!   log, crate docs) at a time — the newest data of each block within it, then a
+//!   backend flush, then the head moves past it — so the backend always holds every
+//!   write of the batches before and some of the current one's.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -43,6 +43,9 @@ use crate::log::{FileLogStore, LogStats, LogStore, Payload, RecordKind, Wait, Wr
 const BS: u64 = BLOCK_SIZE as u64;
 /// Shards of the dirty map and of the block locks.
 const SHARDS: usize = 1024;
+/// The most log bytes the write-back writes back, flushes and releases at once: a full
+/// log drains (and frees space for writes) in steps of this.
+const WRITE_BACK_BATCH: u64 = 64 << 20;
 /// The longest run of blocks the write-back hands the backend in one write (1 MiB).
 const RUN_BLOCKS: u64 = 256;
 
@@ -227,7 +230,7 @@ pub struct VolumeStatus {
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub written_back_bytes: u64,
-    pub epochs_written_back: u64,
+    pub batches_written_back: u64,
     pub backend_errors: u64,
     pub cache_errors: u64,
     pub last_error: Option<String>,
@@ -287,9 +290,9 @@ impl VolumeStatus {
             self.written_back_bytes,
         );
         line(
-            "epochs_written_back",
-            "Epochs written back and released.",
-            self.epochs_written_back,
+            "batches_written_back",
+            "Batches of the log written back and released.",
+            self.batches_written_back,
         );
         line(
             "backend_errors",
@@ -318,7 +321,7 @@ struct Counters {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     written_back_bytes: AtomicU64,
-    epochs_written_back: AtomicU64,
+    batches_written_back: AtomicU64,
     backend_errors: AtomicU64,
     cache_errors: AtomicU64,
 }
@@ -402,7 +405,7 @@ impl Volume {
             let zero = match r.kind {
                 RecordKind::Write => false,
                 RecordKind::Zero => true,
-                RecordKind::Barrier | RecordKind::Wrap => continue,
+                RecordKind::Barrier | RecordKind::Wrap | RecordKind::Pad => continue,
             };
             for i in 0..r.len / BS {
                 let block = r.offset / BS + i;
@@ -543,7 +546,7 @@ impl Volume {
             bytes_read: c.bytes_read.load(Ordering::Relaxed),
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
             written_back_bytes: c.written_back_bytes.load(Ordering::Relaxed),
-            epochs_written_back: c.epochs_written_back.load(Ordering::Relaxed),
+            batches_written_back: c.batches_written_back.load(Ordering::Relaxed),
             backend_errors: c.backend_errors.load(Ordering::Relaxed),
             cache_errors: c.cache_errors.load(Ordering::Relaxed),
             last_error: self.control.lock().last_error.clone(),
@@ -656,7 +659,8 @@ impl Volume {
         }
         let c = &self.counters;
         c.read_hit_blocks.fetch_add(hit_blocks, Ordering::Relaxed);
-        c.read_dirty_blocks.fetch_add(dirty_blocks, Ordering::Relaxed);
+        c.read_dirty_blocks
+            .fetch_add(dirty_blocks, Ordering::Relaxed);
         // Misses, one backend read per run of consecutive blocks.
         let mut at = 0;
         while at < missing.len() {
@@ -749,30 +753,51 @@ impl Volume {
 
     /// A change through the write log (write-back, or any write to a dirty block).
     fn change_logged(&self, offset: u64, change: Change<'_>, fua: bool) -> Result<(), BlockError> {
+        self.change_logged_within(offset, change, fua, self.config.full_wait)
+            .map(|_| ())
+    }
+
+    /// [`change_logged`](Self::change_logged) waiting at most `full_wait` for log space;
+    /// Ok(false), with nothing written, if a zero wait found the log full.
+    fn change_logged_within(
+        &self,
+        offset: u64,
+        change: Change<'_>,
+        fua: bool,
+        full_wait: Duration,
+    ) -> Result<bool, BlockError> {
         let len = change.len();
         let plan = self.plan(offset, len, matches!(change, Change::Zeroes(_)));
-        let mut reserved = Vec::with_capacity(plan.len());
-        for (kind, at, bytes) in plan {
-            reserved.push(self.log.reserve(kind, at, bytes, self.config.full_wait)?);
-        }
+        let reserved = match self.log.reserve_all(&plan, full_wait) {
+            Ok(reserved) => reserved,
+            Err(BlockError::LogFull { .. }) if full_wait.is_zero() => return Ok(false),
+            Err(e) => return Err(e),
+        };
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
         let mut locked = self.lock_blocks(first, last);
         let mut newest = 0;
-        for meta in &reserved {
+        for (n, meta) in reserved.iter().enumerate() {
             let blocks = meta.len / BS;
             let mb = meta.offset / BS;
-            if meta.kind == RecordKind::Write {
-                let aligned = offset == meta.offset && len == meta.len;
-                match change {
-                    Change::Data(d) if aligned => self.log.write_record(meta, d)?,
-                    _ => {
-                        let bytes = self.merged(&mut locked, mb, blocks, offset, change)?;
-                        self.log.write_record(meta, &bytes)?;
+            let aligned = offset == meta.offset && len == meta.len;
+            let written = match (meta.kind, change) {
+                (RecordKind::Write, Change::Data(d)) if aligned => self.log.write_record(meta, d),
+                (RecordKind::Write, _) => self
+                    .merged(&mut locked, mb, blocks, offset, change)
+                    .and_then(|bytes| self.log.write_record(meta, &bytes)),
+                _ => self.log.write_record(meta, &[]),
+            };
+            if let Err(e) = written {
+                // This record and the rest of the request's are padded, so the log reads
+                // on past them; the records before stay (a failed write may leave part
+                // of its range changed, as a disk's may).
+                for unused in &reserved[n..] {
+                    if let Err(pad) = self.log.abandon(unused) {
+                        tracing::warn!(volume = %self.config.name, error = %pad, "padding a record");
                     }
                 }
-            } else {
-                self.log.write_record(meta, &[])?;
+                return Err(e);
             }
             for i in 0..blocks {
                 let block = mb + i;
@@ -807,7 +832,7 @@ impl Volume {
             // crash (the page cache keeps written bytes) loses nothing acknowledged.
             self.log.wait_written(newest)?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// A change straight to the backend (write-through, write-around) — unless a block it
@@ -942,7 +967,7 @@ impl Volume {
                             self.drained.notify_all();
                         }
                         // Release what only barriers and wraps hold.
-                        if usage.used > 0 && self.log.ends_in_barrier() {
+                        if usage.used > 0 {
                             break;
                         }
                         self.wake.wait_for(&mut c, Duration::from_millis(200));
@@ -956,7 +981,7 @@ impl Volume {
                     self.wake.wait_for(&mut c, Duration::from_millis(100));
                 }
             }
-            match self.write_back_one_epoch() {
+            match self.write_back_one_batch() {
                 Ok(()) => backoff = Duration::from_millis(50),
                 Err(e) => {
                     tracing::warn!(volume = %self.config.name, error = %e, "write-back failed; retrying");
@@ -968,32 +993,14 @@ impl Volume {
         }
     }
 
-    /// Writes the oldest epoch back and releases it (V5). Cuts an epoch first if no
-    /// barrier is pending.
-    fn write_back_one_epoch(&self) -> Result<(), BlockError> {
-        let epoch = match self.log.oldest_epoch() {
-            Some(epoch) => epoch,
-            None => {
-                if !self.log.ends_in_barrier() {
-                    self.log.append(
-                        RecordKind::Barrier,
-                        0,
-                        Payload::Length(0),
-                        Wait::Written,
-                        self.config.full_wait,
-                    )?;
-                }
-                let last = self.log.last_seq();
-                self.log.wait_written(last)?;
-                match self.log.oldest_epoch() {
-                    Some(epoch) => epoch,
-                    None => return Ok(()),
-                }
-            }
+    /// Writes the oldest batch back and releases it (V5).
+    fn write_back_one_batch(&self) -> Result<(), BlockError> {
+        let Some(batch) = self.log.oldest_batch(WRITE_BACK_BATCH) else {
+            return Ok(());
         };
-        // The newest data of each block within the epoch.
+        // The newest data of each block within the batch.
         let mut newest: FxHashMap<u64, Dirty> = FxHashMap::default();
-        for r in &epoch {
+        for r in &batch {
             let zero = match r.kind {
                 RecordKind::Write => false,
                 RecordKind::Zero => true,
@@ -1046,26 +1053,30 @@ impl Volume {
         }
         self.backend
             .flush()
-            .map_err(|e| self.backend_error("flush after an epoch".into(), e))?;
-        let barrier = *epoch.last().expect("an epoch ends in its barrier");
-        self.log.release_through(&barrier)?;
-        // Only now are the blocks clean: until the release, recovery would replay the
-        // epoch's records, so a write to one of its blocks must go through the log (V4).
+            .map_err(|e| self.backend_error("flush after a batch".into(), e))?;
+        let last = *batch.last().expect("a batch is never empty");
+        // The release and the dirty entries' removal happen with every shard held: before
+        // the release, recovery would replay the batch, so a write to one of its blocks
+        // must go through the log (V4); after it, the batch's log space may be written
+        // over, so no read may follow a dirty entry into it (V3).
+        let mut all: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(|m| m.lock()).collect();
+        self.log.release_through(&last)?;
         for (&block, d) in &newest {
-            let mut shard = self.shards[shard_of(block)].lock();
+            let shard = &mut all[shard_of(block)];
             if shard.get(&block).is_some_and(|now| now.seq == d.seq) {
                 shard.remove(&block);
                 self.dirty_blocks.fetch_sub(1, Ordering::Relaxed);
             }
         }
+        drop(all);
         self.counters
-            .epochs_written_back
+            .batches_written_back
             .fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Writes one run of an epoch to the backend, then stores each block whose dirty
-    /// entry is still this epoch's in the cache (V2); the entries go after the release.
+    /// Writes one run of a batch to the backend, then stores each block whose dirty
+    /// entry is still this batch's in the cache (V2); the entries go after the release.
     fn write_back_run(
         &self,
         (first, n, zero): (u64, u64, bool),
@@ -1104,7 +1115,7 @@ impl Volume {
                 .get(&block)
                 .is_none_or(|d| d.seq != ours)
             {
-                continue; // a newer record holds the block; its epoch updates the cache
+                continue; // a newer record holds the block; its batch updates the cache
             }
             let key = self.key(block);
             let stored = if zero {
@@ -1191,6 +1202,30 @@ impl Export for Volume {
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
         self.change(offset, Change::Data(data), fua)
+    }
+
+    fn write_at_once(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<(), BlockError>> {
+        let len = data.len() as u64;
+        // In memory only: write-back into a log whose sync is free, whole blocks (a
+        // partial one may read the backend), and space in the log now.
+        let whole = offset.is_multiple_of(BS) && len.is_multiple_of(BS);
+        if self.mode() != Mode::WriteBack || !self.log.sync_is_free() || !whole {
+            return None;
+        }
+        if let Err(e) = self.check(offset, len) {
+            return Some(Err(e));
+        }
+        self.touch();
+        match self.change_logged_within(offset, Change::Data(data), fua, Duration::ZERO) {
+            Ok(true) => {
+                self.counters
+                    .bytes_written
+                    .fetch_add(len, Ordering::Relaxed);
+                Some(Ok(()))
+            }
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        }
     }
 
     fn flush(&self) -> Result<(), BlockError> {

@@ -32,6 +32,7 @@ impl Rng {
 struct MemBackend {
     bytes: Mutex<Vec<u8>>,
     fail_writes: AtomicU64,
+    fail_reads: AtomicU64,
     writes: AtomicU64,
     flushes: AtomicU64,
 }
@@ -41,6 +42,7 @@ impl MemBackend {
         Arc::new(MemBackend {
             bytes: Mutex::new(vec![0; size as usize]),
             fail_writes: AtomicU64::new(0),
+            fail_reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
         })
@@ -52,6 +54,9 @@ impl Backend for MemBackend {
         self.bytes.lock().len() as u64
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.fail_reads.load(Ordering::SeqCst) > 0 {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         let b = self.bytes.lock();
         buf.copy_from_slice(&b[offset as usize..offset as usize + buf.len()]);
         Ok(())
@@ -140,9 +145,14 @@ fn worker(volume: &Volume, model: &Mutex<Vec<u8>>, lane: u64, lanes: u64, seed: 
             }
             4..=7 => {
                 let data: Vec<u8> = (0..len).map(|i| (rng.next() as u8) ^ (i as u8)).collect();
-                volume
-                    .write(offset, &data, rng.below(8) == 0)
-                    .expect("write");
+                let fua = rng.below(8) == 0;
+                // Half the writes as the NBD reader thread tries them first: in memory
+                // only, falling back to a full write.
+                let at_once =
+                    rng.below(2) == 0 && volume.write_at_once(offset, &data, fua).is_some();
+                if !at_once {
+                    volume.write(offset, &data, fua).expect("write");
+                }
                 model.lock()[offset as usize..(offset + len) as usize].copy_from_slice(&data);
             }
             8 => {
@@ -181,7 +191,14 @@ fn run_threads(volume: &Arc<Volume>, model: &Arc<Mutex<Vec<u8>>>, seed: u64, ops
 
 #[test]
 fn a_volume_matches_its_model_in_every_mode_across_switches_and_reopens() {
-    let dir = tempfile::tempdir().unwrap();
+    // On tmpfs where there is one, as a write log on the persistent tier would be, so
+    // that writes also take the in-memory path (`write_at_once`).
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
     let size = 512 * BS;
     let backend = MemBackend::new(size);
     let model = Arc::new(Mutex::new(vec![0u8; size as usize]));
@@ -286,6 +303,42 @@ fn a_full_log_makes_writes_wait_then_fail_with_enospc_not_hang() {
     backend.fail_writes.store(0, Ordering::SeqCst);
     volume.drain(Duration::from_secs(30)).unwrap();
     volume.write(0, &data, false).expect("room again");
+    volume.close();
+}
+
+#[test]
+fn a_write_that_fails_after_its_log_space_was_taken_blocks_nothing_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = MemBackend::new(64 * BS);
+    let (volume, _) = Volume::open(
+        config(dir.path(), Mode::WriteBack),
+        backend.clone(),
+        cache(32 << 20),
+    )
+    .unwrap();
+    // A partial-block write must read the block's old bytes: the backend refuses.
+    backend.fail_reads.store(1, Ordering::SeqCst);
+    let err = volume.write(5 * BS + 100, &[9u8; 10], false).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO as u32, "{err}");
+    backend.fail_reads.store(0, Ordering::SeqCst);
+    // Its reserved record was padded: later writes are acknowledged, and a reopen reads
+    // the log past the pad.
+    volume
+        .write(7 * BS, &[7u8; BLOCK_SIZE], false)
+        .expect("not stuck behind the failure");
+    volume.close();
+    let (volume, report) = Volume::open(
+        config(dir.path(), Mode::WriteBack),
+        backend.clone(),
+        cache(32 << 20),
+    )
+    .unwrap();
+    assert_eq!(report.dirty_blocks, 1, "{report:?}");
+    let mut got = vec![0u8; BLOCK_SIZE];
+    volume.read(7 * BS, &mut got).unwrap();
+    assert_eq!(got, vec![7u8; BLOCK_SIZE]);
+    volume.read(5 * BS, &mut got).unwrap();
+    assert_eq!(got, vec![0u8; BLOCK_SIZE], "the failed write left nothing");
     volume.close();
 }
 

@@ -263,6 +263,12 @@ fn run(seed: u64, log_bytes: u64, steps: usize) -> usize {
                 );
                 acked_below.store(meta.seq + 1, Ordering::SeqCst);
             }
+        } else if roll < 88 {
+            // A request that failed after taking its space: the record becomes a pad.
+            let blocks = 1 + rng.below(3);
+            if let Ok(meta) = log.reserve(RecordKind::Write, 0, blocks * BS, wait) {
+                log.abandon(&meta).expect("abandon");
+            }
         } else if roll < 97 {
             release_oldest(&log, &released_below, &mut appended);
         } else {
@@ -272,7 +278,8 @@ fn run(seed: u64, log_bytes: u64, steps: usize) -> usize {
             log = reopened;
             for r in &recovery.records {
                 assert!(
-                    appended.contains_key(&r.seq) || r.kind == RecordKind::Wrap,
+                    appended.contains_key(&r.seq)
+                        || matches!(r.kind, RecordKind::Wrap | RecordKind::Pad),
                     "reopen found record {} never appended",
                     r.seq
                 );
@@ -309,32 +316,33 @@ fn release_oldest(
     released_below: &AtomicU64,
     appended: &mut BTreeMap<u64, Appended>,
 ) {
-    if log.oldest_epoch().is_none() {
-        if log.ends_in_barrier() {
-            return;
-        }
-        let wait = Duration::from_millis(1);
-        match log.append(
+    // Sometimes a barrier first, as a client's flush would leave; then a batch of one
+    // of three sizes: any prefix of the log may be released.
+    let wait = Duration::from_millis(1);
+    let ends = log.oldest_batch(u64::MAX).and_then(|b| b.last().copied());
+    if ends.is_some_and(|r| r.kind != RecordKind::Barrier)
+        && released_below.load(Ordering::SeqCst).is_multiple_of(2)
+    {
+        if let Ok(meta) = log.append(
             RecordKind::Barrier,
             0,
             Payload::Length(0),
             Wait::Written,
             wait,
         ) {
-            Ok(meta) => {
-                let barrier = Appended {
-                    kind: meta.kind,
-                    offset: 0,
-                    len: 0,
-                    payload: Vec::new(),
-                };
-                appended.insert(meta.seq, barrier);
-            }
-            Err(_) => return,
+            let barrier = Appended {
+                kind: meta.kind,
+                offset: 0,
+                len: 0,
+                payload: Vec::new(),
+            };
+            appended.insert(meta.seq, barrier);
         }
     }
-    if let Some(epoch) = log.oldest_epoch() {
-        let last = *epoch.last().unwrap();
+    let max_bytes =
+        [4096, 64 << 10, u64::MAX][(released_below.load(Ordering::SeqCst) % 3) as usize];
+    if let Some(batch) = log.oldest_batch(max_bytes) {
+        let last = *batch.last().unwrap();
         // From here on the release may have happened: records up to `last` may be gone.
         released_below.store(last.seq + 1, Ordering::SeqCst);
         log.release_through(&last).expect("release");
@@ -354,7 +362,7 @@ fn check_image(n: usize, image: &Image, appended: &BTreeMap<u64, Appended>) {
     }
     // Nothing invented: each record is one that was appended (wraps are the log's own).
     for r in &recovery.records {
-        if r.kind == RecordKind::Wrap {
+        if matches!(r.kind, RecordKind::Wrap | RecordKind::Pad) {
             continue;
         }
         let Some(a) = appended.get(&r.seq) else {

@@ -867,6 +867,7 @@ impl Connection {
                         return Err(error.into());
                     }
                     match self.check(&header) {
+                        Ok(()) if self.write_at_once(&header, &payload) => self.release(cost),
                         Ok(()) => self.submit(Job {
                             header,
                             payload,
@@ -1069,6 +1070,24 @@ impl Connection {
             None => false,
             Some(Ok(())) => {
                 self.send_read_reply(header, reply);
+                true
+            }
+            Some(Err(error)) => {
+                self.export_failed(header, &error);
+                true
+            }
+        }
+    }
+
+    /// Answers a WRITE on the reader's own thread if the export can do it in memory
+    /// ([`Export::write_at_once`]); false if it must go to a worker.
+    fn write_at_once(&self, header: &RequestHeader, payload: &[u8]) -> bool {
+        let fua = header.flags & proto::CMD_FLAG_FUA != 0;
+        match self.export.write_at_once(header.offset, payload, fua) {
+            None => false,
+            Some(Ok(())) => {
+                Counters::add(&self.shared.stats.bytes_written, u64::from(header.length));
+                self.send(&proto::encode_simple_reply(0, header.cookie));
                 true
             }
             Some(Err(error)) => {
