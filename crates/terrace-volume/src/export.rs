@@ -48,7 +48,8 @@ pub trait Export: Send + Sync {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BlockError>;
 }
 
-/// A RAM disk: the simplest correct [`Export`] (volatile, so flush and fua are no-ops).
+/// A RAM disk: the simplest correct [`Export`] (volatile, so flush and fua are no-ops;
+/// every read and write can be done at once, so the NBD reader does them itself).
 pub struct MemoryExport {
     bytes: RwLock<Vec<u8>>,
     read_only: bool,
@@ -85,6 +86,14 @@ impl Export for MemoryExport {
         let range = self.range(offset, buf.len() as u64)?;
         buf.copy_from_slice(&self.bytes.read()[range]);
         Ok(())
+    }
+
+    fn read_cached(&self, offset: u64, buf: &mut [u8]) -> Option<Result<(), BlockError>> {
+        Some(self.read(offset, buf))
+    }
+
+    fn write_at_once(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<(), BlockError>> {
+        Some(self.write(offset, data, fua))
     }
 
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), BlockError> {

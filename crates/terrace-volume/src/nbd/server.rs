@@ -5,7 +5,10 @@
 //! [`WORKERS_PER_CONNECTION`] worker threads, spawned as the queue needs them. Workers
 //! call the export and write each reply whole under the connection's write lock, so
 //! replies of concurrent requests never interleave and may leave out of order (the
-//! protocol matches them by cookie).
+//! protocol matches them by cookie). A request the export can serve from memory
+//! ([`Export::read_cached`], [`Export::write_at_once`]) the reader answers itself; it
+//! reads its input through a buffer and holds such replies back until it would wait for
+//! input, so a burst of pipelined requests costs one read and one write.
 //!
 //! Invariants:
 //! - At most [`MAX_IN_FLIGHT`] requests (and about [`MAX_IN_FLIGHT_BYTES`] of READ and
@@ -50,6 +53,10 @@ use crate::export::Export;
 
 /// Worker threads per connection: how many of its requests run at once.
 pub const WORKERS_PER_CONNECTION: usize = 16;
+/// The reader's input buffer.
+const READ_BUFFER: usize = 256 << 10;
+/// Replies the reader holds back before it sends them anyway.
+const DEFERRED_MAX: usize = 256 << 10;
 /// Requests per connection queued or running before the reader stops reading.
 pub const MAX_IN_FLIGHT: usize = 64;
 /// READ and WRITE payload bytes per connection in flight before the reader stops reading
@@ -812,6 +819,10 @@ struct Connection {
     /// Signalled when a request completes.
     slot_freed: Condvar,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Replies the reader made itself (`read_at_once`, `write_at_once`), sent together
+    /// before it next waits for input: one write for a burst of pipelined requests.
+    /// Only the reader touches it.
+    deferred: Mutex<Vec<u8>>,
 }
 
 fn transmission(
@@ -833,17 +844,27 @@ fn transmission(
         work_ready: Condvar::new(),
         slot_freed: Condvar::new(),
         workers: Mutex::new(Vec::new()),
+        deferred: Mutex::new(Vec::new()),
     });
-    let result = connection.read_requests(reader);
+    // Buffered: a burst of pipelined requests arrives in one read.
+    let mut buffered = io::BufReader::with_capacity(READ_BUFFER, reader);
+    let result = connection.read_requests(&mut buffered);
+    connection.send_deferred();
     connection.finish();
     result
 }
 
 impl Connection {
     /// The reader: parses requests until DISC, end of input or a protocol error.
-    fn read_requests(self: &Arc<Self>, reader: &mut Stream) -> Result<(), ConnectionEnd> {
+    fn read_requests(
+        self: &Arc<Self>,
+        reader: &mut io::BufReader<&mut Stream>,
+    ) -> Result<(), ConnectionEnd> {
         loop {
             let mut header = [0; proto::REQUEST_HEADER_LEN];
+            if reader.buffer().len() < header.len() {
+                self.send_deferred(); // the read below may wait
+            }
             reader.read_exact(&mut header)?;
             let header = proto::parse_request(&header).map_err(protocol)?;
             Counters::add(&self.shared.stats.requests, 1);
@@ -862,6 +883,9 @@ impl Connection {
                     let cost = u64::from(header.length);
                     self.acquire(cost);
                     let mut payload = vec![0; header.length as usize];
+                    if reader.buffer().len() < payload.len() {
+                        self.send_deferred();
+                    }
                     if let Err(error) = reader.read_exact(&mut payload) {
                         self.release(cost);
                         return Err(error.into());
@@ -1069,7 +1093,8 @@ impl Connection {
         match self.export.read_cached(header.offset, &mut reply[prefix..]) {
             None => false,
             Some(Ok(())) => {
-                self.send_read_reply(header, reply);
+                self.finish_read_reply(header, &mut reply);
+                self.defer(&reply);
                 true
             }
             Some(Err(error)) => {
@@ -1087,7 +1112,7 @@ impl Connection {
             None => false,
             Some(Ok(())) => {
                 Counters::add(&self.shared.stats.bytes_written, u64::from(header.length));
-                self.send(&proto::encode_simple_reply(0, header.cookie));
+                self.defer(&proto::encode_simple_reply(0, header.cookie));
                 true
             }
             Some(Err(error)) => {
@@ -1119,6 +1144,12 @@ impl Connection {
 
     /// Fills in the reply header of a read's `reply` (data after the prefix) and sends it.
     fn send_read_reply(&self, header: &RequestHeader, mut reply: Vec<u8>) {
+        self.finish_read_reply(header, &mut reply);
+        self.send(&reply);
+    }
+
+    /// Fills in the reply header of a read's `reply` (data after the prefix).
+    fn finish_read_reply(&self, header: &RequestHeader, reply: &mut [u8]) {
         let prefix = self.read_reply_prefix();
         if self.structured_replies {
             let mut chunk_prefix = [0; proto::OFFSET_DATA_PREFIX_LEN];
@@ -1134,7 +1165,26 @@ impl Connection {
             reply[..prefix].copy_from_slice(&proto::encode_simple_reply(0, header.cookie));
         }
         Counters::add(&self.shared.stats.bytes_read, u64::from(header.length));
-        self.send(&reply);
+    }
+
+    /// Adds a reply the reader made to those it sends before it next waits for input
+    /// (at once past DEFERRED_MAX bytes).
+    fn defer(&self, reply: &[u8]) {
+        let mut deferred = self.deferred.lock();
+        deferred.extend_from_slice(reply);
+        if deferred.len() >= DEFERRED_MAX {
+            self.send(&deferred);
+            deferred.clear();
+        }
+    }
+
+    /// Sends the replies the reader deferred.
+    fn send_deferred(&self) {
+        let mut deferred = self.deferred.lock();
+        if !deferred.is_empty() {
+            self.send(&deferred);
+            deferred.clear();
+        }
     }
 
     /// Answers a request the export failed (an I/O error, not a client mistake).
