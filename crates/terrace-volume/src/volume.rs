@@ -690,8 +690,10 @@ impl Volume {
         Ok(true)
     }
 
-    /// Reserves the log records a change needs before any shard is locked (V1): the
-    /// aligned data record, or for zeroes the partial edge blocks and the aligned middle.
+    /// The pieces of a change, as (kind, offset, length): one WRITE of the blocks it
+    /// touches, or for zeroes a WRITE per partial edge block and a ZERO of the whole
+    /// blocks between. The log records a logged change reserves (before any shard is
+    /// locked, V1), and the steps of a write-through zeroing.
     fn plan(&self, offset: u64, len: u64, zero: bool) -> Vec<(RecordKind, u64, u64)> {
         let first = offset / BS;
         let end_block = (offset + len).div_ceil(BS);
@@ -868,15 +870,24 @@ impl Volume {
         let bytes: Vec<u8>;
         let data: &[u8] = match change {
             Change::Data(d) if aligned => d,
-            Change::Zeroes(_) if aligned => {
-                self.backend
-                    .trim(offset, len)
-                    .map_err(|e| self.backend_error(format!("trim at {offset}"), e))?;
-                &[]
-            }
-            _ => {
+            Change::Data(_) => {
                 bytes = self.merged(&mut locked, first, n, offset, change)?;
                 &bytes
+            }
+            Change::Zeroes(_) => {
+                // The partial edge blocks are written (read-modify-write), the whole
+                // blocks between them trimmed: never a buffer the size of the range.
+                for (kind, at, count) in self.plan(offset, len, true) {
+                    let block = at / BS;
+                    let result = if kind == RecordKind::Write {
+                        let edge = self.merged(&mut locked, block, 1, offset, change)?;
+                        self.backend.write_at(at, &edge)
+                    } else {
+                        self.backend.trim(at, count)
+                    };
+                    result.map_err(|e| self.backend_error(format!("zeroing at {at}"), e))?;
+                }
+                &[]
             }
         };
         if !data.is_empty() {
@@ -982,7 +993,8 @@ impl Volume {
                 }
             }
             match self.write_back_one_batch() {
-                Ok(()) => backoff = Duration::from_millis(50),
+                Ok(true) => backoff = Duration::from_millis(50),
+                Ok(false) => std::thread::sleep(Duration::from_millis(1)),
                 Err(e) => {
                     tracing::warn!(volume = %self.config.name, error = %e, "write-back failed; retrying");
                     self.control.lock().last_error = Some(e.to_string());
@@ -994,9 +1006,11 @@ impl Volume {
     }
 
     /// Writes the oldest batch back and releases it (V5).
-    fn write_back_one_batch(&self) -> Result<(), BlockError> {
+    /// Ok(false) if there was nothing to take yet (the oldest record is still being
+    /// written).
+    fn write_back_one_batch(&self) -> Result<bool, BlockError> {
         let Some(batch) = self.log.oldest_batch(WRITE_BACK_BATCH) else {
-            return Ok(());
+            return Ok(false);
         };
         // The newest data of each block within the batch.
         let mut newest: FxHashMap<u64, Dirty> = FxHashMap::default();
@@ -1072,7 +1086,7 @@ impl Volume {
         self.counters
             .batches_written_back
             .fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(true)
     }
 
     /// Writes one run of a batch to the backend, then stores each block whose dirty
