@@ -14,7 +14,8 @@
 # Terrace runs write-back acknowledged on write (durable in the log before the reply);
 # nbdkit's cache acknowledges writes in its page-cached temporary file (lost on kill -9).
 #
-# Usage: bench/volume-vs-anchors.sh            (SIZE=1g RUNTIME=30 RUNS=3 by default)
+# Usage: bench/volume-vs-anchors.sh            (SIZE=1g RUNTIME=30 RUNS=3 by default;
+#        about 18 minutes)
 #        SIZE=256m RUNTIME=10 RUNS=1 bench/volume-vs-anchors.sh   (a quick look)
 # Needs: fio, nbdkit (Debian), a release build of terrace (built here if missing).
 set -euo pipefail
@@ -48,10 +49,13 @@ BYTES=$(stat -c %s "$VOL")
 # The volume's cache holds it whole (HDCS's "cache ratio 100%"), plus room for the
 # engine's own segments.
 CACHE_MIB=$(( BYTES / 1048576 * 5 / 4 + 64 ))
-LOG_MIB=$(( BYTES / 1048576 * 4 ))
+# The write log holds the whole randwrite burst, and the write-back waits until it is
+# 90% full: nbdkit's cache, likewise, keeps every dirty block in its file until a flush.
+# (The sustained case, a log kept full, is bench/volume-sweeps.sh's QD sweep.)
+LOG_MIB=${LOG_MIB:-$(( BYTES / 1048576 * 8 ))}
 
 pids=()
-cleanup() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; }
+cleanup() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$LOGDIR"; }
 trap cleanup EXIT
 
 wait_sock() { for _ in $(seq 300); do [ -S "$1" ] && return 0; sleep 0.1; done; echo "no socket $1" >&2; exit 1; }
@@ -77,7 +81,8 @@ start_target() {
       rm -rf "$DIR/t" "$LOGDIR"/*; mkdir -p "$DIR/t"
       "$BIN" serve-volume --backend "nbd+unix:///?socket=$DIR/be.sock" --mode write-back \
         --tiers "dram:${CACHE_MIB}MiB" --dir "$DIR/t" --log-dir "$LOGDIR" \
-        --log-size "${LOG_MIB}MiB" --listen "unix:$DIR/t.sock" </dev/null >/dev/null \
+        --log-size "${LOG_MIB}MiB" --high-watermark 0.9 --low-watermark 0.8 \
+        --listen "unix:$DIR/t.sock" </dev/null >/dev/null \
         2>"$DIR/t/server.log" &
       echo $! > "$DIR/t.pid"
       wait_sock "$DIR/t.sock"
