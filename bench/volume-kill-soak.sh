@@ -65,7 +65,12 @@ one_round() { # target round
   local rc=$?
   kill "$(cat "$DIR/server.pid")" 2>/dev/null
   sleep 0.5
-  [ $rc -eq 0 ] && ! grep -q "verify: bad" "$DIR/verify.txt"
+  if [ $rc -eq 0 ] && ! grep -q "verify: bad" "$DIR/verify.txt"; then return 0; fi
+  # Keep what a failed round left, for whoever looks into it.
+  local keep="${DIR}-failed/$target-$2"
+  mkdir -p "$keep" && cp "$DIR"/*.txt "$DIR"/*.log "$DIR"/*.state "$keep"/ 2>/dev/null
+  echo "round kept in $keep" >&2
+  return 1
 }
 
 declare -A failed

@@ -121,8 +121,10 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
     }
     let volumes = named
         .into_iter()
-        .enumerate()
-        .map(|(id, (name, spec))| {
+        .map(|(name, spec)| {
+            // The cache key prefix: from the name, so that a file tier kept across a
+            // restart gives each volume back its own blocks whatever the flags' order.
+            let id = crc32fast::hash(name.as_bytes());
             let config = VolumeConfig {
                 mode: args.mode,
                 ack: args.durability,
@@ -130,7 +132,7 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
                 writeback_threads: args.writeback_threads,
                 high_watermark: args.high_watermark,
                 low_watermark: args.low_watermark,
-                ..VolumeConfig::new(&name, id as u32, log_dir.join(format!("{name}.log")))
+                ..VolumeConfig::new(&name, id, log_dir.join(format!("{name}.log")))
             };
             (config, spec)
         })

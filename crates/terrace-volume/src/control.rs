@@ -39,6 +39,25 @@ impl ControlServer {
             source,
         };
         if path.exists() {
+            // A socket someone still answers on belongs to a running server: refuse,
+            // as the NBD listener does; a stale one is replaced, anything else kept.
+            if UnixStream::connect(path).is_ok() {
+                return Err(VolumeError::Config(format!(
+                    "control socket {} is in use by a running server",
+                    path.display()
+                )));
+            }
+            use std::os::unix::fs::FileTypeExt;
+            let is_socket = std::fs::symlink_metadata(path)
+                .map_err(io_err)?
+                .file_type()
+                .is_socket();
+            if !is_socket {
+                return Err(VolumeError::Config(format!(
+                    "{} exists and is not a socket",
+                    path.display()
+                )));
+            }
             std::fs::remove_file(path).map_err(io_err)?;
         }
         let listener = UnixListener::bind(path).map_err(io_err)?;

@@ -7,7 +7,8 @@
 //! # Layout (all integers little-endian)
 //! - Bytes `[0, 8192)`: two superblock slots of 4 KiB (`SB_SLOT`). Each holds
 //!   `"TVOLLOG1" | version u32 | block size u32 | volume size u64 | record area bytes u64
-//!   | generation u64 | head position u64 | head sequence u64 | life u32 | crc32 u32`.
+//!   | generation u64 | head position u64 | head sequence u64 | life u32 | head life u32
+//!   | crc32 u32`.
 //!   The valid slot with the higher generation is current; an update writes the other
 //!   slot and syncs, so a torn update leaves the previous one.
 //! - Bytes `[8192, 8192 + capacity)`: the record area. A *position* is a byte count that
@@ -26,9 +27,12 @@
 //! - L2: an acknowledgement waits for every record with a lower sequence number to be
 //!   durable (`Commit::durable`), so the durable records always form a prefix.
 //! - L3: a record's `life` is the superblock's life when it was written; `open` raises the
-//!   life (durably) before the first append. Recovery reads records from the head while
-//!   each has a valid header and payload crc, the expected sequence number and a life no
-//!   lower than the record before it; the first that fails ends the log. So bytes left
+//!   life (durably) before the first append. The superblock's *head life* is the lowest
+//!   life of any record at or after the head (the first pending record's, or the current
+//!   life when none is pending), written at open and at every release. Recovery reads
+//!   records from the head while each has a valid header and payload crc, the expected
+//!   sequence number and a life no lower than the head life and the record before it; the
+//!   first that fails ends the log. So bytes left
 //!   from an earlier pass over the area, and records written after the last durable one
 //!   in an earlier life (never acknowledged), are never read as records.
 //! - L4: the head only moves forward, to just past a barrier, after the records before it
@@ -56,7 +60,7 @@ pub const SB_AREA: u64 = 2 * SB_SLOT;
 const SB_SLOT: u64 = 4096;
 const SB_MAGIC: &[u8; 8] = b"TVOLLOG1";
 const SB_VERSION: u32 = 1;
-const SB_BYTES: usize = 64;
+const SB_BYTES: usize = 68;
 /// A record header's size, and the alignment of records.
 pub const HEADER: u64 = 64;
 const REC_MAGIC: &[u8; 4] = b"TVLR";
@@ -107,6 +111,8 @@ pub struct RecordMeta {
     /// Volume byte offset (block aligned) and length (whole blocks) it covers.
     pub offset: u64,
     pub len: u64,
+    /// The life it was written in (L3).
+    pub life: u32,
 }
 
 impl RecordMeta {
@@ -137,6 +143,8 @@ pub trait LogStore: Send + Sync {
     fn sync_is_free(&self) -> bool {
         false
     }
+    /// Lets another opener have the store (a file's lock); the owner writes no more.
+    fn unlock(&self) {}
 }
 
 /// A write log in a file: `pwrite` and `fdatasync`. On tmpfs (or ramfs) the page cache is
@@ -164,6 +172,16 @@ impl FileLogStore {
             .truncate(false)
             .open(path)
             .map_err(io_err)?;
+        // One process per log: a second one would write over the first one's records.
+        if let Err(e) = file.try_lock() {
+            return Err(match e {
+                std::fs::TryLockError::WouldBlock => VolumeError::Config(format!(
+                    "write log {} is in use by another process",
+                    path.display()
+                )),
+                std::fs::TryLockError::Error(source) => io_err(source),
+            });
+        }
         let mut existing = file.metadata().map_err(io_err)?.len();
         if existing == 0 {
             reserve(&file, len).map_err(io_err)?;
@@ -223,6 +241,9 @@ impl LogStore for FileLogStore {
     fn sync_is_free(&self) -> bool {
         self.in_memory
     }
+    fn unlock(&self) {
+        let _ = self.file.unlock();
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +254,8 @@ struct Superblock {
     head_pos: u64,
     head_seq: u64,
     life: u32,
+    /// No record at or after the head has a lower life (L3).
+    head_life: u32,
 }
 
 impl Superblock {
@@ -247,8 +270,9 @@ impl Superblock {
         b[40..48].copy_from_slice(&self.head_pos.to_le_bytes());
         b[48..56].copy_from_slice(&self.head_seq.to_le_bytes());
         b[56..60].copy_from_slice(&self.life.to_le_bytes());
-        let crc = crc32fast::hash(&b[..60]);
-        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b[60..64].copy_from_slice(&self.head_life.to_le_bytes());
+        let crc = crc32fast::hash(&b[..64]);
+        b[64..68].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
@@ -262,7 +286,7 @@ impl Superblock {
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        if u32_at(60) != crc32fast::hash(&b[..60]) {
+        if u32_at(64) != crc32fast::hash(&b[..64]) {
             return Err("superblock checksum mismatch".into());
         }
         if u32_at(8) != SB_VERSION {
@@ -284,6 +308,7 @@ impl Superblock {
             head_pos: u64_at(40),
             head_seq: u64_at(48),
             life: u32_at(56),
+            head_life: u32_at(60),
         }))
     }
 }
@@ -399,6 +424,8 @@ pub struct WriteLog {
     released_records: AtomicU64,
     full_waits: AtomicU64,
     full_timeouts: AtomicU64,
+    /// Appends waiting for space now (the write-back starts for them).
+    space_waiters: AtomicU64,
 }
 
 /// How long an append waits for durability.
@@ -455,6 +482,7 @@ impl WriteLog {
                     head_pos: 0,
                     head_seq: 1,
                     life: 0,
+                    head_life: 0,
                 },
                 true,
             ),
@@ -468,6 +496,7 @@ impl WriteLog {
                     head_pos: 0,
                     head_seq: 1,
                     life: 0,
+                    head_life: 0,
                 },
                 true,
             ),
@@ -492,6 +521,9 @@ impl WriteLog {
         let tail_pos = records.last().map_or(sb.head_pos, |r| r.end());
         let next_seq = records.last().map_or(sb.head_seq, |r| r.seq + 1);
         sb.life = sb.life.wrapping_add(1).max(1);
+        // L3: the recovered records' lowest life, or this life's if there are none (every
+        // record after them will be this life's).
+        sb.head_life = records.first().map_or(sb.life, |r| r.life);
         let log = WriteLog {
             store,
             capacity,
@@ -520,6 +552,7 @@ impl WriteLog {
             released_records: AtomicU64::new(0),
             full_waits: AtomicU64::new(0),
             full_timeouts: AtomicU64::new(0),
+            space_waiters: AtomicU64::new(0),
         };
         {
             let mut sb = log.superblock.lock();
@@ -626,6 +659,7 @@ impl WriteLog {
                         kind,
                         offset,
                         len,
+                        life: self.life,
                     };
                     tail.next_seq += 1;
                     tail.tail_pos += span;
@@ -633,14 +667,23 @@ impl WriteLog {
                     tail.data_records += usize::from(kind.carries_data());
                     placed.push(meta);
                 }
+                if waited {
+                    self.space_waiters.fetch_sub(1, Ordering::Relaxed);
+                }
                 return Ok(placed);
+            }
+            if max_wait.is_zero() {
+                // A try (the NBD reader's): not a wait, not counted.
+                return Err(BlockError::LogFull { waited_ms: 0 });
             }
             if !waited {
                 waited = true;
                 self.full_waits.fetch_add(1, Ordering::Relaxed);
+                self.space_waiters.fetch_add(1, Ordering::Relaxed);
             }
             if self.space_freed.wait_until(&mut tail, deadline).timed_out() {
                 self.full_timeouts.fetch_add(1, Ordering::Relaxed);
+                self.space_waiters.fetch_sub(1, Ordering::Relaxed);
                 return Err(BlockError::LogFull {
                     waited_ms: max_wait.as_millis() as u64,
                 });
@@ -685,6 +728,7 @@ impl WriteLog {
                 kind: RecordKind::Wrap,
                 offset: 0,
                 len: to_end,
+                life: self.life,
             };
             tail.next_seq += 1;
             tail.records.push_back(meta);
@@ -697,9 +741,17 @@ impl WriteLog {
                 payload_crc: 0,
                 life: self.life,
             };
-            self.store
+            if let Err(e) = self
+                .store
                 .write_at(self.file_offset(meta.pos), &header.encode())
-                .map_err(|e| BlockError::Log(format!("writing a wrap record: {e}")))?;
+            {
+                // As in write_record: nothing after it can be acknowledged; waiters fail
+                // instead of waiting for a record that will never be written.
+                let why = format!("writing wrap record {}: {e}", meta.seq);
+                self.commit.lock().failed = Some(why.clone());
+                self.committed.notify_all();
+                return Err(BlockError::Log(why));
+            }
             self.mark_written(meta.seq);
         }
         tail.tail_pos += to_end;
@@ -868,6 +920,11 @@ impl WriteLog {
         (!batch.is_empty()).then_some(batch)
     }
 
+    /// Appends waiting for space now.
+    pub fn space_waiters(&self) -> u64 {
+        self.space_waiters.load(Ordering::Relaxed)
+    }
+
     /// Whether any record other than barriers and wraps is pending.
     pub fn has_data_records(&self) -> bool {
         self.tail.lock().data_records > 0
@@ -886,11 +943,19 @@ impl WriteLog {
     /// and flushed to the backend):
     /// moves the head past it durably and wakes appends waiting for space.
     pub fn release_through(&self, last: &RecordMeta) -> Result<(), BlockError> {
+        // L3: the life of the first record kept, or this life's if none is pending. (Only
+        // the write-back releases, so nothing leaves the front meanwhile.)
+        let head_life = {
+            let tail = self.tail.lock();
+            let after = tail.records.iter().find(|r| r.seq > last.seq);
+            after.map_or(self.life, |r| r.life)
+        };
         let mut sb = self.superblock.lock();
         let new_head = last.end();
         let mut update = *sb;
         update.head_pos = new_head;
         update.head_seq = last.seq + 1;
+        update.head_life = head_life;
         self.write_superblock(&mut update)
             .map_err(|e| BlockError::Log(format!("writing the superblock: {e}")))?;
         *sb = update;
@@ -912,6 +977,13 @@ impl WriteLog {
     /// Whether waiting for durability costs no I/O ([`LogStore::sync_is_free`]).
     pub fn sync_is_free(&self) -> bool {
         self.store.sync_is_free()
+    }
+
+    /// Gives the store up (its file lock) after the last write: [`Volume::close`].
+    ///
+    /// [`Volume::close`]: crate::Volume::close
+    pub fn unlock(&self) {
+        self.store.unlock();
     }
 
     /// Syncs the store (a clean stop's last step).
@@ -946,7 +1018,7 @@ fn scan(store: &dyn LogStore, sb: &Superblock) -> (Vec<RecordMeta>, String) {
     let mut records = Vec::new();
     let mut pos = sb.head_pos;
     let mut seq = sb.head_seq;
-    let mut life = 0u32;
+    let mut life = sb.head_life;
     let mut payload = Vec::new();
     loop {
         if pos - sb.head_pos >= capacity {
@@ -1009,6 +1081,7 @@ fn scan(store: &dyn LogStore, sb: &Superblock) -> (Vec<RecordMeta>, String) {
             kind,
             offset: h.offset,
             len,
+            life: h.life,
         };
         records.push(meta);
         seq += 1;

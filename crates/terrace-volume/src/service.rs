@@ -100,6 +100,13 @@ impl Service {
         if names.windows(2).any(|w| w[0] == w[1]) {
             return Err(VolumeError::Config("two volumes share a name".into()));
         }
+        let mut ids: Vec<u32> = config.volumes.iter().map(|(v, _)| v.id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err(VolumeError::Config(
+                "two volumes share a cache id (rename one)".into(),
+            ));
+        }
         let (cache, restart) = Cache::open(CacheConfig::new(config.tiers))?;
         tracing::info!(?restart, "cache opened");
         let cache = Arc::new(cache);

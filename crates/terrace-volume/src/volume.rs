@@ -324,6 +324,8 @@ struct Counters {
     batches_written_back: AtomicU64,
     backend_errors: AtomicU64,
     cache_errors: AtomicU64,
+    /// Logged changes whose reservation a newer record overtook (taken again).
+    overtaken: AtomicU64,
 }
 
 /// The write-back thread's instructions.
@@ -352,6 +354,10 @@ pub struct Volume {
     last_request_ms: AtomicU64,
     /// A write-through write reached the backend since its last flush.
     backend_unflushed: AtomicBool,
+    /// Serializes write-through flushes (a leaf but for the backend's own locks).
+    backend_flush: Mutex<()>,
+    /// Set by close(): requests fail from then on.
+    closed: AtomicBool,
     /// Where the last read ended and how long its stream is, for the cutoff.
     read_stream: Mutex<(u64, u64)>,
     control: Mutex<Control>,
@@ -442,6 +448,8 @@ impl Volume {
             opened: Instant::now(),
             last_request_ms: AtomicU64::new(0),
             backend_unflushed: AtomicBool::new(false),
+            backend_flush: Mutex::new(()),
+            closed: AtomicBool::new(false),
             read_stream: Mutex::new((u64::MAX, 0)),
             control: Mutex::new(Control {
                 shutdown: false,
@@ -519,6 +527,7 @@ impl Volume {
     /// Stops the write-back thread (dirty blocks stay in the log for the next open) and
     /// syncs the log. Requests after this fail.
     pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
         self.control.lock().shutdown = true;
         self.wake.notify_all();
         self.drained.notify_all();
@@ -528,6 +537,7 @@ impl Volume {
         if let Err(e) = self.log.sync() {
             tracing::warn!(volume = %self.config.name, error = %e, "syncing the write log at close");
         }
+        self.log.unlock();
     }
 
     pub fn status(&self) -> VolumeStatus {
@@ -561,6 +571,9 @@ impl Volume {
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(BlockError::ShuttingDown);
+        }
         match offset.checked_add(len) {
             Some(end) if len > 0 && end <= self.size => Ok(()),
             _ => Err(BlockError::OutOfRange {
@@ -770,14 +783,31 @@ impl Volume {
     ) -> Result<bool, BlockError> {
         let len = change.len();
         let plan = self.plan(offset, len, matches!(change, Change::Zeroes(_)));
-        let reserved = match self.log.reserve_all(&plan, full_wait) {
-            Ok(reserved) => reserved,
-            Err(BlockError::LogFull { .. }) if full_wait.is_zero() => return Ok(false),
-            Err(e) => return Err(e),
-        };
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
-        let mut locked = self.lock_blocks(first, last);
+        // V3: a record must be newer than every record already applied to its blocks —
+        // else a partial write would merge bytes that a record it precedes in the log
+        // will hide (and recovery replay in the other order). Reservations come before
+        // the locks (V1), so one overtaken meanwhile is padded and taken again.
+        let (reserved, mut locked) = loop {
+            let reserved = match self.log.reserve_all(&plan, full_wait) {
+                Ok(reserved) => reserved,
+                Err(BlockError::LogFull { .. }) if full_wait.is_zero() => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            let mut locked = self.lock_blocks(first, last);
+            let oldest = reserved.iter().map(|m| m.seq).min().unwrap_or(0);
+            let overtaken =
+                (first..=last).any(|b| locked.shard(b).get(&b).is_some_and(|d| d.seq > oldest));
+            if !overtaken {
+                break (reserved, locked);
+            }
+            drop(locked);
+            for unused in &reserved {
+                self.log.abandon(unused)?;
+            }
+            self.counters.overtaken.fetch_add(1, Ordering::Relaxed);
+        };
         let mut newest = 0;
         for (n, meta) in reserved.iter().enumerate() {
             let blocks = meta.len / BS;
@@ -966,7 +996,8 @@ impl Volume {
                     let has_data = self.log.has_data_records();
                     let usage = self.log.stats();
                     let share = usage.used as f64 / usage.capacity as f64;
-                    if share >= self.config.high_watermark {
+                    // Writers waiting for space start it too, whatever the watermark.
+                    if share >= self.config.high_watermark || self.log.space_waiters() > 0 {
                         c.cleaning = true;
                     } else if share <= self.config.low_watermark {
                         c.cleaning = false;
@@ -1243,6 +1274,9 @@ impl Export for Volume {
     }
 
     fn flush(&self) -> Result<(), BlockError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(BlockError::ShuttingDown);
+        }
         self.touch();
         if self.log.has_data_records() || !self.log.ends_in_barrier() {
             if !self.log.ends_in_barrier() {
@@ -1256,6 +1290,9 @@ impl Export for Volume {
             }
             self.log.wait_durable(self.log.last_seq())?;
         }
+        // Held across the backend's flush: a flush that finds nothing unflushed because
+        // another one took the flag must not answer before that one's flush is done.
+        let _one_at_a_time = self.backend_flush.lock();
         if self.backend_unflushed.swap(false, Ordering::AcqRel) {
             if let Err(e) = self.backend.flush() {
                 self.backend_unflushed.store(true, Ordering::Release);

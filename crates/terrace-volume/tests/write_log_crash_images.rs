@@ -479,3 +479,40 @@ fn a_log_from_another_volume_or_garbage_is_refused_with_a_clear_error() {
         .expect("too small");
     assert!(err.to_string().contains("too small"), "{err}");
 }
+
+#[test]
+fn a_record_left_past_a_hole_by_a_crash_never_comes_back_after_a_release() {
+    // Life 1: record 1 reserved and never written (its writer was killed), record 2
+    // written. Life 2 recovers nothing (the scan stops at the hole), writes a record of
+    // the same size where record 1 was and releases it: the head now sits where life 1's
+    // record 2 is, with its sequence number. The next open must not take it.
+    let bytes = Arc::new(Mutex::new(vec![0u8; (SB_AREA + (1 << 20)) as usize]));
+    let wait = Duration::from_millis(1);
+    let block = vec![5u8; BLOCK_SIZE];
+    {
+        let (log, _) = WriteLog::open(Box::new(Plain(Arc::clone(&bytes))), VOLUME).unwrap();
+        let _hole = log.reserve(RecordKind::Write, 0, BS, wait).unwrap();
+        let orphan = log.reserve(RecordKind::Write, BS, BS, wait).unwrap();
+        log.write_record(&orphan, &block).unwrap();
+    }
+    {
+        let (log, recovery) = WriteLog::open(Box::new(Plain(Arc::clone(&bytes))), VOLUME).unwrap();
+        assert!(recovery.records.is_empty(), "{recovery:?}");
+        let other = vec![6u8; BLOCK_SIZE];
+        log.append(
+            RecordKind::Write,
+            2 * BS,
+            Payload::Data(&other),
+            Wait::Durable,
+            wait,
+        )
+        .unwrap();
+        let batch = log.oldest_batch(u64::MAX).unwrap();
+        log.release_through(batch.last().unwrap()).unwrap();
+    }
+    let (_, recovery) = WriteLog::open(Box::new(Plain(Arc::clone(&bytes))), VOLUME).unwrap();
+    assert!(
+        recovery.records.is_empty(),
+        "a never-acknowledged record of an earlier life came back: {recovery:?}"
+    );
+}

@@ -978,10 +978,19 @@ impl Connection {
 
     /// Takes an in-flight slot, waiting while the connection's limits are reached.
     fn acquire(&self, cost: u64) {
+        let full = |f: &Flight| {
+            f.in_flight >= MAX_IN_FLIGHT
+                || (f.in_flight > 0 && f.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES)
+        };
         let mut flight = self.flight.lock();
-        while flight.in_flight >= MAX_IN_FLIGHT
-            || (flight.in_flight > 0 && flight.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES)
-        {
+        if full(&flight) {
+            // About to wait: the replies held back go first (never `deferred` under
+            // `flight`).
+            drop(flight);
+            self.send_deferred();
+            flight = self.flight.lock();
+        }
+        while full(&flight) {
             self.slot_freed.wait(&mut flight);
         }
         flight.in_flight += 1;
