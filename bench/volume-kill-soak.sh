@@ -7,6 +7,12 @@
 # (cache=writeback, in front of the same kind of backend) are the negative control: it
 # acknowledges writes it has not made durable, and must fail.
 #
+# Caveat: fio 3.33 (Debian 12) records only the last iodepth completions in its verify
+# state, so a write the server completes after 16 later ones is verified as if it had
+# been acknowledged: a round can fail without a lost write (one in four or so against
+# terrace serve-volume, whose 16 workers complete out of order). fio >= 3.37 records the
+# writes in flight. The suite's tests/volume_kill.rs records acknowledgements itself.
+#
 # Usage: bench/volume-kill-soak.sh                  (ROUNDS=20, every mode + the control)
 #        ROUNDS=5 MODES="write-back" bench/volume-kill-soak.sh
 # Prints one line per round and a summary; exits non-zero if a Terrace round failed
