@@ -474,20 +474,8 @@ impl WriteLog {
         let (mut sb, created) = match current {
             Some(sb) => (sb, false),
             None if errors.len() == 2 => return Err(bad(errors.join("; "))),
-            None if errors.is_empty() => (
-                Superblock {
-                    volume_size,
-                    capacity,
-                    generation: 0,
-                    head_pos: 0,
-                    head_seq: 1,
-                    life: 0,
-                    head_life: 0,
-                },
-                true,
-            ),
-            // One slot torn, the other never written: a log whose creation did not
-            // finish holds nothing.
+            // No superblock yet — or one slot torn and the other never written: a log
+            // whose creation did not finish holds nothing.
             None => (
                 Superblock {
                     volume_size,
