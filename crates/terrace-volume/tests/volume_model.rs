@@ -15,18 +15,8 @@ use terrace_volume::{Backend, Export, Mode, Volume, VolumeConfig, BLOCK_SIZE};
 
 const BS: u64 = BLOCK_SIZE as u64;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+mod common;
+use common::Rng;
 
 /// An in-memory backend that can be told to fail.
 struct MemBackend {

@@ -18,18 +18,8 @@ use terrace_volume::BLOCK_SIZE;
 const VOLUME: u64 = 64 * BLOCK_SIZE as u64;
 const BS: u64 = BLOCK_SIZE as u64;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+mod common;
+use common::Rng;
 
 /// A crash image and what the test knew when it was taken.
 struct Image {
