@@ -169,7 +169,7 @@ fn status_text(v: &Volume) -> String {
         "volume {}\n  mode {}\n  ack {:?}\n  backend {}\n  size_bytes {present}\n  dirty_bytes {}\n  \
          log_used_bytes {}\n  log_capacity_bytes {}\n  read_hit_blocks {}\n  read_miss_blocks {}\n  \
          read_dirty_blocks {}\n  read_bytes {}\n  written_bytes {}\n  written_back_bytes {}\n  \
-         batches_written_back {}\n  backend_errors {}\n  cache_errors {}\n  log_full_waits {}\n  \
+         batches_written_back {}\n  backend_errors {}\n  cache_errors {}\n  overtaken_writes {}\n  log_full_waits {}\n  \
          last_error {}\n",
         s.name,
         s.mode.name(),
@@ -187,6 +187,7 @@ fn status_text(v: &Volume) -> String {
         s.batches_written_back,
         s.backend_errors,
         s.cache_errors,
+        s.overtaken_writes,
         s.log.full_waits,
         s.last_error.as_deref().unwrap_or("none"),
     )

@@ -233,6 +233,9 @@ pub struct VolumeStatus {
     pub batches_written_back: u64,
     pub backend_errors: u64,
     pub cache_errors: u64,
+    /// Logged writes whose log space a newer write to the same blocks overtook (the
+    /// space padded and taken again).
+    pub overtaken_writes: u64,
     pub last_error: Option<String>,
 }
 
@@ -303,6 +306,11 @@ impl VolumeStatus {
             "cache_errors",
             "Cache operations that failed (clean data dropped).",
             self.cache_errors,
+        );
+        line(
+            "overtaken_writes",
+            "Logged writes overtaken by a newer one to the same blocks and retried.",
+            self.overtaken_writes,
         );
         line(
             "log_full_waits",
@@ -559,6 +567,7 @@ impl Volume {
             batches_written_back: c.batches_written_back.load(Ordering::Relaxed),
             backend_errors: c.backend_errors.load(Ordering::Relaxed),
             cache_errors: c.cache_errors.load(Ordering::Relaxed),
+            overtaken_writes: c.overtaken.load(Ordering::Relaxed),
             last_error: self.control.lock().last_error.clone(),
         }
     }
