@@ -51,8 +51,9 @@ pub struct ServeVolumeArgs {
     /// on-flush (at the client's next FLUSH or with FUA).
     #[arg(long, default_value = "on-write", value_parser = parse_ack)]
     durability: AckDurability,
-    /// Backend writes the write-back keeps in flight.
-    #[arg(long, default_value_t = 16)]
+    /// Backend writes the write-back keeps in flight (a slow backend wants many: the
+    /// write-back must outrun a client writing straight to it at any queue depth).
+    #[arg(long, default_value_t = 64)]
     writeback_threads: usize,
     /// Start writing back when the log is this full (0..1) ...
     #[arg(long, default_value_t = 0.5)]
@@ -60,9 +61,14 @@ pub struct ServeVolumeArgs {
     /// ... and go on until it is this empty.
     #[arg(long, default_value_t = 0.4)]
     low_watermark: f64,
-    /// Connections to an NBD backend (its requests in flight).
-    #[arg(long, default_value_t = 16)]
+    /// Connections to an NBD backend (its requests in flight: one per write-back thread).
+    #[arg(long, default_value_t = 64)]
     backend_connections: usize,
+    /// Writes of at least this size are large: not kept in the cache, and in write-back
+    /// sent straight to the backend while the log is congested and holds no flush
+    /// barrier (0 = no write is large).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "64KiB")]
+    large_write: u64,
     /// Logs as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -132,6 +138,7 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
                 writeback_threads: args.writeback_threads,
                 high_watermark: args.high_watermark,
                 low_watermark: args.low_watermark,
+                large_write: args.large_write,
                 ..VolumeConfig::new(&name, id, log_dir.join(format!("{name}.log")))
             };
             (config, spec)

@@ -169,7 +169,8 @@ fn status_text(v: &Volume) -> String {
         "volume {}\n  mode {}\n  ack {:?}\n  backend {}\n  size_bytes {present}\n  dirty_bytes {}\n  \
          log_used_bytes {}\n  log_capacity_bytes {}\n  read_hit_blocks {}\n  read_miss_blocks {}\n  \
          read_dirty_blocks {}\n  read_bytes {}\n  written_bytes {}\n  written_back_bytes {}\n  \
-         batches_written_back {}\n  backend_errors {}\n  cache_errors {}\n  overtaken_writes {}\n  log_full_waits {}\n  \
+         batches_written_back {}\n  backend_errors {}\n  cache_errors {}\n  overtaken_writes {}\n  bypassed_writes {}\n  \
+         bypassed_bytes {}\n  log_full_waits {}\n  \
          last_error {}\n",
         s.name,
         s.mode.name(),
@@ -188,6 +189,8 @@ fn status_text(v: &Volume) -> String {
         s.backend_errors,
         s.cache_errors,
         s.overtaken_writes,
+        s.bypassed_writes,
+        s.bypassed_bytes,
         s.log.full_waits,
         s.last_error.as_deref().unwrap_or("none"),
     )

@@ -21,6 +21,10 @@
 //!   batches before plus some of the current one's — what a disk with a volatile write
 //!   cache may show after a crash — and losing the whole cache leaves a consistent
 //!   backend.
+//! - **large write**: one of at least `VolumeConfig::large_write` bytes (64 KiB). It is
+//!   not kept in the cache; in write-back it *bypasses* the log, straight to the backend,
+//!   while the log is congested and holds no barrier (so the backend stays a consistent
+//!   point in time).
 //! - **dirty block**: a block whose newest data is in the log and not yet in the backend.
 //!   Clean blocks live in a `terrace-cache` [`Cache`](terrace_cache::Cache) keyed by
 //!   volume and block number.

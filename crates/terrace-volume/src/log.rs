@@ -182,16 +182,19 @@ impl FileLogStore {
                 std::fs::TryLockError::Error(source) => io_err(source),
             });
         }
-        let mut existing = file.metadata().map_err(io_err)?.len();
-        if existing == 0 {
-            reserve(&file, len).map_err(io_err)?;
-            existing = len;
-        }
         use std::os::fd::AsFd;
         let in_memory = matches!(
             terrace_media::os::fs_type(file.as_fd()),
             Ok(t) if t == terrace_media::os::TMPFS_MAGIC || t == terrace_media::os::RAMFS_MAGIC
         );
+        let mut existing = file.metadata().map_err(io_err)?.len();
+        if existing == 0 {
+            reserve(&file, len).map_err(io_err)?;
+            if in_memory {
+                prefault(&file, len).map_err(io_err)?;
+            }
+            existing = len;
+        }
         Ok(FileLogStore {
             file,
             path: path.to_path_buf(),
@@ -217,6 +220,23 @@ fn reserve(file: &File, len: u64) -> io::Result<()> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// Writes zeroes over a new in-memory log, so its pages exist before the first append:
+/// the first write to a tmpfs page allocates and clears it (and, in a virtual machine,
+/// may make the host back it), several times the cost of writing an existing page, and
+/// that cost would otherwise fall on acknowledged writes for the log's whole first pass.
+/// A fresh file reads as zeroes either way, so this changes no content.
+fn prefault(file: &File, len: u64) -> io::Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let zeroes = vec![0u8; CHUNK as usize];
+    let mut at = 0;
+    while at < len {
+        let n = CHUNK.min(len - at);
+        file.write_all_at(&zeroes[..n as usize], at)?;
+        at += n;
+    }
+    Ok(())
 }
 
 impl LogStore for FileLogStore {
@@ -364,8 +384,9 @@ struct Tail {
     tail_pos: u64,
     head_pos: u64,
     records: VecDeque<RecordMeta>,
-    /// How many of `records` are WRITE or ZERO records.
+    /// How many of `records` are WRITE or ZERO records, and how many are barriers.
     data_records: usize,
+    barrier_records: usize,
 }
 
 /// Which records are written and which are durable.
@@ -524,6 +545,10 @@ impl WriteLog {
                 head_pos: sb.head_pos,
                 records: records.iter().copied().collect(),
                 data_records: records.iter().filter(|r| r.kind.carries_data()).count(),
+                barrier_records: records
+                    .iter()
+                    .filter(|r| r.kind == RecordKind::Barrier)
+                    .count(),
             }),
             space_freed: Condvar::new(),
             commit: Mutex::new(Commit {
@@ -653,6 +678,7 @@ impl WriteLog {
                     tail.tail_pos += span;
                     tail.records.push_back(meta);
                     tail.data_records += usize::from(kind.carries_data());
+                    tail.barrier_records += usize::from(kind == RecordKind::Barrier);
                     placed.push(meta);
                 }
                 if waited {
@@ -690,6 +716,9 @@ impl WriteLog {
             if tail.records.get(at).is_some_and(|r| r.seq == meta.seq) {
                 if tail.records[at].kind.carries_data() {
                     tail.data_records -= 1;
+                }
+                if tail.records[at].kind == RecordKind::Barrier {
+                    tail.barrier_records -= 1;
                 }
                 let r = &mut tail.records[at];
                 r.kind = RecordKind::Pad;
@@ -918,6 +947,12 @@ impl WriteLog {
         self.tail.lock().data_records > 0
     }
 
+    /// Whether any barrier is pending (so the records before it must reach the backend
+    /// before anything written after it).
+    pub fn has_barriers(&self) -> bool {
+        self.tail.lock().barrier_records > 0
+    }
+
     /// Whether the newest pending record is a barrier (or nothing is pending).
     pub fn ends_in_barrier(&self) -> bool {
         self.tail
@@ -953,6 +988,7 @@ impl WriteLog {
         while let Some(r) = tail.records.front().copied().filter(|r| r.seq <= last.seq) {
             tail.records.pop_front();
             tail.data_records -= usize::from(r.kind.carries_data());
+            tail.barrier_records -= usize::from(r.kind == RecordKind::Barrier);
             released += 1;
         }
         tail.head_pos = new_head;

@@ -14,8 +14,9 @@
 //!   write-back while holding a shard lock — reservations come first.
 //! - V2: a cached block equals the backend's block, or the block is dirty. So a
 //!   write-through write deletes the cached copy before writing the backend and stores
-//!   the new one after; the write-back stores a block in the cache after writing it to
-//!   the backend and before the log releases its record.
+//!   the new one after (unless the write is large); the write-back stores a block in the
+//!   cache (drops it, for a large run) after writing it to the backend and before the log
+//!   releases its record.
 //! - V3: a dirty entry names the newest record of its block (the higher sequence number
 //!   wins when two writers race), and recovery rebuilds the same map from the log.
 //! - V4: a write to a dirty block goes through the log whatever the mode, so the
@@ -23,7 +24,9 @@
 //! - V5 (the backend's consistency): the write-back writes one batch (a prefix of the
 //!   log, crate docs) at a time — the newest data of each block within it, then a
 //!   backend flush, then the head moves past it — so the backend always holds every
-//!   write of the batches before and some of the current one's.
+//!   write of the batches before and some of the current one's. A large write-back write
+//!   may bypass the log while it is congested, but only while no barrier is pending: it
+//!   reorders only among writes that no flush has ordered yet.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -141,13 +144,19 @@ pub struct VolumeConfig {
     pub full_wait: Duration,
     /// A read stream longer than this (bytes, consecutive requests) is not cached; 0 = off.
     pub sequential_cutoff: u64,
+    /// A write of at least this many bytes is *large* (0 = none is): it is not kept in
+    /// the cache (a write-back run this long is dropped from it, not stored), and in
+    /// write-back it goes straight to the backend while the log is congested (past the
+    /// high watermark, or writers waiting for space) and holds no barrier — bcache's
+    /// congested bypass.
+    pub large_write: u64,
 }
 
 impl VolumeConfig {
-    /// Defaults: write-through, acknowledged on write, a 1 GiB log, 16 write-back
+    /// Defaults: write-through, acknowledged on write, a 1 GiB log, 64 write-back
     /// writes in flight, watermarks 50% / 40% (dm-writecache's 50 / 45, a little lower
     /// so a burst has room), idle write-back after 1 s, a 30 s wait for a full log, a
-    /// 4 MiB sequential cutoff.
+    /// 4 MiB sequential cutoff, large writes from 64 KiB.
     pub fn new(name: &str, id: u32, log_path: impl Into<PathBuf>) -> VolumeConfig {
         VolumeConfig {
             name: name.to_string(),
@@ -156,12 +165,13 @@ impl VolumeConfig {
             ack: AckDurability::OnWrite,
             log_path: log_path.into(),
             log_bytes: 1 << 30,
-            writeback_threads: 16,
+            writeback_threads: 64,
             high_watermark: 0.5,
             low_watermark: 0.4,
             idle_writeback: Duration::from_secs(1),
             full_wait: Duration::from_secs(30),
             sequential_cutoff: 4 << 20,
+            large_write: 64 << 10,
         }
     }
 }
@@ -236,6 +246,9 @@ pub struct VolumeStatus {
     /// Logged writes whose log space a newer write to the same blocks overtook (the
     /// space padded and taken again).
     pub overtaken_writes: u64,
+    /// Write-back writes that went straight to the backend (congested bypass).
+    pub bypassed_writes: u64,
+    pub bypassed_bytes: u64,
     pub last_error: Option<String>,
 }
 
@@ -313,6 +326,16 @@ impl VolumeStatus {
             self.overtaken_writes,
         );
         line(
+            "bypassed_writes",
+            "Write-back writes sent straight to the backend while the log was congested.",
+            self.bypassed_writes,
+        );
+        line(
+            "bypassed_bytes",
+            "Bytes of those writes.",
+            self.bypassed_bytes,
+        );
+        line(
             "log_full_waits",
             "Writes that waited for log space.",
             self.log.full_waits,
@@ -334,6 +357,8 @@ struct Counters {
     cache_errors: AtomicU64,
     /// Logged changes whose reservation a newer record overtook (taken again).
     overtaken: AtomicU64,
+    bypassed_writes: AtomicU64,
+    bypassed_bytes: AtomicU64,
 }
 
 /// The write-back thread's instructions.
@@ -364,6 +389,10 @@ pub struct Volume {
     backend_unflushed: AtomicBool,
     /// Serializes write-through flushes (a leaf but for the backend's own locks).
     backend_flush: Mutex<()>,
+    /// Bypassing writes that reached the backend, and how many of them the last group
+    /// flush covered (written under `backend_flush`).
+    bypass_writes_done: AtomicU64,
+    bypass_flushed_through: AtomicU64,
     /// Set by close(): requests fail from then on.
     closed: AtomicBool,
     /// Where the last read ended and how long its stream is, for the cutoff.
@@ -373,6 +402,9 @@ pub struct Volume {
     drained: Condvar,
     counters: Counters,
     writeback: Mutex<Option<JoinHandle<()>>>,
+    /// Buffers the write-back workers copy runs into, kept between batches so their pages
+    /// are not faulted in afresh for every batch (a leaf lock).
+    writeback_buffers: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Volume {
@@ -457,6 +489,8 @@ impl Volume {
             last_request_ms: AtomicU64::new(0),
             backend_unflushed: AtomicBool::new(false),
             backend_flush: Mutex::new(()),
+            bypass_writes_done: AtomicU64::new(0),
+            bypass_flushed_through: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             read_stream: Mutex::new((u64::MAX, 0)),
             control: Mutex::new(Control {
@@ -470,6 +504,7 @@ impl Volume {
             drained: Condvar::new(),
             counters: Counters::default(),
             writeback: Mutex::new(None),
+            writeback_buffers: Mutex::new(Vec::new()),
         });
         let worker = Arc::clone(&volume);
         let handle = std::thread::Builder::new()
@@ -568,6 +603,8 @@ impl Volume {
             backend_errors: c.backend_errors.load(Ordering::Relaxed),
             cache_errors: c.cache_errors.load(Ordering::Relaxed),
             overtaken_writes: c.overtaken.load(Ordering::Relaxed),
+            bypassed_writes: c.bypassed_writes.load(Ordering::Relaxed),
+            bypassed_bytes: c.bypassed_bytes.load(Ordering::Relaxed),
             last_error: self.control.lock().last_error.clone(),
         }
     }
@@ -876,22 +913,23 @@ impl Volume {
         Ok(true)
     }
 
-    /// A change straight to the backend (write-through, write-around) — unless a block it
-    /// touches is dirty, which sends it through the log (V4).
+    /// A change straight to the backend (write-through, write-around, a bypassing
+    /// write-back write) — unless a block it touches is dirty, which sends it through the
+    /// log (V4). True if it went to the backend.
     fn change_direct(
         &self,
         offset: u64,
         change: Change<'_>,
         fua: bool,
         keep_cached: bool,
-    ) -> Result<(), BlockError> {
+    ) -> Result<bool, BlockError> {
         let len = change.len();
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
         let mut locked = self.lock_blocks(first, last);
         if (first..=last).any(|b| locked.shard(b).contains_key(&b)) {
             drop(locked);
-            return self.change_logged(offset, change, fua);
+            return self.change_logged(offset, change, fua).map(|()| false);
         }
         let n = last - first + 1;
         // V2: no cached copy while the backend changes.
@@ -949,6 +987,81 @@ impl Volume {
                 }
             }
         }
+        Ok(true)
+    }
+
+    /// Whether a write (or a write-back run) of `len` bytes is large: not cached.
+    fn is_large(&self, len: u64) -> bool {
+        self.config.large_write > 0 && len >= self.config.large_write
+    }
+
+    /// Whether a write-back write of `len` bytes should bypass the log: it is large, the
+    /// log is congested (the write-back is the bottleneck, so the backend has time the
+    /// log does not), and no barrier is pending — so landing it before the log's records
+    /// reorders it only among writes no flush has ordered, and the backend stays a
+    /// crash-consistent image (V5).
+    fn bypasses(&self, change: &Change<'_>) -> bool {
+        if !self.is_large(change.len()) || !matches!(change, Change::Data(_)) {
+            return false;
+        }
+        let usage = self.log.stats();
+        let congested = self.log.space_waiters() > 0
+            || usage.used as f64 >= self.config.high_watermark * usage.capacity as f64;
+        congested && !self.log.has_barriers()
+    }
+
+    /// A write-back write that bypasses the log (see [`bypasses`](Self::bypasses)): a
+    /// write-around write, made durable before its acknowledgement when writes are
+    /// acknowledged on write. If the backend fails it, the write goes through the log
+    /// after all: a write-back volume keeps acknowledging while its backend is down.
+    fn change_bypassing(
+        &self,
+        offset: u64,
+        change: Change<'_>,
+        fua: bool,
+    ) -> Result<(), BlockError> {
+        let direct = self
+            .change_direct(offset, change, fua, false)
+            .and_then(|direct| {
+                if direct && !fua && self.config.ack == AckDurability::OnWrite {
+                    self.sync_bypassed_writes()?;
+                }
+                Ok(direct)
+            });
+        match direct {
+            Ok(false) => Ok(()), // a dirty block sent it through the log
+            Ok(true) => {
+                self.counters
+                    .bypassed_writes
+                    .fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .bypassed_bytes
+                    .fetch_add(change.len(), Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e @ BlockError::Backend { .. }) => {
+                tracing::debug!(volume = %self.config.name, error = %e, "bypass failed; logging");
+                self.change_logged(offset, change, fua)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes every bypassing write that reached the backend before this call durable,
+    /// one backend flush for all the writers waiting at once (group commit): a write
+    /// takes a ticket once written; a flush covers every ticket taken before it starts.
+    fn sync_bypassed_writes(&self) -> Result<(), BlockError> {
+        let ticket = self.bypass_writes_done.fetch_add(1, Ordering::AcqRel) + 1;
+        let _one_at_a_time = self.backend_flush.lock();
+        if self.bypass_flushed_through.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let through = self.bypass_writes_done.load(Ordering::Acquire);
+        self.backend
+            .flush()
+            .map_err(|e| self.backend_error("flush after bypassing writes".into(), e))?;
+        self.bypass_flushed_through
+            .store(through, Ordering::Release);
         Ok(())
     }
 
@@ -957,9 +1070,13 @@ impl Volume {
         self.touch();
         let result = match self.mode() {
             Mode::ReadOnly => Err(BlockError::ReadOnly),
+            Mode::WriteBack if self.bypasses(&change) => self.change_bypassing(offset, change, fua),
             Mode::WriteBack => self.change_logged(offset, change, fua),
-            Mode::WriteThrough => self.change_direct(offset, change, fua, true),
-            Mode::WriteAround => self.change_direct(offset, change, fua, false),
+            Mode::WriteThrough => {
+                let keep = !self.is_large(change.len());
+                self.change_direct(offset, change, fua, keep).map(|_| ())
+            }
+            Mode::WriteAround => self.change_direct(offset, change, fua, false).map(|_| ()),
         };
         if result.is_ok() {
             self.counters
@@ -1090,15 +1207,19 @@ impl Volume {
             .min(runs.len().max(1));
         std::thread::scope(|s| {
             for _ in 0..workers {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                    if i >= runs.len() || failure.lock().is_some() {
-                        return;
+                s.spawn(|| {
+                    let mut buffer = self.writeback_buffers.lock().pop().unwrap_or_default();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                        if i >= runs.len() || failure.lock().is_some() {
+                            break;
+                        }
+                        if let Err(e) = self.write_back_run(runs[i], &newest, &mut buffer) {
+                            *failure.lock() = Some(e);
+                            break;
+                        }
                     }
-                    if let Err(e) = self.write_back_run(runs[i], &newest) {
-                        *failure.lock() = Some(e);
-                        return;
-                    }
+                    self.writeback_buffers.lock().push(buffer);
                 });
             }
         });
@@ -1135,31 +1256,47 @@ impl Volume {
         &self,
         (first, n, zero): (u64, u64, bool),
         newest: &FxHashMap<u64, Dirty>,
+        buffer: &mut Vec<u8>,
     ) -> Result<(), BlockError> {
         let offset = first * BS;
-        let mut data = Vec::new();
-        if zero {
+        let data: &[u8] = if zero {
             self.backend
                 .trim(offset, n * BS)
                 .map_err(|e| self.backend_error(format!("write-back trim at {offset}"), e))?;
+            &[]
         } else {
-            data = vec![0u8; (n * BS) as usize];
-            for i in 0..n {
+            buffer.resize((n * BS) as usize, 0);
+            // One read per stretch of blocks that lie one after another in one record.
+            let mut i = 0;
+            while i < n {
                 let d = newest[&(first + i)];
-                let dest = &mut data[(i * BS) as usize..((i + 1) * BS) as usize];
+                let mut stretch = 1;
+                while i + stretch < n {
+                    let next = newest[&(first + i + stretch)];
+                    if next.pos != d.pos || u64::from(next.within) != u64::from(d.within) + stretch
+                    {
+                        break;
+                    }
+                    stretch += 1;
+                }
+                let dest = &mut buffer[(i * BS) as usize..((i + stretch) * BS) as usize];
                 self.log
                     .read_payload(d.pos, u64::from(d.within) * BS, dest)
                     .map_err(|e| {
                         BlockError::Log(format!("reading block {} for write-back: {e}", first + i))
                     })?;
+                i += stretch;
             }
+            let data = &buffer[..(n * BS) as usize];
             self.backend
-                .write_at(offset, &data)
+                .write_at(offset, data)
                 .map_err(|e| self.backend_error(format!("write-back at {offset}"), e))?;
-        }
+            data
+        };
         self.counters
             .written_back_bytes
             .fetch_add(n * BS, Ordering::Relaxed);
+        let large = self.is_large(n * BS);
         let mut locked = self.lock_blocks(first, first + n - 1);
         for i in 0..n {
             let block = first + i;
@@ -1172,7 +1309,7 @@ impl Volume {
                 continue; // a newer record holds the block; its batch updates the cache
             }
             let key = self.key(block);
-            let stored = if zero {
+            let stored = if zero || large {
                 self.cache.delete(&key).map(|_| ())
             } else {
                 let value = &data[(i * BS) as usize..((i + 1) * BS) as usize];
@@ -1265,6 +1402,9 @@ impl Export for Volume {
         let whole = offset.is_multiple_of(BS) && len.is_multiple_of(BS);
         if self.mode() != Mode::WriteBack || !self.log.sync_is_free() || !whole {
             return None;
+        }
+        if self.bypasses(&Change::Data(data)) {
+            return None; // to a worker: it writes the backend
         }
         if let Err(e) = self.check(offset, len) {
             return Some(Err(e));

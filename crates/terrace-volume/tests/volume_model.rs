@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use terrace_cache::{Cache, CacheConfig, TierConfig, TierSize};
-use terrace_volume::{Backend, Export, Mode, Volume, VolumeConfig, BLOCK_SIZE};
+use terrace_volume::{AckDurability, Backend, Export, Mode, Volume, VolumeConfig, BLOCK_SIZE};
 
 const BS: u64 = BLOCK_SIZE as u64;
 
@@ -25,6 +25,8 @@ struct MemBackend {
     fail_reads: AtomicU64,
     writes: AtomicU64,
     flushes: AtomicU64,
+    /// Writes wait while a test holds this for writing.
+    gate: parking_lot::RwLock<()>,
 }
 
 impl MemBackend {
@@ -35,6 +37,7 @@ impl MemBackend {
             fail_reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            gate: parking_lot::RwLock::new(()),
         })
     }
 }
@@ -52,6 +55,7 @@ impl Backend for MemBackend {
         Ok(())
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let _open = self.gate.read();
         if self.fail_writes.load(Ordering::SeqCst) > 0 {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
@@ -92,13 +96,26 @@ fn config(dir: &std::path::Path, mode: Mode) -> VolumeConfig {
         log_bytes: 2 << 20,
         idle_writeback: Duration::from_millis(20),
         full_wait: Duration::from_secs(20),
+        // Writes of 4 blocks and more are large: uncached, and bypassing a congested log
+        // (from 10% full).
+        large_write: 4 * BS,
+        high_watermark: 0.1,
+        low_watermark: 0.05,
         ..VolumeConfig::new("v", 7, dir.join("v.log"))
     }
 }
 
 /// One thread's random operations on its own quarter of the volume (so the model is
-/// exact without ordering threads against each other).
-fn worker(volume: &Volume, model: &Mutex<Vec<u8>>, lane: u64, lanes: u64, seed: u64, ops: usize) {
+/// exact without ordering threads against each other); without `flushes`, a write
+/// where a flush would be.
+fn worker(
+    volume: &Volume,
+    model: &Mutex<Vec<u8>>,
+    (lane, lanes): (u64, u64),
+    seed: u64,
+    ops: usize,
+    flushes: bool,
+) {
     let size = volume.size();
     let lane_bytes = size / lanes;
     let base = lane * lane_bytes;
@@ -117,7 +134,11 @@ fn worker(volume: &Volume, model: &Mutex<Vec<u8>>, lane: u64, lanes: u64, seed: 
             offset
         };
         let len = len.min(base + lane_bytes - offset);
-        match rng.below(10) {
+        let kind = match rng.below(10) {
+            9 if !flushes => 4,
+            kind => kind,
+        };
+        match kind {
             0..=3 => {
                 let mut got = vec![0u8; len as usize];
                 // Half the reads as the NBD reader thread tries them first: from memory
@@ -171,10 +192,20 @@ fn check_all(volume: &Volume, model: &Mutex<Vec<u8>>, what: &str) {
 }
 
 fn run_threads(volume: &Arc<Volume>, model: &Arc<Mutex<Vec<u8>>>, seed: u64, ops: usize) {
+    run_threads_flushing(volume, model, seed, ops, true)
+}
+
+fn run_threads_flushing(
+    volume: &Arc<Volume>,
+    model: &Arc<Mutex<Vec<u8>>>,
+    seed: u64,
+    ops: usize,
+    flushes: bool,
+) {
     std::thread::scope(|s| {
         for lane in 0..4 {
             let (volume, model) = (Arc::clone(volume), Arc::clone(model));
-            s.spawn(move || worker(&volume, &model, lane, 4, seed + lane, ops));
+            s.spawn(move || worker(&volume, &model, (lane, 4), seed + lane, ops, flushes));
         }
     });
 }
@@ -206,10 +237,15 @@ fn a_volume_matches_its_model_in_every_mode_across_switches_and_reopens() {
         Mode::WriteAround,
         Mode::WriteBack,
     ];
+    let mut bypassed = 0;
     for (round, mode) in modes.iter().enumerate() {
         volume.set_mode(*mode);
         run_threads(&volume, &model, 100 * round as u64 + 1, 600);
+        // Without flushes no barrier holds large writes back from bypassing a congested
+        // log.
+        run_threads_flushing(&volume, &model, 100 * round as u64 + 51, 300, false);
         check_all(&volume, &model, &format!("round {round} ({})", mode.name()));
+        bypassed += volume.status().bypassed_writes;
         // Reopen: warm (the same cache) on even rounds, cold (a new one) on odd ones,
         // without a drain.
         volume.close();
@@ -235,6 +271,7 @@ fn a_volume_matches_its_model_in_every_mode_across_switches_and_reopens() {
         *backend.bytes.lock() == *model.lock(),
         "after a drain the backend equals the model"
     );
+    assert!(bypassed > 0, "some large writes bypassed a congested log");
     volume.close();
 }
 
@@ -432,4 +469,89 @@ fn concurrent_writes_to_parts_of_the_same_blocks_all_survive() {
     let (volume, _) = Volume::open(cfg(), backend.clone(), cache(32 << 20)).unwrap();
     check(&volume, "from the backend");
     volume.close();
+}
+
+#[test]
+fn large_writes_bypass_a_congested_log_only_while_no_barrier_is_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 256 * BS;
+    for ack in [AckDurability::OnWrite, AckDurability::OnFlush] {
+        let backend = MemBackend::new(size);
+        let mut cfg = config(dir.path(), Mode::WriteBack);
+        cfg.log_path = dir.path().join(format!("{ack:?}.log"));
+        cfg.ack = ack;
+        cfg.high_watermark = 0.0; // always congested
+        cfg.low_watermark = 0.0;
+        let (volume, _) = Volume::open(cfg, backend.clone(), cache(16 << 20)).unwrap();
+        // No barrier: a large write goes straight to the backend, and is durable there
+        // before its reply when acknowledged on write.
+        let large = vec![0xA5u8; 4 * BLOCK_SIZE];
+        let flushes = backend.flushes.load(Ordering::SeqCst);
+        volume.write(8 * BS, &large, false).unwrap();
+        let status = volume.status();
+        assert_eq!(status.bypassed_writes, 1, "{ack:?}");
+        assert_eq!(status.dirty_bytes, 0, "{ack:?}: nothing logged");
+        assert_eq!(
+            backend.bytes.lock()[8 * BLOCK_SIZE..12 * BLOCK_SIZE],
+            large[..]
+        );
+        let flushed = backend.flushes.load(Ordering::SeqCst) - flushes;
+        match ack {
+            AckDurability::OnWrite => assert!(flushed >= 1, "flushed before the reply"),
+            AckDurability::OnFlush => assert_eq!(flushed, 0, "flushed at the next FLUSH"),
+        }
+        // A small write and a flush leave a barrier the write-back cannot pass while the
+        // backend's writes are held: a large write must not overtake the records before
+        // it (V5), so it goes through the log and returns while the backend is held.
+        let gate = backend.gate.write();
+        volume.write(100 * BS, &[1u8; BLOCK_SIZE], false).unwrap();
+        volume.flush().unwrap();
+        let (done, waiting) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let (volume, large, done) = (&volume, &large, done);
+            s.spawn(move || {
+                volume.write(20 * BS, large, false).unwrap();
+                done.send(()).unwrap();
+            });
+            let answered = waiting.recv_timeout(Duration::from_secs(10));
+            drop(gate);
+            answered.expect("the large write was logged, not sent to the held backend");
+        });
+        assert_eq!(volume.status().bypassed_writes, 1, "{ack:?}");
+        volume.drain(Duration::from_secs(30)).unwrap();
+        let mut got = vec![0u8; 4 * BLOCK_SIZE];
+        volume.read(20 * BS, &mut got).unwrap();
+        assert_eq!(got, large);
+        assert_eq!(
+            backend.bytes.lock()[20 * BLOCK_SIZE..24 * BLOCK_SIZE],
+            large[..]
+        );
+        // Once the barriers are released, a large write over a dirty block still goes
+        // through the log (V4): the write-back would write the older record over it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while volume.status().log.used > 0 {
+            assert!(std::time::Instant::now() < deadline, "the log empties");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let gate = backend.gate.write();
+        volume.write(200 * BS, &[2u8; BLOCK_SIZE], false).unwrap();
+        let (done, waiting) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let (volume, large, done) = (&volume, &large, done);
+            s.spawn(move || {
+                volume.write(198 * BS, large, false).unwrap();
+                done.send(()).unwrap();
+            });
+            let answered = waiting.recv_timeout(Duration::from_secs(10));
+            drop(gate);
+            answered.expect("the large write over a dirty block was logged");
+        });
+        assert_eq!(volume.status().bypassed_writes, 1, "{ack:?}");
+        volume.drain(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            backend.bytes.lock()[198 * BLOCK_SIZE..202 * BLOCK_SIZE],
+            large[..]
+        );
+        volume.close();
+    }
 }
