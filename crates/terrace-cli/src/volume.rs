@@ -13,7 +13,8 @@ use terrace_volume::{AckDurability, BackendSpec, Mode, Service, ServiceConfig, V
 #[derive(clap::Args, Debug)]
 pub struct ServeVolumeArgs {
     /// The backend of a single volume: file:PATH (or a path; a file or block device),
-    /// nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME (any NBD server).
+    /// nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME (any NBD server), or
+    /// s3://BUCKET/PREFIX?size=SIZE[&endpoint=URL&region=R&chunk=SIZE&timeout=DURATION].
     #[arg(long, value_name = "URI", value_parser = parse_backend)]
     backend: Option<BackendSpec>,
     /// The single volume's export name.

@@ -5,6 +5,8 @@
 //!   (`O_DIRECT` where the file system allows it, `fdatasync` on flush).
 //! - `NbdBackend` (`nbd/client.rs`): any NBD server — so every nbdkit plugin and filter
 //!   (file, memory, `delay`, `error`, `pause`) is a backend.
+//! - `S3Backend` (`s3.rs`): fixed-size chunk objects in an S3 bucket (AWS or any
+//!   S3-compatible server).
 //!
 //! Contract: offsets and lengths handed to a backend are multiples of [`BLOCK_SIZE`] and
 //! inside [`Backend::size`]; a write is durable only after a successful

@@ -1,7 +1,8 @@
 //! terrace-volume: cached block volumes (the HDCS successor). A [`Volume`] puts Terrace's
 //! tiers in front of slow storage (a [`Backend`]: a file or block device, any NBD
-//! server) and is exported over NBD ([`nbd`]), so unchanged clients — fio's `nbd`
-//! engine, `nbdinfo`, `nbdcopy`, `nbdfuse` + a loop device + ext4, qemu — use it.
+//! server, an S3 bucket) and is exported over NBD ([`nbd`]), so unchanged clients —
+//! fio's `nbd` engine, `nbdinfo`, `nbdcopy`, `nbdfuse` + a loop device + ext4, qemu —
+//! use it.
 //!
 //! # Glossary
 //! - **block**: the 4 KiB unit the volume caches, logs and writes back ([`BLOCK_SIZE`]).
@@ -36,6 +37,7 @@ pub mod error;
 pub mod export;
 pub mod log;
 pub mod nbd;
+pub mod s3;
 pub mod service;
 pub mod volume;
 
@@ -43,5 +45,6 @@ pub use backend::{Backend, FileBackend, BLOCK_SIZE};
 pub use error::{BlockError, VolumeError};
 pub use export::{Export, MemoryExport};
 pub use log::{FileLogStore, LogStore, WriteLog};
+pub use s3::{S3Backend, S3Config};
 pub use service::{BackendSpec, Service, ServiceConfig};
 pub use volume::{AckDurability, Mode, RecoveryReport, Volume, VolumeConfig, VolumeStatus};

@@ -18,6 +18,7 @@ use crate::control::ControlServer;
 use crate::error::VolumeError;
 use crate::export::Export;
 use crate::nbd::{Listen, NbdBackend, NbdServer};
+use crate::s3::{S3Backend, S3Config};
 use crate::volume::{Volume, VolumeConfig};
 
 /// Where a volume's data lives.
@@ -27,6 +28,9 @@ pub enum BackendSpec {
     File(PathBuf),
     /// An NBD server (`nbd+unix:///EXPORT?socket=PATH`, `nbd://HOST:PORT/EXPORT`).
     Nbd(String),
+    /// Chunk objects in an S3 bucket (`s3://BUCKET/PREFIX?size=SIZE&…`: see
+    /// [`S3Config::from_uri`]).
+    S3(S3Config),
 }
 
 impl std::str::FromStr for BackendSpec {
@@ -34,10 +38,12 @@ impl std::str::FromStr for BackendSpec {
     fn from_str(s: &str) -> Result<BackendSpec, String> {
         if s.starts_with("nbd://") || s.starts_with("nbd+unix://") {
             Ok(BackendSpec::Nbd(s.to_string()))
+        } else if s.starts_with("s3://") {
+            S3Config::from_uri(s).map(BackendSpec::S3)
         } else if let Some(path) = s.strip_prefix("file:") {
             Ok(BackendSpec::File(PathBuf::from(path)))
         } else if s.contains("://") {
-            Err(format!("{s:?}: backends are file:PATH, nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME"))
+            Err(format!("{s:?}: backends are file:PATH, nbd+unix:///NAME?socket=PATH, nbd://HOST:PORT/NAME or s3://BUCKET/PREFIX?size=SIZE"))
         } else if s.is_empty() {
             Err("an empty backend".into())
         } else {
@@ -59,6 +65,7 @@ impl BackendSpec {
                 )
             }
             BackendSpec::Nbd(uri) => Arc::new(NbdBackend::connect(uri, connections)?),
+            BackendSpec::S3(config) => Arc::new(S3Backend::open(config.clone())?),
         })
     }
 }
