@@ -139,6 +139,9 @@ for round in $(seq "$RUNS"); do
   done
 done
 
+# The logs hold gigabytes of tmpfs memory: gone with the run.
+rm -rf "$LOGDIR"
+
 python3 - "$OUT" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

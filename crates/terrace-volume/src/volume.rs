@@ -395,6 +395,8 @@ pub struct Volume {
     bypass_flushed_through: AtomicU64,
     /// Set by close(): requests fail from then on.
     closed: AtomicBool,
+    /// `Control::cleaning`, readable without the lock (for the large-write bypass).
+    cleaning: AtomicBool,
     /// Where the last read ended and how long its stream is, for the cutoff.
     read_stream: Mutex<(u64, u64)>,
     control: Mutex<Control>,
@@ -492,6 +494,7 @@ impl Volume {
             bypass_writes_done: AtomicU64::new(0),
             bypass_flushed_through: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            cleaning: AtomicBool::new(false),
             read_stream: Mutex::new((u64::MAX, 0)),
             control: Mutex::new(Control {
                 shutdown: false,
@@ -1004,9 +1007,12 @@ impl Volume {
         if !self.is_large(change.len()) || !matches!(change, Change::Data(_)) {
             return false;
         }
-        let usage = self.log.stats();
-        let congested = self.log.space_waiters() > 0
-            || usage.used as f64 >= self.config.high_watermark * usage.capacity as f64;
+        // Congested: the write-back is cleaning (from the high watermark down to the low
+        // one), or the log is past the high watermark already, or writers wait for space.
+        let congested = self.cleaning.load(Ordering::Relaxed) || self.log.space_waiters() > 0 || {
+            let usage = self.log.stats();
+            usage.used as f64 >= self.config.high_watermark * usage.capacity as f64
+        };
         congested && !self.log.has_barriers()
     }
 
@@ -1125,8 +1131,10 @@ impl Volume {
                     // Writers waiting for space start it too, whatever the watermark.
                     if share >= self.config.high_watermark || self.log.space_waiters() > 0 {
                         c.cleaning = true;
+                        self.cleaning.store(true, Ordering::Relaxed);
                     } else if share <= self.config.low_watermark {
                         c.cleaning = false;
+                        self.cleaning.store(false, Ordering::Relaxed);
                     }
                     let drain = c.drain_requested > c.drain_served;
                     if !has_data {

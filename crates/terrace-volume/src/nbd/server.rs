@@ -854,12 +854,31 @@ fn transmission(
     result
 }
 
+/// Reads a WRITE payload: what the reader has buffered, then — if at least
+/// `DIRECT_READ_MIN` bytes are missing — the rest straight from the socket into
+/// `payload` (through the buffer it would be copied twice; a small rest goes through
+/// it, so one read still brings the requests behind it).
+fn read_payload(reader: &mut io::BufReader<&mut Stream>, payload: &mut [u8]) -> io::Result<()> {
+    use io::BufRead;
+    const DIRECT_READ_MIN: usize = 32 << 10;
+    let buffered = reader.buffer().len().min(payload.len());
+    if payload.len() - buffered < DIRECT_READ_MIN {
+        return reader.read_exact(payload);
+    }
+    payload[..buffered].copy_from_slice(&reader.buffer()[..buffered]);
+    reader.consume(buffered);
+    reader.get_mut().read_exact(&mut payload[buffered..])
+}
+
 impl Connection {
     /// The reader: parses requests until DISC, end of input or a protocol error.
     fn read_requests(
         self: &Arc<Self>,
         reader: &mut io::BufReader<&mut Stream>,
     ) -> Result<(), ConnectionEnd> {
+        // A WRITE payload the export took on this thread leaves its buffer here for the
+        // next one (one handed to a worker goes with it).
+        let mut spare: Vec<u8> = Vec::new();
         loop {
             let mut header = [0; proto::REQUEST_HEADER_LEN];
             if reader.buffer().len() < header.len() {
@@ -882,16 +901,20 @@ impl Connection {
                     }
                     let cost = u64::from(header.length);
                     self.acquire(cost);
-                    let mut payload = vec![0; header.length as usize];
+                    let mut payload = std::mem::take(&mut spare);
+                    payload.resize(header.length as usize, 0);
                     if reader.buffer().len() < payload.len() {
                         self.send_deferred();
                     }
-                    if let Err(error) = reader.read_exact(&mut payload) {
+                    if let Err(error) = read_payload(reader, &mut payload) {
                         self.release(cost);
                         return Err(error.into());
                     }
                     match self.check(&header) {
-                        Ok(()) if self.write_at_once(&header, &payload) => self.release(cost),
+                        Ok(()) if self.write_at_once(&header, &payload) => {
+                            self.release(cost);
+                            spare = payload;
+                        }
                         Ok(()) => self.submit(Job {
                             header,
                             payload,
