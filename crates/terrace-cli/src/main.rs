@@ -45,8 +45,8 @@ enum Command {
     /// Serve the tiered cache over memcached's protocols (ascii, meta, binary).
     Serve(Box<serve::ServeArgs>),
     /// Serve cached block volumes over NBD: Terrace's tiers in front of a file, a block
-    /// device or any NBD server, in write-through, write-back, write-around or read-only
-    /// mode.
+    /// device, any NBD server or S3, in write-through, write-back, write-around,
+    /// read-only or storage mode.
     ServeVolume(Box<volume::ServeVolumeArgs>),
     /// Ask a running serve-volume: status, flush, mode, metrics.
     #[command(subcommand)]
@@ -85,7 +85,7 @@ enum VolumeCommand {
         #[arg(long, default_value = "terrace-volume-data/control.sock")]
         control: PathBuf,
         name: String,
-        /// write-through, write-back, write-around or read-only.
+        /// write-through, write-back, write-around, read-only or storage.
         mode: String,
     },
     /// Every volume's counters as Prometheus text.

@@ -45,7 +45,9 @@ pub struct ServeVolumeArgs {
     #[arg(long, value_name = "SPEC", value_parser = parse_tiers, default_value = "dram:256MiB")]
     tiers: TierList,
     /// write-through (backend, then the reply), write-back (the write log, then the
-    /// reply; the backend later), write-around or read-only.
+    /// reply; the backend later), write-around, read-only, or storage (the volume
+    /// lives in the log, which compacts itself; the backend is written only by
+    /// `terrace volume flush`).
     #[arg(long, default_value = "write-through", value_parser = parse_mode)]
     mode: Mode,
     /// When a write-back write is acknowledged: on-write (durable in the log) or

@@ -149,7 +149,9 @@ pub fn answer(line: &str, volumes: &[Arc<Volume>]) -> String {
                     String::new()
                 })
             }),
-            _ => Err("usage: mode NAME write-through|write-back|write-around|read-only".into()),
+            _ => Err(
+                "usage: mode NAME write-through|write-back|write-around|read-only|storage".into(),
+            ),
         },
         Some(other) => Err(format!(
             "unknown command {other:?}: status, metrics, flush, mode"
@@ -170,7 +172,7 @@ fn status_text(v: &Volume) -> String {
          log_used_bytes {}\n  log_capacity_bytes {}\n  read_hit_blocks {}\n  read_miss_blocks {}\n  \
          read_dirty_blocks {}\n  read_bytes {}\n  written_bytes {}\n  written_back_bytes {}\n  \
          batches_written_back {}\n  backend_errors {}\n  cache_errors {}\n  overtaken_writes {}\n  bypassed_writes {}\n  \
-         bypassed_bytes {}\n  log_full_waits {}\n  \
+         bypassed_bytes {}\n  batches_compacted {}\n  log_full_waits {}\n  \
          last_error {}\n",
         s.name,
         s.mode.name(),
@@ -191,6 +193,7 @@ fn status_text(v: &Volume) -> String {
         s.overtaken_writes,
         s.bypassed_writes,
         s.bypassed_bytes,
+        s.batches_compacted,
         s.log.full_waits,
         s.last_error.as_deref().unwrap_or("none"),
     )

@@ -8,7 +8,10 @@
 //! - **block**: the 4 KiB unit the volume caches, logs and writes back ([`BLOCK_SIZE`]).
 //! - **mode**: how writes travel ([`Mode`]): write-through (backend, then cache, then the
 //!   reply; the default), write-back (the write log, then the reply; the backend later),
-//!   write-around (backend only; the cached copy is dropped), read-only.
+//!   write-around (backend only; the cached copy is dropped), read-only, storage
+//!   (write-back whose write-back runs only when asked — `terrace volume flush` — the log
+//!   holding the volume and compacting itself: live records copied forward, the oldest
+//!   released).
 //! - **write log**: a checksummed, sequence-numbered circular log on the persistent tier
 //!   ([`log`]); in write-back a write is acknowledged once its record, and every record
 //!   before it, is durable there.

@@ -447,6 +447,8 @@ pub struct WriteLog {
     full_timeouts: AtomicU64,
     /// Appends waiting for space now (the write-back starts for them).
     space_waiters: AtomicU64,
+    /// See [`WriteLog::keep_room`].
+    kept_room: AtomicU64,
 }
 
 /// How long an append waits for durability.
@@ -566,6 +568,7 @@ impl WriteLog {
             full_waits: AtomicU64::new(0),
             full_timeouts: AtomicU64::new(0),
             space_waiters: AtomicU64::new(0),
+            kept_room: AtomicU64::new(0),
         };
         {
             let mut sb = log.superblock.lock();
@@ -622,18 +625,45 @@ impl WriteLog {
     }
 
     /// Reserves several records at once, all or none (a request that needs a few records
-    /// never holds some while it waits for the others).
+    /// never holds some while it waits for the others). They must leave the kept room
+    /// ([`WriteLog::keep_room`]) free.
     pub fn reserve_all(
         &self,
         wanted: &[(RecordKind, u64, u64)],
         max_wait: Duration,
     ) -> Result<Vec<RecordMeta>, BlockError> {
+        self.reserve_within(wanted, max_wait, self.kept_room.load(Ordering::Relaxed))
+    }
+
+    /// [`reserve_all`](Self::reserve_all) for the one caller that may use the kept room
+    /// (storage mode's compaction, which frees space by copying live records forward).
+    pub fn reserve_in_kept_room(
+        &self,
+        wanted: &[(RecordKind, u64, u64)],
+    ) -> Result<Vec<RecordMeta>, BlockError> {
+        self.reserve_within(wanted, Duration::ZERO, 0)
+    }
+
+    /// Bytes that appends other than barriers and
+    /// [`reserve_in_kept_room`](Self::reserve_in_kept_room) must leave free (0 unless
+    /// set).
+    pub fn keep_room(&self, bytes: u64) {
+        self.kept_room
+            .store(bytes.min(self.capacity / 2), Ordering::Relaxed);
+    }
+
+    fn reserve_within(
+        &self,
+        wanted: &[(RecordKind, u64, u64)],
+        max_wait: Duration,
+        kept_room: u64,
+    ) -> Result<Vec<RecordMeta>, BlockError> {
         let spans: Vec<u64> = wanted.iter().map(|&(k, _, l)| record_span(k, l)).collect();
         let total: u64 = spans.iter().sum();
         let largest = spans.iter().copied().max().unwrap_or(0);
-        if total + largest + BARRIER_ROOM > self.capacity {
+        if total + largest + BARRIER_ROOM + kept_room > self.capacity {
             return Err(BlockError::Log(format!(
-                "{total} bytes of records do not fit a {}-byte log",
+                "{total} bytes of records do not fit a {}-byte log ({kept_room} kept free)",
                 self.capacity
             )));
         }
@@ -644,7 +674,7 @@ impl WriteLog {
         let limit = if only_barriers {
             self.capacity
         } else {
-            self.capacity - BARRIER_ROOM
+            self.capacity - BARRIER_ROOM - kept_room
         };
         let deadline = Instant::now() + max_wait;
         let mut tail = self.tail.lock();

@@ -27,6 +27,12 @@
 //!   write of the batches before and some of the current one's. A large write-back write
 //!   may bypass the log while it is congested, but only while no barrier is pending: it
 //!   reorders only among writes that no flush has ordered yet.
+//! - V6 (storage mode): the write-back runs only for a drain; past the high watermark the
+//!   log compacts instead (`compact_one_batch`): live blocks of the oldest batch are
+//!   appended again, made durable, then the batch is released. Client appends leave an
+//!   eighth of the log (at most a batch) free for those copies, so compaction can always
+//!   proceed while live data fits the log; when it does not, writes wait, then fail with
+//!   ENOSPC.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -41,7 +47,9 @@ use terrace_cache::Cache;
 use crate::backend::{Backend, BLOCK_SIZE};
 use crate::error::{BlockError, VolumeError};
 use crate::export::Export;
-use crate::log::{FileLogStore, LogStats, LogStore, Payload, RecordKind, Wait, WriteLog};
+use crate::log::{
+    FileLogStore, LogStats, LogStore, Payload, RecordKind, RecordMeta, Wait, WriteLog,
+};
 
 const BS: u64 = BLOCK_SIZE as u64;
 /// Shards of the dirty map and of the block locks.
@@ -51,6 +59,11 @@ const SHARDS: usize = 1024;
 const WRITE_BACK_BATCH: u64 = 64 << 20;
 /// The longest run of blocks the write-back hands the backend in one write (1 MiB).
 const RUN_BLOCKS: u64 = 256;
+/// Storage mode compacts only while live data is under this share of the log's used
+/// bytes (above it, copying would free almost nothing).
+const COMPACT_MAX_LIVE: f64 = 0.9;
+/// How long storage mode waits after a compaction pass that could not free space.
+const COMPACT_RETRY: Duration = Duration::from_millis(200);
 
 /// How writes travel. See the crate docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +72,10 @@ pub enum Mode {
     WriteBack = 1,
     WriteAround = 2,
     ReadOnly = 3,
+    /// Write-back whose write-back runs only when asked (`terrace volume flush`, a
+    /// drain): the volume lives in the log, which compacts itself instead (see
+    /// `compact_one_batch`).
+    Storage = 4,
 }
 
 impl Mode {
@@ -68,6 +85,7 @@ impl Mode {
             Mode::WriteBack => "write-back",
             Mode::WriteAround => "write-around",
             Mode::ReadOnly => "read-only",
+            Mode::Storage => "storage",
         }
     }
 
@@ -76,8 +94,16 @@ impl Mode {
             1 => Mode::WriteBack,
             2 => Mode::WriteAround,
             3 => Mode::ReadOnly,
+            4 => Mode::Storage,
             _ => Mode::WriteThrough,
         }
+    }
+}
+
+impl Mode {
+    /// Whether writes go through the log whatever their blocks (write-back, storage).
+    pub fn logs_writes(self) -> bool {
+        matches!(self, Mode::WriteBack | Mode::Storage)
     }
 }
 
@@ -89,9 +115,11 @@ impl std::str::FromStr for Mode {
             "write-back" | "writeback" | "wb" => Mode::WriteBack,
             "write-around" | "writearound" | "wa" => Mode::WriteAround,
             "read-only" | "readonly" | "ro" => Mode::ReadOnly,
+            "storage" => Mode::Storage,
             _ => {
                 return Err(format!(
-                    "unknown mode {s:?}: write-through, write-back, write-around or read-only"
+                    "unknown mode {s:?}: write-through, write-back, write-around, read-only \
+                     or storage"
                 ))
             }
         })
@@ -249,6 +277,8 @@ pub struct VolumeStatus {
     /// Write-back writes that went straight to the backend (congested bypass).
     pub bypassed_writes: u64,
     pub bypassed_bytes: u64,
+    /// Storage mode: batches of the log compacted (live blocks copied, batch released).
+    pub batches_compacted: u64,
     pub last_error: Option<String>,
 }
 
@@ -336,6 +366,11 @@ impl VolumeStatus {
             self.bypassed_bytes,
         );
         line(
+            "batches_compacted",
+            "Storage mode: log batches compacted (live blocks copied, the batch released).",
+            self.batches_compacted,
+        );
+        line(
             "log_full_waits",
             "Writes that waited for log space.",
             self.log.full_waits,
@@ -359,6 +394,7 @@ struct Counters {
     overtaken: AtomicU64,
     bypassed_writes: AtomicU64,
     bypassed_bytes: AtomicU64,
+    batches_compacted: AtomicU64,
 }
 
 /// The write-back thread's instructions.
@@ -509,6 +545,9 @@ impl Volume {
             writeback: Mutex::new(None),
             writeback_buffers: Mutex::new(Vec::new()),
         });
+        if volume.mode() == Mode::Storage {
+            volume.log.keep_room(volume.compaction_room());
+        }
         let worker = Arc::clone(&volume);
         let handle = std::thread::Builder::new()
             .name(format!("writeback-{}", volume.config.name))
@@ -541,6 +580,11 @@ impl Volume {
     /// background; until then writes to dirty blocks still go through the log (V4).
     pub fn set_mode(&self, mode: Mode) {
         self.mode.store(mode as u8, Ordering::Release);
+        self.log.keep_room(if mode == Mode::Storage {
+            self.compaction_room()
+        } else {
+            0
+        });
         self.wake.notify_all();
         tracing::info!(volume = %self.config.name, mode = mode.name(), "mode changed");
     }
@@ -608,6 +652,7 @@ impl Volume {
             overtaken_writes: c.overtaken.load(Ordering::Relaxed),
             bypassed_writes: c.bypassed_writes.load(Ordering::Relaxed),
             bypassed_bytes: c.bypassed_bytes.load(Ordering::Relaxed),
+            batches_compacted: c.batches_compacted.load(Ordering::Relaxed),
             last_error: self.control.lock().last_error.clone(),
         }
     }
@@ -1077,7 +1122,7 @@ impl Volume {
         let result = match self.mode() {
             Mode::ReadOnly => Err(BlockError::ReadOnly),
             Mode::WriteBack if self.bypasses(&change) => self.change_bypassing(offset, change, fua),
-            Mode::WriteBack => self.change_logged(offset, change, fua),
+            Mode::WriteBack | Mode::Storage => self.change_logged(offset, change, fua),
             Mode::WriteThrough => {
                 let keep = !self.is_large(change.len());
                 self.change_direct(offset, change, fua, keep).map(|_| ())
@@ -1118,6 +1163,8 @@ impl Volume {
 
     fn writeback_loop(&self) {
         let mut backoff = Duration::from_millis(50);
+        // In storage mode: no compaction before this (the last pass could not free).
+        let mut compact_after: Option<Instant> = None;
         loop {
             {
                 let mut c = self.control.lock();
@@ -1149,13 +1196,30 @@ impl Volume {
                         self.wake.wait_for(&mut c, Duration::from_millis(200));
                         continue;
                     }
+                    let mode = self.mode();
                     let idle = self.idle_for() >= self.config.idle_writeback;
-                    let leaving_writeback = self.mode() != Mode::WriteBack;
-                    if drain || c.cleaning || idle || leaving_writeback {
+                    if mode == Mode::Storage && !drain {
+                        if c.cleaning && compact_after.is_none_or(|t| Instant::now() >= t) {
+                            break;
+                        }
+                    } else if drain || c.cleaning || idle || !mode.logs_writes() {
                         break;
                     }
                     self.wake.wait_for(&mut c, Duration::from_millis(100));
                 }
+            }
+            let storage = self.mode() == Mode::Storage;
+            if storage && !self.drain_pending() {
+                match self.compact_one_batch() {
+                    Ok(true) => compact_after = None,
+                    Ok(false) => compact_after = Some(Instant::now() + COMPACT_RETRY),
+                    Err(e) => {
+                        tracing::warn!(volume = %self.config.name, error = %e, "compaction failed");
+                        self.control.lock().last_error = Some(e.to_string());
+                        compact_after = Some(Instant::now() + COMPACT_RETRY);
+                    }
+                }
+                continue;
             }
             match self.write_back_one_batch() {
                 Ok(true) => backoff = Duration::from_millis(50),
@@ -1177,35 +1241,8 @@ impl Volume {
         let Some(batch) = self.log.oldest_batch(WRITE_BACK_BATCH) else {
             return Ok(false);
         };
-        // The newest data of each block within the batch.
-        let mut newest: FxHashMap<u64, Dirty> = FxHashMap::default();
-        for r in &batch {
-            let zero = match r.kind {
-                RecordKind::Write => false,
-                RecordKind::Zero => true,
-                _ => continue,
-            };
-            for i in 0..r.len / BS {
-                newest.insert(
-                    r.offset / BS + i,
-                    Dirty {
-                        seq: r.seq,
-                        pos: if zero { u64::MAX } else { r.pos },
-                        within: i as u32,
-                    },
-                );
-            }
-        }
-        let mut blocks: Vec<u64> = newest.keys().copied().collect();
-        blocks.sort_unstable();
-        let mut runs: Vec<(u64, u64, bool)> = Vec::new(); // first block, count, zero
-        for b in blocks {
-            let zero = newest[&b].is_zero();
-            match runs.last_mut() {
-                Some((first, n, z)) if *first + *n == b && *z == zero && *n < RUN_BLOCKS => *n += 1,
-                _ => runs.push((b, 1, zero)),
-            }
-        }
+        let newest = newest_in(&batch);
+        let runs = runs_of(newest.keys().copied().collect(), &newest);
         let next = AtomicU64::new(0);
         let failure: Mutex<Option<BlockError>> = Mutex::new(None);
         let workers = self
@@ -1256,6 +1293,148 @@ impl Volume {
             .batches_written_back
             .fetch_add(1, Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// The log space storage mode keeps free for compaction's copies: an eighth of the
+    /// log, at most a batch.
+    fn compaction_room(&self) -> u64 {
+        (self.log.capacity() / 8).min(WRITE_BACK_BATCH)
+    }
+
+    fn drain_pending(&self) -> bool {
+        let c = self.control.lock();
+        c.drain_requested > c.drain_served
+    }
+
+    /// Storage mode's cleaning: frees the oldest batch without touching the backend, by
+    /// appending its *live* blocks (those whose newest record is in it) to the log again
+    /// and then releasing it — a log-structured store's cleaner. Ok(false) if it could
+    /// not free space: nothing to take, most of the log live (copying would free almost
+    /// nothing), or no room for the copies.
+    ///
+    /// A copy is appended only if its block's entry still names the batch's record once
+    /// the copy's shard is locked; a client write reserved before the copy is overtaken
+    /// by it and retried (as for any logged write, V3), one reserved after it is newer.
+    /// The batch is released only once every copy is durable, with every shard held (no
+    /// entry names it by then: each live one moved to its copy).
+    ///
+    /// Copies land after records that were written later, past barriers: the backend's
+    /// point-in-time property (V5) holds again once a full drain has written it all.
+    fn compact_one_batch(&self) -> Result<bool, BlockError> {
+        let usage = self.log.stats();
+        let live_bytes = self.dirty_blocks.load(Ordering::Relaxed) * BS;
+        if live_bytes as f64 >= COMPACT_MAX_LIVE * usage.used as f64 {
+            return Ok(false);
+        }
+        // At most the kept room's worth: its copies then always fit.
+        let Some(batch) = self.log.oldest_batch(self.compaction_room()) else {
+            return Ok(false);
+        };
+        let newest = newest_in(&batch);
+        let live: Vec<u64> = newest
+            .iter()
+            .filter(|(b, d)| {
+                let shard = self.shards[shard_of(**b)].lock();
+                shard.get(b).is_some_and(|now| now.seq == d.seq)
+            })
+            .map(|(b, _)| *b)
+            .collect();
+        let mut buffer = Vec::new();
+        let mut newest_copy = 0;
+        for run in runs_of(live, &newest) {
+            match self.copy_run(run, &newest, &mut buffer)? {
+                Some(seq) => newest_copy = newest_copy.max(seq),
+                None => return Ok(false), // no room: release nothing
+            }
+        }
+        if newest_copy > 0 {
+            self.log.wait_durable(newest_copy)?;
+        }
+        let last = *batch.last().expect("a batch is never empty");
+        let all: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(|m| m.lock()).collect();
+        self.log.release_through(&last)?;
+        drop(all);
+        self.counters
+            .batches_compacted
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Appends one run of live blocks again (storage mode's compaction); the sequence
+    /// number of its newest copy (0 if none was needed), or None if the log had no room.
+    fn copy_run(
+        &self,
+        (first, n, zero): (u64, u64, bool),
+        newest: &FxHashMap<u64, Dirty>,
+        buffer: &mut Vec<u8>,
+    ) -> Result<Option<u64>, BlockError> {
+        let kind = if zero {
+            RecordKind::Zero
+        } else {
+            RecordKind::Write
+        };
+        if !zero {
+            buffer.resize((n * BS) as usize, 0);
+            for i in 0..n {
+                let d = newest[&(first + i)];
+                let dest = &mut buffer[(i * BS) as usize..((i + 1) * BS) as usize];
+                self.log
+                    .read_payload(d.pos, u64::from(d.within) * BS, dest)
+                    .map_err(|e| {
+                        BlockError::Log(format!("reading block {} to compact: {e}", first + i))
+                    })?;
+            }
+        }
+        let reserved = match self.log.reserve_in_kept_room(&[(kind, first * BS, n * BS)]) {
+            Ok(reserved) => reserved,
+            Err(BlockError::LogFull { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let meta = reserved[0];
+        let mut locked = self.lock_blocks(first, first + n - 1);
+        let still_live = (first..first + n).all(|b| {
+            locked
+                .shard(b)
+                .get(&b)
+                .is_some_and(|d| d.seq == newest[&b].seq)
+        });
+        if !still_live {
+            // A client write took some of them meanwhile: copy the rest one by one.
+            drop(locked);
+            self.log.abandon(&meta)?;
+            if n == 1 {
+                return Ok(Some(0));
+            }
+            let mut newest_copy = 0;
+            for b in first..first + n {
+                match self.copy_run((b, 1, zero), newest, buffer)? {
+                    Some(seq) => newest_copy = newest_copy.max(seq),
+                    None => return Ok(None),
+                }
+            }
+            return Ok(Some(newest_copy));
+        }
+        let payload: &[u8] = if zero {
+            &[]
+        } else {
+            &buffer[..(n * BS) as usize]
+        };
+        if let Err(e) = self.log.write_record(&meta, payload) {
+            drop(locked);
+            if let Err(pad) = self.log.abandon(&meta) {
+                tracing::warn!(volume = %self.config.name, error = %pad, "padding a record");
+            }
+            return Err(e);
+        }
+        for i in 0..n {
+            let entry = Dirty {
+                seq: meta.seq,
+                pos: if zero { u64::MAX } else { meta.pos },
+                within: i as u32,
+            };
+            locked.shard(first + i).insert(first + i, entry);
+        }
+        Ok(Some(meta.seq))
     }
 
     /// Writes one run of a batch to the backend, then stores each block whose dirty
@@ -1340,6 +1519,44 @@ impl Volume {
     }
 }
 
+/// The newest data of each block within `batch`.
+fn newest_in(batch: &[RecordMeta]) -> FxHashMap<u64, Dirty> {
+    let mut newest: FxHashMap<u64, Dirty> = FxHashMap::default();
+    for r in batch {
+        let zero = match r.kind {
+            RecordKind::Write => false,
+            RecordKind::Zero => true,
+            _ => continue,
+        };
+        for i in 0..r.len / BS {
+            newest.insert(
+                r.offset / BS + i,
+                Dirty {
+                    seq: r.seq,
+                    pos: if zero { u64::MAX } else { r.pos },
+                    within: i as u32,
+                },
+            );
+        }
+    }
+    newest
+}
+
+/// `blocks` as runs `(first block, count, zeroes)` of consecutive blocks that are all
+/// zeroes or all data in `newest`, at most `RUN_BLOCKS` long.
+fn runs_of(mut blocks: Vec<u64>, newest: &FxHashMap<u64, Dirty>) -> Vec<(u64, u64, bool)> {
+    blocks.sort_unstable();
+    let mut runs: Vec<(u64, u64, bool)> = Vec::new();
+    for b in blocks {
+        let zero = newest[&b].is_zero();
+        match runs.last_mut() {
+            Some((first, n, z)) if *first + *n == b && *z == zero && *n < RUN_BLOCKS => *n += 1,
+            _ => runs.push((b, 1, zero)),
+        }
+    }
+    runs
+}
+
 /// What a read does with a block that is neither dirty nor cached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Misses {
@@ -1408,7 +1625,7 @@ impl Export for Volume {
         // In memory only: write-back into a log whose sync is free, whole blocks (a
         // partial one may read the backend), and space in the log now.
         let whole = offset.is_multiple_of(BS) && len.is_multiple_of(BS);
-        if self.mode() != Mode::WriteBack || !self.log.sync_is_free() || !whole {
+        if !self.mode().logs_writes() || !self.log.sync_is_free() || !whole {
             return None;
         }
         if self.bypasses(&Change::Data(data)) {

@@ -93,14 +93,15 @@ fn cache(bytes: u64) -> Arc<Cache> {
 fn config(dir: &std::path::Path, mode: Mode) -> VolumeConfig {
     VolumeConfig {
         mode,
-        log_bytes: 2 << 20,
+        // Four times the model volume: storage mode holds all of it in the log.
+        log_bytes: 8 << 20,
         idle_writeback: Duration::from_millis(20),
         full_wait: Duration::from_secs(20),
         // Writes of 4 blocks and more are large: uncached, and bypassing a congested log
-        // (from 10% full).
+        // (from 2% full; storage mode compacts from there).
         large_write: 4 * BS,
-        high_watermark: 0.1,
-        low_watermark: 0.05,
+        high_watermark: 0.02,
+        low_watermark: 0.01,
         ..VolumeConfig::new("v", 7, dir.join("v.log"))
     }
 }
@@ -233,8 +234,10 @@ fn a_volume_matches_its_model_in_every_mode_across_switches_and_reopens() {
     let modes = [
         Mode::WriteBack,
         Mode::WriteThrough,
+        Mode::Storage,
         Mode::WriteBack,
         Mode::WriteAround,
+        Mode::Storage,
         Mode::WriteBack,
     ];
     let mut bypassed = 0;
@@ -242,7 +245,10 @@ fn a_volume_matches_its_model_in_every_mode_across_switches_and_reopens() {
         volume.set_mode(*mode);
         run_threads(&volume, &model, 100 * round as u64 + 1, 600);
         // Without flushes no barrier holds large writes back from bypassing a congested
-        // log.
+        // log (once the write-back has passed the earlier ones: a drain).
+        if *mode == Mode::WriteBack {
+            volume.drain(Duration::from_secs(30)).expect("drain");
+        }
         run_threads_flushing(&volume, &model, 100 * round as u64 + 51, 300, false);
         check_all(&volume, &model, &format!("round {round} ({})", mode.name()));
         bypassed += volume.status().bypassed_writes;
@@ -554,4 +560,77 @@ fn large_writes_bypass_a_congested_log_only_while_no_barrier_is_pending() {
         );
         volume.close();
     }
+}
+
+#[test]
+fn storage_mode_keeps_the_volume_in_the_log_compacting_it_and_never_writes_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 1024 * BS;
+    let backend = MemBackend::new(size);
+    let open = |backend: &Arc<MemBackend>| {
+        let mut cfg = config(dir.path(), Mode::Storage);
+        cfg.log_bytes = 1 << 20;
+        cfg.high_watermark = 0.5;
+        cfg.low_watermark = 0.3;
+        cfg.full_wait = Duration::from_millis(300);
+        Volume::open(cfg, backend.clone(), cache(16 << 20))
+            .unwrap()
+            .0
+    };
+    let volume = open(&backend);
+    let model = Arc::new(Mutex::new(vec![0u8; size as usize]));
+    // 32 blocks written over and over: 25 times the log's size, never the backend's.
+    let mut rng = Rng(9);
+    for round in 0..200u64 {
+        for b in 0..32u64 {
+            let block = b * 7 % 1024;
+            if round % 17 == 3 && b % 5 == 0 {
+                volume.write_zeroes(block * BS, BS, false).unwrap();
+                model.lock()[(block * BS) as usize..((block + 1) * BS) as usize].fill(0);
+            } else {
+                let data: Vec<u8> = (0..BS).map(|_| rng.next() as u8).collect();
+                volume
+                    .write(block * BS, &data, false)
+                    .unwrap_or_else(|e| panic!("{e}: {:?}", volume.status()));
+                model.lock()[(block * BS) as usize..((block + 1) * BS) as usize]
+                    .copy_from_slice(&data);
+            }
+        }
+        if round % 50 == 49 {
+            volume.flush().unwrap(); // barriers too
+        }
+    }
+    check_all(&volume, &model, "storage mode after 200 rounds");
+    let status = volume.status();
+    assert!(
+        status.batches_compacted > 0,
+        "the log compacted: {status:?}"
+    );
+    assert_eq!(backend.writes.load(Ordering::SeqCst), 0, "no backend write");
+    // Reopened (as after a crash: nothing drained), the log still holds the volume.
+    volume.close();
+    let volume = open(&backend);
+    check_all(&volume, &model, "storage mode after a reopen");
+    assert_eq!(backend.writes.load(Ordering::SeqCst), 0, "no backend write");
+    // More live data than the log holds: writes wait, then fail with ENOSPC, never hang.
+    let data = vec![3u8; BLOCK_SIZE];
+    let mut result = Ok(());
+    for b in 100..1024 {
+        result = volume.write(b * BS, &data, false);
+        if result.is_err() {
+            break;
+        }
+        model.lock()[(b * BS) as usize..((b + 1) * BS) as usize].copy_from_slice(&data);
+    }
+    let err = result.expect_err("the log filled with live blocks");
+    assert_eq!(err.errno(), libc::ENOSPC as u32, "{err}");
+    assert_eq!(backend.writes.load(Ordering::SeqCst), 0, "no backend write");
+    check_all(&volume, &model, "storage mode with a full log");
+    // `terrace volume flush` (a drain) writes the volume to the backend.
+    volume.drain(Duration::from_secs(30)).unwrap();
+    assert!(
+        *backend.bytes.lock() == *model.lock(),
+        "drained: the backend is the volume"
+    );
+    volume.close();
 }
