@@ -31,6 +31,9 @@ pub struct ServeVolumeArgs {
     /// The control socket `terrace volume` talks to [default: <dir>/control.sock].
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// Directory of the write logs, the file tiers and the sockets, created if missing.
     #[arg(long, default_value = "terrace-volume-data")]
     dir: PathBuf,
@@ -72,6 +75,10 @@ pub struct ServeVolumeArgs {
     /// barrier (0 = no write is large).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "64KiB")]
     large_write: u64,
+    /// Cache a block read from the backend on its N-th miss (promotion by hits; 1 caches
+    /// every miss).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    promote_after: u32,
     /// Logs as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -142,6 +149,7 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
                 high_watermark: args.high_watermark,
                 low_watermark: args.low_watermark,
                 large_write: args.large_write,
+                promote_after: args.promote_after,
                 ..VolumeConfig::new(&name, id, log_dir.join(format!("{name}.log")))
             };
             (config, spec)
@@ -158,6 +166,7 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
             args.control
                 .unwrap_or_else(|| args.dir.join("control.sock")),
         ),
+        metrics: args.metrics,
         tiers: args.tiers.configs(&args.dir),
         volumes,
         backend_connections: args.backend_connections,

@@ -39,6 +39,7 @@ pub mod control;
 pub mod error;
 pub mod export;
 pub mod log;
+pub mod metrics;
 pub mod nbd;
 pub mod s3;
 pub mod service;

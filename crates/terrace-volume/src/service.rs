@@ -17,6 +17,7 @@ use crate::backend::{Backend, FileBackend};
 use crate::control::ControlServer;
 use crate::error::VolumeError;
 use crate::export::Export;
+use crate::metrics::MetricsServer;
 use crate::nbd::{Listen, NbdBackend, NbdServer};
 use crate::s3::{S3Backend, S3Config};
 use crate::volume::{Volume, VolumeConfig};
@@ -74,6 +75,8 @@ impl BackendSpec {
 pub struct ServiceConfig {
     pub listen: Vec<Listen>,
     pub control: Option<PathBuf>,
+    /// Where to serve Prometheus over HTTP (`HOST:PORT`), if anywhere.
+    pub metrics: Option<String>,
     /// The cache's tiers and their directory.
     pub tiers: Vec<TierConfig>,
     pub volumes: Vec<(VolumeConfig, BackendSpec)>,
@@ -88,6 +91,7 @@ pub struct Service {
     volumes: Vec<Arc<Volume>>,
     servers: Vec<NbdServer>,
     control: Option<ControlServer>,
+    metrics: Option<MetricsServer>,
 }
 
 impl Service {
@@ -131,9 +135,22 @@ impl Service {
             volumes,
             servers: Vec::new(),
             control: None,
+            metrics: None,
         };
         if let Some(path) = &config.control {
             service.control = Some(ControlServer::start(path, service.volumes.clone())?);
+        }
+        if let Some(addr) = &config.metrics {
+            match MetricsServer::start(addr, service.volumes.clone()) {
+                Ok(m) => {
+                    tracing::info!(addr = %m.local_addr(), "serving metrics");
+                    service.metrics = Some(m);
+                }
+                Err(e) => {
+                    service.stop_quietly();
+                    return Err(e);
+                }
+            }
         }
         let exports: Vec<(String, Arc<dyn Export>)> = service
             .volumes
@@ -155,6 +172,11 @@ impl Service {
         Ok(service)
     }
 
+    /// Where the metrics endpoint listens, if it does.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::local_addr)
+    }
+
     pub fn volumes(&self) -> &[Arc<Volume>] {
         &self.volumes
     }
@@ -170,6 +192,9 @@ impl Service {
         }
         if let Some(c) = self.control.take() {
             c.shutdown();
+        }
+        if let Some(m) = self.metrics.take() {
+            m.shutdown();
         }
         for v in &self.volumes {
             v.close();

@@ -178,6 +178,10 @@ pub struct VolumeConfig {
     /// high watermark, or writers waiting for space) and holds no barrier — bcache's
     /// congested bypass.
     pub large_write: u64,
+    /// A block read from the backend is cached on its N-th miss (promotion by hits,
+    /// Open CAS's "nhit"); 1 caches every miss. Misses are counted in a bounded table
+    /// that forgets when full.
+    pub promote_after: u32,
 }
 
 impl VolumeConfig {
@@ -200,6 +204,7 @@ impl VolumeConfig {
             full_wait: Duration::from_secs(30),
             sequential_cutoff: 4 << 20,
             large_write: 64 << 10,
+            promote_after: 1,
         }
     }
 }
@@ -440,6 +445,8 @@ pub struct Volume {
     drained: Condvar,
     counters: Counters,
     writeback: Mutex<Option<JoinHandle<()>>>,
+    /// Misses counted towards promotion.
+    promotion: Promotion,
     /// Buffers the write-back workers copy runs into, kept between batches so their pages
     /// are not faulted in afresh for every batch (a leaf lock).
     writeback_buffers: Mutex<Vec<Vec<u8>>>,
@@ -514,6 +521,7 @@ impl Volume {
             scan_end: recovery.end,
             elapsed: started.elapsed(),
         };
+        let promotion = Promotion::new(config.promote_after);
         let volume = Arc::new(Volume {
             mode: AtomicU8::new(config.mode as u8),
             config,
@@ -544,6 +552,7 @@ impl Volume {
             counters: Counters::default(),
             writeback: Mutex::new(None),
             writeback_buffers: Mutex::new(Vec::new()),
+            promotion,
         });
         if volume.mode() == Mode::Storage {
             volume.log.keep_room(volume.compaction_room());
@@ -786,6 +795,9 @@ impl Volume {
                 .fetch_add(hi - lo, Ordering::Relaxed);
             if misses == Misses::ReadAndCache {
                 for i in lo..hi {
+                    if !self.promotion.promotes(first + i) {
+                        continue;
+                    }
                     let value = &out[(i * BS) as usize..((i + 1) * BS) as usize];
                     if let Err(e) = self.cache.set(&self.key(first + i), value, 0, 0) {
                         self.cache_failed("set", e);
@@ -1516,6 +1528,48 @@ impl Volume {
             }
         }
         Ok(())
+    }
+}
+
+/// Promotion by hits: which blocks read from the backend go into the cache. A block is
+/// promoted on its `after`-th miss; counts live in striped tables of at most
+/// `PROMOTION_ENTRIES` blocks in all, a stripe forgetting everything when it fills (so a
+/// block must miss `after` times within roughly the last `PROMOTION_ENTRIES` distinct
+/// misses). Each stripe's lock is a leaf.
+struct Promotion {
+    after: u32,
+    stripes: Box<[Mutex<FxHashMap<u64, u32>>]>,
+}
+
+const PROMOTION_STRIPES: usize = 64;
+const PROMOTION_ENTRIES: usize = 1 << 20;
+
+impl Promotion {
+    fn new(after: u32) -> Promotion {
+        Promotion {
+            after: after.max(1),
+            stripes: (0..PROMOTION_STRIPES)
+                .map(|_| Mutex::new(FxHashMap::default()))
+                .collect(),
+        }
+    }
+
+    /// Counts a miss of `block`; whether it is to be cached now.
+    fn promotes(&self, block: u64) -> bool {
+        if self.after <= 1 {
+            return true;
+        }
+        let mut stripe = self.stripes[shard_of(block) % PROMOTION_STRIPES].lock();
+        let count = stripe.entry(block).or_insert(0);
+        *count += 1;
+        if *count >= self.after {
+            stripe.remove(&block);
+            return true;
+        }
+        if stripe.len() > PROMOTION_ENTRIES / PROMOTION_STRIPES {
+            stripe.clear();
+        }
+        false
     }
 }
 

@@ -634,3 +634,34 @@ fn storage_mode_keeps_the_volume_in_the_log_compacting_it_and_never_writes_the_b
     );
     volume.close();
 }
+
+#[test]
+fn promotion_by_hits_caches_a_block_on_its_nth_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    for after in [1u32, 3] {
+        let backend = MemBackend::new(64 * BS);
+        backend
+            .bytes
+            .lock()
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = i as u8);
+        let mut cfg = config(dir.path(), Mode::WriteThrough);
+        cfg.log_path = dir.path().join(format!("promote-{after}.log"));
+        cfg.promote_after = after;
+        let (volume, _) = Volume::open(cfg, backend.clone(), cache(16 << 20)).unwrap();
+        let mut buf = vec![0u8; BLOCK_SIZE];
+        for read in 1..=after + 1 {
+            volume.read(5 * BS, &mut buf).unwrap();
+            assert_eq!(buf, backend.bytes.lock()[5 * BLOCK_SIZE..6 * BLOCK_SIZE]);
+            let status = volume.status();
+            let misses = u64::from(read.min(after));
+            assert_eq!(
+                status.read_miss_blocks, misses,
+                "after {after}, read {read}"
+            );
+            assert_eq!(status.read_hit_blocks, u64::from(read) - misses);
+        }
+        volume.close();
+    }
+}

@@ -1,0 +1,88 @@
+//! A whole `Service` (what `terrace serve-volume` runs) over a file backend: its control
+//! socket (status, mode switches including storage, bad commands) and its Prometheus
+//! endpoint over HTTP (the metrics, a 404, a client that never sends a request).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use terrace_cache::{TierConfig, TierSize};
+use terrace_volume::control::send;
+use terrace_volume::nbd::Listen;
+use terrace_volume::{BackendSpec, Service, ServiceConfig, VolumeConfig};
+
+fn get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn control_socket_and_metrics_endpoint_answer_and_refuse_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = dir.path().join("disk.img");
+    std::fs::File::create(&backend)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let control = dir.path().join("control.sock");
+    let config = ServiceConfig {
+        listen: vec![Listen::Unix(dir.path().join("nbd.sock"))],
+        control: Some(control.clone()),
+        metrics: Some("127.0.0.1:0".into()),
+        tiers: vec![TierConfig::dram(TierSize::Bytes(16 << 20))],
+        volumes: vec![(
+            VolumeConfig {
+                log_bytes: 4 << 20,
+                ..VolumeConfig::new("disk", 1, dir.path().join("disk.log"))
+            },
+            BackendSpec::File(backend),
+        )],
+        backend_connections: 1,
+    };
+    let service = Service::start(config).unwrap();
+    let addr = service.metrics_addr().expect("a metrics endpoint");
+
+    // A client that connects and sends nothing holds only its own thread.
+    let _silent = TcpStream::connect(addr).unwrap();
+    let started = Instant::now();
+    let metrics = get(addr, "/metrics");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "not held up by the silent one"
+    );
+    assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
+    assert!(
+        metrics.contains("terrace_volume_size_bytes{volume=\"disk\"} 16777216"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("# TYPE terrace_volume_dirty_bytes gauge"));
+    assert!(get(addr, "/nothing").starts_with("HTTP/1.1 404"));
+
+    let wait = Duration::from_secs(10);
+    let status = send(&control, "status", wait).unwrap();
+    assert!(
+        status.starts_with("OK\nvolume disk\n  mode write-through"),
+        "{status}"
+    );
+    assert!(send(&control, "mode disk storage", wait)
+        .unwrap()
+        .starts_with("OK"));
+    let status = send(&control, "status disk", wait).unwrap();
+    assert!(status.contains("  mode storage\n"), "{status}");
+    assert!(get(addr, "/metrics").contains("terrace_volume_batches_compacted{volume=\"disk\"} 0"));
+    let refused = send(&control, "mode disk sideways", wait).unwrap();
+    assert!(refused.starts_with("ERROR"), "{refused}");
+    assert!(send(&control, "launch", wait).unwrap().starts_with("ERROR"));
+    assert!(send(&control, "flush disk", wait)
+        .unwrap()
+        .starts_with("OK"));
+    service.stop().unwrap();
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "the endpoint is gone after stop"
+    );
+}
