@@ -1327,8 +1327,9 @@ impl Volume {
     /// A copy is appended only if its block's entry still names the batch's record once
     /// the copy's shard is locked; a client write reserved before the copy is overtaken
     /// by it and retried (as for any logged write, V3), one reserved after it is newer.
-    /// The batch is released only once every copy is durable, with every shard held (no
-    /// entry names it by then: each live one moved to its copy).
+    /// The batch is released only once every record appended so far is durable (the
+    /// copies, and the newer records that made its other blocks dead), with every shard
+    /// held (no entry names it by then: each live one moved to its copy).
     ///
     /// Copies land after records that were written later, past barriers: the backend's
     /// point-in-time property (V5) holds again once a full drain has written it all.
@@ -1352,16 +1353,16 @@ impl Volume {
             .map(|(b, _)| *b)
             .collect();
         let mut buffer = Vec::new();
-        let mut newest_copy = 0;
         for run in runs_of(live, &newest) {
-            match self.copy_run(run, &newest, &mut buffer)? {
-                Some(seq) => newest_copy = newest_copy.max(seq),
-                None => return Ok(false), // no room: release nothing
+            if self.copy_run(run, &newest, &mut buffer)?.is_none() {
+                return Ok(false); // no room: release nothing
             }
         }
-        if newest_copy > 0 {
-            self.log.wait_durable(newest_copy)?;
-        }
+        // Every record appended so far durable: the copies, and the records that made
+        // the batch's other blocks dead — one whose write failed after it was applied
+        // may never become durable, and releasing the block's older record would lose
+        // that block's last acknowledged write (the fail-Nth-write test found this).
+        self.log.wait_durable(self.log.last_seq())?;
         let last = *batch.last().expect("a batch is never empty");
         let all: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(|m| m.lock()).collect();
         self.log.release_through(&last)?;
