@@ -6,6 +6,11 @@
 //! from the log's *durable* image — what a power loss right after the failure leaves —
 //! over the same backend, and every block must hold its last acknowledged write, or a
 //! write after it that failed (a failed write may have landed, as on a disk).
+//!
+//! The same script without faults also records crash images at every sync of the log
+//! (its only persist point): the durable bytes before the sync and after it, each with
+//! the backend as it was then. Every image reopens as a volume in which every block holds
+//! its last write acknowledged by then, or one in flight.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -22,12 +27,27 @@ const BS: u64 = BLOCK_SIZE as u64;
 const BLOCKS: u64 = 64;
 const LOG_BYTES: u64 = 512 << 10;
 
-/// A log in memory whose `fail_at`-th write or sync (counting both from 1) fails once.
+/// A log in memory whose `fail_at`-th write or sync (counting both from 1) fails once;
+/// with a recorder, it keeps a crash image at each sync.
 struct FaultyStore {
     current: Mutex<Vec<u8>>,
     durable: Mutex<Vec<u8>>,
     ops: AtomicU64,
     fail_at: u64,
+    recorder: Option<Recorder>,
+}
+
+/// What a crash image needs: the script's ledger and the backend, to copy at each sync.
+struct Recorder {
+    ledger: Arc<Mutex<Vec<Allowed>>>,
+    backend: Arc<MemBackend>,
+    images: Mutex<Vec<CrashImage>>,
+}
+
+struct CrashImage {
+    log: Vec<u8>,
+    backend: Vec<u8>,
+    allowed: Vec<Allowed>,
 }
 
 impl FaultyStore {
@@ -37,6 +57,7 @@ impl FaultyStore {
             current: Mutex::new(bytes),
             ops: AtomicU64::new(0),
             fail_at,
+            recorder: None,
         })
     }
 
@@ -70,7 +91,19 @@ impl LogStore for Shared {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let c = self.0.current.lock().clone();
-        *self.0.durable.lock() = c;
+        let before = std::mem::replace(&mut *self.0.durable.lock(), c.clone());
+        if let Some(r) = &self.0.recorder {
+            let allowed = r.ledger.lock().clone();
+            let backend = r.backend.0.lock().clone();
+            let mut images = r.images.lock();
+            for log in [before, c] {
+                images.push(CrashImage {
+                    log,
+                    backend: backend.clone(),
+                    allowed: allowed.clone(),
+                });
+            }
+        }
         Ok(())
     }
     fn describe(&self) -> String {
@@ -137,29 +170,27 @@ struct Allowed {
     failed_after: BTreeSet<u8>,
 }
 
-/// The script; returns what each block may hold.
-fn script(volume: &Volume) -> Vec<Allowed> {
-    let mut allowed = vec![
-        Allowed {
-            acked: 0,
-            failed_after: BTreeSet::new(),
-        };
-        BLOCKS as usize
-    ];
+fn new_ledger() -> Arc<Mutex<Vec<Allowed>>> {
+    let nothing = Allowed {
+        acked: 0,
+        failed_after: BTreeSet::new(),
+    };
+    Arc::new(Mutex::new(vec![nothing; BLOCKS as usize]))
+}
+
+/// The script, keeping in `ledger` what each block may hold (a write in flight counts
+/// as failed until it is acknowledged).
+fn script(volume: &Volume, ledger: &Mutex<Vec<Allowed>>) {
     let mut stamp = 0u8;
     let mut write = |volume: &Volume, blocks: std::ops::Range<u64>| {
         for b in blocks {
             stamp += 1;
             let data = vec![stamp; BLOCK_SIZE];
-            let a = &mut allowed[b as usize];
-            match volume.write(b * BS, &data, false) {
-                Ok(()) => {
-                    a.acked = stamp;
-                    a.failed_after.clear();
-                }
-                Err(_) => {
-                    a.failed_after.insert(stamp);
-                }
+            ledger.lock()[b as usize].failed_after.insert(stamp);
+            if volume.write(b * BS, &data, false).is_ok() {
+                let a = &mut ledger.lock()[b as usize];
+                a.acked = stamp;
+                a.failed_after.clear();
             }
         }
     };
@@ -184,29 +215,22 @@ fn script(volume: &Volume) -> Vec<Allowed> {
     let _ = volume.flush();
     drain(volume);
     write(volume, 30..40);
-    allowed
 }
 
 fn run(fail_at: u64) -> (u64, Vec<Allowed>, Vec<u8>, Arc<MemBackend>) {
     let backend = Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize])));
     let store = FaultyStore::new(vec![0; LOG_BYTES as usize], fail_at);
-    let allowed = match open(&store, &backend, Mode::WriteBack) {
+    let ledger = new_ledger();
+    match open(&store, &backend, Mode::WriteBack) {
         Ok(volume) => {
-            let allowed = script(&volume);
+            script(&volume, &ledger);
             volume.close();
-            allowed
         }
         // A fault while opening (the superblock's update) is a clear error; nothing
         // was acknowledged.
-        Err(e) => {
-            assert!(e.to_string().contains("error"), "{e}");
-            let nothing = Allowed {
-                acked: 0,
-                failed_after: BTreeSet::new(),
-            };
-            vec![nothing; BLOCKS as usize]
-        }
-    };
+        Err(e) => assert!(e.to_string().contains("error"), "{e}"),
+    }
+    let allowed = ledger.lock().clone();
     let ops = store.ops.load(Ordering::SeqCst);
     let durable = store.durable.lock().clone();
     (ops, allowed, durable, backend)
@@ -265,5 +289,31 @@ fn failing_the_nth_log_write_or_sync_loses_no_acknowledged_write() {
                 .unwrap_or_else(|_| panic!("fail at {fail_at}: the script hung or panicked"));
             check(fail_at, &allowed, durable, &backend);
         }
+    }
+}
+
+#[test]
+fn every_sync_of_the_log_is_a_crash_image_the_volume_recovers_from() {
+    let backend = Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize])));
+    let ledger = new_ledger();
+    let store = Arc::new(FaultyStore {
+        durable: Mutex::new(vec![0; LOG_BYTES as usize]),
+        current: Mutex::new(vec![0; LOG_BYTES as usize]),
+        ops: AtomicU64::new(0),
+        fail_at: 0,
+        recorder: Some(Recorder {
+            ledger: Arc::clone(&ledger),
+            backend: Arc::clone(&backend),
+            images: Mutex::new(Vec::new()),
+        }),
+    });
+    let volume = open(&store, &backend, Mode::WriteBack).unwrap();
+    script(&volume, &ledger);
+    volume.close();
+    let images = std::mem::take(&mut *store.recorder.as_ref().unwrap().images.lock());
+    assert!(images.len() > 100, "{} images", images.len());
+    for (i, image) in images.into_iter().enumerate() {
+        let backend = Arc::new(MemBackend(Mutex::new(image.backend)));
+        check(i as u64, &image.allowed, image.log, &backend);
     }
 }
