@@ -6,11 +6,10 @@
 //! acknowledged write or the one after it (in flight at the kill), never an older one,
 //! zeroes or a torn block. Three rounds per mode.
 //!
-//! fio's own recipe (`verify_state_save` + a trigger) is in `bench/volume-kill-soak.sh`,
-//! not here: fio 3.33 (Debian 12) records only the last iodepth completions, so a write
-//! that a server completes later than the next 16 issued is verified as if it had been
-//! acknowledged, and the check fails without a lost write (fio 3.37 records the writes in
-//! flight instead).
+//! fio's own recipe (`verify_state_save` at each job's exit, `verify_only` after the
+//! restart) is `bench/volume-kill-soak.sh`, 20 rounds per mode: 16 jobs at iodepth 1, as
+//! fio 3.33 (Debian 12) records only a job's last iodepth completions, so at a deeper
+//! queue a write completed out of order is verified as if acknowledged.
 
 mod common;
 
