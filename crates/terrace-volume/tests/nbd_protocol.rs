@@ -1,5 +1,6 @@
 //! The NBD front end and back end end to end: our server over a `MemoryExport` on UNIX
-//! and TCP sockets, probed by the real tools (`nbdinfo`, fio's `nbd` engine), by our
+//! and TCP sockets, probed by the real tools (`nbdinfo`, fio's `nbd` engine, `nbdcopy`,
+//! `qemu-img`, `qemu-io`, `nbdsh`), by our
 //! `NbdBackend` client, and by hand-made malformed byte streams; our client against
 //! nbdkit. External tools are skipped with a printed note when missing, unless
 //! `TERRACE_REQUIRE_TOOLS=1`, which makes a missing tool a failure.
@@ -1376,4 +1377,105 @@ fn unix_socket_binding_rules() {
     assert!(NbdServer::start(Listen::Unix(other.clone()), Vec::new()).is_err());
     let twice = exports(&[("a", &disk), ("a", &disk)]);
     assert!(NbdServer::start(Listen::Unix(other), twice).is_err());
+}
+
+// ---- unchanged clients: nbdcopy, qemu-img, qemu-io, nbdsh -------------------------------
+
+/// Runs a client tool to success; its standard output.
+fn client(command: &mut Command) -> String {
+    let output = run_with_deadline(command, TOOL_DEADLINE);
+    assert!(
+        output.status.success(),
+        "{command:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn export_bytes(export: &MemoryExport, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    export.read(offset, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn unchanged_clients_copy_write_and_read_through_the_server() {
+    let tools = ["nbdcopy", "qemu-img", "qemu-io", "nbdsh"];
+    if !tools.iter().all(|t| have_tool(t)) {
+        return;
+    }
+    let disk = memory(64 * MIB);
+    let fixture = UnixFixture::start(exports(&[("disk", &disk)]));
+    let uri = fixture.server.uri("disk");
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(23);
+    let source: Vec<u8> = (0..4 * MIB).map(|_| rng.next() as u8).collect();
+    let src = dir.path().join("src.img");
+    std::fs::write(&src, &source).unwrap();
+
+    // nbdcopy in (a 4 MiB file over the export's start) and out (the whole export).
+    client(Command::new("nbdcopy").arg(&src).arg(&uri));
+    assert!(export_bytes(&disk, 0, source.len()) == source, "nbdcopy in");
+    let dst = dir.path().join("dst.img");
+    client(Command::new("nbdcopy").arg(&uri).arg(&dst));
+    let copied = std::fs::read(&dst).unwrap();
+    assert_eq!(copied.len() as u64, 64 * MIB);
+    assert!(copied[..source.len()] == source[..], "nbdcopy out");
+    assert!(copied[source.len()..].iter().all(|&b| b == 0));
+
+    // qemu-img sees the size and finds the export equal to the file it came from (the
+    // rest of the export is zeroes).
+    let info = client(
+        Command::new("qemu-img")
+            .args(["info", "--output=json"])
+            .arg(&uri),
+    );
+    assert!(info.contains("\"virtual-size\": 67108864"), "{info}");
+    client(
+        Command::new("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(&src)
+            .arg(&uri),
+    );
+
+    // qemu-io writes a pattern and reads it back (it checks the pattern itself).
+    let io = client(
+        Command::new("qemu-io")
+            .args(["-f", "raw"])
+            .args(["-c", "write -P 0x5a 8M 64k", "-c", "read -P 0x5a 8M 64k"])
+            .args([
+                "-c",
+                "write -z 9M 64k",
+                "-c",
+                "read -P 0 9M 64k",
+                "-c",
+                "flush",
+            ])
+            .arg(&uri),
+    );
+    assert!(io.contains("wrote 65536/65536 bytes"), "{io}");
+    assert!(!io.contains("Pattern verification failed"), "{io}");
+    assert!(export_bytes(&disk, 8 * MIB, 65536)
+        .iter()
+        .all(|&b| b == 0x5a));
+
+    // nbdsh (libnbd's Python shell): a write, a read, a flush, a zero.
+    let script = "\
+buf = b'\\x11' * 4096
+h.pwrite(buf, 16 * 1024 * 1024)
+assert h.pread(4096, 16 * 1024 * 1024) == buf
+h.flush()
+h.zero(4096, 16 * 1024 * 1024)
+assert h.pread(4096, 16 * 1024 * 1024) == bytes(4096)
+print('nbdsh ok', h.get_size())
+";
+    let out = client(
+        Command::new("nbdsh")
+            .arg("-u")
+            .arg(&uri)
+            .arg("-c")
+            .arg(script),
+    );
+    assert!(out.contains("nbdsh ok 67108864"), "{out}");
 }
