@@ -98,9 +98,7 @@ impl Mode {
             _ => Mode::WriteThrough,
         }
     }
-}
 
-impl Mode {
     /// Whether writes go through the log whatever their blocks (write-back, storage).
     pub fn logs_writes(self) -> bool {
         matches!(self, Mode::WriteBack | Mode::Storage)
@@ -175,8 +173,8 @@ pub struct VolumeConfig {
     /// A write of at least this many bytes is *large* (0 = none is): it is not kept in
     /// the cache (a write-back run this long is dropped from it, not stored), and in
     /// write-back it goes straight to the backend while the log is congested (past the
-    /// high watermark, or writers waiting for space) and holds no barrier — bcache's
-    /// congested bypass.
+    /// high watermark, the write-back cleaning down to the low one, or writers waiting
+    /// for space) and holds no barrier — bcache's congested bypass.
     pub large_write: u64,
     /// A block read from the backend is cached on its N-th miss (promotion by hits,
     /// Open CAS's "nhit"); 1 caches every miss. Misses are counted in a bounded table
