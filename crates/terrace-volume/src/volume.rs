@@ -231,6 +231,13 @@ struct Locked<'a> {
 }
 
 impl Locked<'_> {
+    /// Whether a block in `range` is dirty (its shards must be the ones held).
+    fn any_dirty_in(&self, range: std::ops::RangeInclusive<u64>) -> bool {
+        self.guards
+            .iter()
+            .any(|(_, shard)| shard.keys().any(|b| range.contains(b)))
+    }
+
     fn shard(&mut self, block: u64) -> &mut Shard {
         let index = shard_of(block);
         let at = self
@@ -985,7 +992,13 @@ impl Volume {
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
         let mut locked = self.lock_blocks(first, last);
-        if (first..=last).any(|b| locked.shard(b).contains_key(&b)) {
+        // Over a range wider than the dirty map, look through the map instead.
+        let dirty = if last - first + 1 > self.dirty_blocks.load(Ordering::Relaxed) {
+            locked.any_dirty_in(first..=last)
+        } else {
+            (first..=last).any(|b| locked.shard(b).contains_key(&b))
+        };
+        if dirty {
             drop(locked);
             return self.change_logged(offset, change, fua).map(|()| false);
         }
@@ -1058,9 +1071,17 @@ impl Volume {
     /// log does not), and no barrier is pending — so landing it before the log's records
     /// reorders it only among writes no flush has ordered, and the backend stays a
     /// crash-consistent image (V5).
+    ///
+    /// Large zeroings (trims, write-zeroes) bypass whenever no barrier is pending: a
+    /// backend zeroes a range at the cost of a metadata update, where the log would keep
+    /// a dirty entry per block (a discard of a whole 1 TiB volume, as mkfs sends, would
+    /// be 268 M of them).
     fn bypasses(&self, change: &Change<'_>) -> bool {
-        if !self.is_large(change.len()) || !matches!(change, Change::Data(_)) {
+        if !self.is_large(change.len()) {
             return false;
+        }
+        if matches!(change, Change::Zeroes(_)) {
+            return !self.log.has_barriers();
         }
         // Congested: the write-back is cleaning (from the high watermark down to the low
         // one), or the log is past the high watermark already, or writers wait for space.

@@ -665,3 +665,47 @@ fn promotion_by_hits_caches_a_block_on_its_nth_miss() {
         volume.close();
     }
 }
+
+#[test]
+fn a_large_trim_in_write_back_zeroes_the_backend_without_a_dirty_entry_per_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 4096 * BS;
+    let backend = MemBackend::new(size);
+    backend.bytes.lock().fill(0x77);
+    let (volume, _) = Volume::open(
+        config(dir.path(), Mode::WriteBack),
+        backend.clone(),
+        cache(16 << 20),
+    )
+    .unwrap();
+    let mut got = vec![0u8; BLOCK_SIZE];
+    volume.read(5 * BS, &mut got).unwrap(); // cached now: the trim must drop it
+    volume.trim(0, size / 2, false).unwrap();
+    let status = volume.status();
+    assert_eq!(status.dirty_bytes, 0, "no dirty entries: {status:?}");
+    assert_eq!(status.bypassed_writes, 1);
+    assert!(backend.bytes.lock()[..(size / 2) as usize]
+        .iter()
+        .all(|&b| b == 0));
+    volume.read(5 * BS, &mut got).unwrap();
+    assert!(
+        got.iter().all(|&b| b == 0),
+        "the cached copy went with the trim"
+    );
+    // With a barrier pending (the write-back held), a large trim goes through the log.
+    let gate = backend.gate.write();
+    volume.write(3000 * BS, &[1u8; BLOCK_SIZE], false).unwrap();
+    volume.flush().unwrap();
+    volume.trim(3200 * BS, 256 * BS, false).unwrap();
+    let status = volume.status();
+    assert_eq!(status.bypassed_writes, 1, "{status:?}");
+    assert_eq!(status.dirty_bytes, 257 * BS, "{status:?}");
+    drop(gate);
+    volume.drain(Duration::from_secs(30)).unwrap();
+    assert!(
+        backend.bytes.lock()[(3200 * BS) as usize..(3456 * BS) as usize]
+            .iter()
+            .all(|&b| b == 0)
+    );
+    volume.close();
+}
