@@ -63,29 +63,13 @@ impl ControlServer {
         let listener = UnixListener::bind(path).map_err(io_err)?;
         listener.set_nonblocking(true).map_err(io_err)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("volume-control".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Acquire) {
-                    match listener.accept() {
-                        Ok((stream, _)) => {
-                            let volumes = volumes.clone();
-                            let _ = std::thread::Builder::new()
-                                .name("volume-control-conn".into())
-                                .spawn(move || serve(stream, &volumes));
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(50))
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "control socket accept");
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                }
-            })
-            .map_err(io_err)?;
+        let thread = accept_loop(
+            "volume-control",
+            Arc::clone(&stop),
+            move || listener.accept().map(|(stream, _)| stream),
+            move |stream| serve(stream, &volumes),
+        )
+        .map_err(io_err)?;
         Ok(ControlServer {
             path: path.to_path_buf(),
             stop,
@@ -101,6 +85,46 @@ impl ControlServer {
         }
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// The accept thread of a non-blocking listener (the control socket, the metrics
+/// endpoint): until `stop`, each connection `accept` returns is served on a thread of its
+/// own (named `<name>-conn`); accept errors are logged and retried.
+pub(crate) fn accept_loop<S, A, F>(
+    name: &str,
+    stop: Arc<AtomicBool>,
+    mut accept: A,
+    serve: F,
+) -> std::io::Result<JoinHandle<()>>
+where
+    S: Send + 'static,
+    A: FnMut() -> std::io::Result<S> + Send + 'static,
+    F: Fn(S) + Send + Sync + 'static,
+{
+    let serve = Arc::new(serve);
+    let conn_name = format!("{name}-conn");
+    let what = name.to_string();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                match accept() {
+                    Ok(stream) => {
+                        let serve = Arc::clone(&serve);
+                        let _ = std::thread::Builder::new()
+                            .name(conn_name.clone())
+                            .spawn(move || serve(stream));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "{what} accept");
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
+        })
 }
 
 fn serve(stream: UnixStream, volumes: &[Arc<Volume>]) {

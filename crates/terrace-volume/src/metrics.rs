@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::control::accept_loop;
 use crate::error::VolumeError;
 use crate::volume::Volume;
 
@@ -35,29 +36,13 @@ impl MetricsServer {
             .set_nonblocking(true)
             .map_err(|e| bad(e.to_string()))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("volume-metrics".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Acquire) {
-                    match listener.accept() {
-                        Ok((stream, _)) => {
-                            let volumes = volumes.clone();
-                            let _ = std::thread::Builder::new()
-                                .name("volume-metrics-conn".into())
-                                .spawn(move || answer(stream, &volumes));
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(50))
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "metrics accept");
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                }
-            })
-            .map_err(|e| bad(e.to_string()))?;
+        let thread = accept_loop(
+            "volume-metrics",
+            Arc::clone(&stop),
+            move || listener.accept().map(|(stream, _)| stream),
+            move |stream| answer(stream, &volumes),
+        )
+        .map_err(|e| bad(e.to_string()))?;
         Ok(MetricsServer {
             addr: local,
             stop,
