@@ -1399,10 +1399,38 @@ fn export_bytes(export: &MemoryExport, offset: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// nbdsh (`python3 -mnbd`), with the system's python3 first on PATH when the first one
+/// there (a pyenv, say) lacks libnbd's module.
+fn nbdsh() -> Command {
+    let works = |c: &mut Command| {
+        c.arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let mut command = Command::new("nbdsh");
+    if !works(&mut Command::new("nbdsh")) {
+        let path = std::env::var("PATH").unwrap_or_default();
+        command.env("PATH", format!("/usr/bin:{path}"));
+    }
+    command
+}
+
 #[test]
 fn unchanged_clients_copy_write_and_read_through_the_server() {
-    let tools = ["nbdcopy", "qemu-img", "qemu-io", "nbdsh"];
+    let tools = ["nbdcopy", "qemu-img", "qemu-io"];
     if !tools.iter().all(|t| have_tool(t)) {
+        return;
+    }
+    let nbdsh_works = nbdsh()
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !nbdsh_works {
+        assert!(
+            std::env::var("TERRACE_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "nbdsh (python3-libnbd) is missing and TERRACE_REQUIRE_TOOLS=1"
+        );
+        eprintln!("note: nbdsh not found; skipping this test");
         return;
     }
     let disk = memory(64 * MIB);
@@ -1470,12 +1498,6 @@ h.zero(4096, 16 * 1024 * 1024)
 assert h.pread(4096, 16 * 1024 * 1024) == bytes(4096)
 print('nbdsh ok', h.get_size())
 ";
-    let out = client(
-        Command::new("nbdsh")
-            .arg("-u")
-            .arg(&uri)
-            .arg("-c")
-            .arg(script),
-    );
+    let out = client(nbdsh().arg("-u").arg(&uri).arg("-c").arg(script));
     assert!(out.contains("nbdsh ok 67108864"), "{out}");
 }
