@@ -146,3 +146,24 @@ impl Backend for FileBackend {
 fn is_aligned_addr(ptr: *const u8) -> bool {
     (ptr as usize).is_multiple_of(BLOCK_SIZE)
 }
+
+/// The range check every backend makes: `[offset, offset + len)` inside `size`, else
+/// `InvalidInput` naming the backend (`what`, called only then) — a clear error, never
+/// a request past the end.
+pub(crate) fn check_range(
+    offset: u64,
+    len: u64,
+    size: u64,
+    what: impl FnOnce() -> String,
+) -> io::Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} range {offset}+{len} past the end ({size} bytes)",
+                what()
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -519,20 +519,9 @@ impl S3Backend {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > self.config.size)
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "s3 range {offset}+{len} past the volume's {} bytes ({})",
-                    self.config.size,
-                    self.config.location()
-                ),
-            ));
-        }
-        Ok(())
+        crate::backend::check_range(offset, len, self.config.size, || {
+            format!("s3 volume {}", self.config.location())
+        })
     }
 
     /// The pieces of `[offset, offset + len)`: (chunk, offset in it, length), in order.

@@ -367,7 +367,8 @@ fn requests_past_the_end_are_refused() {
     ];
     for e in errors {
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
-        assert!(e.to_string().contains("past the volume"), "{e}");
+        assert!(e.to_string().contains("s3 volume"), "{e}");
+        assert!(e.to_string().contains("past the end"), "{e}");
     }
     assert!(
         backend.stored_chunks().unwrap().is_empty(),

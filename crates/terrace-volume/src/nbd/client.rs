@@ -206,19 +206,7 @@ impl NbdBackend {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > self.negotiated.size)
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "nbd range {offset}+{len} past the export's {} bytes",
-                    self.negotiated.size
-                ),
-            ));
-        }
-        Ok(())
+        crate::backend::check_range(offset, len, self.negotiated.size, || "nbd export".into())
     }
 
     /// Takes a slot from the pool, preferring a live connection; waits if all are busy.
