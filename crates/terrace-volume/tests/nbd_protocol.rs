@@ -20,6 +20,9 @@ use terrace_volume::nbd::proto::{self, RequestHeader};
 use terrace_volume::nbd::{Listen, NbdBackend, NbdServer};
 use terrace_volume::{Backend, BlockError, Export, MemoryExport};
 
+mod common;
+use common::Rng;
+
 const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
 /// Socket timeout of every raw test connection.
@@ -110,29 +113,6 @@ impl UnixFixture {
 
     fn socket(&self) -> PathBuf {
         self.dir.path().join("nbd.sock")
-    }
-}
-
-/// A tiny deterministic generator (xorshift64*), so failures replay.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-
-    fn fill(&mut self, bytes: &mut [u8]) {
-        for chunk in bytes.chunks_mut(8) {
-            let word = self.next().to_le_bytes();
-            chunk.copy_from_slice(&word[..chunk.len()]);
-        }
     }
 }
 

@@ -1,4 +1,5 @@
 //! Shared helpers of terrace-volume's tests: a seeded generator.
+#![allow(dead_code)] // each test binary uses the helpers it needs
 
 /// xorshift64: a seeded, repeatable stream (seed must not be 0).
 pub struct Rng(pub u64);
@@ -13,5 +14,12 @@ impl Rng {
 
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+
+    pub fn fill(&mut self, bytes: &mut [u8]) {
+        for chunk in bytes.chunks_mut(8) {
+            let word = self.next().to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
     }
 }
