@@ -7,6 +7,7 @@
 //! - [`client`]: [`NbdBackend`] is a [`Backend`](crate::Backend) over any NBD server
 //!   (nbdkit and its plugins and filters, qemu-nbd, another Terrace).
 //! - [`proto`]: the wire format, pure encoders and parsers shared by both.
+//! - `buffers`: the page-aligned request buffers a server connection keeps.
 //!
 //! Invariants: fixed newstyle negotiation only (no oldstyle, no TLS); no request or reply
 //! payload exceeds [`proto::MAX_PAYLOAD`] (32 MiB); a peer's bad bytes end at most that
@@ -18,6 +19,7 @@ use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+mod buffers;
 pub mod client;
 pub mod proto;
 pub mod server;

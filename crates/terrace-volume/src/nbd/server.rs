@@ -45,7 +45,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use terrace_media::error::MediaError;
 
+use super::buffers::{Buffer, BufferPool};
 use super::proto::{self, RequestHeader};
 use super::Stream;
 use crate::error::{BlockError, VolumeError};
@@ -788,8 +790,8 @@ fn handshake(shared: &Shared, stream: &mut Stream) -> Result<Option<Session>, Co
 /// One checked request waiting for (or in) a worker.
 struct Job {
     header: RequestHeader,
-    /// A WRITE's data; empty otherwise.
-    payload: Vec<u8>,
+    /// A WRITE's data.
+    payload: Option<Buffer>,
     /// Bytes this request counts against [`MAX_IN_FLIGHT_BYTES`].
     cost: u64,
 }
@@ -802,7 +804,21 @@ struct Flight {
     in_flight_bytes: u64,
     workers: usize,
     idle_workers: usize,
+    /// Threads waiting on `slot_freed` (the reader for a slot, `finish` for the last
+    /// request): a completion wakes them only when there are some.
+    slot_waiters: usize,
     closing: bool,
+}
+
+impl Flight {
+    /// Frees the slot of a request that has been answered.
+    fn release(&mut self, cost: u64, slot_freed: &Condvar) {
+        self.in_flight -= 1;
+        self.in_flight_bytes -= cost;
+        if self.slot_waiters > 0 {
+            slot_freed.notify_all();
+        }
+    }
 }
 
 /// A connection in transmission: what its reader and workers share.
@@ -823,6 +839,8 @@ struct Connection {
     /// before it next waits for input: one write for a burst of pipelined requests.
     /// Only the reader touches it.
     deferred: Mutex<Vec<u8>>,
+    /// WRITE payloads and READ replies, kept between requests.
+    buffers: BufferPool,
 }
 
 fn transmission(
@@ -845,6 +863,7 @@ fn transmission(
         slot_freed: Condvar::new(),
         workers: Mutex::new(Vec::new()),
         deferred: Mutex::new(Vec::new()),
+        buffers: BufferPool::default(),
     });
     // Buffered: a burst of pipelined requests arrives in one read.
     let mut buffered = io::BufReader::with_capacity(READ_BUFFER, reader);
@@ -876,9 +895,6 @@ impl Connection {
         self: &Arc<Self>,
         reader: &mut io::BufReader<&mut Stream>,
     ) -> Result<(), ConnectionEnd> {
-        // A WRITE payload the export took on this thread leaves its buffer here for the
-        // next one (one handed to a worker goes with it).
-        let mut spare: Vec<u8> = Vec::new();
         loop {
             let mut header = [0; proto::REQUEST_HEADER_LEN];
             if reader.buffer().len() < header.len() {
@@ -901,27 +917,36 @@ impl Connection {
                     }
                     let cost = u64::from(header.length);
                     self.acquire(cost);
-                    let mut payload = std::mem::take(&mut spare);
-                    payload.resize(header.length as usize, 0);
-                    if reader.buffer().len() < payload.len() {
+                    let mut payload = match self.buffers.take(0, header.length as usize) {
+                        Ok(payload) => payload,
+                        Err(error) => {
+                            // The payload cannot be skipped safely: answer, then close.
+                            self.release(cost);
+                            let message = format!("no buffer for a WRITE payload: {error}");
+                            self.send_error(&header, proto::ENOMEM, &message);
+                            return Err(ConnectionEnd::Protocol(message));
+                        }
+                    };
+                    if reader.buffer().len() < payload.data().len() {
                         self.send_deferred();
                     }
-                    if let Err(error) = read_payload(reader, &mut payload) {
+                    if let Err(error) = read_payload(reader, payload.data_mut()) {
                         self.release(cost);
                         return Err(error.into());
                     }
                     match self.check(&header) {
-                        Ok(()) if self.write_at_once(&header, &payload) => {
+                        Ok(()) if self.write_at_once(&header, payload.data()) => {
                             self.release(cost);
-                            spare = payload;
+                            self.buffers.give(payload);
                         }
                         Ok(()) => self.submit(Job {
                             header,
-                            payload,
+                            payload: Some(payload),
                             cost,
                         }),
                         Err((errno, message)) => {
                             self.release(cost);
+                            self.buffers.give(payload);
                             self.send_error(&header, errno, &message);
                         }
                     }
@@ -937,7 +962,7 @@ impl Connection {
                         self.acquire(cost);
                         self.submit(Job {
                             header,
-                            payload: Vec::new(),
+                            payload: None,
                             cost,
                         });
                     }
@@ -1014,17 +1039,16 @@ impl Connection {
             flight = self.flight.lock();
         }
         while full(&flight) {
+            flight.slot_waiters += 1;
             self.slot_freed.wait(&mut flight);
+            flight.slot_waiters -= 1;
         }
         flight.in_flight += 1;
         flight.in_flight_bytes += cost;
     }
 
     fn release(&self, cost: u64) {
-        let mut flight = self.flight.lock();
-        flight.in_flight -= 1;
-        flight.in_flight_bytes -= cost;
-        self.slot_freed.notify_all();
+        self.flight.lock().release(cost, &self.slot_freed);
     }
 
     /// Queues a job (its slot already taken), adding a worker if none is free.
@@ -1059,11 +1083,16 @@ impl Connection {
         }
     }
 
-    /// A worker: runs queued jobs until the connection closes.
+    /// A worker: runs queued jobs until the connection closes. It frees the slot of the
+    /// job it answered and takes the next one under one lock.
     fn work(&self) {
+        let mut answered: Option<u64> = None;
         loop {
             let job = {
                 let mut flight = self.flight.lock();
+                if let Some(cost) = answered.take() {
+                    flight.release(cost, &self.slot_freed);
+                }
                 loop {
                     if let Some(job) = flight.queue.pop_front() {
                         break job;
@@ -1077,27 +1106,38 @@ impl Connection {
                     flight.idle_workers -= 1;
                 }
             };
-            self.run(job);
+            answered = Some(self.answer(job));
         }
     }
 
     /// Runs one job, answers it and frees its slot.
     fn run(&self, job: Job) {
-        let cost = job.cost;
-        self.execute(job);
+        let cost = self.answer(job);
         self.release(cost);
     }
 
-    fn execute(&self, job: Job) {
+    /// Runs one job and answers it; its cost, for the caller to release.
+    fn answer(&self, mut job: Job) -> u64 {
+        self.execute(&job);
+        if let Some(payload) = job.payload.take() {
+            self.buffers.give(payload);
+        }
+        job.cost
+    }
+
+    fn execute(&self, job: &Job) {
         let header = job.header;
         let fua = header.flags & proto::CMD_FLAG_FUA != 0;
         let (offset, length) = (header.offset, u64::from(header.length));
         let stats = &self.shared.stats;
         let result = match header.command {
             proto::CMD_READ => return self.execute_read(&header),
-            proto::CMD_WRITE => self.export.write(offset, &job.payload, fua).inspect(|()| {
-                Counters::add(&stats.bytes_written, length);
-            }),
+            proto::CMD_WRITE => {
+                let payload = job.payload.as_ref().map_or(&[][..], Buffer::data);
+                self.export.write(offset, payload, fua).inspect(|()| {
+                    Counters::add(&stats.bytes_written, length);
+                })
+            }
             proto::CMD_FLUSH => self
                 .export
                 .flush()
@@ -1120,20 +1160,29 @@ impl Connection {
     /// Answers a READ on the reader's own thread if the export can serve it from memory
     /// ([`Export::read_cached`]); false if it must go to a worker.
     fn read_at_once(&self, header: &RequestHeader) -> bool {
-        let prefix = self.read_reply_prefix();
-        let mut reply = vec![0; prefix + header.length as usize];
-        match self.export.read_cached(header.offset, &mut reply[prefix..]) {
+        let Ok(mut reply) = self.read_buffer(header) else {
+            return false; // the worker answers the allocation failure
+        };
+        let answered = match self.export.read_cached(header.offset, reply.data_mut()) {
             None => false,
             Some(Ok(())) => {
-                self.finish_read_reply(header, &mut reply);
-                self.defer(&reply);
+                self.finish_read_reply(header, reply.framed_mut());
+                self.defer(reply.framed());
                 true
             }
             Some(Err(error)) => {
                 self.export_failed(header, &error);
                 true
             }
-        }
+        };
+        self.buffers.give(reply);
+        answered
+    }
+
+    /// A buffer for a READ's reply: room for its header, then block-aligned data.
+    fn read_buffer(&self, header: &RequestHeader) -> Result<Buffer, MediaError> {
+        self.buffers
+            .take(self.read_reply_prefix(), header.length as usize)
     }
 
     /// Answers a WRITE on the reader's own thread if the export can do it in memory
@@ -1165,19 +1214,22 @@ impl Connection {
     /// Reads into a buffer that already holds room for the reply header, so the whole
     /// reply leaves in one write.
     fn execute_read(&self, header: &RequestHeader) {
-        let prefix = self.read_reply_prefix();
-        let mut reply = vec![0; prefix + header.length as usize];
-        if let Err(error) = self.export.read(header.offset, &mut reply[prefix..]) {
-            self.export_failed(header, &error);
-            return;
+        let mut reply = match self.read_buffer(header) {
+            Ok(reply) => reply,
+            Err(error) => {
+                let message = format!("no buffer for a READ reply: {error}");
+                self.send_error(header, proto::ENOMEM, &message);
+                return;
+            }
+        };
+        match self.export.read(header.offset, reply.data_mut()) {
+            Ok(()) => {
+                self.finish_read_reply(header, reply.framed_mut());
+                self.send(reply.framed());
+            }
+            Err(error) => self.export_failed(header, &error),
         }
-        self.send_read_reply(header, reply);
-    }
-
-    /// Fills in the reply header of a read's `reply` (data after the prefix) and sends it.
-    fn send_read_reply(&self, header: &RequestHeader, mut reply: Vec<u8>) {
-        self.finish_read_reply(header, &mut reply);
-        self.send(&reply);
+        self.buffers.give(reply);
     }
 
     /// Fills in the reply header of a read's `reply` (data after the prefix).
@@ -1264,7 +1316,9 @@ impl Connection {
     fn finish(&self) {
         let mut flight = self.flight.lock();
         while flight.in_flight > 0 {
+            flight.slot_waiters += 1;
             self.slot_freed.wait(&mut flight);
+            flight.slot_waiters -= 1;
         }
         flight.closing = true;
         self.work_ready.notify_all();
