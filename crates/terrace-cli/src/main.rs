@@ -48,7 +48,7 @@ enum Command {
     /// device, any NBD server or S3, in write-through, write-back, write-around,
     /// read-only or storage mode.
     ServeVolume(Box<volume::ServeVolumeArgs>),
-    /// Ask a running serve-volume: status, flush, mode, metrics.
+    /// Ask a running serve-volume: status, flush, mode, resize, metrics.
     #[command(subcommand)]
     Volume(VolumeCommand),
     /// Show the memory media this machine offers.
@@ -87,6 +87,14 @@ enum VolumeCommand {
         name: String,
         /// write-through, write-back, write-around, read-only or storage.
         mode: String,
+    },
+    /// Grow a volume while it runs (clients that connect afterwards see the new size).
+    Resize {
+        #[arg(long, default_value = "terrace-volume-data/control.sock")]
+        control: PathBuf,
+        name: String,
+        /// The new size: 10GiB, 512MiB, or bytes; larger than now.
+        size: String,
     },
     /// Every volume's counters as Prometheus text.
     Metrics {
@@ -165,6 +173,11 @@ fn main() -> ExitCode {
             name,
             mode,
         }) => volume::control(&control, &format!("mode {name} {mode}")),
+        Command::Volume(VolumeCommand::Resize {
+            control,
+            name,
+            size,
+        }) => volume::control(&control, &format!("resize {name} {size}")),
         Command::Volume(VolumeCommand::Metrics { control }) => volume::control(&control, "metrics"),
         Command::Info { dir } => info::run(dir.as_deref()),
         Command::Bench(BenchCommand::Kinds {

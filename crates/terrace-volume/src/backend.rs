@@ -15,6 +15,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use parking_lot::RwLock;
 use terrace_media::flash::{AlignedBuf, FlashFile};
 
 /// The unit the volume caches, logs and writes back: 4 KiB.
@@ -28,6 +29,16 @@ pub trait Backend: Send + Sync {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `data` at `offset` (durable after the next [`Backend::flush`]).
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Grows the backend to `new_size` bytes (a multiple of 4 KiB, more than now),
+    /// durably: once it returns, a crash leaves the backend at least that large and the
+    /// new bytes read as zeroes. A backend that cannot grow says so (`Unsupported`).
+    fn grow(&self, new_size: u64) -> io::Result<()> {
+        let _ = new_size;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot grow", self.describe()),
+        ))
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Discards `len` bytes at `offset`; later reads of them return zeroes.
@@ -38,7 +49,8 @@ pub trait Backend: Send + Sync {
 
 /// A file or block device as a backend.
 pub struct FileBackend {
-    file: FlashFile,
+    /// Replaced whole by [`Backend::grow`]; every I/O holds the read side.
+    file: RwLock<FlashFile>,
     path: PathBuf,
 }
 
@@ -65,76 +77,101 @@ impl FileBackend {
         }
         let file = FlashFile::open(path, size).map_err(io::Error::other)?;
         Ok(FileBackend {
-            file,
+            file: RwLock::new(file),
             path: path.to_path_buf(),
         })
     }
 
     /// Whether I/O bypasses the page cache (`O_DIRECT`).
     pub fn is_direct(&self) -> bool {
-        self.file.is_direct()
+        self.file.read().is_direct()
     }
+}
 
-    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
-        let aligned = offset.is_multiple_of(BLOCK_SIZE as u64) && len.is_multiple_of(BLOCK_SIZE);
-        if !aligned
-            || offset
-                .checked_add(len as u64)
-                .is_none_or(|end| end > self.size())
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "backend range {offset}+{len} misaligned or past {}",
-                    self.size()
-                ),
-            ));
-        }
-        Ok(())
+/// The range check of a file backend: block-aligned and inside `file`.
+fn check_file(file: &FlashFile, offset: u64, len: usize) -> io::Result<()> {
+    let aligned = offset.is_multiple_of(BLOCK_SIZE as u64) && len.is_multiple_of(BLOCK_SIZE);
+    if !aligned
+        || offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > file.size())
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "backend range {offset}+{len} misaligned or past {}",
+                file.size()
+            ),
+        ));
     }
+    Ok(())
 }
 
 impl Backend for FileBackend {
     fn size(&self) -> u64 {
-        self.file.size()
+        self.file.read().size()
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.check(offset, buf.len())?;
-        if !self.file.is_direct() || is_aligned_addr(buf.as_ptr()) {
-            return self.file.read_at(offset, buf).map_err(io::Error::other);
+        let file = self.file.read();
+        check_file(&file, offset, buf.len())?;
+        if !file.is_direct() || is_aligned_addr(buf.as_ptr()) {
+            return file.read_at(offset, buf).map_err(io::Error::other);
         }
         let mut bounce = AlignedBuf::new(buf.len()).map_err(io::Error::other)?;
-        self.file
-            .read_at(offset, &mut bounce)
+        file.read_at(offset, &mut bounce)
             .map_err(io::Error::other)?;
         buf.copy_from_slice(&bounce);
         Ok(())
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.check(offset, data.len())?;
-        if !self.file.is_direct() || is_aligned_addr(data.as_ptr()) {
-            return self.file.write_at(offset, data).map_err(io::Error::other);
+        let file = self.file.read();
+        check_file(&file, offset, data.len())?;
+        if !file.is_direct() || is_aligned_addr(data.as_ptr()) {
+            return file.write_at(offset, data).map_err(io::Error::other);
         }
         let mut bounce = AlignedBuf::new(data.len()).map_err(io::Error::other)?;
         bounce.copy_from_slice(data);
-        self.file
-            .write_at(offset, &bounce)
-            .map_err(io::Error::other)
+        file.write_at(offset, &bounce).map_err(io::Error::other)
+    }
+
+    /// Reopens the file with the new size (`fallocate`, so the blocks are reserved; a
+    /// block device must already have them) and syncs it, the size included.
+    fn grow(&self, new_size: u64) -> io::Result<()> {
+        let mut file = self.file.write();
+        if new_size <= file.size() || !new_size.is_multiple_of(BLOCK_SIZE as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: cannot grow from {} to {new_size} bytes",
+                    self.path.display(),
+                    file.size()
+                ),
+            ));
+        }
+        let grown = FlashFile::open(&self.path, new_size).map_err(io::Error::other)?;
+        std::fs::File::open(&self.path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("syncing {}: {e}", self.path.display()))
+            })?;
+        *file = grown;
+        Ok(())
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.file.sync().map_err(io::Error::other)
+        self.file.read().sync().map_err(io::Error::other)
     }
 
     fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.check(offset, len as usize)?;
-        self.file.punch(offset, len).map_err(io::Error::other)
+        let file = self.file.read();
+        check_file(&file, offset, len as usize)?;
+        file.punch(offset, len).map_err(io::Error::other)
     }
 
     fn describe(&self) -> String {
-        let direct = if self.file.is_direct() {
+        let direct = if self.file.read().is_direct() {
             "O_DIRECT"
         } else {
             "buffered"

@@ -4,7 +4,8 @@
 //! - `status [NAME]`: one `key value` block per volume (present, dirty, log, hits…);
 //! - `metrics`: every volume's Prometheus text;
 //! - `flush [NAME]`: writes every dirty block back (waits, bounded);
-//! - `mode NAME MODE`: switches a volume's mode while it runs.
+//! - `mode NAME MODE`: switches a volume's mode while it runs;
+//! - `resize NAME SIZE`: grows a volume while it runs (`10GiB`, or bytes).
 //!
 //! A reply's first line is `OK` or `ERROR <why>`. Bad input (an unknown command, a line
 //! over 4 KiB, a client that never sends) gets an error or a timeout, never a stuck
@@ -177,8 +178,18 @@ pub fn answer(line: &str, volumes: &[Arc<Volume>]) -> String {
                 "usage: mode NAME write-through|write-back|write-around|read-only|storage".into(),
             ),
         },
+        Some("resize") => match (words.get(1), words.get(2)) {
+            (Some(name), Some(size)) => terrace_cache::spec::parse_size(size)
+                .map_err(|e| format!("size {size:?}: {e}"))
+                .and_then(|size| {
+                    let vs = pick(Some(name))?;
+                    vs[0].grow(size).map_err(|e| e.to_string())?;
+                    Ok(String::new())
+                }),
+            _ => Err("usage: resize NAME SIZE".into()),
+        },
         Some(other) => Err(format!(
-            "unknown command {other:?}: status, metrics, flush, mode"
+            "unknown command {other:?}: status, metrics, flush, mode, resize"
         )),
         None => Err("empty command".into()),
     };

@@ -8,7 +8,8 @@
 //! - Bytes `[0, 8192)`: two superblock slots of 4 KiB (`SB_SLOT`). Each holds
 //!   `"TVOLLOG1" | version u32 | block size u32 | volume size u64 | record area bytes u64
 //!   | generation u64 | head position u64 | head sequence u64 | life u32 | head life u32
-//!   | crc32 u32`.
+//!   | grown from u64 | crc32 u32` (version 2; version 1, still read, ends at the head life
+//!   and its crc, with nothing grown).
 //!   The valid slot with the higher generation is current; an update writes the other
 //!   slot and syncs, so a torn update leaves the previous one.
 //! - Bytes `[8192, 8192 + capacity)`: the record area. A *position* is a byte count that
@@ -37,6 +38,10 @@
 //!   in an earlier life (never acknowledged), are never read as records.
 //! - L4: the head only moves forward, to just past a barrier, after the records before it
 //!   are in the backend (the caller's promise) — `release_through`.
+//! - L5 (growing a volume): the superblock names the new size, with *grown from* the old
+//!   one, before the backend grows, and drops *grown from* after; so a superblock whose
+//!   *grown from* is set opens with a backend of either size, and the opener finishes the
+//!   grow ([`LogRecovery::grow_to`]). Without it, the backend must have the log's size.
 //!
 //! Space: `tail - head <= capacity`. An append that does not fit waits for the
 //! write-back to release records, at most the wait it is given, then fails with
@@ -59,8 +64,8 @@ use crate::error::{BlockError, VolumeError};
 pub const SB_AREA: u64 = 2 * SB_SLOT;
 const SB_SLOT: u64 = 4096;
 const SB_MAGIC: &[u8; 8] = b"TVOLLOG1";
-const SB_VERSION: u32 = 1;
-const SB_BYTES: usize = 68;
+const SB_VERSION: u32 = 2;
+const SB_BYTES: usize = 76;
 /// A record header's size, and the alignment of records.
 pub const HEADER: u64 = 64;
 const REC_MAGIC: &[u8; 4] = b"TVLR";
@@ -306,6 +311,8 @@ struct Superblock {
     life: u32,
     /// No record at or after the head has a lower life (L3).
     head_life: u32,
+    /// While a grow is unfinished, the size before it; else 0 (L5).
+    grown_from: u64,
 }
 
 impl Superblock {
@@ -321,8 +328,9 @@ impl Superblock {
         b[48..56].copy_from_slice(&self.head_seq.to_le_bytes());
         b[56..60].copy_from_slice(&self.life.to_le_bytes());
         b[60..64].copy_from_slice(&self.head_life.to_le_bytes());
-        let crc = crc32fast::hash(&b[..64]);
-        b[64..68].copy_from_slice(&crc.to_le_bytes());
+        b[64..72].copy_from_slice(&self.grown_from.to_le_bytes());
+        let crc = crc32fast::hash(&b[..72]);
+        b[72..76].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
@@ -336,14 +344,18 @@ impl Superblock {
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        if u32_at(64) != crc32fast::hash(&b[..64]) {
+        // Version 1 had no *grown from*: its crc follows the head life.
+        let crc_at = match u32_at(8) {
+            1 => 64,
+            SB_VERSION => 72,
+            other => {
+                return Err(format!(
+                    "format version {other} (this build reads 1 and {SB_VERSION})"
+                ))
+            }
+        };
+        if u32_at(crc_at) != crc32fast::hash(&b[..crc_at]) {
             return Err("superblock checksum mismatch".into());
-        }
-        if u32_at(8) != SB_VERSION {
-            return Err(format!(
-                "format version {} (this build reads {SB_VERSION})",
-                u32_at(8)
-            ));
         }
         if u32_at(12) as usize != BLOCK_SIZE {
             return Err(format!(
@@ -359,6 +371,7 @@ impl Superblock {
             head_seq: u64_at(48),
             life: u32_at(56),
             head_life: u32_at(60),
+            grown_from: if crc_at == 72 { u64_at(64) } else { 0 },
         }))
     }
 }
@@ -441,6 +454,9 @@ pub struct LogRecovery {
     pub created: bool,
     /// Why the scan stopped (a short reason, for the log line).
     pub end: String,
+    /// A grow to this size was begun and may not have reached the backend: the opener
+    /// grows the backend to it, then calls [`WriteLog::finish_grow`] (L5).
+    pub grow_to: Option<u64>,
 }
 
 /// Counters of a write log (monotonic unless said otherwise).
@@ -462,7 +478,7 @@ pub struct LogStats {
 pub struct WriteLog {
     store: Box<dyn LogStore>,
     capacity: u64,
-    volume_size: u64,
+    volume_size: AtomicU64,
     life: u32,
     superblock: Mutex<Superblock>,
     tail: Mutex<Tail>,
@@ -491,9 +507,10 @@ pub enum Wait {
 }
 
 impl WriteLog {
-    /// Opens the log in `store` for a volume of `volume_size` bytes, creating it if the
-    /// store is all zeroes, and recovers its records (see L3). The life is raised and
-    /// made durable before this returns.
+    /// Opens the log in `store` for a volume of `volume_size` bytes (the backend's size),
+    /// creating it if the store is all zeroes, and recovers its records (see L3). The
+    /// life is raised and made durable before this returns. A log of another size is
+    /// refused, unless a grow between the two sizes was under way (L5).
     pub fn open(
         store: Box<dyn LogStore>,
         volume_size: u64,
@@ -538,16 +555,27 @@ impl WriteLog {
                     head_seq: 1,
                     life: 0,
                     head_life: 0,
+                    grown_from: 0,
                 },
                 true,
             ),
         };
-        if sb.volume_size != volume_size {
+        let grow_to = if sb.grown_from != 0 {
+            if volume_size != sb.grown_from && volume_size != sb.volume_size {
+                return Err(bad(format!(
+                    "it was growing from {} to {} bytes, but the backend has {volume_size}",
+                    sb.grown_from, sb.volume_size
+                )));
+            }
+            Some(sb.volume_size)
+        } else if sb.volume_size != volume_size {
             return Err(bad(format!(
                 "it belongs to a volume of {} bytes, not {volume_size}",
                 sb.volume_size
             )));
-        }
+        } else {
+            None
+        };
         if sb.capacity != capacity {
             return Err(bad(format!(
                 "its record area is {} bytes but the file gives {capacity}",
@@ -568,7 +596,7 @@ impl WriteLog {
         let log = WriteLog {
             store,
             capacity,
-            volume_size,
+            volume_size: AtomicU64::new(sb.volume_size),
             life: sb.life,
             superblock: Mutex::new(sb),
             tail: Mutex::new(Tail {
@@ -611,6 +639,7 @@ impl WriteLog {
                 records,
                 created,
                 end,
+                grow_to,
             },
         ))
     }
@@ -620,9 +649,51 @@ impl WriteLog {
         self.capacity
     }
 
-    /// The volume size the log was made for.
+    /// The volume size the log was made for (the new one once a grow has begun).
     pub fn volume_size(&self) -> u64 {
-        self.volume_size
+        self.volume_size.load(Ordering::Acquire)
+    }
+
+    /// Starts growing the volume to `new_size` (larger than now): durably records the
+    /// new size with the old one as *grown from* (L5). The caller then grows the backend
+    /// and calls [`finish_grow`](Self::finish_grow) — or
+    /// [`cancel_grow`](Self::cancel_grow) if the backend could not grow.
+    pub fn begin_grow(&self, new_size: u64) -> Result<(), BlockError> {
+        let mut sb = self.superblock.lock();
+        assert!(sb.grown_from == 0 && new_size > sb.volume_size);
+        self.update_superblock(&mut sb, |sb| {
+            sb.grown_from = sb.volume_size;
+            sb.volume_size = new_size;
+        })
+        .map_err(|e| BlockError::Log(format!("recording a grow to {new_size} bytes: {e}")))?;
+        self.volume_size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+
+    /// Ends a grow whose backend has its new size (L5).
+    pub fn finish_grow(&self) -> Result<(), BlockError> {
+        let mut sb = self.superblock.lock();
+        if sb.grown_from == 0 {
+            return Ok(());
+        }
+        self.update_superblock(&mut sb, |sb| sb.grown_from = 0)
+            .map_err(|e| BlockError::Log(format!("ending a grow: {e}")))
+    }
+
+    /// Takes back a grow the backend refused: the superblock names the old size again.
+    pub fn cancel_grow(&self) -> Result<(), BlockError> {
+        let mut sb = self.superblock.lock();
+        if sb.grown_from == 0 {
+            return Ok(());
+        }
+        let new_size = sb.volume_size;
+        self.update_superblock(&mut sb, |sb| {
+            sb.volume_size = sb.grown_from;
+            sb.grown_from = 0;
+        })
+        .map_err(|e| BlockError::Log(format!("taking back a grow to {new_size} bytes: {e}")))?;
+        self.volume_size.store(sb.volume_size, Ordering::Release);
+        Ok(())
     }
 
     /// Writes `sb` (with the next generation) to the slot not holding the current one,
@@ -633,6 +704,22 @@ impl WriteLog {
         self.store.write_at(slot * SB_SLOT, &sb.encode())?;
         self.store.sync()?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes `sb` with `change` made (as [`write_superblock`](Self::write_superblock));
+    /// `sb` takes the change only once it is durable, so a failed update leaves the
+    /// superblock — generation included — as it was, and the next update goes to the same
+    /// slot again, never over the current one.
+    fn update_superblock(
+        &self,
+        sb: &mut Superblock,
+        change: impl FnOnce(&mut Superblock),
+    ) -> io::Result<()> {
+        let mut next = *sb;
+        change(&mut next);
+        self.write_superblock(&mut next)?;
+        *sb = next;
         Ok(())
     }
 
@@ -1032,13 +1119,12 @@ impl WriteLog {
         };
         let mut sb = self.superblock.lock();
         let new_head = last.end();
-        let mut update = *sb;
-        update.head_pos = new_head;
-        update.head_seq = last.seq + 1;
-        update.head_life = head_life;
-        self.write_superblock(&mut update)
-            .map_err(|e| BlockError::Log(format!("writing the superblock: {e}")))?;
-        *sb = update;
+        self.update_superblock(&mut sb, |sb| {
+            sb.head_pos = new_head;
+            sb.head_seq = last.seq + 1;
+            sb.head_life = head_life;
+        })
+        .map_err(|e| BlockError::Log(format!("writing the superblock: {e}")))?;
         drop(sb);
         let mut tail = self.tail.lock();
         let mut released = 0;
@@ -1167,5 +1253,49 @@ fn scan(store: &dyn LogStore, sb: &Superblock) -> (Vec<RecordMeta>, String) {
         records.push(meta);
         seq += 1;
         pos = meta.end();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn superblock() -> Superblock {
+        Superblock {
+            volume_size: 1 << 30,
+            capacity: 64 << 20,
+            generation: 7,
+            head_pos: 4096,
+            head_seq: 12,
+            life: 3,
+            head_life: 2,
+            grown_from: 0,
+        }
+    }
+
+    #[test]
+    fn a_superblock_round_trips_with_its_grow() {
+        let grown = Superblock {
+            grown_from: 1 << 29,
+            ..superblock()
+        };
+        assert_eq!(Superblock::decode(&grown.encode()), Ok(Some(grown)));
+        let mut torn = grown.encode();
+        torn[66] ^= 1;
+        assert!(Superblock::decode(&torn).unwrap_err().contains("checksum"));
+    }
+
+    /// A version 1 superblock (no *grown from*, its crc after the head life) still opens.
+    #[test]
+    fn a_version_1_superblock_is_read_with_nothing_grown() {
+        let sb = superblock();
+        let mut b = sb.encode();
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        b[64..76].fill(0);
+        let crc = crc32fast::hash(&b[..64]);
+        b[64..68].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Superblock::decode(&b), Ok(Some(sb)));
+        b[8..12].copy_from_slice(&3u32.to_le_bytes());
+        assert!(Superblock::decode(&b).unwrap_err().contains("version 3"));
     }
 }

@@ -426,7 +426,10 @@ struct Control {
 /// A cached block volume. See the module docs.
 pub struct Volume {
     config: VolumeConfig,
-    size: u64,
+    /// Bytes; only grows ([`Volume::grow`]).
+    size: AtomicU64,
+    /// Held by a grow from start to end: one at a time.
+    growing: Mutex<()>,
     backend: Arc<dyn Backend>,
     cache: Arc<Cache>,
     log: WriteLog,
@@ -500,6 +503,24 @@ impl Volume {
             )));
         }
         let (log, recovery) = WriteLog::open(store, size)?;
+        // A grow the last run began and may not have finished (L5 in the log).
+        let size = match recovery.grow_to {
+            Some(target) => {
+                let bad = |what: String| VolumeError::BadLog {
+                    path: config.log_path.clone(),
+                    what,
+                };
+                if backend.size() < target {
+                    backend
+                        .grow(target)
+                        .map_err(|e| bad(format!("finishing the grow to {target} bytes: {e}")))?;
+                }
+                log.finish_grow().map_err(|e| bad(e.to_string()))?;
+                tracing::info!(volume = %config.name, to = target, "unfinished grow finished");
+                target
+            }
+            None => size,
+        };
         let shards: Box<[Mutex<Shard>]> =
             (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
         let mut dirty = 0u64;
@@ -536,7 +557,8 @@ impl Volume {
         let volume = Arc::new(Volume {
             mode: AtomicU8::new(config.mode as u8),
             config,
-            size,
+            size: AtomicU64::new(size),
+            growing: Mutex::new(()),
             backend,
             cache,
             log,
@@ -609,6 +631,58 @@ impl Volume {
         tracing::info!(volume = %self.config.name, mode = mode.name(), "mode changed");
     }
 
+    /// The volume's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Grows the volume to `new_size` bytes (a multiple of 4 KiB) while it runs
+    /// (`terrace volume resize`): the log records the grow, the backend grows, the log
+    /// ends the grow (L5 in the log), and only then do requests reach the new bytes, which
+    /// read as zeroes. NBD clients already connected keep the size they were told; new
+    /// connections get the new one. Shrinking is refused: a file system on the volume
+    /// would lose whatever lies past the new end.
+    pub fn grow(&self, new_size: u64) -> Result<(), VolumeError> {
+        let _one_at_a_time = self.growing.lock();
+        let size = self.size();
+        let refuse = |why: String| {
+            Err(VolumeError::Config(format!(
+                "volume {}: {why}",
+                self.config.name
+            )))
+        };
+        if new_size == size {
+            return Ok(());
+        }
+        if new_size < size {
+            return refuse(format!(
+                "shrinking from {size} to {new_size} bytes is not supported"
+            ));
+        }
+        if !new_size.is_multiple_of(BS) {
+            return refuse(format!("{new_size} bytes is not a multiple of {BS}"));
+        }
+        self.log
+            .begin_grow(new_size)
+            .map_err(|e| VolumeError::Config(format!("volume {}: {e}", self.config.name)))?;
+        if let Err(e) = self.backend.grow(new_size) {
+            let undone = self.log.cancel_grow();
+            return refuse(format!(
+                "the backend did not grow: {e}{}",
+                undone
+                    .err()
+                    .map(|u| format!(" (and {u}: the grow finishes at the next open)"))
+                    .unwrap_or_default()
+            ));
+        }
+        self.log
+            .finish_grow()
+            .map_err(|e| VolumeError::Config(format!("volume {}: {e}", self.config.name)))?;
+        self.size.store(new_size, Ordering::Release);
+        tracing::info!(volume = %self.config.name, from = size, to = new_size, "volume grown");
+        Ok(())
+    }
+
     /// Writes every dirty block back (`terrace volume flush`), waiting at most `timeout`.
     pub fn drain(&self, timeout: Duration) -> Result<(), BlockError> {
         let deadline = Instant::now() + timeout;
@@ -656,7 +730,7 @@ impl Volume {
             name: self.config.name.clone(),
             mode: self.mode(),
             ack: self.config.ack,
-            size: self.size,
+            size: self.size(),
             backend: self.backend.describe(),
             dirty_bytes: self.dirty_blocks.load(Ordering::Relaxed) * BS,
             log: self.log.stats(),
@@ -689,11 +763,11 @@ impl Volume {
             return Err(BlockError::ShuttingDown);
         }
         match offset.checked_add(len) {
-            Some(end) if len > 0 && end <= self.size => Ok(()),
+            Some(end) if len > 0 && end <= self.size() => Ok(()),
             _ => Err(BlockError::OutOfRange {
                 offset,
                 len,
-                size: self.size,
+                size: self.size(),
             }),
         }
     }
@@ -1685,7 +1759,7 @@ impl Change<'_> {
 
 impl Export for Volume {
     fn size(&self) -> u64 {
-        self.size
+        Volume::size(self)
     }
 
     fn is_read_only(&self) -> bool {

@@ -86,3 +86,80 @@ fn control_socket_and_metrics_endpoint_answer_and_refuse_bad_input() {
         "the endpoint is gone after stop"
     );
 }
+
+/// `resize`: a running write-back volume grows (its file too), new NBD connections see
+/// the new size and can use the new blocks, data on both sides of the old end survives
+/// a restart, and shrinking or a bad size is refused with the size unchanged.
+#[test]
+fn resize_grows_a_running_volume_that_keeps_its_size_after_a_restart() {
+    use terrace_volume::nbd::NbdBackend;
+    use terrace_volume::{Backend, Mode};
+    const OLD: u64 = 16 << 20;
+    const NEW: u64 = 24 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let backend = dir.path().join("disk.img");
+    std::fs::File::create(&backend)
+        .unwrap()
+        .set_len(OLD)
+        .unwrap();
+    let control = dir.path().join("control.sock");
+    let config = || ServiceConfig {
+        listen: vec![Listen::Unix(dir.path().join("nbd.sock"))],
+        control: Some(control.clone()),
+        metrics: None,
+        tiers: vec![TierConfig::dram(TierSize::Bytes(16 << 20))],
+        volumes: vec![(
+            VolumeConfig {
+                log_bytes: 4 << 20,
+                mode: Mode::WriteBack,
+                ..VolumeConfig::new("disk", 1, dir.path().join("disk.log"))
+            },
+            BackendSpec::File(backend.clone()),
+        )],
+        backend_connections: 1,
+    };
+    let service = Service::start(config()).unwrap();
+    let uri = service.uris("disk")[0].clone();
+    let before = NbdBackend::connect(&uri, 1).unwrap();
+    assert_eq!(before.size(), OLD);
+    before.write_at(OLD - 4096, &[7; 4096]).unwrap();
+
+    for (command, why) in [
+        ("resize disk 8MiB", "shrinking"),
+        ("resize disk 20000000", "multiple of 4096"),
+        ("resize disk lots", "size"),
+        ("resize nobody 32MiB", "no volume"),
+        ("resize disk", "usage"),
+    ] {
+        let reply = send(&control, command, Duration::from_secs(10)).unwrap();
+        assert!(
+            reply.starts_with("ERROR") && reply.contains(why),
+            "{command}: {reply}"
+        );
+    }
+    let reply = send(&control, "resize disk 24MiB", Duration::from_secs(10)).unwrap();
+    assert!(reply.starts_with("OK"), "{reply}");
+    assert_eq!(std::fs::metadata(&backend).unwrap().len(), NEW);
+    let status = send(&control, "status disk", Duration::from_secs(10)).unwrap();
+    assert!(status.contains(&format!("size_bytes {NEW}")), "{status}");
+
+    let after = NbdBackend::connect(&uri, 1).unwrap();
+    assert_eq!(after.size(), NEW);
+    let mut buf = vec![1; 4096];
+    after.read_at(NEW - 4096, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "new blocks read as zeroes");
+    after.write_at(NEW - 4096, &[9; 4096]).unwrap();
+    after.flush().unwrap();
+    drop((before, after));
+    service.stop().unwrap();
+
+    let service = Service::start(config()).unwrap();
+    let again = NbdBackend::connect(&service.uris("disk")[0], 1).unwrap();
+    assert_eq!(again.size(), NEW);
+    for (at, stamp) in [(OLD - 4096, 7), (NEW - 4096, 9)] {
+        again.read_at(at, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == stamp), "block at {at}");
+    }
+    drop(again);
+    service.stop().unwrap();
+}

@@ -1,6 +1,7 @@
 //! "Fail the N-th cache write, for every N": a fixed script of writes, flushes, mode
 //! switches (write-back → write-through → write-back → storage, whose log compacts, →
-//! write-back) and drains runs over a write log whose N-th write or sync fails, for every
+//! write-back), a grow of the volume with writes to its new blocks, and drains runs over
+//! a write log whose N-th write or sync fails, for every
 //! N up to the number of log operations a clean run makes. Each run must end in bounded
 //! time without a panic (operations may fail with an error); then the volume is reopened
 //! from the log's *durable* image — what a power loss right after the failure leaves —
@@ -25,6 +26,8 @@ use terrace_volume::{Backend, Export, Mode, Volume, VolumeConfig, BLOCK_SIZE};
 
 const BS: u64 = BLOCK_SIZE as u64;
 const BLOCKS: u64 = 64;
+/// Blocks the script's grow adds.
+const GROWN: u64 = 16;
 const LOG_BYTES: u64 = 512 << 10;
 
 /// A log in memory whose `fail_at`-th write or sync (counting both from 1) fails once;
@@ -135,6 +138,10 @@ impl Backend for MemBackend {
         self.0.lock()[offset as usize..(offset + len) as usize].fill(0);
         Ok(())
     }
+    fn grow(&self, new_size: u64) -> io::Result<()> {
+        self.0.lock().resize(new_size as usize, 0);
+        Ok(())
+    }
     fn describe(&self) -> String {
         "memory".into()
     }
@@ -175,7 +182,7 @@ fn new_ledger() -> Arc<Mutex<Vec<Allowed>>> {
         acked: 0,
         failed_after: BTreeSet::new(),
     };
-    Arc::new(Mutex::new(vec![nothing; BLOCKS as usize]))
+    Arc::new(Mutex::new(vec![nothing; (BLOCKS + GROWN) as usize]))
 }
 
 /// The script, keeping in `ledger` what each block may hold (a write in flight counts
@@ -204,6 +211,9 @@ fn script(volume: &Volume, ledger: &Mutex<Vec<Allowed>>) {
     volume.set_mode(Mode::WriteBack);
     write(volume, 10..20);
     let _ = volume.flush();
+    // A failed grow leaves the old size: the writes past it fail.
+    let _ = volume.grow((BLOCKS + GROWN) * BS);
+    write(volume, BLOCKS - 4..BLOCKS + 8);
     volume.set_mode(Mode::Storage);
     for _ in 0..4 {
         write(volume, 0..24);
@@ -241,7 +251,18 @@ fn check(fail_at: u64, allowed: &[Allowed], durable: Vec<u8>, backend: &Arc<MemB
     let volume = open(&store, backend, Mode::WriteBack)
         .unwrap_or_else(|e| panic!("fail at {fail_at}: the durable image does not open: {e}"));
     let mut buf = vec![0u8; BLOCK_SIZE];
+    let size = volume.size();
+    assert!(
+        size == BLOCKS * BS || size == (BLOCKS + GROWN) * BS,
+        "fail at {fail_at}: the volume reopens with {size} bytes"
+    );
     for (b, a) in allowed.iter().enumerate() {
+        if b as u64 * BS >= size {
+            // Not grown (or the grow was lost with the crash): nothing was acknowledged
+            // there.
+            assert_eq!(a.acked, 0, "fail at {fail_at}: block {b} was acknowledged");
+            continue;
+        }
         volume.read(b as u64 * BS, &mut buf).unwrap();
         let got = buf[0];
         assert!(
@@ -316,4 +337,64 @@ fn every_sync_of_the_log_is_a_crash_image_the_volume_recovers_from() {
         let backend = Arc::new(MemBackend(Mutex::new(image.backend)));
         check(i as u64, &image.allowed, image.log, &backend);
     }
+}
+
+/// A backend that cannot grow: the grow is refused with the backend's reason, the log
+/// takes it back, and the volume keeps (and reopens with) its size.
+#[test]
+fn a_grow_the_backend_refuses_is_taken_back() {
+    struct Fixed(Arc<MemBackend>);
+    impl Backend for Fixed {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.0.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            self.0.write_at(offset, data)
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.0.trim(offset, len)
+        }
+        fn describe(&self) -> String {
+            "fixed memory".into()
+        }
+    }
+    let memory = Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize])));
+    let store = FaultyStore::new(vec![0; LOG_BYTES as usize], 0);
+    let open_fixed = || {
+        let cache = Arc::new(
+            Cache::open(CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(
+                16 << 20,
+            ))]))
+            .unwrap()
+            .0,
+        );
+        let config = VolumeConfig {
+            mode: Mode::WriteBack,
+            log_bytes: LOG_BYTES,
+            ..VolumeConfig::new("v", 3, "unused.log")
+        };
+        let store: Box<dyn LogStore> = Box::new(Shared(Arc::clone(&store)));
+        Volume::open_with_store(config, Arc::new(Fixed(memory.clone())), cache, store)
+            .map(|(v, _)| v)
+            .unwrap()
+    };
+    let volume = open_fixed();
+    volume.write(0, &[5; BLOCK_SIZE], false).unwrap();
+    let e = volume.grow(2 * BLOCKS * BS).unwrap_err().to_string();
+    assert!(e.contains("cannot grow"), "{e}");
+    assert_eq!(volume.size(), BLOCKS * BS);
+    assert!(volume.write(BLOCKS * BS, &[1; BLOCK_SIZE], false).is_err());
+    volume.close();
+    let volume = open_fixed();
+    assert_eq!(volume.size(), BLOCKS * BS);
+    let mut buf = vec![0; BLOCK_SIZE];
+    volume.read(0, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 5));
+    volume.close();
 }
