@@ -48,7 +48,7 @@ enum Command {
     /// device, any NBD server or S3, in write-through, write-back, write-around,
     /// read-only or storage mode.
     ServeVolume(Box<volume::ServeVolumeArgs>),
-    /// Ask a running serve-volume: status, flush, mode, resize, metrics.
+    /// Ask a running serve-volume: status, flush, mode, resize, snapshot, metrics.
     #[command(subcommand)]
     Volume(VolumeCommand),
     /// Show the memory media this machine offers.
@@ -95,6 +95,15 @@ enum VolumeCommand {
         name: String,
         /// The new size: 10GiB, 512MiB, or bytes; larger than now.
         size: String,
+    },
+    /// Write a volume back and copy its backend as it is now (a file backend gets
+    /// `<file>.snap-<TAG>` beside it); prints where the snapshot is.
+    Snapshot {
+        #[arg(long, default_value = "terrace-volume-data/control.sock")]
+        control: PathBuf,
+        name: String,
+        /// 1 to 64 of A-Z a-z 0-9 - _ . (not first).
+        tag: String,
     },
     /// Every volume's counters as Prometheus text.
     Metrics {
@@ -178,6 +187,9 @@ fn main() -> ExitCode {
             name,
             size,
         }) => volume::control(&control, &format!("resize {name} {size}")),
+        Command::Volume(VolumeCommand::Snapshot { control, name, tag }) => {
+            volume::control(&control, &format!("snapshot {name} {tag}"))
+        }
         Command::Volume(VolumeCommand::Metrics { control }) => volume::control(&control, "metrics"),
         Command::Info { dir } => info::run(dir.as_deref()),
         Command::Bench(BenchCommand::Kinds {

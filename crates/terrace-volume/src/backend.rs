@@ -16,7 +16,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use parking_lot::RwLock;
-use terrace_media::flash::{AlignedBuf, FlashFile};
+use terrace_media::flash::{is_block_device, AlignedBuf, FlashFile};
 
 /// The unit the volume caches, logs and writes back: 4 KiB.
 pub const BLOCK_SIZE: usize = 4096;
@@ -29,6 +29,16 @@ pub trait Backend: Send + Sync {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `data` at `offset` (durable after the next [`Backend::flush`]).
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Copies the backend as it is now (flushed; nothing writes meanwhile) to a snapshot
+    /// named `tag`, durably, and says where it is. A backend that cannot says so
+    /// (`Unsupported`); an existing snapshot of that name is refused (`AlreadyExists`).
+    fn snapshot(&self, tag: &str) -> io::Result<String> {
+        let _ = tag;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot take snapshots", self.describe()),
+        ))
+    }
     /// Grows the backend to `new_size` bytes (a multiple of 4 KiB, more than now),
     /// durably: once it returns, a crash leaves the backend at least that large and the
     /// new bytes read as zeroes. A backend that cannot grow says so (`Unsupported`).
@@ -162,6 +172,44 @@ impl Backend for FileBackend {
 
     fn flush(&self) -> io::Result<()> {
         self.file.read().sync().map_err(io::Error::other)
+    }
+
+    /// A file beside this one, `<name>.snap-<tag>`: copied (`copy_file_range`, which
+    /// shares the blocks where the file system can), synced, then renamed into place and
+    /// the directory synced, so a crash leaves the whole snapshot or none (a partial copy
+    /// is `<name>.snap-<tag>.partial`). Not for block devices.
+    fn snapshot(&self, tag: &str) -> io::Result<String> {
+        let _file = self.file.read();
+        if is_block_device(&self.path) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{} is a block device: no snapshots", self.path.display()),
+            ));
+        }
+        let mut name = self.path.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".snap-{tag}"));
+        let target = self.path.with_file_name(&name);
+        name.push(".partial");
+        let partial = self.path.with_file_name(&name);
+        let at = |what: &str, path: &Path, e: io::Error| {
+            io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+        };
+        if target.exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists", target.display()),
+            ));
+        }
+        std::fs::copy(&self.path, &partial).map_err(|e| at("copying to", &partial, e))?;
+        std::fs::File::open(&partial)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| at("syncing", &partial, e))?;
+        std::fs::rename(&partial, &target).map_err(|e| at("renaming", &partial, e))?;
+        let dir = target.parent().filter(|d| !d.as_os_str().is_empty());
+        std::fs::File::open(dir.unwrap_or(Path::new(".")))
+            .and_then(|d| d.sync_all())
+            .map_err(|e| at("syncing the directory of", &target, e))?;
+        Ok(target.display().to_string())
     }
 
     fn trim(&self, offset: u64, len: u64) -> io::Result<()> {

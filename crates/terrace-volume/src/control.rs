@@ -5,7 +5,9 @@
 //! - `metrics`: every volume's Prometheus text;
 //! - `flush [NAME]`: writes every dirty block back (waits, bounded);
 //! - `mode NAME MODE`: switches a volume's mode while it runs;
-//! - `resize NAME SIZE`: grows a volume while it runs (`10GiB`, or bytes).
+//! - `resize NAME SIZE`: grows a volume while it runs (`10GiB`, or bytes);
+//! - `snapshot NAME TAG`: writes a volume back and has its backend copy itself; answers
+//!   where the snapshot is.
 //!
 //! A reply's first line is `OK` or `ERROR <why>`. Bad input (an unknown command, a line
 //! over 4 KiB, a client that never sends) gets an error or a timeout, never a stuck
@@ -188,8 +190,17 @@ pub fn answer(line: &str, volumes: &[Arc<Volume>]) -> String {
                 }),
             _ => Err("usage: resize NAME SIZE".into()),
         },
+        Some("snapshot") => match (words.get(1), words.get(2)) {
+            (Some(name), Some(tag)) => pick(Some(name)).and_then(|vs| {
+                vs[0]
+                    .snapshot(tag, FLUSH_WAIT)
+                    .map(|at| format!("{at}\n"))
+                    .map_err(|e| e.to_string())
+            }),
+            _ => Err("usage: snapshot NAME TAG".into()),
+        },
         Some(other) => Err(format!(
-            "unknown command {other:?}: status, metrics, flush, mode, resize"
+            "unknown command {other:?}: status, metrics, flush, mode, resize, snapshot"
         )),
         None => Err("empty command".into()),
     };

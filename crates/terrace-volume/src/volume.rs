@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use rustc_hash::FxHashMap;
 use terrace_cache::Cache;
 use terrace_media::flash::AlignedBuf;
@@ -428,8 +428,11 @@ pub struct Volume {
     config: VolumeConfig,
     /// Bytes; only grows ([`Volume::grow`]).
     size: AtomicU64,
-    /// Held by a grow from start to end: one at a time.
+    /// Held by a grow or a snapshot from start to end: one at a time.
     growing: Mutex<()>,
+    /// Every change holds it shared; a snapshot holds it alone while it drains the last
+    /// dirty blocks and copies the backend, so the copy is one point in time.
+    writes_gate: RwLock<()>,
     backend: Arc<dyn Backend>,
     cache: Arc<Cache>,
     log: WriteLog,
@@ -559,6 +562,7 @@ impl Volume {
             config,
             size: AtomicU64::new(size),
             growing: Mutex::new(()),
+            writes_gate: RwLock::new(()),
             backend,
             cache,
             log,
@@ -681,6 +685,45 @@ impl Volume {
         self.size.store(new_size, Ordering::Release);
         tracing::info!(volume = %self.config.name, from = size, to = new_size, "volume grown");
         Ok(())
+    }
+
+    /// Takes a snapshot named `tag` (`terrace volume snapshot`): writes every dirty block
+    /// back, then — with writes held, so no write lands in the middle — writes back what
+    /// came meanwhile, flushes the backend and has it copy itself ([`Backend::snapshot`]).
+    /// So the snapshot holds every write acknowledged before the call, in any mode (a
+    /// storage volume's backend is written only here and at `flush`). Each drain waits
+    /// at most `timeout`. Returns where the snapshot is.
+    pub fn snapshot(&self, tag: &str, timeout: Duration) -> Result<String, VolumeError> {
+        let refuse =
+            |why: String| VolumeError::Config(format!("volume {}: {why}", self.config.name));
+        let valid = (1..=64).contains(&tag.len())
+            && !tag.starts_with('.')
+            && tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !valid {
+            return Err(refuse(format!(
+                "snapshot tag {tag:?}: 1 to 64 of A-Z a-z 0-9 - _ . (not first)"
+            )));
+        }
+        let _one_at_a_time = self.growing.lock();
+        let drain = |when: &str| {
+            self.drain(timeout)
+                .map_err(|e| refuse(format!("snapshot {tag}: writing back {when}: {e}")))
+        };
+        drain("the dirty blocks")?;
+        let _writes_held = self.writes_gate.write();
+        drain("the last dirty blocks")?;
+        self.backend
+            .flush()
+            .map_err(|e| refuse(format!("snapshot {tag}: flushing the backend: {e}")))?;
+        self.backend_unflushed.store(false, Ordering::Release);
+        let taken = self
+            .backend
+            .snapshot(tag)
+            .map_err(|e| refuse(format!("snapshot {tag}: {e}")))?;
+        tracing::info!(volume = %self.config.name, tag, at = %taken, "snapshot taken");
+        Ok(taken)
     }
 
     /// Writes every dirty block back (`terrace volume flush`), waiting at most `timeout`.
@@ -1231,6 +1274,7 @@ impl Volume {
 
     fn change(&self, offset: u64, change: Change<'_>, fua: bool) -> Result<(), BlockError> {
         self.check(offset, change.len())?;
+        let _gate = self.writes_gate.read();
         self.touch();
         let result = match self.mode() {
             Mode::ReadOnly => Err(BlockError::ReadOnly),
@@ -1807,6 +1851,8 @@ impl Export for Volume {
         if let Err(e) = self.check(offset, len) {
             return Some(Err(e));
         }
+        // A snapshot holds writes: to a worker, which waits for it.
+        let _gate = self.writes_gate.try_read()?;
         self.touch();
         match self.change_logged_within(offset, Change::Data(data), fua, Duration::ZERO) {
             Ok(true) => {
