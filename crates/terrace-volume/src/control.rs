@@ -212,9 +212,9 @@ pub fn answer(line: &str, volumes: &[Arc<Volume>]) -> String {
 
 fn status_text(v: &Volume) -> String {
     let s = v.status();
-    let present = s.size;
     format!(
-        "volume {}\n  mode {}\n  ack {:?}\n  backend {}\n  size_bytes {present}\n  dirty_bytes {}\n  \
+        "volume {}\n  mode {}\n  ack {:?}\n  backend {}\n  size_bytes {}\n  present_bytes {}\n  \
+         clean_bytes {}\n  dirty_bytes {}\n  allocated_bytes {}\n  \
          log_used_bytes {}\n  log_capacity_bytes {}\n  read_hit_blocks {}\n  read_miss_blocks {}\n  \
          read_dirty_blocks {}\n  read_bytes {}\n  written_bytes {}\n  written_back_bytes {}\n  \
          batches_written_back {}\n  backend_errors {}\n  cache_errors {}\n  overtaken_writes {}\n  bypassed_writes {}\n  \
@@ -224,7 +224,11 @@ fn status_text(v: &Volume) -> String {
         s.mode.name(),
         s.ack,
         s.backend,
+        s.size,
+        s.present_bytes(),
+        s.clean_bytes,
         s.dirty_bytes,
+        s.allocated_bytes(),
         s.log.used,
         s.log.capacity,
         s.read_hit_blocks,

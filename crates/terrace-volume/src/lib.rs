@@ -31,10 +31,12 @@
 //!   point in time).
 //! - **dirty block**: a block whose newest data is in the log and not yet in the backend.
 //!   Clean blocks live in a `terrace-cache` [`Cache`](terrace_cache::Cache) keyed by
-//!   volume and block number.
+//!   volume and block number, one the volumes share; a bit per block (`cached`) says
+//!   which may be there, so each volume's share can be counted.
 #![forbid(unsafe_code)]
 
 pub mod backend;
+mod cached;
 pub mod control;
 pub mod error;
 pub mod export;

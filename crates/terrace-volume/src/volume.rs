@@ -46,6 +46,7 @@ use terrace_cache::Cache;
 use terrace_media::flash::AlignedBuf;
 
 use crate::backend::{Backend, BLOCK_SIZE};
+use crate::cached::CachedBlocks;
 use crate::error::{BlockError, VolumeError};
 use crate::export::Export;
 use crate::log::{
@@ -276,6 +277,8 @@ pub struct VolumeStatus {
     pub size: u64,
     pub backend: String,
     pub dirty_bytes: u64,
+    /// Bytes of clean blocks with a copy in the cache.
+    pub clean_bytes: u64,
     pub log: LogStats,
     pub read_hit_blocks: u64,
     pub read_miss_blocks: u64,
@@ -298,6 +301,17 @@ pub struct VolumeStatus {
 }
 
 impl VolumeStatus {
+    /// Bytes of the volume the tiers hold: clean copies and dirty blocks.
+    pub fn present_bytes(&self) -> u64 {
+        self.clean_bytes + self.dirty_bytes
+    }
+
+    /// Tier bytes the volume takes: its clean copies and the write log in use (dirty
+    /// blocks, older copies of them not yet released, record headers).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.clean_bytes + self.log.used
+    }
+
     /// The status as Prometheus text lines, labelled with the volume's name.
     pub fn prometheus(&self) -> String {
         let l = format!("volume=\"{}\"", self.name);
@@ -313,6 +327,21 @@ impl VolumeStatus {
             "dirty_bytes",
             "Bytes in the write log not yet in the backend.",
             self.dirty_bytes,
+        );
+        line(
+            "clean_bytes",
+            "Bytes of clean blocks with a copy in the cache.",
+            self.clean_bytes,
+        );
+        line(
+            "present_bytes",
+            "Bytes of the volume the tiers hold (clean and dirty).",
+            self.present_bytes(),
+        );
+        line(
+            "allocated_bytes",
+            "Tier bytes the volume takes: clean copies and the write log in use.",
+            self.allocated_bytes(),
         );
         line(
             "log_used_bytes",
@@ -428,6 +457,8 @@ pub struct Volume {
     config: VolumeConfig,
     /// Bytes; only grows ([`Volume::grow`]).
     size: AtomicU64,
+    /// Blocks that may have a copy in the cache (see `cached`).
+    cached: CachedBlocks,
     /// Held by a grow or a snapshot from start to end: one at a time.
     growing: Mutex<()>,
     /// Every change holds it shared; a snapshot holds it alone while it drains the last
@@ -557,12 +588,16 @@ impl Volume {
             elapsed: started.elapsed(),
         };
         let promotion = Promotion::new(config.promote_after);
+        // A cache that restarted warm may hold this volume's blocks from the last run:
+        // every bit set (C1) until a count clears those it does not.
+        let cache_may_hold_ours = cache.stats().tiers.iter().any(|t| t.items > 0);
         let volume = Arc::new(Volume {
             mode: AtomicU8::new(config.mode as u8),
             config,
             size: AtomicU64::new(size),
             growing: Mutex::new(()),
             writes_gate: RwLock::new(()),
+            cached: CachedBlocks::new(size / BS, cache_may_hold_ours),
             backend,
             cache,
             log,
@@ -682,6 +717,7 @@ impl Volume {
         self.log
             .finish_grow()
             .map_err(|e| VolumeError::Config(format!("volume {}: {e}", self.config.name)))?;
+        self.cached.grow(new_size / BS);
         self.size.store(new_size, Ordering::Release);
         tracing::info!(volume = %self.config.name, from = size, to = new_size, "volume grown");
         Ok(())
@@ -776,6 +812,7 @@ impl Volume {
             size: self.size(),
             backend: self.backend.describe(),
             dirty_bytes: self.dirty_blocks.load(Ordering::Relaxed) * BS,
+            clean_bytes: self.clean_cached_blocks() * BS,
             log: self.log.stats(),
             read_hit_blocks: c.read_hit_blocks.load(Ordering::Relaxed),
             read_miss_blocks: c.read_miss_blocks.load(Ordering::Relaxed),
@@ -792,6 +829,41 @@ impl Volume {
             batches_compacted: c.batches_compacted.load(Ordering::Relaxed),
             last_error: self.control.lock().last_error.clone(),
         }
+    }
+
+    /// Puts a clean copy of `block` in the cache, its bit set first (C1 in `cached`). The
+    /// caller holds the block's shard lock.
+    fn cache_put(&self, block: u64, value: &[u8]) -> Result<(), terrace_cache::CacheError> {
+        self.cached.mark(block);
+        self.cache.set(&self.key(block), value, 0, 0).map(|_| ())
+    }
+
+    /// Drops `block`'s cached copy — a lookup only if its bit says it may have one. The
+    /// caller holds the block's shard lock.
+    fn cache_drop(&self, block: u64) -> Result<(), terrace_cache::CacheError> {
+        if !self.cached.may_hold(block) {
+            return Ok(());
+        }
+        self.cache.delete(&self.key(block))?;
+        self.cached.unmark(block);
+        Ok(())
+    }
+
+    /// Blocks with a clean copy in the cache: the marked ones whose copy is still there
+    /// and that are not dirty, each looked up under its shard lock (C2), the bits of those
+    /// the cache evicted cleared on the way.
+    fn clean_cached_blocks(&self) -> u64 {
+        let mut clean = 0;
+        for block in self.cached.marked() {
+            let mut locked = self.lock_blocks(block, block);
+            let dirty = locked.shard(block).contains_key(&block);
+            match self.cache.peek(&self.key(block)) {
+                Ok(Some(_)) => clean += u64::from(!dirty),
+                Ok(None) => self.cached.unmark(block),
+                Err(_) => {}
+            }
+        }
+        clean
     }
 
     fn key(&self, block: u64) -> [u8; 12] {
@@ -929,7 +1001,7 @@ impl Volume {
                         continue;
                     }
                     let value = &out[(i * BS) as usize..((i + 1) * BS) as usize];
-                    if let Err(e) = self.cache.set(&self.key(first + i), value, 0, 0) {
+                    if let Err(e) = self.cache_put(first + i, value) {
                         self.cache_failed("set", e);
                     }
                 }
@@ -1130,7 +1202,7 @@ impl Volume {
         let n = last - first + 1;
         // V2: no cached copy while the backend changes.
         for b in first..=last {
-            if let Err(e) = self.cache.delete(&self.key(b)) {
+            if let Err(e) = self.cache_drop(b) {
                 let source = std::io::Error::other(e.to_string());
                 self.cache_failed("delete", e);
                 return Err(BlockError::Backend {
@@ -1178,7 +1250,7 @@ impl Volume {
         if keep_cached && !data.is_empty() {
             for i in 0..n {
                 let value = &data[(i * BS) as usize..((i + 1) * BS) as usize];
-                if let Err(e) = self.cache.set(&self.key(first + i), value, 0, 0) {
+                if let Err(e) = self.cache_put(first + i, value) {
                     self.cache_failed("set", e);
                 }
             }
@@ -1662,17 +1734,16 @@ impl Volume {
             {
                 continue; // a newer record holds the block; its batch updates the cache
             }
-            let key = self.key(block);
             let stored = if zero || large {
-                self.cache.delete(&key).map(|_| ())
+                self.cache_drop(block)
             } else {
                 let value = &data[(i * BS) as usize..((i + 1) * BS) as usize];
-                self.cache.set(&key, value, 0, 0).map(|_| ())
+                self.cache_put(block, value)
             };
             if let Err(e) = stored {
                 self.cache_failed("update after write-back", e);
                 // V2 once the block is clean: no cached copy rather than an old one.
-                if let Err(e) = self.cache.delete(&key) {
+                if let Err(e) = self.cache_drop(block) {
                     let source = std::io::Error::other(e.to_string());
                     self.cache_failed("delete after write-back", e);
                     return Err(BlockError::Backend {

@@ -398,3 +398,68 @@ fn a_grow_the_backend_refuses_is_taken_back() {
     assert!(buf.iter().all(|&b| b == 5));
     volume.close();
 }
+
+/// Two volumes share one small cache: each one's status counts its own clean copies
+/// (the cache's items split between them exactly, evictions included), dirty blocks,
+/// and present = clean + dirty; a large write drops its blocks' copies.
+#[test]
+fn status_counts_each_volumes_share_of_a_shared_cache() {
+    const BIG: u64 = 16384; // 64 MiB of blocks against a 16 MiB cache
+    let cache = Arc::new(
+        Cache::open(CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(
+            16 << 20,
+        ))]))
+        .unwrap()
+        .0,
+    );
+    let open_one = |id: u32, mode: Mode| {
+        let backend = Arc::new(MemBackend(Mutex::new(vec![0; (BIG * BS) as usize])));
+        let store = FaultyStore::new(vec![0; 4 << 20], 0);
+        let config = VolumeConfig {
+            mode,
+            log_bytes: 4 << 20,
+            high_watermark: 0.9,
+            idle_writeback: Duration::from_secs(3600),
+            ..VolumeConfig::new(&format!("v{id}"), id, "unused.log")
+        };
+        let store: Box<dyn LogStore> = Box::new(Shared(store));
+        Volume::open_with_store(config, backend, Arc::clone(&cache), store)
+            .unwrap()
+            .0
+    };
+    let a = open_one(1, Mode::WriteThrough);
+    let b = open_one(2, Mode::WriteBack);
+    for block in 0..100 {
+        a.write(block * BS, &[1; BLOCK_SIZE], false).unwrap();
+    }
+    // Every other block: a run of 64 KiB or more would be written back as a large write,
+    // not cached.
+    for block in 0..30 {
+        b.write(2 * block * BS, &[2; BLOCK_SIZE], false).unwrap();
+    }
+    let (sa, sb) = (a.status(), b.status());
+    assert_eq!((sa.clean_bytes, sa.dirty_bytes), (100 * BS, 0));
+    assert_eq!((sb.clean_bytes, sb.dirty_bytes), (0, 30 * BS));
+    assert_eq!(sb.present_bytes(), 30 * BS);
+    assert!(sb.allocated_bytes() >= 30 * BS);
+
+    // A large write (64 KiB) is not cached and drops the copies it covers.
+    a.write(0, &[3; 65536], false).unwrap();
+    assert_eq!(a.status().clean_bytes, (100 - 16) * BS);
+
+    // The write-back puts b's blocks in the cache, clean.
+    b.drain(Duration::from_secs(10)).unwrap();
+    let sb = b.status();
+    assert_eq!((sb.clean_bytes, sb.dirty_bytes), (30 * BS, 0));
+
+    // Far more than the cache holds: evictions, which the counts follow exactly.
+    for block in 100..BIG {
+        a.write(block * BS, &[4; BLOCK_SIZE], false).unwrap();
+    }
+    let (sa, sb) = (a.status(), b.status());
+    let items: u64 = cache.stats().tiers.iter().map(|t| t.items).sum();
+    assert!(sa.clean_bytes < 16 << 20, "{} clean bytes", sa.clean_bytes);
+    assert_eq!((sa.clean_bytes + sb.clean_bytes) / BS, items);
+    a.close();
+    b.close();
+}
