@@ -1,6 +1,6 @@
 //! `terrace serve-volume` (flags → [`terrace_volume::ServiceConfig`] → the service until
-//! SIGTERM or SIGINT, then a clean stop) and `terrace volume status|flush|mode|metrics`
-//! (one command over the service's control socket).
+//! SIGTERM or SIGINT, then a clean stop) and `terrace volume status|flush|mode|resize|
+//! snapshot|metrics` (one command over the service's control socket).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,8 +20,8 @@ pub struct ServeVolumeArgs {
     /// The single volume's export name.
     #[arg(long, default_value = "volume")]
     name: String,
-    /// More volumes, each NAME=BACKEND (repeatable); all share the cache and the modes
-    /// below.
+    /// More volumes, each NAME=BACKEND (repeatable); all share the cache and the
+    /// settings below (--volume-mode gives one its own mode).
     #[arg(long = "volume", value_name = "NAME=URI", value_parser = parse_volume)]
     volumes: Vec<(String, BackendSpec)>,
     /// Where to serve NBD: unix:PATH or tcp:HOST:PORT (repeatable)
@@ -53,6 +53,9 @@ pub struct ServeVolumeArgs {
     /// `terrace volume flush`).
     #[arg(long, default_value = "write-through", value_parser = parse_mode)]
     mode: Mode,
+    /// One volume's mode, NAME=MODE, in place of --mode (repeatable).
+    #[arg(long = "volume-mode", value_name = "NAME=MODE", value_parser = parse_volume_mode)]
+    volume_modes: Vec<(String, Mode)>,
     /// When a write-back write is acknowledged: on-write (durable in the log) or
     /// on-flush (at the client's next FLUSH or with FUA).
     #[arg(long, default_value = "on-write", value_parser = parse_ack)]
@@ -117,6 +120,13 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
     s.parse()
 }
 
+fn parse_volume_mode(s: &str) -> Result<(String, Mode), String> {
+    let (name, mode) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=MODE"))?;
+    Ok((name.to_string(), mode.parse()?))
+}
+
 fn parse_ack(s: &str) -> Result<AckDurability, String> {
     s.parse()
 }
@@ -135,14 +145,27 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
     if named.is_empty() {
         return Err("give a volume: --backend URI (and --name), or --volume NAME=URI".into());
     }
+    if let Some((name, _)) = args
+        .volume_modes
+        .iter()
+        .find(|(name, _)| !named.iter().any(|(n, _)| n == name))
+    {
+        return Err(format!("--volume-mode {name}=…: no volume named {name:?}"));
+    }
     let volumes = named
         .into_iter()
         .map(|(name, spec)| {
             // The cache key prefix: from the name, so that a file tier kept across a
             // restart gives each volume back its own blocks whatever the flags' order.
             let id = crc32fast::hash(name.as_bytes());
+            let mode = args
+                .volume_modes
+                .iter()
+                .rev()
+                .find(|(n, _)| *n == name)
+                .map_or(args.mode, |(_, mode)| *mode);
             let config = VolumeConfig {
-                mode: args.mode,
+                mode,
                 ack: args.durability,
                 log_bytes: args.log_size,
                 writeback_threads: args.writeback_threads,

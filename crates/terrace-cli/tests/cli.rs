@@ -1,6 +1,7 @@
 //! The `terrace` command as a user runs it: pool create/info/check/stats, and `check`
 //! naming injected corruption with a non-zero exit; `check` on collections (an
-//! unreachable node found and swept, a corrupt node named); `info` on a directory.
+//! unreachable node found and swept, a corrupt node named); `info` on a directory;
+//! `serve-volume` with a mode per volume.
 
 use std::os::unix::fs::FileExt;
 use std::process::{Command, Output};
@@ -167,4 +168,72 @@ fn info_probes_a_directory() {
     );
     let out = terrace(&["info", "--dir", "/nonexistent/dir"]);
     assert!(!out.status.success());
+}
+
+/// `serve-volume --volume-mode NAME=MODE` gives one volume its own mode (the others keep
+/// --mode), `terrace volume status` shows each, and a mode for no such volume is refused.
+#[test]
+fn serve_volume_takes_a_mode_per_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a", "b"] {
+        std::fs::File::create(dir.path().join(format!("{name}.img")))
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+    }
+    let volume = |name: &str| {
+        format!(
+            "{name}=file:{}",
+            dir.path().join(format!("{name}.img")).display()
+        )
+    };
+    let control = dir.path().join("control.sock");
+    let out = terrace(&[
+        "serve-volume",
+        "--volume",
+        &volume("a"),
+        "--volume-mode",
+        "c=write-back",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        !out.status.success() && text(&out).contains("no volume named \"c\""),
+        "{}",
+        text(&out)
+    );
+
+    let mut server = Command::new(env!("CARGO_BIN_EXE_terrace"))
+        .args([
+            "serve-volume",
+            "--tiers",
+            "dram:32MiB",
+            "--log-size",
+            "8MiB",
+            "--mode",
+            "write-back",
+        ])
+        .args(["--volume", &volume("a"), "--volume", &volume("b")])
+        .args(["--volume-mode", "b=storage", "--dir"])
+        .arg(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&control).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve-volume did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let control = control.to_str().unwrap();
+    let a = text(&terrace(&["volume", "status", "--control", control, "a"]));
+    let b = text(&terrace(&["volume", "status", "--control", control, "b"]));
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(a.contains("mode write-back"), "{a}");
+    assert!(b.contains("mode storage"), "{b}");
 }
