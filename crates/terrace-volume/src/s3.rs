@@ -6,7 +6,11 @@
 //! - `PREFIX/volume`: a small text object recording the volume's size and chunk size,
 //!   written when the volume is first opened; a later open with another size or chunk
 //!   size is refused ([`VolumeError::Config`]) rather than reading a layout it does not
-//!   know.
+//!   know. A grown volume's object also records the size it was created with, and opens
+//!   with either (its size is the recorded one).
+//! - Snapshots: `PREFIX.snap-TAG/…`, a copy of the chunk objects made by the server
+//!   (CopyObject), its `volume` object copied last — so a snapshot is itself a volume,
+//!   and one without its `volume` object is unfinished (a retry clears it first).
 //! - `PREFIX/<chunk index as 16 hex digits>`: bytes `[index × chunk, (index + 1) × chunk)`
 //!   of the volume (the last chunk is shorter when the size is not a multiple of the
 //!   chunk size). A chunk that does not exist reads as zeroes; a chunk whose content
@@ -316,6 +320,11 @@ struct Counters {
 /// A volume stored as chunk objects in S3. See the module docs.
 pub struct S3Backend {
     config: S3Config,
+    /// The volume's size: the metadata object's (grows, [`Backend::grow`]).
+    size: AtomicU64,
+    /// The size the volume was created with (the metadata object's `created`, else its
+    /// size).
+    created: AtomicU64,
     counters: Counters,
     store: AmazonS3,
     prefix: Path,
@@ -384,6 +393,8 @@ impl S3Backend {
                 source,
             })?;
         let backend = S3Backend {
+            size: AtomicU64::new(config.size),
+            created: AtomicU64::new(config.size),
             config,
             counters: Counters::default(),
             store,
@@ -510,7 +521,7 @@ impl S3Backend {
 
     fn chunk_len(&self, chunk: u64) -> usize {
         let start = chunk * self.config.chunk_size;
-        (self.config.size - start).min(self.config.chunk_size) as usize
+        (self.size() - start).min(self.config.chunk_size) as usize
     }
 
     fn stripe(&self, chunk: u64) -> &Stripe {
@@ -519,7 +530,7 @@ impl S3Backend {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        crate::backend::check_range(offset, len, self.config.size, || {
+        crate::backend::check_range(offset, len, self.size(), || {
             format!("s3 volume {}", self.config.location())
         })
     }
@@ -576,11 +587,13 @@ impl S3Backend {
                 let mut lines = text.lines();
                 let mut size = None;
                 let mut chunk = None;
+                let mut created = None;
                 let magic = lines.next() == Some(METADATA_MAGIC);
                 for line in lines {
                     match line.split_once(' ') {
                         Some(("size", v)) => size = v.parse::<u64>().ok(),
                         Some(("chunk", v)) => chunk = v.parse::<u64>().ok(),
+                        Some(("created", v)) => created = v.parse::<u64>().ok(),
                         _ => {}
                     }
                 }
@@ -591,7 +604,9 @@ impl S3Backend {
                         self.key_uri(&key)
                     )));
                 };
-                if size != self.config.size || chunk != self.config.chunk_size {
+                let created = created.unwrap_or(size);
+                let known_size = self.config.size == size || self.config.size == created;
+                if !known_size || chunk != self.config.chunk_size {
                     return Err(VolumeError::Config(format!(
                         "{location}: the volume there is {size} bytes in chunks of {chunk} \
                          bytes ({}), not the {} bytes in chunks of {} configured: refusing \
@@ -601,6 +616,8 @@ impl S3Backend {
                         self.config.chunk_size
                     )));
                 }
+                self.size.store(size, Ordering::Release);
+                self.created.store(created, Ordering::Release);
                 Ok(())
             }
         }
@@ -840,9 +857,113 @@ impl Drop for S3Backend {
     }
 }
 
+impl S3Backend {
+    /// The metadata object's text for a volume of `size` bytes.
+    fn metadata_text(&self, size: u64) -> String {
+        let created = self.created.load(Ordering::Acquire);
+        let mut text = format!(
+            "{METADATA_MAGIC}\nsize {size}\nchunk {}\n",
+            self.config.chunk_size
+        );
+        if created != size {
+            text.push_str(&format!("created {created}\n"));
+        }
+        text
+    }
+
+    /// Every object directly under `prefix` (one LIST).
+    fn objects_under(&self, prefix: &Path) -> io::Result<Vec<Path>> {
+        let listing = self.block_on(self.timed(
+            "LIST",
+            prefix,
+            self.store.list_with_delimiter(Some(prefix)),
+        ))?;
+        Ok(listing.objects.into_iter().map(|o| o.location).collect())
+    }
+
+    /// Runs `ops` on the runtime, [`PARALLEL_CHUNKS`] at a time; the first error.
+    fn run_all<F>(&self, ops: Vec<F>) -> io::Result<()>
+    where
+        F: Future<Output = io::Result<()>> + Send,
+    {
+        let mut ops = ops.into_iter().peekable();
+        while ops.peek().is_some() {
+            let window: Vec<F> = ops.by_ref().take(PARALLEL_CHUNKS).collect();
+            self.block_on(futures_util::future::join_all(window))
+                .into_iter()
+                .collect::<io::Result<Vec<()>>>()?;
+        }
+        Ok(())
+    }
+}
+
 impl Backend for S3Backend {
     fn size(&self) -> u64 {
-        self.config.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// One PUT of the metadata object with the new size (atomic: S3 replaces whole
+    /// objects). The chunks past the old end do not exist yet, so they read as zeroes.
+    /// Only from a size that is a whole number of chunks: the old last chunk would
+    /// otherwise be a short object where a whole one is now expected.
+    fn grow(&self, new_size: u64) -> io::Result<()> {
+        let size = self.size();
+        if !size.is_multiple_of(self.config.chunk_size) || new_size <= size {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "s3 volume {}: grows only from a whole number of {}-byte chunks to more                      ({size} to {new_size} bytes)",
+                    self.config.location(),
+                    self.config.chunk_size
+                ),
+            ));
+        }
+        let key = self.prefix.clone().join(METADATA);
+        let payload = PutPayload::from(self.metadata_text(new_size).into_bytes());
+        self.block_on(self.timed("PUT", &key, self.store.put(&key, payload)))?;
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+
+    /// Server-side copies of the chunk objects to `PREFIX.snap-TAG/`, the `volume`
+    /// object last (see the module docs); an unfinished earlier attempt there is cleared
+    /// first, a finished one refused.
+    fn snapshot(&self, tag: &str) -> io::Result<String> {
+        let target = Path::parse(format!("{}.snap-{tag}", self.config.prefix))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let target_metadata = target.clone().join(METADATA);
+        let leftovers = self.objects_under(&target)?;
+        if leftovers.contains(&target_metadata) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists", self.key_uri(&target)),
+            ));
+        }
+        self.run_all(
+            leftovers
+                .iter()
+                .map(|key| async move {
+                    let deleted = self.timed("DELETE", key, self.store.delete(key)).await;
+                    match deleted {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                        _ => Ok(()),
+                    }
+                })
+                .collect(),
+        )?;
+        let metadata = self.prefix.clone().join(METADATA);
+        let chunks: Vec<Path> = self
+            .objects_under(&self.prefix)?
+            .into_iter()
+            .filter(|key| *key != metadata)
+            .collect();
+        let copy = |from: Path| {
+            let to = target.clone().join(from.filename().unwrap_or_default());
+            async move { self.timed("COPY", &from, self.store.copy(&from, &to)).await }
+        };
+        self.run_all(chunks.into_iter().map(copy).collect())?;
+        self.run_all(vec![copy(metadata)])?;
+        Ok(self.key_uri(&target))
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -881,7 +1002,7 @@ impl Backend for S3Backend {
         format!(
             "s3 {} at {endpoint} ({} chunks of {} KiB)",
             self.config.location(),
-            self.config.size.div_ceil(self.config.chunk_size),
+            self.size().div_ceil(self.config.chunk_size),
             self.config.chunk_size >> 10
         )
     }

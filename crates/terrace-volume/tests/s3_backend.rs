@@ -518,3 +518,48 @@ fn the_backend_spec_parses_s3_uris_and_requires_a_size() {
     let err = "s3://bucket/vols/a".parse::<BackendSpec>().unwrap_err();
     assert!(err.contains("needs its size"), "{err}");
 }
+
+/// Growing on S3: one PUT of the metadata object; the new chunks read as zeroes; the
+/// volume reopens with its created or its grown size (at the grown one), not another;
+/// one whose size is not whole chunks refuses. A snapshot is a copy made by the server
+/// under `PREFIX.snap-TAG`, itself a volume, unchanged by later writes; a second with
+/// the same tag is refused.
+#[test]
+fn a_volume_grows_and_snapshots_on_s3() {
+    let server = S3Server::start();
+    let chunk = 64 << 10;
+    let size = 4 * chunk;
+    let grown = 6 * chunk;
+    let backend = S3Backend::open(config(&server, "vols/grow", size, chunk)).unwrap();
+    let mut rng = Rng(5);
+    let data = pattern(&mut rng, size as usize);
+    backend.write_at(0, &data).unwrap();
+    backend.grow(grown).unwrap();
+    assert_eq!(backend.size(), grown);
+    assert!(read(&backend, size, grown - size).iter().all(|&b| b == 0));
+    backend
+        .write_at(5 * chunk, &vec![7; chunk as usize])
+        .unwrap();
+    for configured in [size, grown] {
+        let again = S3Backend::open(config(&server, "vols/grow", configured, chunk)).unwrap();
+        assert_eq!(again.size(), grown);
+        assert_eq!(read(&again, 0, size), data);
+    }
+    let other = S3Backend::open(config(&server, "vols/grow", 5 * chunk, chunk));
+    assert!(other.is_err(), "another size is refused");
+
+    let at = backend.snapshot("one").unwrap();
+    assert_eq!(at, format!("s3://{BUCKET}/vols/grow.snap-one"));
+    backend.write_at(0, &vec![9; BLOCK_SIZE]).unwrap();
+    let snapshot = S3Backend::open(config(&server, "vols/grow.snap-one", size, chunk)).unwrap();
+    assert_eq!(snapshot.size(), grown);
+    assert_eq!(read(&snapshot, 0, size), data);
+    assert!(read(&snapshot, 5 * chunk, chunk).iter().all(|&b| b == 7));
+    let again = backend.snapshot("one").unwrap_err();
+    assert_eq!(again.kind(), io::ErrorKind::AlreadyExists, "{again}");
+
+    let ragged = S3Backend::open(config(&server, "vols/ragged", size + BS, chunk)).unwrap();
+    let refused = ragged.grow(grown).unwrap_err();
+    assert_eq!(refused.kind(), io::ErrorKind::Unsupported, "{refused}");
+    assert_eq!(ragged.size(), size + BS);
+}
