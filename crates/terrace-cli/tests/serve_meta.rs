@@ -15,8 +15,7 @@
 mod common;
 
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{ChildGuard, Conn};
 
@@ -27,29 +26,7 @@ struct Memcached {
 }
 
 fn start_memcached() -> Option<Memcached> {
-    let tool = common::require_tool("memcached", "memcached")?;
-    let port = common::free_port();
-    let mut cmd = Command::new(tool);
-    cmd.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"]);
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        // memcached refuses to run as root without a user to run as.
-        cmd.args(["-u", "root"]);
-    }
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting memcached");
-    let proc = ChildGuard::new("memcached", child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "memcached did not listen on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (proc, port) = common::start_memcached(&[])?;
     Some(Memcached { _proc: proc, port })
 }
 

@@ -844,3 +844,44 @@ pub fn show(v: &[u8]) -> String {
         s
     }
 }
+
+/// Starts memcached on a free loopback port with `args` (and `-u root` when root), once
+/// it listens; `None` (after a loud skip message) without it. A port taken by another
+/// test's server between [`free_port`] and memcached's bind makes memcached exit at once
+/// while the wait below connects to the other server: so memcached must still run a
+/// moment after the port answers, else it is started again on another port.
+#[allow(dead_code)] // not every test binary starts memcached
+pub fn start_memcached(args: &[&str]) -> Option<(ChildGuard, u16)> {
+    let tool = require_tool("memcached", "memcached")?;
+    for _attempt in 0..5 {
+        let port = free_port();
+        let mut cmd = Command::new(&tool);
+        cmd.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
+            .args(args);
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            // memcached refuses to run as root without a user to run as.
+            cmd.args(["-u", "root"]);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting memcached");
+        let mut memcached = ChildGuard::new("memcached", child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while memcached.running() && TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "memcached did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if memcached.running() {
+            return Some((memcached, port));
+        }
+    }
+    panic!("memcached exited at start five times (ports taken?)");
+}

@@ -19,7 +19,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -141,42 +140,8 @@ pub struct Servers {
 impl Servers {
     /// Starts both, or `None` (after a loud skip message) without memcached.
     pub fn start() -> Option<Servers> {
-        let tool = common::require_tool("memcached", "memcached")?;
+        let (memcached, port) = common::start_memcached(&["-m", "64", "-t", "2"])?;
         let dir = tempfile::tempdir().expect("creating a temporary directory");
-        let port = common::free_port();
-        let mut cmd = Command::new(tool);
-        cmd.args([
-            "-p",
-            &port.to_string(),
-            "-U",
-            "0",
-            "-l",
-            "127.0.0.1",
-            "-m",
-            "64",
-            "-t",
-            "2",
-        ]);
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } == 0 {
-            cmd.args(["-u", "root"]);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting memcached");
-        let mut memcached = common::ChildGuard::new("memcached", child);
-        let deadline = Instant::now() + common::START_TIMEOUT;
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(memcached.running(), "memcached exited at start");
-            assert!(
-                Instant::now() < deadline,
-                "memcached did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
         let terrace = common::start(dir.path(), &[]);
         Some(Servers {
             memcached,
