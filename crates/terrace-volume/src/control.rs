@@ -218,7 +218,7 @@ fn status_text(v: &Volume) -> String {
          log_used_bytes {}\n  log_capacity_bytes {}\n  read_hit_blocks {}\n  read_miss_blocks {}\n  \
          read_dirty_blocks {}\n  read_bytes {}\n  written_bytes {}\n  written_back_bytes {}\n  \
          batches_written_back {}\n  backend_errors {}\n  cache_errors {}\n  overtaken_writes {}\n  bypassed_writes {}\n  \
-         bypassed_bytes {}\n  batches_compacted {}\n  log_full_waits {}\n  \
+         bypassed_bytes {}\n  batches_compacted {}\n  log_full_waits {}\n  flush {}\n  \
          last_error {}\n",
         s.name,
         s.mode.name(),
@@ -245,6 +245,13 @@ fn status_text(v: &Volume) -> String {
         s.bypassed_bytes,
         s.batches_compacted,
         s.log.full_waits,
+        match s.flush {
+            None => "idle".to_string(),
+            Some(f) => format!(
+                "writing back: {} bytes done, {} dirty at the start",
+                f.written_back, f.dirty_at_start
+            ),
+        },
         s.last_error.as_deref().unwrap_or("none"),
     )
 }

@@ -53,4 +53,6 @@ pub use export::{Export, MemoryExport};
 pub use log::{FileLogStore, LogStore, WriteLog};
 pub use s3::{S3Backend, S3Config};
 pub use service::{BackendSpec, Service, ServiceConfig};
-pub use volume::{AckDurability, Mode, RecoveryReport, Volume, VolumeConfig, VolumeStatus};
+pub use volume::{
+    AckDurability, FlushProgress, Mode, RecoveryReport, Volume, VolumeConfig, VolumeStatus,
+};

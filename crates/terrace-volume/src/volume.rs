@@ -298,6 +298,16 @@ pub struct VolumeStatus {
     /// Storage mode: batches of the log compacted (live blocks copied, batch released).
     pub batches_compacted: u64,
     pub last_error: Option<String>,
+    /// While a flush (`terrace volume flush`, a snapshot) is writing back, how far it is.
+    pub flush: Option<FlushProgress>,
+}
+
+/// How far a flush is: it began with `dirty_at_start` dirty bytes and has written back
+/// `written_back` bytes since (more than it began with when writes came meanwhile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushProgress {
+    pub dirty_at_start: u64,
+    pub written_back: u64,
 }
 
 impl VolumeStatus {
@@ -323,6 +333,21 @@ impl VolumeStatus {
             ));
         };
         line("size_bytes", "Volume size.", self.size);
+        line(
+            "flush_in_progress",
+            "1 while a flush or snapshot is writing back.",
+            u64::from(self.flush.is_some()),
+        );
+        line(
+            "flush_start_dirty_bytes",
+            "Dirty bytes when the flush in progress began (0 when none is).",
+            self.flush.map_or(0, |f| f.dirty_at_start),
+        );
+        line(
+            "flush_written_back_bytes",
+            "Bytes the flush in progress has written back (0 when none is).",
+            self.flush.map_or(0, |f| f.written_back),
+        );
         line(
             "dirty_bytes",
             "Bytes in the write log not yet in the backend.",
@@ -447,6 +472,10 @@ struct Control {
     /// Drain requests made and served: a drain waits until `served >= its request`.
     drain_requested: u64,
     drain_served: u64,
+    /// Dirty bytes, and bytes written back so far, when the drains now waiting began
+    /// (flush progress).
+    drain_started_dirty: u64,
+    drain_started_written_back: u64,
     last_error: Option<String>,
     /// Set while usage is between the watermarks after passing the high one.
     cleaning: bool,
@@ -616,6 +645,8 @@ impl Volume {
                 shutdown: false,
                 drain_requested: 0,
                 drain_served: 0,
+                drain_started_dirty: 0,
+                drain_started_written_back: 0,
                 last_error: None,
                 cleaning: false,
             }),
@@ -766,6 +797,10 @@ impl Volume {
     pub fn drain(&self, timeout: Duration) -> Result<(), BlockError> {
         let deadline = Instant::now() + timeout;
         let mut c = self.control.lock();
+        if c.drain_requested == c.drain_served {
+            c.drain_started_dirty = self.dirty_blocks.load(Ordering::Relaxed) * BS;
+            c.drain_started_written_back = self.counters.written_back_bytes.load(Ordering::Relaxed);
+        }
         c.drain_requested += 1;
         let ticket = c.drain_requested;
         self.wake.notify_all();
@@ -805,6 +840,22 @@ impl Volume {
 
     pub fn status(&self) -> VolumeStatus {
         let c = &self.counters;
+        // Taken and dropped first: `control` nests under no shard and no shard under it.
+        let (last_error, flush) = {
+            let control = self.control.lock();
+            let flushing = control.drain_requested > control.drain_served;
+            let done = c
+                .written_back_bytes
+                .load(Ordering::Relaxed)
+                .saturating_sub(control.drain_started_written_back);
+            (
+                control.last_error.clone(),
+                flushing.then_some(FlushProgress {
+                    dirty_at_start: control.drain_started_dirty,
+                    written_back: done,
+                }),
+            )
+        };
         VolumeStatus {
             name: self.config.name.clone(),
             mode: self.mode(),
@@ -827,7 +878,8 @@ impl Volume {
             bypassed_writes: c.bypassed_writes.load(Ordering::Relaxed),
             bypassed_bytes: c.bypassed_bytes.load(Ordering::Relaxed),
             batches_compacted: c.batches_compacted.load(Ordering::Relaxed),
-            last_error: self.control.lock().last_error.clone(),
+            last_error,
+            flush,
         }
     }
 

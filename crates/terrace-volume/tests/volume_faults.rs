@@ -463,3 +463,79 @@ fn status_counts_each_volumes_share_of_a_shared_cache() {
     a.close();
     b.close();
 }
+
+/// Flush progress: while a drain writes back to a slow backend, status says a flush is
+/// under way with the dirty bytes it started from and what it has written back so far;
+/// after it, none.
+#[test]
+fn status_shows_a_flush_in_progress() {
+    struct Slow(Arc<MemBackend>);
+    impl Backend for Slow {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.0.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            std::thread::sleep(Duration::from_millis(20));
+            self.0.write_at(offset, data)
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.0.trim(offset, len)
+        }
+        fn describe(&self) -> String {
+            "slow memory".into()
+        }
+    }
+    let memory = Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize])));
+    let cache = Arc::new(
+        Cache::open(CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(
+            16 << 20,
+        ))]))
+        .unwrap()
+        .0,
+    );
+    let config = VolumeConfig {
+        mode: Mode::WriteBack,
+        log_bytes: LOG_BYTES,
+        high_watermark: 0.99,
+        writeback_threads: 1,
+        idle_writeback: Duration::from_secs(3600),
+        ..VolumeConfig::new("v", 3, "unused.log")
+    };
+    let store: Box<dyn LogStore> =
+        Box::new(Shared(FaultyStore::new(vec![0; LOG_BYTES as usize], 0)));
+    let volume = Volume::open_with_store(config, Arc::new(Slow(memory)), cache, store)
+        .unwrap()
+        .0;
+    // Every other block: each one its own run, one slow backend write each.
+    for block in 0..20 {
+        volume
+            .write(2 * block * BS, &[1; BLOCK_SIZE], false)
+            .unwrap();
+    }
+    assert_eq!(volume.status().flush, None);
+    let draining = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || volume.drain(Duration::from_secs(30)))
+    };
+    let mut seen_progress = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !draining.is_finished() && std::time::Instant::now() < deadline {
+        let status = volume.status();
+        if let Some(flush) = status.flush {
+            assert_eq!(flush.dirty_at_start, 20 * BS);
+            seen_progress |= flush.written_back > 0 && flush.written_back < 20 * BS;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    draining.join().unwrap().unwrap();
+    assert!(seen_progress, "the flush was seen part done");
+    let status = volume.status();
+    assert_eq!((status.flush, status.dirty_bytes), (None, 0));
+    volume.close();
+}
