@@ -33,6 +33,11 @@
 //!   eighth of the log (at most a batch) free for those copies, so compaction can always
 //!   proceed while live data fits the log; when it does not, writes wait, then fail with
 //!   ENOSPC.
+//! - V7 (snapshots): while a snapshot copies the backend (`snapshotting`), nothing writes
+//!   it: every write goes to the log whatever the mode (no write-through, no bypass) and
+//!   the write-back waits. Before that, with every write held, the log was drained and
+//!   the backend flushed, so the copy is the volume as of the snapshot; a log that fills
+//!   meanwhile makes writes wait, then fail with ENOSPC, as in storage mode.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -60,6 +65,9 @@ const SHARDS: usize = 1024;
 /// locks, not sixteen — with sixteen, concurrent large writes met on a shard (and waited
 /// for each other's backend write) a quarter of the time.
 const SHARD_STRIPE: u64 = 16;
+/// The longest a snapshot holds writes while it writes back what came during its first
+/// drain.
+pub const SNAPSHOT_HOLD: Duration = Duration::from_secs(30);
 /// The most log bytes the write-back writes back, flushes and releases at once: a full
 /// log drains (and frees space for writes) in steps of this.
 const WRITE_BACK_BATCH: u64 = 64 << 20;
@@ -491,8 +499,11 @@ pub struct Volume {
     /// Held by a grow or a snapshot from start to end: one at a time.
     growing: Mutex<()>,
     /// Every change holds it shared; a snapshot holds it alone while it drains the last
-    /// dirty blocks and copies the backend, so the copy is one point in time.
+    /// dirty blocks and turns `snapshotting` on.
     writes_gate: RwLock<()>,
+    /// While a snapshot copies the backend: every write goes to the log, whatever the
+    /// mode, and the write-back waits — so the backend holds still (V7).
+    snapshotting: AtomicBool,
     backend: Arc<dyn Backend>,
     cache: Arc<Cache>,
     log: WriteLog,
@@ -626,6 +637,7 @@ impl Volume {
             size: AtomicU64::new(size),
             growing: Mutex::new(()),
             writes_gate: RwLock::new(()),
+            snapshotting: AtomicBool::new(false),
             cached: CachedBlocks::new(size / BS, cache_may_hold_ours),
             backend,
             cache,
@@ -755,11 +767,13 @@ impl Volume {
     }
 
     /// Takes a snapshot named `tag` (`terrace volume snapshot`): writes every dirty block
-    /// back, then — with writes held, so no write lands in the middle — writes back what
-    /// came meanwhile, flushes the backend and has it copy itself ([`Backend::snapshot`]).
-    /// So the snapshot holds every write acknowledged before the call, in any mode (a
-    /// storage volume's backend is written only here and at `flush`). Each drain waits
-    /// at most `timeout`. Returns where the snapshot is.
+    /// back; then, with writes held, writes back what came meanwhile, flushes the backend
+    /// and turns `snapshotting` on; then, writes going on into the log, has the backend
+    /// copy itself ([`Backend::snapshot`]) and turns it off, so the write-back catches
+    /// up. The snapshot holds every write acknowledged before the call, in any mode (a
+    /// storage volume's backend is written only here and at `flush`), and nothing after
+    /// it. The first drain waits at most `timeout`, the one with writes held at most
+    /// [`SNAPSHOT_HOLD`]. Returns where the snapshot is.
     pub fn snapshot(&self, tag: &str, timeout: Duration) -> Result<String, VolumeError> {
         let refuse =
             |why: String| VolumeError::Config(format!("volume {}: {why}", self.config.name));
@@ -774,21 +788,24 @@ impl Volume {
             )));
         }
         let _one_at_a_time = self.growing.lock();
-        let drain = |when: &str| {
+        let drain = |when: &str, timeout: Duration| {
             self.drain(timeout)
                 .map_err(|e| refuse(format!("snapshot {tag}: writing back {when}: {e}")))
         };
-        drain("the dirty blocks")?;
-        let _writes_held = self.writes_gate.write();
-        drain("the last dirty blocks")?;
-        self.backend
-            .flush()
-            .map_err(|e| refuse(format!("snapshot {tag}: flushing the backend: {e}")))?;
-        self.backend_unflushed.store(false, Ordering::Release);
-        let taken = self
-            .backend
-            .snapshot(tag)
-            .map_err(|e| refuse(format!("snapshot {tag}: {e}")))?;
+        drain("the dirty blocks", timeout)?;
+        {
+            let _writes_held = self.writes_gate.write();
+            drain("the last dirty blocks", timeout.min(SNAPSHOT_HOLD))?;
+            self.backend
+                .flush()
+                .map_err(|e| refuse(format!("snapshot {tag}: flushing the backend: {e}")))?;
+            self.backend_unflushed.store(false, Ordering::Release);
+            self.snapshotting.store(true, Ordering::Release);
+        }
+        let taken = self.backend.snapshot(tag);
+        self.snapshotting.store(false, Ordering::Release);
+        self.wake.notify_all();
+        let taken = taken.map_err(|e| refuse(format!("snapshot {tag}: {e}")))?;
         tracing::info!(volume = %self.config.name, tag, at = %taken, "snapshot taken");
         Ok(taken)
     }
@@ -1402,6 +1419,10 @@ impl Volume {
         self.touch();
         let result = match self.mode() {
             Mode::ReadOnly => Err(BlockError::ReadOnly),
+            // V7: the backend holds still while a snapshot copies it.
+            _ if self.snapshotting.load(Ordering::Acquire) => {
+                self.change_logged(offset, change, fua)
+            }
             Mode::WriteBack if self.bypasses(&change) => self.change_bypassing(offset, change, fua),
             Mode::WriteBack | Mode::Storage => self.change_logged(offset, change, fua),
             Mode::WriteThrough => {
@@ -1475,6 +1496,12 @@ impl Volume {
                             break;
                         }
                         self.wake.wait_for(&mut c, Duration::from_millis(200));
+                        continue;
+                    }
+                    if self.snapshotting.load(Ordering::Acquire) {
+                        // The backend is being copied: nothing reaches it meanwhile
+                        // (writes wait in the log, drains for the snapshot's end).
+                        self.wake.wait_for(&mut c, Duration::from_millis(100));
                         continue;
                     }
                     let mode = self.mode();
