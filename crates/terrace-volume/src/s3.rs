@@ -8,9 +8,10 @@
 //!   size is refused ([`VolumeError::Config`]) rather than reading a layout it does not
 //!   know. A grown volume's object also records the size it was created with, and opens
 //!   with either (its size is the recorded one).
-//! - Snapshots: `PREFIX.snap-TAG/…`, a copy of the chunk objects made by the server
-//!   (CopyObject), its `volume` object copied last — so a snapshot is itself a volume,
-//!   and one without its `volume` object is unfinished (a retry clears it first).
+//! - Snapshots: `PREFIX.snap-TAG/…` (`snap-TAG/…` for a volume at the bucket's top), a
+//!   copy of the chunk objects made by the server (CopyObject), its `volume` object
+//!   copied last — so a snapshot is itself a volume, and one without its `volume` object
+//!   is unfinished (a retry clears it first).
 //! - `PREFIX/<chunk index as 16 hex digits>`: bytes `[index × chunk, (index + 1) × chunk)`
 //!   of the volume (the last chunk is shorter when the size is not a multiple of the
 //!   chunk size). A chunk that does not exist reads as zeroes; a chunk whose content
@@ -425,16 +426,10 @@ impl S3Backend {
 
     /// The indices of the chunk objects that exist (one LIST; tests and tools).
     pub fn stored_chunks(&self) -> io::Result<Vec<u64>> {
-        let prefix = (!self.config.prefix.is_empty()).then_some(&self.prefix);
-        let listing = self.block_on(self.timed(
-            "LIST",
-            &self.prefix,
-            self.store.list_with_delimiter(prefix),
-        ))?;
-        let mut chunks: Vec<u64> = listing
-            .objects
+        let mut chunks: Vec<u64> = self
+            .objects_under(&self.prefix)?
             .iter()
-            .filter_map(|o| o.location.filename())
+            .filter_map(|key| key.filename())
             .filter(|name| name.len() == 16)
             .filter_map(|name| u64::from_str_radix(name, 16).ok())
             .collect();
@@ -871,13 +866,12 @@ impl S3Backend {
         text
     }
 
-    /// Every object directly under `prefix` (one LIST).
+    /// Every object directly under `prefix` (the bucket's top when it is empty; one
+    /// LIST).
     fn objects_under(&self, prefix: &Path) -> io::Result<Vec<Path>> {
-        let listing = self.block_on(self.timed(
-            "LIST",
-            prefix,
-            self.store.list_with_delimiter(Some(prefix)),
-        ))?;
+        let under = (!prefix.as_ref().is_empty()).then_some(prefix);
+        let listing =
+            self.block_on(self.timed("LIST", prefix, self.store.list_with_delimiter(under)))?;
         Ok(listing.objects.into_iter().map(|o| o.location).collect())
     }
 
@@ -929,7 +923,12 @@ impl Backend for S3Backend {
     /// object last (see the module docs); an unfinished earlier attempt there is cleared
     /// first, a finished one refused.
     fn snapshot(&self, tag: &str) -> io::Result<String> {
-        let target = Path::parse(format!("{}.snap-{tag}", self.config.prefix))
+        let target = if self.config.prefix.is_empty() {
+            format!("snap-{tag}")
+        } else {
+            format!("{}.snap-{tag}", self.config.prefix)
+        };
+        let target = Path::parse(target)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let target_metadata = target.clone().join(METADATA);
         let leftovers = self.objects_under(&target)?;

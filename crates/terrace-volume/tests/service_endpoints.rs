@@ -4,12 +4,14 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use terrace_cache::{TierConfig, TierSize};
 use terrace_volume::control::send;
 use terrace_volume::nbd::Listen;
-use terrace_volume::{BackendSpec, Service, ServiceConfig, VolumeConfig};
+use terrace_volume::nbd::NbdBackend;
+use terrace_volume::{Backend, BackendSpec, Mode, Service, ServiceConfig, VolumeConfig};
 
 fn get(addr: std::net::SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -87,37 +89,43 @@ fn control_socket_and_metrics_endpoint_answer_and_refuse_bad_input() {
     );
 }
 
+/// A service with one volume, `disk`, over `dir/disk.img` (created with `size` bytes if
+/// missing), its control socket at `dir/control.sock` and NBD at `dir/nbd.sock`.
+fn one_file_volume(dir: &Path, size: u64, mode: Mode, log_bytes: u64) -> ServiceConfig {
+    let backend = dir.join("disk.img");
+    if !backend.exists() {
+        std::fs::File::create(&backend)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+    }
+    ServiceConfig {
+        listen: vec![Listen::Unix(dir.join("nbd.sock"))],
+        control: Some(dir.join("control.sock")),
+        metrics: None,
+        tiers: vec![TierConfig::dram(TierSize::Bytes(16 << 20))],
+        volumes: vec![(
+            VolumeConfig {
+                log_bytes,
+                mode,
+                ..VolumeConfig::new("disk", 1, dir.join("disk.log"))
+            },
+            BackendSpec::File(backend),
+        )],
+        backend_connections: 1,
+    }
+}
+
 /// `resize`: a running write-back volume grows (its file too), new NBD connections see
 /// the new size and can use the new blocks, data on both sides of the old end survives
 /// a restart, and shrinking or a bad size is refused with the size unchanged.
 #[test]
 fn resize_grows_a_running_volume_that_keeps_its_size_after_a_restart() {
-    use terrace_volume::nbd::NbdBackend;
-    use terrace_volume::{Backend, Mode};
     const OLD: u64 = 16 << 20;
     const NEW: u64 = 24 << 20;
     let dir = tempfile::tempdir().unwrap();
-    let backend = dir.path().join("disk.img");
-    std::fs::File::create(&backend)
-        .unwrap()
-        .set_len(OLD)
-        .unwrap();
-    let control = dir.path().join("control.sock");
-    let config = || ServiceConfig {
-        listen: vec![Listen::Unix(dir.path().join("nbd.sock"))],
-        control: Some(control.clone()),
-        metrics: None,
-        tiers: vec![TierConfig::dram(TierSize::Bytes(16 << 20))],
-        volumes: vec![(
-            VolumeConfig {
-                log_bytes: 4 << 20,
-                mode: Mode::WriteBack,
-                ..VolumeConfig::new("disk", 1, dir.path().join("disk.log"))
-            },
-            BackendSpec::File(backend.clone()),
-        )],
-        backend_connections: 1,
-    };
+    let (backend, control) = (dir.path().join("disk.img"), dir.path().join("control.sock"));
+    let config = || one_file_volume(dir.path(), OLD, Mode::WriteBack, 4 << 20);
     let service = Service::start(config()).unwrap();
     let uri = service.uris("disk")[0].clone();
     let before = NbdBackend::connect(&uri, 1).unwrap();
@@ -170,32 +178,11 @@ fn resize_grows_a_running_volume_that_keeps_its_size_after_a_restart() {
 /// availability; bad or repeated tags are refused.
 #[test]
 fn snapshot_copies_every_acknowledged_write_and_nothing_later() {
-    use terrace_volume::nbd::NbdBackend;
-    use terrace_volume::{Backend, Mode};
     const SIZE: u64 = 16 << 20;
     let dir = tempfile::tempdir().unwrap();
-    let backend = dir.path().join("disk.img");
-    std::fs::File::create(&backend)
-        .unwrap()
-        .set_len(SIZE)
-        .unwrap();
-    let control = dir.path().join("control.sock");
-    let service = Service::start(ServiceConfig {
-        listen: vec![Listen::Unix(dir.path().join("nbd.sock"))],
-        control: Some(control.clone()),
-        metrics: None,
-        tiers: vec![TierConfig::dram(TierSize::Bytes(16 << 20))],
-        volumes: vec![(
-            VolumeConfig {
-                log_bytes: 32 << 20,
-                mode: Mode::Storage,
-                ..VolumeConfig::new("disk", 1, dir.path().join("disk.log"))
-            },
-            BackendSpec::File(backend.clone()),
-        )],
-        backend_connections: 1,
-    })
-    .unwrap();
+    let (backend, control) = (dir.path().join("disk.img"), dir.path().join("control.sock"));
+    let service =
+        Service::start(one_file_volume(dir.path(), SIZE, Mode::Storage, 32 << 20)).unwrap();
     let client = NbdBackend::connect(&service.uris("disk")[0], 2).unwrap();
     for block in 0..200u64 {
         client

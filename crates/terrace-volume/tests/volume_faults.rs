@@ -339,50 +339,107 @@ fn every_sync_of_the_log_is_a_crash_image_the_volume_recovers_from() {
     }
 }
 
+/// What a test needs of a backend beyond [`MemBackend`]: refusing to grow, slow writes,
+/// and a snapshot that runs `during` half-way through its copy and keeps the backend as
+/// it was at both ends of the copy.
+struct Hooked {
+    memory: Arc<MemBackend>,
+    fixed: bool,
+    write_delay: Duration,
+    during: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    copy: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
+}
+
+impl Hooked {
+    fn new() -> Hooked {
+        Hooked {
+            memory: Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize]))),
+            fixed: false,
+            write_delay: Duration::ZERO,
+            during: Mutex::new(None),
+            copy: Mutex::new(None),
+        }
+    }
+}
+
+impl Backend for Hooked {
+    fn size(&self) -> u64 {
+        self.memory.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.memory.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        std::thread::sleep(self.write_delay);
+        self.memory.write_at(offset, data)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.memory.trim(offset, len)
+    }
+    fn grow(&self, new_size: u64) -> io::Result<()> {
+        if self.fixed {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "hooked memory cannot grow",
+            ));
+        }
+        self.memory.grow(new_size)
+    }
+    fn snapshot(&self, tag: &str) -> io::Result<String> {
+        let before = self.memory.0.lock().clone();
+        if let Some(during) = self.during.lock().take() {
+            during();
+        }
+        let after = self.memory.0.lock().clone();
+        *self.copy.lock() = Some((before, after));
+        Ok(format!("memory:{tag}"))
+    }
+    fn describe(&self) -> String {
+        "hooked memory".into()
+    }
+}
+
+/// A 16 MiB DRAM cache for volumes to share.
+fn small_cache() -> Arc<Cache> {
+    let config = CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(16 << 20))]);
+    Arc::new(Cache::open(config).unwrap().0)
+}
+
+/// A volume over `backend` with its log in `store` (a new one if `None`).
+fn open_over(
+    backend: Arc<dyn Backend>,
+    config: VolumeConfig,
+    cache: Arc<Cache>,
+    store: Option<&Arc<FaultyStore>>,
+) -> Arc<Volume> {
+    let store = store
+        .cloned()
+        .unwrap_or_else(|| FaultyStore::new(vec![0; config.log_bytes as usize], 0));
+    let store: Box<dyn LogStore> = Box::new(Shared(store));
+    Volume::open_with_store(config, backend, cache, store)
+        .unwrap()
+        .0
+}
+
 /// A backend that cannot grow: the grow is refused with the backend's reason, the log
 /// takes it back, and the volume keeps (and reopens with) its size.
 #[test]
 fn a_grow_the_backend_refuses_is_taken_back() {
-    struct Fixed(Arc<MemBackend>);
-    impl Backend for Fixed {
-        fn size(&self) -> u64 {
-            self.0.size()
-        }
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-            self.0.read_at(offset, buf)
-        }
-        fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-            self.0.write_at(offset, data)
-        }
-        fn flush(&self) -> io::Result<()> {
-            Ok(())
-        }
-        fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
-            self.0.trim(offset, len)
-        }
-        fn describe(&self) -> String {
-            "fixed memory".into()
-        }
-    }
-    let memory = Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize])));
+    let backend = Arc::new(Hooked {
+        fixed: true,
+        ..Hooked::new()
+    });
     let store = FaultyStore::new(vec![0; LOG_BYTES as usize], 0);
     let open_fixed = || {
-        let cache = Arc::new(
-            Cache::open(CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(
-                16 << 20,
-            ))]))
-            .unwrap()
-            .0,
-        );
         let config = VolumeConfig {
             mode: Mode::WriteBack,
             log_bytes: LOG_BYTES,
             ..VolumeConfig::new("v", 3, "unused.log")
         };
-        let store: Box<dyn LogStore> = Box::new(Shared(Arc::clone(&store)));
-        Volume::open_with_store(config, Arc::new(Fixed(memory.clone())), cache, store)
-            .map(|(v, _)| v)
-            .unwrap()
+        open_over(backend.clone(), config, small_cache(), Some(&store))
     };
     let volume = open_fixed();
     volume.write(0, &[5; BLOCK_SIZE], false).unwrap();
@@ -405,16 +462,9 @@ fn a_grow_the_backend_refuses_is_taken_back() {
 #[test]
 fn status_counts_each_volumes_share_of_a_shared_cache() {
     const BIG: u64 = 16384; // 64 MiB of blocks against a 16 MiB cache
-    let cache = Arc::new(
-        Cache::open(CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(
-            16 << 20,
-        ))]))
-        .unwrap()
-        .0,
-    );
+    let cache = small_cache();
     let open_one = |id: u32, mode: Mode| {
         let backend = Arc::new(MemBackend(Mutex::new(vec![0; (BIG * BS) as usize])));
-        let store = FaultyStore::new(vec![0; 4 << 20], 0);
         let config = VolumeConfig {
             mode,
             log_bytes: 4 << 20,
@@ -422,10 +472,7 @@ fn status_counts_each_volumes_share_of_a_shared_cache() {
             idle_writeback: Duration::from_secs(3600),
             ..VolumeConfig::new(&format!("v{id}"), id, "unused.log")
         };
-        let store: Box<dyn LogStore> = Box::new(Shared(store));
-        Volume::open_with_store(config, backend, Arc::clone(&cache), store)
-            .unwrap()
-            .0
+        open_over(backend, config, Arc::clone(&cache), None)
     };
     let a = open_one(1, Mode::WriteThrough);
     let b = open_one(2, Mode::WriteBack);
@@ -469,36 +516,10 @@ fn status_counts_each_volumes_share_of_a_shared_cache() {
 /// after it, none.
 #[test]
 fn status_shows_a_flush_in_progress() {
-    struct Slow(Arc<MemBackend>);
-    impl Backend for Slow {
-        fn size(&self) -> u64 {
-            self.0.size()
-        }
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-            self.0.read_at(offset, buf)
-        }
-        fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-            std::thread::sleep(Duration::from_millis(20));
-            self.0.write_at(offset, data)
-        }
-        fn flush(&self) -> io::Result<()> {
-            Ok(())
-        }
-        fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
-            self.0.trim(offset, len)
-        }
-        fn describe(&self) -> String {
-            "slow memory".into()
-        }
-    }
-    let memory = Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize])));
-    let cache = Arc::new(
-        Cache::open(CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(
-            16 << 20,
-        ))]))
-        .unwrap()
-        .0,
-    );
+    let backend = Arc::new(Hooked {
+        write_delay: Duration::from_millis(20),
+        ..Hooked::new()
+    });
     let config = VolumeConfig {
         mode: Mode::WriteBack,
         log_bytes: LOG_BYTES,
@@ -507,11 +528,7 @@ fn status_shows_a_flush_in_progress() {
         idle_writeback: Duration::from_secs(3600),
         ..VolumeConfig::new("v", 3, "unused.log")
     };
-    let store: Box<dyn LogStore> =
-        Box::new(Shared(FaultyStore::new(vec![0; LOG_BYTES as usize], 0)));
-    let volume = Volume::open_with_store(config, Arc::new(Slow(memory)), cache, store)
-        .unwrap()
-        .0;
+    let volume = open_over(backend, config, small_cache(), None);
     // Every other block: each one its own run, one slow backend write each.
     for block in 0..20 {
         volume
@@ -545,64 +562,13 @@ fn status_shows_a_flush_in_progress() {
 /// before the snapshot and none after, and the later writes reach the backend after it.
 #[test]
 fn writes_during_a_snapshot_wait_in_the_log_and_the_backend_holds_still() {
-    type During = Box<dyn FnOnce() + Send>;
-    struct Snapping {
-        memory: Arc<MemBackend>,
-        during: Mutex<Option<During>>,
-        copy: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
-    }
-    impl Backend for Snapping {
-        fn size(&self) -> u64 {
-            self.memory.size()
-        }
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-            self.memory.read_at(offset, buf)
-        }
-        fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-            self.memory.write_at(offset, data)
-        }
-        fn flush(&self) -> io::Result<()> {
-            Ok(())
-        }
-        fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
-            self.memory.trim(offset, len)
-        }
-        fn snapshot(&self, tag: &str) -> io::Result<String> {
-            // The backend as the copy starts, as it ends, and writes in between.
-            let before = self.memory.0.lock().clone();
-            if let Some(during) = self.during.lock().take() {
-                during();
-            }
-            let after = self.memory.0.lock().clone();
-            *self.copy.lock() = Some((before, after));
-            Ok(format!("memory:{tag}"))
-        }
-        fn describe(&self) -> String {
-            "snapping memory".into()
-        }
-    }
-    let backend = Arc::new(Snapping {
-        memory: Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize]))),
-        during: Mutex::new(None),
-        copy: Mutex::new(None),
-    });
-    let cache = Arc::new(
-        Cache::open(CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(
-            16 << 20,
-        ))]))
-        .unwrap()
-        .0,
-    );
+    let backend = Arc::new(Hooked::new());
     let config = VolumeConfig {
         mode: Mode::WriteThrough,
         log_bytes: LOG_BYTES,
         ..VolumeConfig::new("v", 3, "unused.log")
     };
-    let store: Box<dyn LogStore> =
-        Box::new(Shared(FaultyStore::new(vec![0; LOG_BYTES as usize], 0)));
-    let volume = Volume::open_with_store(config, backend.clone(), cache, store)
-        .unwrap()
-        .0;
+    let volume = open_over(backend.clone(), config, small_cache(), None);
     for block in 0..8 {
         volume.write(block * BS, &[1; BLOCK_SIZE], false).unwrap();
     }
