@@ -96,24 +96,30 @@ impl S3Server {
         }
     }
 
-    /// `PUT /BUCKET` (moto takes it unsigned).
+    /// `PUT /BUCKET`: creates the bucket.
     fn create_bucket(&self) -> io::Result<()> {
+        self.put(&format!("/{BUCKET}"), b"")
+    }
+
+    /// `PUT path` with `body`, unsigned (moto takes it): a bucket, or an object put
+    /// behind the backend's back.
+    fn put(&self, path: &str, body: &[u8]) -> io::Result<()> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         write!(
             s,
-            "PUT /{BUCKET} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\n\
+            "PUT {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n\
              Connection: close\r\n\r\n",
-            self.port
+            self.port,
+            body.len()
         )?;
+        s.write_all(body)?;
         let mut reply = String::new();
         s.read_to_string(&mut reply)?;
         if reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200") {
             Ok(())
         } else {
-            Err(io::Error::other(format!(
-                "creating the bucket: {reply:.200}"
-            )))
+            Err(io::Error::other(format!("PUT {path}: {reply:.200}")))
         }
     }
 
@@ -557,6 +563,21 @@ fn a_volume_grows_and_snapshots_on_s3() {
     assert!(read(&snapshot, 5 * chunk, chunk).iter().all(|&b| b == 7));
     let again = backend.snapshot("one").unwrap_err();
     assert_eq!(again.kind(), io::ErrorKind::AlreadyExists, "{again}");
+    // An unfinished snapshot (chunk objects, no `volume` object) is cleared, not kept:
+    // a stray chunk there would read as the volume's data.
+    let stray = vec![0xEE; chunk as usize];
+    server
+        .put(
+            &format!("/{BUCKET}/vols/grow.snap-two/0000000000000004"),
+            &stray,
+        )
+        .unwrap();
+    let source_chunks = backend.stored_chunks().unwrap();
+    assert!(!source_chunks.contains(&4), "{source_chunks:?}");
+    backend.snapshot("two").unwrap();
+    let two = S3Backend::open(config(&server, "vols/grow.snap-two", size, chunk)).unwrap();
+    assert_eq!(two.stored_chunks().unwrap(), source_chunks);
+    assert!(read(&two, 4 * chunk, chunk).iter().all(|&b| b == 0));
 
     let ragged = S3Backend::open(config(&server, "vols/ragged", size + BS, chunk)).unwrap();
     let refused = ragged.grow(grown).unwrap_err();
