@@ -924,8 +924,8 @@ impl Volume {
     fn clean_cached_blocks(&self) -> u64 {
         let mut clean = 0;
         for block in self.cached.marked() {
-            let mut locked = self.lock_blocks(block, block);
-            let dirty = locked.shard(block).contains_key(&block);
+            let shard = self.shards[shard_of(block)].lock();
+            let dirty = shard.contains_key(&block);
             match self.cache.peek(&self.key(block)) {
                 Ok(Some(_)) => clean += u64::from(!dirty),
                 Ok(None) => self.cached.unmark(block),

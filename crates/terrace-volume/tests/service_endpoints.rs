@@ -89,6 +89,17 @@ fn control_socket_and_metrics_endpoint_answer_and_refuse_bad_input() {
     );
 }
 
+/// Each command gets an `ERROR` reply that says `why`.
+fn assert_refused(control: &Path, commands: &[(&str, &str)]) {
+    for (command, why) in commands {
+        let reply = send(control, command, Duration::from_secs(60)).unwrap();
+        assert!(
+            reply.starts_with("ERROR") && reply.contains(why),
+            "{command}: {reply}"
+        );
+    }
+}
+
 /// A service with one volume, `disk`, over `dir/disk.img` (created with `size` bytes if
 /// missing), its control socket at `dir/control.sock` and NBD at `dir/nbd.sock`.
 fn one_file_volume(dir: &Path, size: u64, mode: Mode, log_bytes: u64) -> ServiceConfig {
@@ -132,19 +143,16 @@ fn resize_grows_a_running_volume_that_keeps_its_size_after_a_restart() {
     assert_eq!(before.size(), OLD);
     before.write_at(OLD - 4096, &[7; 4096]).unwrap();
 
-    for (command, why) in [
-        ("resize disk 8MiB", "shrinking"),
-        ("resize disk 20000000", "multiple of 4096"),
-        ("resize disk lots", "size"),
-        ("resize nobody 32MiB", "no volume"),
-        ("resize disk", "usage"),
-    ] {
-        let reply = send(&control, command, Duration::from_secs(10)).unwrap();
-        assert!(
-            reply.starts_with("ERROR") && reply.contains(why),
-            "{command}: {reply}"
-        );
-    }
+    assert_refused(
+        &control,
+        &[
+            ("resize disk 8MiB", "shrinking"),
+            ("resize disk 20000000", "multiple of 4096"),
+            ("resize disk lots", "size"),
+            ("resize nobody 32MiB", "no volume"),
+            ("resize disk", "usage"),
+        ],
+    );
     let reply = send(&control, "resize disk 24MiB", Duration::from_secs(10)).unwrap();
     assert!(reply.starts_with("OK"), "{reply}");
     assert_eq!(std::fs::metadata(&backend).unwrap().len(), NEW);
@@ -245,19 +253,16 @@ fn snapshot_copies_every_acknowledged_write_and_nothing_later() {
     client.write_at(0, &[0xEE; 4096]).unwrap();
     client.flush().unwrap();
     assert_eq!(std::fs::read(&snapshot).unwrap()[..4096], copy[..4096]);
-    for (command, why) in [
-        ("snapshot disk before-upgrade", "exists"),
-        ("snapshot disk ../escape", "tag"),
-        ("snapshot disk .hidden", "tag"),
-        ("snapshot nobody x", "no volume"),
-        ("snapshot disk", "usage"),
-    ] {
-        let reply = send(&control, command, Duration::from_secs(60)).unwrap();
-        assert!(
-            reply.starts_with("ERROR") && reply.contains(why),
-            "{command}: {reply}"
-        );
-    }
+    assert_refused(
+        &control,
+        &[
+            ("snapshot disk before-upgrade", "exists"),
+            ("snapshot disk ../escape", "tag"),
+            ("snapshot disk .hidden", "tag"),
+            ("snapshot nobody x", "no volume"),
+            ("snapshot disk", "usage"),
+        ],
+    );
     drop(client);
     service.stop().unwrap();
 }
