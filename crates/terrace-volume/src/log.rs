@@ -660,7 +660,19 @@ impl WriteLog {
     /// [`cancel_grow`](Self::cancel_grow) if the backend could not grow.
     pub fn begin_grow(&self, new_size: u64) -> Result<(), BlockError> {
         let mut sb = self.superblock.lock();
-        assert!(sb.grown_from == 0 && new_size > sb.volume_size);
+        if sb.grown_from != 0 {
+            // An earlier grow whose end could not be recorded: the next open ends it.
+            return Err(BlockError::Log(format!(
+                "a grow from {} to {} bytes is unfinished (the next open finishes it)",
+                sb.grown_from, sb.volume_size
+            )));
+        }
+        if new_size <= sb.volume_size {
+            return Err(BlockError::Log(format!(
+                "cannot grow from {} to {new_size} bytes",
+                sb.volume_size
+            )));
+        }
         self.update_superblock(&mut sb, |sb| {
             sb.grown_from = sb.volume_size;
             sb.volume_size = new_size;
