@@ -253,7 +253,7 @@ fn status_text(v: &Volume) -> String {
             ),
         },
         s.last_error.as_deref().unwrap_or("none"),
-    )
+    ) + &s.replication.map_or(String::new(), |r| r.text())
 }
 
 /// Sends one command to a control socket and returns the reply (the client side of

@@ -43,6 +43,7 @@ pub mod export;
 pub mod log;
 pub mod metrics;
 pub mod nbd;
+pub mod replication;
 pub mod s3;
 pub mod service;
 pub mod volume;

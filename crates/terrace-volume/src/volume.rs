@@ -57,6 +57,9 @@ use crate::export::Export;
 use crate::log::{
     FileLogStore, LogStats, LogStore, Payload, RecordKind, RecordMeta, Wait, WriteLog,
 };
+use crate::replication::{
+    read_replica_state, ReplicatedStore, Replication, ReplicationConfig, ReplicationStatus,
+};
 
 const BS: u64 = BLOCK_SIZE as u64;
 /// Shards of the dirty map and of the block locks.
@@ -194,6 +197,9 @@ pub struct VolumeConfig {
     /// Open CAS's "nhit"); 1 caches every miss. Misses are counted in a bounded table
     /// that forgets when full.
     pub promote_after: u32,
+    /// Replicate the write log to secondaries ([`crate::replication`]); `None` runs
+    /// unreplicated.
+    pub replication: Option<ReplicationConfig>,
 }
 
 impl VolumeConfig {
@@ -217,7 +223,33 @@ impl VolumeConfig {
             sequential_cutoff: 4 << 20,
             large_write: 64 << 10,
             promote_after: 1,
+            replication: None,
         }
+    }
+}
+
+/// A log that was a secondary's copy (a `.replica` state beside it, see
+/// [`crate::replication::replica`]) is taken over only whole — never one left
+/// mid-resync — and by a primary whose epoch is at least the one the copy recorded.
+fn check_taken_over_copy(config: &VolumeConfig) -> Result<(), VolumeError> {
+    let state_path = config.log_path.with_extension("replica");
+    let Some(state) = read_replica_state(&state_path)? else {
+        return Ok(());
+    };
+    if !state.consistent {
+        return Err(VolumeError::Config(format!(
+            "volume {}: {} is a secondary's copy left mid-resync (not whole); take the \
+             volume over on a node whose copy is in sync",
+            config.name,
+            config.log_path.display()
+        )));
+    }
+    match &config.replication {
+        Some(rc) if rc.epoch < state.epoch => Err(VolumeError::Config(format!(
+            "volume {}: epoch {} is older than the {} its copy has seen",
+            config.name, rc.epoch, state.epoch
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -308,6 +340,8 @@ pub struct VolumeStatus {
     pub last_error: Option<String>,
     /// While a flush (`terrace volume flush`, a snapshot) is writing back, how far it is.
     pub flush: Option<FlushProgress>,
+    /// A replicated volume's replication.
+    pub replication: Option<ReplicationStatus>,
 }
 
 /// How far a flush is: it began with `dirty_at_start` dirty bytes and has written back
@@ -452,6 +486,9 @@ impl VolumeStatus {
             "Writes that waited for log space.",
             self.log.full_waits,
         );
+        if let Some(r) = &self.replication {
+            out.push_str(&r.prometheus(&self.name));
+        }
         out
     }
 }
@@ -538,6 +575,9 @@ pub struct Volume {
     /// are not faulted in afresh for every batch (a leaf lock).
     /// Block-aligned, so an `O_DIRECT` backend writes them without a bounce buffer.
     writeback_buffers: Mutex<Vec<AlignedBuf>>,
+    /// The write log's replication, when the volume is replicated (its store writes
+    /// through it; the volume asks it whether writes are taken).
+    replication: Option<Arc<Replication>>,
 }
 
 impl Volume {
@@ -549,6 +589,7 @@ impl Volume {
         backend: Arc<dyn Backend>,
         cache: Arc<Cache>,
     ) -> Result<(Arc<Volume>, RecoveryReport), VolumeError> {
+        check_taken_over_copy(&config)?;
         let store = FileLogStore::open(&config.log_path, config.log_bytes)?;
         Volume::open_with_store(config, backend, cache, Box::new(store))
     }
@@ -576,6 +617,14 @@ impl Volume {
                 config.name
             )));
         }
+        let (store, replication) = match &config.replication {
+            Some(rc) => {
+                let r = Replication::start(&config.name, rc.clone(), store)?;
+                let replicated: Box<dyn LogStore> = Box::new(ReplicatedStore::new(Arc::clone(&r)));
+                (replicated, Some(r))
+            }
+            None => (store, None),
+        };
         let (log, recovery) = WriteLog::open(store, size)?;
         // A grow the last run began and may not have finished (L5 in the log).
         let size = match recovery.grow_to {
@@ -668,7 +717,11 @@ impl Volume {
             writeback: Mutex::new(None),
             writeback_buffers: Mutex::new(Vec::new()),
             promotion,
+            replication,
         });
+        if let Some(r) = &volume.replication {
+            r.opened();
+        }
         if volume.mode() == Mode::Storage {
             volume.log.keep_room(volume.compaction_room());
         }
@@ -897,6 +950,7 @@ impl Volume {
             batches_compacted: c.batches_compacted.load(Ordering::Relaxed),
             last_error,
             flush,
+            replication: self.replication.as_ref().map(|r| r.status()),
         }
     }
 
@@ -1419,6 +1473,14 @@ impl Volume {
         self.touch();
         let result = match self.mode() {
             Mode::ReadOnly => Err(BlockError::ReadOnly),
+            // Too few copies in sync, or fenced: writes stop, reads go on.
+            _ if self
+                .replication
+                .as_ref()
+                .is_some_and(|r| !r.accepts_writes()) =>
+            {
+                Err(BlockError::ReadOnly)
+            }
             // V7: the backend holds still while a snapshot copies it.
             _ if self.snapshotting.load(Ordering::Acquire) => {
                 self.change_logged(offset, change, fua)

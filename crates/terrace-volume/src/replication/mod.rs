@@ -1,0 +1,330 @@
+//! Replicated volumes: primary-copy replication of a volume's write log to secondaries
+//! on other `terrace` processes, over TCP.
+//!
+//! A replicated volume's primary writes its log through [`ReplicatedStore`], which
+//! streams every log write to each secondary's [`ReplicaServer`] and, on each sync,
+//! waits for the secondaries its [`AckLevel`] asks for; so a write acknowledged from the
+//! log is on `min_replicas` nodes or more. A secondary keeps a byte-for-byte copy of the
+//! log (it opens as the volume's log on that node), so a node that takes a volume over
+//! writes the old primary's dirty data back from its copy.
+//!
+//! # States (HDCS's names, with DRBD's and Ceph's meanings)
+//! - **healthy**: every replica in sync.
+//! - **degraded**: at least `min_replicas` copies in sync (this one included), not all;
+//!   a dirty bitmap is kept per missing peer, and a returning peer is resynced from it.
+//!   Writes go on.
+//! - **read-only**: fewer than `min_replicas` copies in sync, or fenced by a newer
+//!   primary (a secondary has seen a higher epoch): writes are refused, reads go on.
+//! - **inconsistent**: a copy mid-resync (on a peer: *resyncing*); it is not counted in
+//!   sync, and a secondary records it so it is never taken over from.
+//! - **error**: the local log's medium failed.
+//!
+//! Epochs: each primary runs with one ([`ReplicationConfig::epoch`]) and every message
+//! carries it; a secondary that has seen a newer one refuses the older primary, which
+//! then acknowledges nothing more (fencing).
+
+pub mod primary;
+pub mod replica;
+pub mod wire;
+
+use std::time::Duration;
+
+pub use primary::{ReplicatedStore, Replication};
+pub use replica::{read_replica_state, replica_paths, ReplicaServer, ReplicaState};
+
+use crate::error::VolumeError;
+
+/// Which secondaries a sync waits for, of those in sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckLevel {
+    /// None: the local log only (DRBD protocol A; Aerospike commit-to-master).
+    Local,
+    /// One secondary.
+    One,
+    /// A majority of all copies, this one included.
+    Majority,
+    /// Every secondary in sync (DRBD protocol C; HDCS's only level).
+    All,
+}
+
+impl AckLevel {
+    pub fn name(self) -> &'static str {
+        match self {
+            AckLevel::Local => "local",
+            AckLevel::One => "one",
+            AckLevel::Majority => "majority",
+            AckLevel::All => "all",
+        }
+    }
+
+    /// Acks from secondaries this level asks, with `replicas` copies in all.
+    pub fn peers_needed(self, replicas: usize) -> usize {
+        match self {
+            AckLevel::Local => 0,
+            AckLevel::One => 1,
+            AckLevel::Majority => replicas / 2,
+            AckLevel::All => replicas - 1,
+        }
+    }
+}
+
+impl std::str::FromStr for AckLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<AckLevel, String> {
+        match s {
+            "local" => Ok(AckLevel::Local),
+            "one" => Ok(AckLevel::One),
+            "majority" => Ok(AckLevel::Majority),
+            "all" => Ok(AckLevel::All),
+            _ => Err(format!("{s:?}: expected local, one, majority or all")),
+        }
+    }
+}
+
+/// A replicated volume's health (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    Healthy,
+    Degraded,
+    ReadOnly,
+    Inconsistent,
+    Error,
+}
+
+impl Health {
+    pub fn name(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Degraded => "degraded",
+            Health::ReadOnly => "read-only",
+            Health::Inconsistent => "inconsistent",
+            Health::Error => "error",
+        }
+    }
+
+    /// The value of the `replication_state` gauge.
+    pub fn code(self) -> u64 {
+        match self {
+            Health::Healthy => 0,
+            Health::Degraded => 1,
+            Health::ReadOnly => 2,
+            Health::Inconsistent => 3,
+            Health::Error => 4,
+        }
+    }
+}
+
+/// How the primary sees one secondary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkState {
+    /// Not connected; writes are marked in its bitmap.
+    Down,
+    /// Connected, its copy being caught up (inconsistent until the resync ends).
+    Resyncing,
+    /// Connected, its copy whole, every write streamed to it.
+    InSync,
+}
+
+impl LinkState {
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkState::Down => "down",
+            LinkState::Resyncing => "resyncing",
+            LinkState::InSync => "in-sync",
+        }
+    }
+}
+
+/// How to replicate a volume (on its primary).
+#[derive(Clone, Debug)]
+pub struct ReplicationConfig {
+    /// The secondaries' replication addresses (`HOST:PORT`): `replicas - 1` of them.
+    pub peers: Vec<String>,
+    pub ack: AckLevel,
+    /// Copies (this one included) that must be in sync for the volume to take writes.
+    pub min_replicas: usize,
+    /// This primary's epoch: at least every earlier primary's of the volume.
+    pub epoch: u64,
+    /// How long a sync waits for an in-sync peer's ack before cutting it off; also the
+    /// connect and hello timeout.
+    pub peer_timeout: Duration,
+    /// The pause between attempts to reach a peer that is down.
+    pub reconnect: Duration,
+}
+
+impl ReplicationConfig {
+    /// Defaults: ack `all`, `min_replicas` 1, epoch 1, a 2 s peer timeout, a retry every
+    /// 200 ms.
+    pub fn new(peers: Vec<String>) -> ReplicationConfig {
+        ReplicationConfig {
+            peers,
+            ack: AckLevel::All,
+            min_replicas: 1,
+            epoch: 1,
+            peer_timeout: Duration::from_secs(2),
+            reconnect: Duration::from_millis(200),
+        }
+    }
+
+    pub fn check(&self) -> Result<(), VolumeError> {
+        let replicas = self.peers.len() + 1;
+        if self.peers.is_empty() {
+            return Err(VolumeError::Config(
+                "replication needs at least one peer".into(),
+            ));
+        }
+        if self.min_replicas == 0 || self.min_replicas > replicas {
+            return Err(VolumeError::Config(format!(
+                "min-replicas {} with {replicas} replicas: it must be 1 to {replicas}",
+                self.min_replicas
+            )));
+        }
+        if self.epoch == 0 {
+            return Err(VolumeError::Config(
+                "epoch 0 is reserved; epochs start at 1".into(),
+            ));
+        }
+        if self.peer_timeout.is_zero() {
+            return Err(VolumeError::Config("a zero peer timeout".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One secondary as the primary sees it.
+#[derive(Clone, Debug)]
+pub struct PeerStatus {
+    pub addr: String,
+    pub link: LinkState,
+    /// Log bytes it may lack (marked in its bitmap).
+    pub dirty_bytes: u64,
+    pub queued_bytes: u64,
+    pub bytes_sent: u64,
+    /// Bytes sent by resyncs (bitmap extents), over all of them.
+    pub bytes_resynced: u64,
+    pub resyncs: u64,
+    /// Resyncs that had to copy the whole log (its copy followed another stream).
+    pub full_copies: u64,
+    pub last_error: Option<String>,
+}
+
+/// A replicated volume's replication, for `status` and Prometheus.
+#[derive(Clone, Debug)]
+pub struct ReplicationStatus {
+    pub health: Health,
+    pub epoch: u64,
+    pub ack: AckLevel,
+    pub replicas: usize,
+    pub min_replicas: usize,
+    /// Copies in sync, this one included.
+    pub in_sync: usize,
+    /// State changes since the volume opened.
+    pub transitions: u64,
+    /// Syncs that had to wait for a peer's ack.
+    pub syncs_waited: u64,
+    pub fenced_by: Option<u64>,
+    pub peers: Vec<PeerStatus>,
+}
+
+impl ReplicationStatus {
+    /// The replication's Prometheus lines for volume `name`.
+    pub fn prometheus(&self, name: &str) -> String {
+        let st = self;
+        let mut out = String::new();
+        let mut gauge = |metric: &str, help: &str, labels: &str, value: u64| {
+            out.push_str(&format!(
+                "# HELP terrace_volume_{metric} {help}\n# TYPE terrace_volume_{metric} gauge\n\
+                 terrace_volume_{metric}{{volume=\"{name}\"{labels}}} {value}\n"
+            ));
+        };
+        gauge(
+            "replication_state",
+            "0 healthy, 1 degraded, 2 read-only, 3 inconsistent, 4 error.",
+            "",
+            st.health.code(),
+        );
+        gauge("replication_epoch", "This primary's epoch.", "", st.epoch);
+        gauge(
+            "replication_in_sync",
+            "Copies in sync, this one included.",
+            "",
+            st.in_sync as u64,
+        );
+        gauge(
+            "replication_transitions",
+            "Replication state changes since the volume opened.",
+            "",
+            st.transitions,
+        );
+        gauge(
+            "replication_syncs_waited",
+            "Log syncs that waited for a peer's ack.",
+            "",
+            st.syncs_waited,
+        );
+        for p in &st.peers {
+            let peer = format!(",peer=\"{}\"", p.addr);
+            gauge(
+                "replication_peer_in_sync",
+                "1 while the peer is in sync.",
+                &peer,
+                u64::from(p.link == LinkState::InSync),
+            );
+            gauge(
+                "replication_peer_dirty_bytes",
+                "Log bytes the peer may lack (its bitmap).",
+                &peer,
+                p.dirty_bytes,
+            );
+            gauge(
+                "replication_peer_sent_bytes",
+                "Log bytes sent to the peer.",
+                &peer,
+                p.bytes_sent,
+            );
+            gauge(
+                "replication_peer_resynced_bytes",
+                "Log bytes sent to the peer by resyncs.",
+                &peer,
+                p.bytes_resynced,
+            );
+        }
+        out
+    }
+
+    /// `status` lines: the state, then one line per peer.
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "  replication {}\n  replication_epoch {}\n  replication_ack {}\n  \
+             replication_in_sync {} of {} (min {})\n  replication_transitions {}\n  \
+             replication_syncs_waited {}\n",
+            self.health.name(),
+            self.epoch,
+            self.ack.name(),
+            self.in_sync,
+            self.replicas,
+            self.min_replicas,
+            self.transitions,
+            self.syncs_waited,
+        );
+        if let Some(e) = self.fenced_by {
+            out.push_str(&format!("  replication_fenced_by_epoch {e}\n"));
+        }
+        for p in &self.peers {
+            out.push_str(&format!(
+                "  peer {} {} dirty_bytes {} queued_bytes {} sent_bytes {} resynced_bytes {} \
+                 resyncs {} full_copies {} last_error {}\n",
+                p.addr,
+                p.link.name(),
+                p.dirty_bytes,
+                p.queued_bytes,
+                p.bytes_sent,
+                p.bytes_resynced,
+                p.resyncs,
+                p.full_copies,
+                p.last_error.as_deref().unwrap_or("none"),
+            ));
+        }
+        out
+    }
+}

@@ -1,0 +1,892 @@
+//! The primary's side of replication: [`ReplicatedStore`] is the [`LogStore`] a
+//! replicated volume's write log writes through. Every write goes to the local store
+//! and is streamed, in order, to each secondary ([`super::replica`]) at the same offset;
+//! `sync` makes the local store durable and then waits for the secondaries the volume's
+//! ack level asks for. The log above it does not know: group commit, records and
+//! recovery are the log's, and a secondary's copy is a log a node can open.
+//!
+//! Below the volume this is DRBD's design applied to the write log: a secondary that
+//! drops out is tracked in a per-peer *dirty bitmap* of the log's 4 KiB extents, and
+//! when it returns only those extents are sent (resync); a secondary following another
+//! stream (this primary restarted, its copy was lost) gets the whole log.
+//!
+//! # Invariants
+//! - P1 (order): a write reaches the local store before it is queued for any peer, and
+//!   queueing happens under `Shared`'s lock, as does a resync's read of the local store;
+//!   so a resync read of an extent either sees a write or precedes it in the peer's
+//!   queue — a peer never ends up with an extent older than the local one.
+//! - P2 (nothing forgotten): every byte range written since a peer's last ack is either
+//!   in its `unacked` list (queued or sent, not acknowledged) or marked in its bitmap.
+//!   When a connection ends, its `unacked` ranges are marked. Bits are cleared only
+//!   when their extents are queued for the peer (and so enter `unacked`).
+//! - P3 (acks): `sync` returns only when the local store is durable and, of the peers
+//!   in sync, `need` have acknowledged a SYNC queued after every write before the call
+//!   — `need = max(min(level, in-sync peers), min_replicas - 1)`. While fewer than
+//!   `min_replicas` copies are in sync the volume takes no new writes (`accepts_writes`)
+//!   and `sync` waits for a peer to come back.
+//! - P4: a peer is *in sync* only after a resync's end is acknowledged (the copy is whole
+//!   and durable there) and until its connection ends. A peer that does not ack within
+//!   `peer_timeout` while a sync waits is cut off (its ranges marked, P2).
+//! - P5 (fencing): a secondary that has seen a newer epoch fences this primary: every
+//!   later `sync` fails, so the log refuses every later acknowledgement.
+//!
+//! Lock order: the log's locks (commit, tail) → `Shared` (leaf; nothing else is taken
+//! under it but the local store's reads).
+
+use std::collections::VecDeque;
+use std::io::{self, BufReader, BufWriter, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::wire::{Ack, FrameHeader, FrameKind, Hello, Verdict, Welcome};
+use super::{AckLevel, Health, LinkState, PeerStatus, ReplicationConfig, ReplicationStatus};
+use crate::log::LogStore;
+
+/// The bitmap's unit: bytes of the log store per bit.
+pub const EXTENT: u64 = 4096;
+/// The most extents one resync frame carries.
+const RESYNC_RUN: u64 = 64;
+/// A peer with more than this queued is cut off (it resyncs when it can keep up).
+const MAX_QUEUED_BYTES: u64 = 256 << 20;
+/// The sender asks for an ack after this many bytes without one, so `unacked` stays
+/// short when nothing syncs (acknowledge-on-flush volumes).
+const SYNC_EVERY_BYTES: u64 = 16 << 20;
+
+/// Extents of the log store a peer may lack.
+struct Bitmap {
+    words: Vec<u64>,
+    extents: u64,
+    set: u64,
+    cursor: u64,
+}
+
+impl Bitmap {
+    fn new(store_size: u64) -> Bitmap {
+        let extents = store_size.div_ceil(EXTENT);
+        Bitmap {
+            words: vec![0; extents.div_ceil(64) as usize],
+            extents,
+            set: 0,
+            cursor: 0,
+        }
+    }
+
+    fn mark(&mut self, offset: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let first = offset / EXTENT;
+        let last = ((offset + len - 1) / EXTENT).min(self.extents - 1);
+        for e in first..=last {
+            let (w, b) = ((e / 64) as usize, e % 64);
+            if self.words[w] & (1 << b) == 0 {
+                self.words[w] |= 1 << b;
+                self.set += 1;
+            }
+        }
+    }
+
+    fn mark_all(&mut self) {
+        self.mark(0, self.extents * EXTENT);
+    }
+
+    /// Clears and returns the next run of set extents (at most `RESYNC_RUN`), from the
+    /// cursor on, wrapping once.
+    fn take_run(&mut self) -> Option<(u64, u64)> {
+        if self.set == 0 {
+            return None;
+        }
+        let mut e = self.cursor % self.extents;
+        loop {
+            let w = (e / 64) as usize;
+            let bits = self.words[w] >> (e % 64);
+            if bits == 0 {
+                e = (w as u64 + 1) * 64;
+                if e >= self.extents {
+                    e = 0;
+                }
+                continue;
+            }
+            e += bits.trailing_zeros() as u64;
+            break;
+        }
+        let start = e;
+        let mut n = 0;
+        while n < RESYNC_RUN
+            && e < self.extents
+            && self.words[(e / 64) as usize] & (1 << (e % 64)) != 0
+        {
+            self.words[(e / 64) as usize] &= !(1 << (e % 64));
+            self.set -= 1;
+            n += 1;
+            e += 1;
+        }
+        self.cursor = e;
+        Some((start, n))
+    }
+}
+
+/// A frame waiting for the peer's sender.
+struct Outgoing {
+    header: FrameHeader,
+    data: Option<Arc<Vec<u8>>>,
+}
+
+struct Peer {
+    addr: String,
+    link: LinkState,
+    /// Connection number; a thread acting for an older one changes nothing.
+    conn: u64,
+    socket: Option<TcpStream>,
+    queue: VecDeque<Outgoing>,
+    queued_bytes: u64,
+    next_seq: u64,
+    acked: u64,
+    /// Byte ranges queued or sent on this connection and not yet acknowledged (P2),
+    /// with the frame that carried them.
+    unacked: VecDeque<(u64, u64, u64)>,
+    unsynced_bytes: u64,
+    dirty: Bitmap,
+    resync_end: Option<u64>,
+    resync_started: Option<Instant>,
+    bytes_sent: u64,
+    bytes_resynced: u64,
+    resyncs: u64,
+    full_copies: u64,
+    last_error: Option<String>,
+}
+
+impl Peer {
+    fn enqueue(
+        &mut self,
+        kind: FrameKind,
+        epoch: u64,
+        offset: u64,
+        data: Option<Arc<Vec<u8>>>,
+    ) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let len = data.as_ref().map_or(0, |d| d.len() as u64);
+        if len > 0 {
+            self.unacked.push_back((seq, offset, len));
+            self.queued_bytes += len;
+        }
+        self.queue.push_back(Outgoing {
+            header: FrameHeader {
+                kind,
+                epoch,
+                seq,
+                offset,
+                len: len as u32,
+            },
+            data,
+        });
+        seq
+    }
+
+    /// Ends the current connection: what it had not acknowledged is marked (P2).
+    fn disconnect(&mut self, why: String) {
+        for (_, offset, len) in self.unacked.drain(..) {
+            self.dirty.mark(offset, len);
+        }
+        self.queue.clear();
+        self.queued_bytes = 0;
+        self.unsynced_bytes = 0;
+        self.resync_end = None;
+        self.link = LinkState::Down;
+        if let Some(s) = self.socket.take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.last_error = Some(why);
+        self.conn += 1;
+    }
+}
+
+struct Shared {
+    peers: Vec<Peer>,
+    /// Until the volume has opened, syncs are local (recovery writes the superblock
+    /// before any peer can be in sync; every peer starts with a whole copy to make).
+    opening: bool,
+    fenced_by: Option<u64>,
+    failed: Option<String>,
+    health: Health,
+    transitions: u64,
+}
+
+/// The replication of one volume's write log, shared by its store, the volume (state,
+/// write gate) and one sender and one ack reader thread per peer.
+pub struct Replication {
+    volume: String,
+    config: ReplicationConfig,
+    stream: u64,
+    local: Box<dyn LogStore>,
+    shared: Mutex<Shared>,
+    /// Senders wait here for frames.
+    work: Condvar,
+    /// Syncs wait here for acks and link changes.
+    acks: Condvar,
+    stop: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    syncs_waited: AtomicU64,
+}
+
+fn new_stream() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mixed = (nanos ^ ((std::process::id() as u64) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    mixed.max(1)
+}
+
+impl Replication {
+    /// Starts replicating `local` (the volume's own log store) to `config.peers`.
+    pub fn start(
+        volume: &str,
+        config: ReplicationConfig,
+        local: Box<dyn LogStore>,
+    ) -> Result<Arc<Replication>, crate::error::VolumeError> {
+        config.check()?;
+        let size = local.size();
+        let peers = config
+            .peers
+            .iter()
+            .map(|addr| {
+                let mut dirty = Bitmap::new(size);
+                dirty.mark_all();
+                Peer {
+                    addr: addr.clone(),
+                    link: LinkState::Down,
+                    conn: 0,
+                    socket: None,
+                    queue: VecDeque::new(),
+                    queued_bytes: 0,
+                    next_seq: 1,
+                    acked: 0,
+                    unacked: VecDeque::new(),
+                    unsynced_bytes: 0,
+                    dirty,
+                    resync_end: None,
+                    resync_started: None,
+                    bytes_sent: 0,
+                    bytes_resynced: 0,
+                    resyncs: 0,
+                    full_copies: 0,
+                    last_error: None,
+                }
+            })
+            .collect();
+        let replication = Arc::new(Replication {
+            volume: volume.to_string(),
+            stream: new_stream(),
+            local,
+            shared: Mutex::new(Shared {
+                peers,
+                opening: true,
+                fenced_by: None,
+                failed: None,
+                health: Health::Healthy,
+                transitions: 0,
+            }),
+            work: Condvar::new(),
+            acks: Condvar::new(),
+            stop: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            syncs_waited: AtomicU64::new(0),
+            config,
+        });
+        {
+            let mut s = replication.shared.lock();
+            replication.publish(&mut s, "replication started".into());
+        }
+        for index in 0..replication.config.peers.len() {
+            let r = Arc::clone(&replication);
+            let t = std::thread::Builder::new()
+                .name(format!("replicate-{index}"))
+                .spawn(move || r.run_peer(index))
+                .map_err(|e| {
+                    crate::error::VolumeError::Config(format!("spawning a replication thread: {e}"))
+                })?;
+            replication.threads.lock().push(t);
+        }
+        Ok(replication)
+    }
+
+    /// The volume has opened: syncs wait for peers from now on.
+    pub fn opened(&self) {
+        self.shared.lock().opening = false;
+    }
+
+    /// Whether the volume may take writes now (healthy or degraded).
+    pub fn accepts_writes(&self) -> bool {
+        matches!(
+            self.shared.lock().health,
+            Health::Healthy | Health::Degraded
+        )
+    }
+
+    pub fn health(&self) -> Health {
+        self.shared.lock().health
+    }
+
+    pub fn status(&self) -> ReplicationStatus {
+        let s = self.shared.lock();
+        ReplicationStatus {
+            health: s.health,
+            epoch: self.config.epoch,
+            ack: self.config.ack,
+            replicas: self.config.peers.len() + 1,
+            min_replicas: self.config.min_replicas,
+            in_sync: 1 + s
+                .peers
+                .iter()
+                .filter(|p| p.link == LinkState::InSync)
+                .count(),
+            transitions: s.transitions,
+            syncs_waited: self.syncs_waited.load(Ordering::Relaxed),
+            fenced_by: s.fenced_by,
+            peers: s
+                .peers
+                .iter()
+                .map(|p| PeerStatus {
+                    addr: p.addr.clone(),
+                    link: p.link,
+                    dirty_bytes: p.dirty.set * EXTENT,
+                    queued_bytes: p.queued_bytes,
+                    bytes_sent: p.bytes_sent,
+                    bytes_resynced: p.bytes_resynced,
+                    resyncs: p.resyncs,
+                    full_copies: p.full_copies,
+                    last_error: p.last_error.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Works out the health, logging a change with its cause (`why`).
+    fn publish(&self, s: &mut Shared, why: String) {
+        let in_sync = 1 + s
+            .peers
+            .iter()
+            .filter(|p| p.link == LinkState::InSync)
+            .count();
+        let health = if s.failed.is_some() {
+            Health::Error
+        } else if s.fenced_by.is_some() || in_sync < self.config.min_replicas {
+            Health::ReadOnly
+        } else if in_sync < s.peers.len() + 1 {
+            Health::Degraded
+        } else {
+            Health::Healthy
+        };
+        if health != s.health || s.transitions == 0 {
+            let from = s.health;
+            s.health = health;
+            s.transitions += 1;
+            if matches!(health, Health::Healthy | Health::Degraded) {
+                tracing::info!(volume = %self.volume, ?from, to = ?health, in_sync, cause = %why, "replication state");
+            } else {
+                tracing::warn!(volume = %self.volume, ?from, to = ?health, in_sync, cause = %why, "replication state");
+            }
+        }
+        self.acks.notify_all();
+    }
+
+    /// Stops the peers' threads and ends their connections.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        {
+            let mut s = self.shared.lock();
+            for p in &mut s.peers {
+                if let Some(sock) = &p.socket {
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                }
+            }
+            self.work.notify_all();
+            self.acks.notify_all();
+        }
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    fn cut_off(&self, s: &mut Shared, index: usize, conn: u64, why: String) {
+        let p = &mut s.peers[index];
+        if p.conn != conn || p.link == LinkState::Down {
+            return;
+        }
+        tracing::warn!(volume = %self.volume, peer = %p.addr, cause = %why, "replica link down");
+        let addr = p.addr.clone();
+        p.disconnect(why.clone());
+        self.publish(s, format!("{addr}: {why}"));
+        self.work.notify_all();
+    }
+
+    /// The sender thread of peer `index`: connect, resync, stream; again on failure.
+    fn run_peer(self: Arc<Self>, index: usize) {
+        let retry = self.config.reconnect;
+        while !self.stop.load(Ordering::Acquire) {
+            match self.connect(index) {
+                Ok(Some((conn, socket))) => {
+                    if let Err(e) = self.stream_to(index, conn, socket) {
+                        let mut s = self.shared.lock();
+                        self.cut_off(&mut s, index, conn, e.to_string());
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let mut s = self.shared.lock();
+                    s.peers[index].last_error = Some(e.to_string());
+                }
+            }
+            if self.shared.lock().fenced_by.is_some() {
+                return;
+            }
+            let until = Instant::now() + retry;
+            while !self.stop.load(Ordering::Acquire) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20).min(retry));
+            }
+        }
+    }
+
+    /// Connects and greets peer `index`; on success it is resyncing.
+    fn connect(&self, index: usize) -> io::Result<Option<(u64, TcpStream)>> {
+        let addr = self.config.peers[index].clone();
+        let target = addr
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| io::Error::other(format!("{addr} resolves to nothing")))?;
+        let socket = TcpStream::connect_timeout(&target, self.config.peer_timeout)?;
+        socket.set_nodelay(true)?;
+        socket.set_read_timeout(Some(self.config.peer_timeout))?;
+        let mut w = BufWriter::new(socket.try_clone()?);
+        Hello {
+            epoch: self.config.epoch,
+            stream: self.stream,
+            store_size: self.local.size(),
+            volume: self.volume.clone(),
+        }
+        .write_to(&mut w)?;
+        w.flush()?;
+        let welcome = Welcome::read_from(&mut BufReader::new(socket.try_clone()?))?;
+        socket.set_read_timeout(None)?;
+        let mut s = self.shared.lock();
+        match welcome.verdict {
+            Verdict::Proceed => {}
+            Verdict::Fenced => {
+                s.fenced_by = Some(welcome.epoch);
+                let why = format!("{addr} has epoch {}: {}", welcome.epoch, welcome.message);
+                self.publish(&mut s, format!("fenced: {why}"));
+                return Ok(None);
+            }
+            Verdict::Refused => {
+                return Err(io::Error::other(format!(
+                    "{addr} refused: {}",
+                    welcome.message
+                )));
+            }
+        }
+        if self.stop.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let epoch = self.config.epoch;
+        let stream = self.stream;
+        let p = &mut s.peers[index];
+        p.conn += 1;
+        p.link = LinkState::Resyncing;
+        p.socket = Some(socket.try_clone()?);
+        p.queue.clear();
+        p.queued_bytes = 0;
+        p.next_seq = 1;
+        p.acked = 0;
+        p.unacked.clear();
+        p.unsynced_bytes = 0;
+        p.resync_end = None;
+        p.resync_started = Some(Instant::now());
+        p.resyncs += 1;
+        if welcome.stream != stream {
+            // Its copy follows another primary (or none): the bitmap means nothing.
+            p.dirty.mark_all();
+            p.full_copies += 1;
+        }
+        p.enqueue(FrameKind::ResyncBegin, epoch, 0, None);
+        let conn = p.conn;
+        tracing::info!(
+            volume = %self.volume, peer = %addr, dirty_bytes = p.dirty.set * EXTENT,
+            full = welcome.stream != stream, "replica connected, resyncing"
+        );
+        self.publish(&mut s, format!("{addr} connected"));
+        self.work.notify_all();
+        Ok(Some((conn, socket)))
+    }
+
+    /// Sends peer `index`'s frames and resync runs until the connection ends.
+    fn stream_to(self: &Arc<Self>, index: usize, conn: u64, socket: TcpStream) -> io::Result<()> {
+        let reader = {
+            let r = Arc::clone(self);
+            let sock = socket.try_clone()?;
+            std::thread::Builder::new()
+                .name(format!("replica-acks-{index}"))
+                .spawn(move || r.read_acks(index, conn, sock))?
+        };
+        let mut w = BufWriter::with_capacity(256 << 10, socket);
+        let result = self.send_loop(index, conn, &mut w);
+        if let Ok(sock) = w.get_ref().try_clone() {
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+        }
+        let _ = reader.join();
+        result
+    }
+
+    fn send_loop(&self, index: usize, conn: u64, w: &mut BufWriter<TcpStream>) -> io::Result<()> {
+        let epoch = self.config.epoch;
+        let mut batch: Vec<Outgoing> = Vec::new();
+        loop {
+            {
+                let mut s = self.shared.lock();
+                loop {
+                    if self.stop.load(Ordering::Acquire) {
+                        return Ok(());
+                    }
+                    let p = &s.peers[index];
+                    if p.conn != conn {
+                        return Ok(());
+                    }
+                    let resync_step = p.link == LinkState::Resyncing && p.resync_end.is_none();
+                    if !p.queue.is_empty() || resync_step {
+                        break;
+                    }
+                    self.work.wait(&mut s);
+                }
+                let p = &mut s.peers[index];
+                if p.link == LinkState::Resyncing && p.resync_end.is_none() {
+                    match p.dirty.take_run() {
+                        Some((first, n)) => {
+                            // P1: read under the lock, queued before any later write.
+                            let offset = first * EXTENT;
+                            let len = (n * EXTENT).min(self.local.size() - offset);
+                            let mut data = vec![0u8; len as usize];
+                            if let Err(e) = self.local.read_at(offset, &mut data) {
+                                p.dirty.mark(offset, len);
+                                return Err(io::Error::other(format!(
+                                    "reading the local log for a resync: {e}"
+                                )));
+                            }
+                            p.bytes_resynced += len;
+                            p.enqueue(FrameKind::Write, epoch, offset, Some(Arc::new(data)));
+                        }
+                        None => {
+                            let seq = p.enqueue(FrameKind::ResyncEnd, epoch, 0, None);
+                            p.resync_end = Some(seq);
+                        }
+                    }
+                }
+                let mut bytes = 0;
+                while let Some(o) = p.queue.pop_front() {
+                    bytes += o.header.len as u64;
+                    batch.push(o);
+                    if bytes >= 1 << 20 {
+                        break;
+                    }
+                }
+                p.queued_bytes -= bytes;
+                p.bytes_sent += bytes;
+                p.unsynced_bytes += bytes;
+                if p.unsynced_bytes >= SYNC_EVERY_BYTES {
+                    p.unsynced_bytes = 0;
+                    let seq = p.next_seq;
+                    p.next_seq += 1;
+                    batch.push(Outgoing {
+                        header: FrameHeader {
+                            kind: FrameKind::Sync,
+                            epoch,
+                            seq,
+                            offset: 0,
+                            len: 0,
+                        },
+                        data: None,
+                    });
+                }
+            }
+            for o in batch.drain(..) {
+                w.write_all(&o.header.encode())?;
+                if let Some(d) = &o.data {
+                    w.write_all(d)?;
+                }
+            }
+            w.flush()?;
+        }
+    }
+
+    fn read_acks(&self, index: usize, conn: u64, socket: TcpStream) {
+        let mut r = BufReader::new(socket);
+        loop {
+            let ack = Ack::read_from(&mut r);
+            let mut s = self.shared.lock();
+            if s.peers[index].conn != conn {
+                return;
+            }
+            match ack {
+                Ok(Ack::Synced { seq }) => {
+                    let p = &mut s.peers[index];
+                    p.acked = p.acked.max(seq);
+                    while p.unacked.front().is_some_and(|&(f, _, _)| f <= seq) {
+                        p.unacked.pop_front();
+                    }
+                    if p.link == LinkState::Resyncing && p.resync_end.is_some_and(|e| e <= seq) {
+                        p.link = LinkState::InSync;
+                        let took = p.resync_started.map(|t| t.elapsed());
+                        let addr = p.addr.clone();
+                        tracing::info!(
+                            volume = %self.volume, peer = %addr, ?took,
+                            resynced_bytes = p.bytes_resynced, "replica in sync"
+                        );
+                        self.publish(&mut s, format!("{addr} resynced"));
+                    }
+                    self.acks.notify_all();
+                }
+                Ok(Ack::Fenced { epoch }) => {
+                    s.fenced_by = Some(epoch);
+                    let addr = s.peers[index].addr.clone();
+                    self.cut_off(&mut s, index, conn, format!("fenced by epoch {epoch}"));
+                    self.publish(&mut s, format!("fenced: {addr} has epoch {epoch}"));
+                    return;
+                }
+                Err(e) => {
+                    let why = if e.kind() == io::ErrorKind::UnexpectedEof {
+                        "the replica closed the connection".to_string()
+                    } else {
+                        format!("reading acks: {e}")
+                    };
+                    self.cut_off(&mut s, index, conn, why);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// After a local write of `parts` (joined) at `offset`: queue it for every
+    /// connected peer, mark it for the others (P1, P2). The copy is made under the lock,
+    /// once, when some peer is connected.
+    fn replicate(&self, offset: u64, parts: &[&[u8]]) {
+        let epoch = self.config.epoch;
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let mut s = self.shared.lock();
+        let mut data: Option<Arc<Vec<u8>>> = None;
+        let mut congested = Vec::new();
+        for (i, p) in s.peers.iter_mut().enumerate() {
+            if p.link == LinkState::Down {
+                p.dirty.mark(offset, len);
+                continue;
+            }
+            let d = data.get_or_insert_with(|| Arc::new(parts.concat()));
+            p.enqueue(FrameKind::Write, epoch, offset, Some(Arc::clone(d)));
+            if p.queued_bytes > MAX_QUEUED_BYTES {
+                congested.push((i, p.conn));
+            }
+        }
+        for (i, conn) in congested {
+            self.cut_off(
+                &mut s,
+                i,
+                conn,
+                format!("over {MAX_QUEUED_BYTES} bytes queued"),
+            );
+        }
+        self.work.notify_all();
+    }
+
+    /// The peers' half of a sync (P3).
+    fn wait_for_peers(&self) -> io::Result<()> {
+        let mut s = self.shared.lock();
+        if s.opening || (self.config.ack == AckLevel::Local && self.config.min_replicas <= 1) {
+            if let Some(epoch) = s.fenced_by {
+                return Err(fenced(epoch));
+            }
+            return Ok(());
+        }
+        let epoch = self.config.epoch;
+        // For each peer: the connection and SYNC this call waits on, and since when.
+        let mut targets: Vec<Option<(u64, u64, Instant)>> = vec![None; s.peers.len()];
+        let mut waited = false;
+        loop {
+            if let Some(epoch) = s.fenced_by {
+                return Err(fenced(epoch));
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return Err(io::Error::other("replication is stopping"));
+            }
+            let mut asked = false;
+            for (i, p) in s.peers.iter_mut().enumerate() {
+                let current = targets[i].is_some_and(|(conn, _, _)| conn == p.conn);
+                if p.link != LinkState::Down && !current {
+                    let seq = p.enqueue(FrameKind::Sync, epoch, 0, None);
+                    p.unsynced_bytes = 0;
+                    targets[i] = Some((p.conn, seq, Instant::now()));
+                    asked = true;
+                }
+            }
+            if asked {
+                self.work.notify_all();
+            }
+            let in_sync_peers = s
+                .peers
+                .iter()
+                .filter(|p| p.link == LinkState::InSync)
+                .count();
+            let acked = s
+                .peers
+                .iter()
+                .zip(&targets)
+                .filter(|(p, t)| {
+                    p.link == LinkState::InSync
+                        && t.is_some_and(|(conn, seq, _)| conn == p.conn && p.acked >= seq)
+                })
+                .count();
+            let need = self
+                .config
+                .ack
+                .peers_needed(self.config.peers.len() + 1)
+                .min(in_sync_peers)
+                .max(self.config.min_replicas - 1);
+            if in_sync_peers + 1 >= self.config.min_replicas && acked >= need {
+                return Ok(());
+            }
+            if !waited {
+                waited = true;
+                self.syncs_waited.fetch_add(1, Ordering::Relaxed);
+            }
+            // A peer that keeps this sync waiting past the timeout is cut off (P4).
+            let now = Instant::now();
+            let mut late = Vec::new();
+            for (i, p) in s.peers.iter().enumerate() {
+                if let Some((conn, seq, since)) = targets[i] {
+                    // Only a peer in sync is timed: a resyncing one counts for no ack.
+                    if conn == p.conn
+                        && p.link == LinkState::InSync
+                        && p.acked < seq
+                        && now.duration_since(since) >= self.config.peer_timeout
+                    {
+                        late.push((i, conn));
+                    }
+                }
+            }
+            for (i, conn) in late {
+                let waited = self.config.peer_timeout;
+                self.cut_off(&mut s, i, conn, format!("no ack within {waited:?}"));
+            }
+            self.acks.wait_for(&mut s, Duration::from_millis(50));
+        }
+    }
+}
+
+fn fenced(epoch: u64) -> io::Error {
+    io::Error::other(format!(
+        "fenced: a newer primary (epoch {epoch}) holds the volume"
+    ))
+}
+
+/// The log store of a replicated volume: the local store, replicated.
+pub struct ReplicatedStore {
+    replication: Arc<Replication>,
+}
+
+impl ReplicatedStore {
+    pub fn new(replication: Arc<Replication>) -> ReplicatedStore {
+        ReplicatedStore { replication }
+    }
+
+    fn local_failed(&self, what: &str, e: &io::Error) {
+        let mut s = self.replication.shared.lock();
+        s.failed = Some(format!("{what}: {e}"));
+        self.replication
+            .publish(&mut s, format!("local log {what} failed: {e}"));
+    }
+}
+
+impl LogStore for ReplicatedStore {
+    fn size(&self) -> u64 {
+        self.replication.local.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.replication.local.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.replication
+            .local
+            .write_at(offset, data)
+            .inspect_err(|e| self.local_failed("write", e))?;
+        self.replication.replicate(offset, &[data]);
+        Ok(())
+    }
+    fn write_parts_at(&self, offset: u64, head: &[u8], body: &[u8]) -> io::Result<()> {
+        self.replication
+            .local
+            .write_parts_at(offset, head, body)
+            .inspect_err(|e| self.local_failed("write", e))?;
+        self.replication.replicate(offset, &[head, body]);
+        Ok(())
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.replication
+            .local
+            .sync()
+            .inspect_err(|e| self.local_failed("sync", e))?;
+        self.replication.wait_for_peers()
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{} (replicated to {} peers)",
+            self.replication.local.describe(),
+            self.replication.config.peers.len()
+        )
+    }
+    fn sync_is_free(&self) -> bool {
+        self.replication.local.sync_is_free()
+            && self.replication.config.ack == AckLevel::Local
+            && self.replication.config.min_replicas <= 1
+    }
+    fn unlock(&self) {
+        self.replication.local.unlock();
+    }
+}
+
+impl Drop for ReplicatedStore {
+    fn drop(&mut self) {
+        self.replication.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_runs_cover_what_was_marked_once() {
+        let mut b = Bitmap::new(1 << 20);
+        assert_eq!(b.take_run(), None);
+        b.mark(100, 10); // extent 0
+        b.mark(EXTENT * 5 - 1, 2); // extents 4 and 5
+        b.mark(EXTENT * 255, EXTENT * 10); // past the end: clipped
+        assert_eq!(b.set, 4);
+        let mut got = Vec::new();
+        while let Some(run) = b.take_run() {
+            got.push(run);
+        }
+        got.sort_unstable();
+        assert_eq!(got, vec![(0, 1), (4, 2), (255, 1)]);
+        assert_eq!(b.set, 0);
+        b.mark_all();
+        let mut total = 0;
+        while let Some((_, n)) = b.take_run() {
+            assert!(n <= RESYNC_RUN);
+            total += n;
+        }
+        assert_eq!(total, 256);
+    }
+}

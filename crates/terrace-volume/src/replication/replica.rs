@@ -1,0 +1,542 @@
+//! The secondary's side of replication: [`ReplicaServer`] listens on TCP, takes a
+//! primary's connection per volume, and applies its frames to a copy of the volume's
+//! write log — `<dir>/<name>.log`, a [`FileLogStore`] of the primary's size, byte for
+//! byte at the same offsets — so that the copy opens as a write log should this node
+//! take the volume over. Beside it `<dir>/<name>.replica` records, durably: the highest
+//! epoch seen, the primary stream the copy follows, and whether the copy is whole.
+//!
+//! # Invariants
+//! - R1 (fencing): a hello or frame with an epoch below the recorded one is refused
+//!   (`Fenced`, with the newer epoch) and applies nothing; a higher epoch is recorded
+//!   durably before anything of it is applied.
+//! - R2: one connection applies frames to a volume's copy at a time: a newer connection
+//!   takes over (`session`), and an older one stops before its next frame (the check
+//!   and the write are under `apply`).
+//! - R3: the copy is recorded *not whole* before the first frame of a resync is
+//!   applied, and whole again only after the resync's end is durable; a copy created
+//!   afresh (missing, or of another size) follows no stream, so its primary copies it
+//!   whole.
+//! - R4: an ack for frame `seq` is sent only after every frame through `seq` is applied
+//!   and the copy synced.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::wire::{Ack, FrameHeader, FrameKind, Hello, Verdict, Welcome, FRAME_HEADER};
+use crate::error::VolumeError;
+use crate::log::{FileLogStore, LogStore};
+
+/// What `<name>.replica` records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaState {
+    pub epoch: u64,
+    pub stream: u64,
+    pub consistent: bool,
+}
+
+impl ReplicaState {
+    fn encode(&self) -> String {
+        format!(
+            "epoch {}\nstream {}\nconsistent {}\n",
+            self.epoch, self.stream, self.consistent as u8
+        )
+    }
+
+    fn decode(text: &str) -> Option<ReplicaState> {
+        let mut state = ReplicaState::default();
+        let mut seen = 0;
+        for line in text.lines() {
+            let (key, value) = line.split_once(' ')?;
+            let value: u64 = value.parse().ok()?;
+            match key {
+                "epoch" => state.epoch = value,
+                "stream" => state.stream = value,
+                "consistent" if value <= 1 => state.consistent = value == 1,
+                _ => return None,
+            }
+            seen += 1;
+        }
+        (seen == 3).then_some(state)
+    }
+}
+
+/// Where a replicated volume's copy and its state live in a secondary's directory.
+pub fn replica_paths(dir: &Path, volume: &str) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("{volume}.log")),
+        dir.join(format!("{volume}.replica")),
+    )
+}
+
+/// Reads a copy's state: `None` when there is none; an error when it is unreadable or
+/// garbled (its epoch is then unknown, and guessing could un-fence a stale primary).
+pub fn read_replica_state(path: &Path) -> Result<Option<ReplicaState>, VolumeError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => ReplicaState::decode(&text).map(Some).ok_or_else(|| {
+            VolumeError::Config(format!("{}: not a replica state file", path.display()))
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(VolumeError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Writes `state` to `path` durably and atomically (a new file, synced, renamed over
+/// the old one, the directory synced).
+fn write_replica_state(path: &Path, state: &ReplicaState) -> io::Result<()> {
+    let partial = path.with_extension("replica.partial");
+    {
+        let mut f = std::fs::File::create(&partial)?;
+        f.write_all(state.encode().as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&partial, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// One volume's copy on this secondary.
+struct Copy {
+    state_path: PathBuf,
+    log_path: PathBuf,
+    /// The newest connection's number (R2).
+    session: AtomicU64,
+    /// The recorded epoch, for the per-frame check (R1) without the lock.
+    epoch: AtomicU64,
+    apply: Mutex<Applied>,
+}
+
+struct Applied {
+    state: ReplicaState,
+    store: Option<FileLogStore>,
+    frames: u64,
+    bytes: u64,
+}
+
+/// A replica volume's counters for `status`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaCopyStatus {
+    pub volume: String,
+    pub state: ReplicaState,
+    pub frames: u64,
+    pub bytes: u64,
+}
+
+struct Shared {
+    dir: PathBuf,
+    copies: Mutex<HashMap<String, Arc<Copy>>>,
+    /// Numbers connections; a copy's newest one applies frames (R2).
+    sessions: AtomicU64,
+    stop: AtomicBool,
+    /// Every open connection (by number), so `stop` can end them.
+    connections: Mutex<Vec<(u64, TcpStream)>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A running secondary: `terrace serve-replica`.
+pub struct ReplicaServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ReplicaServer {
+    /// Listens on `addr` and keeps copies in `dir` (created if missing).
+    pub fn start(addr: &str, dir: &Path) -> Result<ReplicaServer, VolumeError> {
+        std::fs::create_dir_all(dir).map_err(|source| VolumeError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| VolumeError::Config(format!("replica listen {addr}: {e}")))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| VolumeError::Config(format!("replica listen {addr}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| VolumeError::Config(format!("replica listen {addr}: {e}")))?;
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            copies: Mutex::new(HashMap::new()),
+            sessions: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            connections: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
+        });
+        let accept_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("replica-accept".into())
+            .spawn(move || accept_loop(listener, accept_shared))
+            .map_err(|e| VolumeError::Config(format!("spawning the replica listener: {e}")))?;
+        tracing::info!(%addr, dir = %dir.display(), "serving replicas");
+        Ok(ReplicaServer {
+            addr,
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Every copy this server has taken a connection for since it started.
+    pub fn status(&self) -> Vec<ReplicaCopyStatus> {
+        let copies = self.shared.copies.lock();
+        let mut out: Vec<ReplicaCopyStatus> = copies
+            .iter()
+            .map(|(name, copy)| {
+                let a = copy.apply.lock();
+                ReplicaCopyStatus {
+                    volume: name.clone(),
+                    state: a.state,
+                    frames: a.frames,
+                    bytes: a.bytes,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.volume.cmp(&b.volume));
+        out
+    }
+
+    /// Stops listening, ends every connection and waits for their threads (so the
+    /// copies' files are closed when it returns).
+    pub fn stop(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for (_, c) in self.shared.connections.lock().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for (_, c) in self.shared.connections.lock().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        let threads: Vec<_> = self.shared.threads.lock().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+        self.shared.copies.lock().clear();
+    }
+}
+
+impl Drop for ReplicaServer {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    while !shared.stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_nodelay(true);
+                let id = shared.sessions.fetch_add(1, Ordering::AcqRel) + 1;
+                match stream.try_clone() {
+                    Ok(clone) => shared.connections.lock().push((id, clone)),
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "cannot keep a replication connection");
+                        continue;
+                    }
+                }
+                let conn_shared = Arc::clone(&shared);
+                let spawned = std::thread::Builder::new()
+                    .name("replica-conn".into())
+                    .spawn(move || {
+                        if let Err(e) = serve_primary(id, stream, &conn_shared) {
+                            if !conn_shared.stop.load(Ordering::Acquire) {
+                                tracing::info!(%peer, error = %e, "replication connection ended");
+                            }
+                        }
+                        // The kept clone would hold the connection open: end it.
+                        let mut conns = conn_shared.connections.lock();
+                        if let Some(at) = conns.iter().position(|(i, _)| *i == id) {
+                            let (_, c) = conns.swap_remove(at);
+                            let _ = c.shutdown(std::net::Shutdown::Both);
+                        }
+                    });
+                match spawned {
+                    Ok(t) => {
+                        let mut threads = shared.threads.lock();
+                        threads.retain(|t| !t.is_finished());
+                        threads.push(t);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot start a replication connection"),
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "replica accept failed");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn copy_for(shared: &Shared, volume: &str) -> Result<Arc<Copy>, VolumeError> {
+    let mut copies = shared.copies.lock();
+    if let Some(c) = copies.get(volume) {
+        return Ok(Arc::clone(c));
+    }
+    let (log_path, state_path) = replica_paths(&shared.dir, volume);
+    let state = read_replica_state(&state_path)?.unwrap_or_default();
+    let copy = Arc::new(Copy {
+        state_path,
+        log_path,
+        session: AtomicU64::new(0),
+        epoch: AtomicU64::new(state.epoch),
+        apply: Mutex::new(Applied {
+            state,
+            store: None,
+            frames: 0,
+            bytes: 0,
+        }),
+    });
+    copies.insert(volume.to_string(), Arc::clone(&copy));
+    Ok(copy)
+}
+
+/// Takes one primary's connection from its hello to its end.
+fn serve_primary(session: u64, stream: TcpStream, shared: &Shared) -> io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = BufReader::with_capacity(256 << 10, stream.try_clone()?);
+    let mut writer = BufWriter::new(stream.try_clone()?);
+    let hello = Hello::read_from(&mut reader)?;
+    let refuse = |writer: &mut BufWriter<TcpStream>, why: String| -> io::Result<()> {
+        Welcome {
+            verdict: Verdict::Refused,
+            epoch: 0,
+            stream: 0,
+            consistent: false,
+            message: why.clone(),
+        }
+        .write_to(writer)?;
+        writer.flush()?;
+        Err(io::Error::other(why))
+    };
+    let copy = match copy_for(shared, &hello.volume) {
+        Ok(c) => c,
+        Err(e) => return refuse(&mut writer, e.to_string()),
+    };
+    let welcome = {
+        let mut a = copy.apply.lock();
+        if hello.epoch < a.state.epoch {
+            Welcome {
+                verdict: Verdict::Fenced,
+                epoch: a.state.epoch,
+                stream: a.state.stream,
+                consistent: a.state.consistent,
+                message: format!(
+                    "volume {} has epoch {}, newer than {}",
+                    hello.volume, a.state.epoch, hello.epoch
+                ),
+            }
+        } else {
+            match open_copy(&copy, &mut a, &hello) {
+                Ok(()) => {
+                    // R2: from here on, older connections apply nothing.
+                    copy.session.store(session, Ordering::Release);
+                    Welcome {
+                        verdict: Verdict::Proceed,
+                        epoch: a.state.epoch,
+                        stream: a.state.stream,
+                        consistent: a.state.consistent,
+                        message: String::new(),
+                    }
+                }
+                Err(e) => {
+                    drop(a);
+                    return refuse(&mut writer, e.to_string());
+                }
+            }
+        }
+    };
+    welcome.write_to(&mut writer)?;
+    writer.flush()?;
+    if welcome.verdict != Verdict::Proceed {
+        return Ok(());
+    }
+    tracing::info!(
+        volume = %hello.volume, epoch = hello.epoch, stream = hello.stream,
+        consistent = welcome.consistent, "primary connected"
+    );
+    // A primary may go quiet for as long as its volume is idle.
+    reader.get_ref().set_read_timeout(None)?;
+    let mut data = Vec::new();
+    loop {
+        let mut h = [0u8; FRAME_HEADER];
+        reader.read_exact(&mut h)?;
+        let frame = FrameHeader::decode(&h)?;
+        data.resize(frame.len as usize, 0);
+        reader.read_exact(&mut data)?;
+        let newest = copy.epoch.load(Ordering::Acquire);
+        if frame.epoch < newest {
+            writer.write_all(&Ack::Fenced { epoch: newest }.encode())?;
+            writer.flush()?;
+            return Err(io::Error::other(format!(
+                "fenced a frame of epoch {} (volume has {newest})",
+                frame.epoch
+            )));
+        }
+        let mut a = copy.apply.lock();
+        if copy.session.load(Ordering::Acquire) != session {
+            return Err(io::Error::other("a newer connection took the volume"));
+        }
+        let ack = apply(&copy, &mut a, &hello, frame, &data)?;
+        drop(a);
+        if let Some(ack) = ack {
+            writer.write_all(&ack.encode())?;
+            writer.flush()?;
+        }
+    }
+}
+
+/// Records the hello's epoch, and opens (or makes) the copy at the primary's size.
+fn open_copy(copy: &Copy, a: &mut Applied, hello: &Hello) -> Result<(), VolumeError> {
+    if hello.epoch > a.state.epoch {
+        let next = ReplicaState {
+            epoch: hello.epoch,
+            ..a.state
+        };
+        write_replica_state(&copy.state_path, &next).map_err(|source| VolumeError::Io {
+            path: copy.state_path.clone(),
+            source,
+        })?;
+        a.state = next;
+        copy.epoch.store(next.epoch, Ordering::Release);
+    }
+    if a.store
+        .as_ref()
+        .is_some_and(|s| s.size() == hello.store_size)
+    {
+        return Ok(());
+    }
+    a.store = None;
+    let existing = std::fs::metadata(&copy.log_path).ok().map(|m| m.len());
+    if existing != Some(hello.store_size) {
+        // R3: a new copy (or one of another size) follows no stream.
+        if existing.is_some() {
+            std::fs::remove_file(&copy.log_path).map_err(|source| VolumeError::Io {
+                path: copy.log_path.clone(),
+                source,
+            })?;
+        }
+        let next = ReplicaState {
+            stream: 0,
+            consistent: false,
+            ..a.state
+        };
+        write_replica_state(&copy.state_path, &next).map_err(|source| VolumeError::Io {
+            path: copy.state_path.clone(),
+            source,
+        })?;
+        a.state = next;
+    }
+    a.store = Some(FileLogStore::open(&copy.log_path, hello.store_size)?);
+    Ok(())
+}
+
+fn apply(
+    copy: &Copy,
+    a: &mut Applied,
+    hello: &Hello,
+    frame: FrameHeader,
+    data: &[u8],
+) -> io::Result<Option<Ack>> {
+    let store = a
+        .store
+        .as_ref()
+        .ok_or_else(|| io::Error::other("the copy is not open"))?;
+    a.frames += 1;
+    match frame.kind {
+        FrameKind::Write => {
+            let end = frame.offset.checked_add(data.len() as u64);
+            if end.is_none_or(|end| end > store.size()) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "a write of {} bytes at {} past the copy's {} bytes",
+                        data.len(),
+                        frame.offset,
+                        store.size()
+                    ),
+                ));
+            }
+            store.write_at(frame.offset, data)?;
+            a.bytes += data.len() as u64;
+            Ok(None)
+        }
+        FrameKind::Sync => {
+            store.sync()?;
+            Ok(Some(Ack::Synced { seq: frame.seq }))
+        }
+        FrameKind::ResyncBegin => {
+            let next = ReplicaState {
+                stream: hello.stream,
+                consistent: false,
+                ..a.state
+            };
+            if next != a.state {
+                write_replica_state(&copy.state_path, &next)?;
+                a.state = next;
+            }
+            Ok(None)
+        }
+        FrameKind::ResyncEnd => {
+            store.sync()?;
+            let next = ReplicaState {
+                stream: hello.stream,
+                consistent: true,
+                ..a.state
+            };
+            if next != a.state {
+                write_replica_state(&copy.state_path, &next)?;
+                a.state = next;
+            }
+            tracing::info!(volume = %hello.volume, "copy is whole again");
+            Ok(Some(Ack::Synced { seq: frame.seq }))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_files_round_trip_and_garbage_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.replica");
+        assert_eq!(read_replica_state(&path).unwrap(), None);
+        let s = ReplicaState {
+            epoch: 4,
+            stream: 77,
+            consistent: true,
+        };
+        write_replica_state(&path, &s).unwrap();
+        assert_eq!(read_replica_state(&path).unwrap(), Some(s));
+        std::fs::write(&path, "epoch 4\nstream x\n").unwrap();
+        assert!(read_replica_state(&path).is_err());
+        std::fs::write(&path, "epoch 4\nstream 1\n").unwrap();
+        assert!(read_replica_state(&path).is_err());
+    }
+}

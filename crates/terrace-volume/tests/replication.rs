@@ -1,0 +1,381 @@
+//! Replicated volumes, in one process over loopback: a primary `Volume` whose write log
+//! streams to `ReplicaServer`s. What is checked: acknowledged writes are on the
+//! secondaries' copies (a volume opened from a copy reads them back, with nothing written
+//! back to the backend); a secondary that drops out leaves the volume degraded and
+//! writable, and on return is resynced from its bitmap (bytes ≈ those written while it
+//! was away) or copied whole when its copy was lost; below `min_replicas` writes are
+//! refused and reads go on; a newer epoch fences the older primary; a copy left
+//! mid-resync is never taken over; garbage on the replication port is refused.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use terrace_cache::{Cache, CacheConfig, TierConfig, TierSize};
+use terrace_volume::replication::{AckLevel, Health, LinkState, ReplicaServer, ReplicationConfig};
+use terrace_volume::{Backend, BlockError, Export, FileBackend, Mode, Volume, VolumeConfig};
+
+const VOLUME: u64 = 16 << 20;
+const LOG: u64 = 8 << 20;
+const BS: usize = 4096;
+
+fn cache() -> Arc<Cache> {
+    let config = CacheConfig::new(vec![TierConfig::dram(TierSize::Bytes(16 << 20))]);
+    Arc::new(Cache::open(config).unwrap().0)
+}
+
+fn backend(dir: &Path) -> Arc<dyn Backend> {
+    let path = dir.join("backend.img");
+    if !path.exists() {
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(VOLUME)
+            .unwrap();
+    }
+    Arc::new(FileBackend::open(&path).unwrap())
+}
+
+/// A write-back volume that writes nothing back on its own (so what a copy holds is
+/// all there is), replicated to `peers` when any.
+fn config(log: PathBuf, replication: Option<ReplicationConfig>) -> VolumeConfig {
+    VolumeConfig {
+        mode: Mode::WriteBack,
+        log_bytes: LOG,
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        idle_writeback: Duration::from_secs(3600),
+        replication,
+        ..VolumeConfig::new("vol", 1, log)
+    }
+}
+
+fn replicated(
+    peers: &[&ReplicaServer],
+    ack: AckLevel,
+    min_replicas: usize,
+    epoch: u64,
+) -> ReplicationConfig {
+    ReplicationConfig {
+        ack,
+        min_replicas,
+        epoch,
+        peer_timeout: Duration::from_secs(1),
+        reconnect: Duration::from_millis(50),
+        ..ReplicationConfig::new(peers.iter().map(|p| p.local_addr().to_string()).collect())
+    }
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn health(v: &Volume) -> Health {
+    v.status().replication.unwrap().health
+}
+
+/// Writes `n` random blocks, each acknowledged; returns what each block now holds.
+fn write_blocks(v: &Volume, rng: &mut common::Rng, n: usize, model: &mut [Option<Vec<u8>>]) {
+    for _ in 0..n {
+        let block = rng.below(VOLUME / BS as u64) as usize;
+        let mut data = vec![0u8; BS];
+        rng.fill(&mut data);
+        v.write((block * BS) as u64, &data, false).unwrap();
+        model[block] = Some(data);
+    }
+}
+
+/// Opens a volume from the copy at `log` over `backend_dir`'s backend and checks that
+/// every block reads as `model` says.
+fn check_copy(log: PathBuf, backend_dir: &Path, model: &[Option<Vec<u8>>]) {
+    let (v, report) = Volume::open(config(log, None), backend(backend_dir), cache()).unwrap();
+    assert!(report.records > 0, "the copy holds the writes: {report:?}");
+    let mut buf = vec![0u8; BS];
+    for (block, want) in model.iter().enumerate() {
+        if let Some(want) = want {
+            v.read((block * BS) as u64, &mut buf).unwrap();
+            assert!(buf == *want, "block {block} differs on the copy");
+        }
+    }
+    v.close();
+}
+
+#[test]
+fn acknowledged_writes_are_on_every_copy_with_nothing_written_back() {
+    let nodes: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let r2 = ReplicaServer::start("127.0.0.1:0", nodes[2].path()).unwrap();
+    let (v, _) = Volume::open(
+        config(
+            nodes[0].path().join("vol.log"),
+            Some(replicated(&[&r1, &r2], AckLevel::All, 2, 1)),
+        ),
+        backend(nodes[0].path()),
+        cache(),
+    )
+    .unwrap();
+    wait_until("both copies in sync", || health(&v) == Health::Healthy);
+    let mut model = vec![None; (VOLUME / BS as u64) as usize];
+    let mut rng = common::Rng(0x5eed);
+    write_blocks(&v, &mut rng, 300, &mut model);
+    let st = v.status();
+    assert_eq!(st.written_back_bytes, 0);
+    let r = st.replication.unwrap();
+    assert_eq!((r.in_sync, r.replicas), (3, 3));
+    assert!(r.syncs_waited > 0, "an ack=all sync waits for its peers");
+    // The primary stops at once: whatever was not acknowledged by both is not sent.
+    drop(v);
+    r1.stop();
+    r2.stop();
+    for node in &nodes[1..] {
+        check_copy(node.path().join("vol.log"), nodes[0].path(), &model);
+    }
+}
+
+#[test]
+fn a_secondary_that_returns_is_resynced_from_its_bitmap() {
+    let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let addr = r1.local_addr();
+    let (v, _) = Volume::open(
+        config(
+            nodes[0].path().join("vol.log"),
+            Some(replicated(&[&r1], AckLevel::All, 1, 1)),
+        ),
+        backend(nodes[0].path()),
+        cache(),
+    )
+    .unwrap();
+    wait_until("the copy in sync", || health(&v) == Health::Healthy);
+    let mut model = vec![None; (VOLUME / BS as u64) as usize];
+    let mut rng = common::Rng(77);
+    write_blocks(&v, &mut rng, 100, &mut model);
+
+    r1.stop();
+    wait_until("degraded", || health(&v) == Health::Degraded);
+    let before = v.status().replication.unwrap().peers[0].clone();
+    assert_eq!(before.link, LinkState::Down);
+    assert_eq!(
+        before.full_copies, 1,
+        "the first resync copies the new log whole"
+    );
+    // Writable while degraded.
+    let outage_blocks = 400;
+    write_blocks(&v, &mut rng, outage_blocks, &mut model);
+    let outage_bytes = (outage_blocks * BS) as u64;
+    assert!(v.status().replication.unwrap().peers[0].dirty_bytes >= outage_bytes);
+
+    let r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+    wait_until("healthy again", || health(&v) == Health::Healthy);
+    let after = v.status().replication.unwrap().peers[0].clone();
+    assert_eq!(
+        after.full_copies, 1,
+        "caught up from the bitmap, not copied whole"
+    );
+    let resynced = after.bytes_resynced - before.bytes_resynced;
+    assert!(
+        resynced as f64 <= 1.1 * outage_bytes as f64 && resynced >= outage_bytes,
+        "resynced {resynced} bytes for {outage_bytes} written while away"
+    );
+    write_blocks(&v, &mut rng, 50, &mut model);
+    drop(v);
+    r1.stop();
+    check_copy(nodes[1].path().join("vol.log"), nodes[0].path(), &model);
+}
+
+#[test]
+fn below_min_replicas_writes_stop_and_reads_go_on() {
+    let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let addr = r1.local_addr();
+    let (v, _) = Volume::open(
+        config(
+            nodes[0].path().join("vol.log"),
+            Some(replicated(&[&r1], AckLevel::One, 2, 1)),
+        ),
+        backend(nodes[0].path()),
+        cache(),
+    )
+    .unwrap();
+    // Below min_replicas from the start: nothing is in sync yet.
+    wait_until("healthy", || health(&v) == Health::Healthy);
+    let data = vec![7u8; BS];
+    v.write(0, &data, false).unwrap();
+
+    r1.stop();
+    wait_until("read-only", || health(&v) == Health::ReadOnly);
+    assert!(matches!(
+        v.write(BS as u64, &data, false),
+        Err(BlockError::ReadOnly)
+    ));
+    let mut buf = vec![0u8; BS];
+    v.read(0, &mut buf).unwrap();
+    assert_eq!(buf, data);
+
+    let r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+    wait_until("healthy again", || health(&v) == Health::Healthy);
+    v.write(BS as u64, &data, false).unwrap();
+    let r = v.status().replication.unwrap();
+    assert!(r.transitions >= 3, "healthy → read-only → healthy: {r:?}");
+    drop(v);
+    r1.stop();
+}
+
+#[test]
+fn a_newer_epoch_fences_the_older_primary() {
+    let nodes: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    // Garbage on the port is refused; the server goes on.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(r1.local_addr()).unwrap();
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n and some more bytes to fill a hello")
+            .unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+    let open = |node: &Path, epoch| {
+        Volume::open(
+            config(
+                node.join("vol.log"),
+                Some(replicated(&[&r1], AckLevel::All, 1, epoch)),
+            ),
+            backend(node),
+            cache(),
+        )
+        .unwrap()
+        .0
+    };
+    let old = open(nodes[0].path(), 1);
+    wait_until("the old primary in sync", || {
+        health(&old) == Health::Healthy
+    });
+    old.write(0, &[1u8; BS], false).unwrap();
+
+    // A new primary (say, after a failover) takes the volume with epoch 2.
+    let new = open(nodes[2].path(), 2);
+    wait_until("the new primary in sync", || {
+        health(&new) == Health::Healthy
+    });
+    new.write(0, &[2u8; BS], false).unwrap();
+
+    // The old primary is refused from now on: it acknowledges nothing more.
+    let _ = old.write(BS as u64, &[1u8; BS], false);
+    wait_until("the old primary fenced", || {
+        old.status().replication.unwrap().fenced_by == Some(2)
+    });
+    assert_eq!(health(&old), Health::ReadOnly);
+    assert!(old.write(BS as u64, &[1u8; BS], false).is_err());
+    let state =
+        terrace_volume::replication::read_replica_state(&nodes[1].path().join("vol.replica"))
+            .unwrap()
+            .unwrap();
+    assert_eq!(state.epoch, 2);
+    new.write(BS as u64, &[2u8; BS], false).unwrap();
+    drop(old);
+    drop(new);
+    r1.stop();
+}
+
+#[test]
+fn a_lost_copy_is_copied_whole_and_a_copy_mid_resync_is_never_taken_over() {
+    let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let addr = r1.local_addr();
+    let (v, _) = Volume::open(
+        config(
+            nodes[0].path().join("vol.log"),
+            Some(replicated(&[&r1], AckLevel::All, 1, 3)),
+        ),
+        backend(nodes[0].path()),
+        cache(),
+    )
+    .unwrap();
+    wait_until("healthy", || health(&v) == Health::Healthy);
+    let mut model = vec![None; (VOLUME / BS as u64) as usize];
+    let mut rng = common::Rng(99);
+    write_blocks(&v, &mut rng, 50, &mut model);
+    r1.stop();
+    wait_until("degraded", || health(&v) == Health::Degraded);
+    // The secondary's copy is deleted while it is down.
+    std::fs::remove_file(nodes[1].path().join("vol.log")).unwrap();
+    write_blocks(&v, &mut rng, 50, &mut model);
+    let r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+    wait_until("healthy again", || health(&v) == Health::Healthy);
+    assert_eq!(v.status().replication.unwrap().peers[0].full_copies, 2);
+    drop(v);
+    r1.stop();
+    check_copy(nodes[1].path().join("vol.log"), nodes[0].path(), &model);
+
+    // A copy whose state says a resync was under way is refused; so is a primary whose
+    // epoch is older than the copy's.
+    let state = nodes[1].path().join("vol.replica");
+    let text = std::fs::read_to_string(&state).unwrap();
+    std::fs::write(&state, text.replace("consistent 1", "consistent 0")).unwrap();
+    let err = Volume::open(
+        config(nodes[1].path().join("vol.log"), None),
+        backend(nodes[0].path()),
+        cache(),
+    )
+    .err()
+    .expect("a copy mid-resync opens");
+    assert!(err.to_string().contains("mid-resync"), "{err}");
+    std::fs::write(&state, text).unwrap();
+    let other = ReplicaServer::start("127.0.0.1:0", nodes[0].path()).unwrap();
+    let err = Volume::open(
+        config(
+            nodes[1].path().join("vol.log"),
+            Some(replicated(&[&other], AckLevel::All, 1, 2)),
+        ),
+        backend(nodes[0].path()),
+        cache(),
+    )
+    .err()
+    .expect("an older epoch takes the copy over");
+    assert!(err.to_string().contains("older"), "{err}");
+    other.stop();
+}
+
+/// With ack=local nothing waits for the secondary, so when it is stopped many writes are
+/// in flight (queued, in socket buffers, unacknowledged); after it returns and resyncs,
+/// its copy has every one of them.
+#[test]
+fn writes_in_flight_when_a_secondary_drops_reach_it_after_the_resync() {
+    let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let addr = r1.local_addr();
+    let (v, _) = Volume::open(
+        config(
+            nodes[0].path().join("vol.log"),
+            Some(replicated(&[&r1], AckLevel::Local, 1, 1)),
+        ),
+        backend(nodes[0].path()),
+        cache(),
+    )
+    .unwrap();
+    wait_until("healthy", || health(&v) == Health::Healthy);
+    let mut model = vec![None; (VOLUME / BS as u64) as usize];
+    let mut rng = common::Rng(4242);
+    let mut r1 = r1;
+    // Rounds with the stop at different moments of the stream; 1,600 writes in all, so
+    // the log (8 MiB) never wraps and every record stays on the copy to be checked.
+    for delay_ms in [1, 2, 4, 8] {
+        let stopper = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            r1.stop();
+        });
+        write_blocks(&v, &mut rng, 400, &mut model);
+        stopper.join().unwrap();
+        wait_until("degraded", || health(&v) == Health::Degraded);
+        r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+        wait_until("healthy again", || health(&v) == Health::Healthy);
+    }
+    drop(v);
+    r1.stop();
+    check_copy(nodes[1].path().join("vol.log"), nodes[0].path(), &model);
+}
