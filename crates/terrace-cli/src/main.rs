@@ -48,7 +48,7 @@ enum Command {
     /// device, any NBD server or S3, in write-through, write-back, write-around,
     /// read-only or storage mode.
     ServeVolume(Box<volume::ServeVolumeArgs>),
-    /// Ask a running serve-volume: status, flush, mode, resize, snapshot, metrics.
+    /// Ask a running serve-volume: status, flush, mode, resize, snapshot, metrics, replicas.
     #[command(subcommand)]
     Volume(VolumeCommand),
     /// Show the memory media this machine offers.
@@ -107,6 +107,12 @@ enum VolumeCommand {
     },
     /// Every volume's counters as Prometheus text.
     Metrics {
+        #[arg(long, default_value = "terrace-volume-data/control.sock")]
+        control: PathBuf,
+    },
+    /// The copies of other nodes' volumes this node keeps (--replica-listen): whole or
+    /// not, epoch, stream.
+    Replicas {
         #[arg(long, default_value = "terrace-volume-data/control.sock")]
         control: PathBuf,
     },
@@ -191,6 +197,9 @@ fn main() -> ExitCode {
             volume::control(&control, &format!("snapshot {name} {tag}"))
         }
         Command::Volume(VolumeCommand::Metrics { control }) => volume::control(&control, "metrics"),
+        Command::Volume(VolumeCommand::Replicas { control }) => {
+            volume::control(&control, "replicas")
+        }
         Command::Info { dir } => info::run(dir.as_deref()),
         Command::Bench(BenchCommand::Kinds {
             dir,

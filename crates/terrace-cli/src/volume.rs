@@ -1,12 +1,13 @@
 //! `terrace serve-volume` (flags → [`terrace_volume::ServiceConfig`] → the service until
 //! SIGTERM or SIGINT, then a clean stop) and `terrace volume status|flush|mode|resize|
-//! snapshot|metrics` (one command over the service's control socket).
+//! snapshot|metrics|replicas` (one command over the service's control socket).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use terrace_cache::spec::{parse_size, TierList};
 use terrace_volume::nbd::Listen;
+use terrace_volume::replication::{AckLevel, ReplicationConfig};
 use terrace_volume::{AckDurability, BackendSpec, Mode, Service, ServiceConfig, VolumeConfig};
 
 /// The flags of `terrace serve-volume`.
@@ -82,9 +83,37 @@ pub struct ServeVolumeArgs {
     /// every miss).
     #[arg(long, value_name = "N", default_value_t = 1)]
     promote_after: u32,
+    /// Replicate every volume's write log to the secondary listening at HOST:PORT
+    /// (repeatable: replicas = peers + 1). Only write-back and storage volumes keep
+    /// data in the log; write-through data is in the backend before the reply.
+    #[arg(long = "replica-peer", value_name = "HOST:PORT")]
+    replica_peers: Vec<String>,
+    /// Which secondaries in sync a write waits for: local, one, majority or all.
+    #[arg(long, default_value = "all", value_parser = parse_ack_level)]
+    ack_level: AckLevel,
+    /// Copies (this one included) that must be in sync for a volume to take writes;
+    /// below it writes are refused and reads go on.
+    #[arg(long, default_value_t = 1)]
+    min_replicas: usize,
+    /// This primary's epoch: higher than every earlier primary's of its volumes (a
+    /// secondary that has seen a higher one refuses this primary).
+    #[arg(long, default_value_t = 1)]
+    epoch: u64,
+    /// How long a write waits for a secondary in sync before cutting it off (ms).
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    replica_timeout_ms: u64,
+    /// Keep copies of other primaries' volumes, served at HOST:PORT, in the write logs'
+    /// directory (so this node takes a volume over by serving it from there). With
+    /// no volume of its own the process is a secondary only.
+    #[arg(long, value_name = "HOST:PORT")]
+    replica_listen: Option<String>,
     /// Logs as JSON lines.
     #[arg(long)]
     log_json: bool,
+}
+
+fn parse_ack_level(s: &str) -> Result<AckLevel, String> {
+    s.parse()
 }
 
 fn parse_backend(s: &str) -> Result<BackendSpec, String> {
@@ -142,8 +171,22 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
     if let Some(backend) = &args.backend {
         named.insert(0, (args.name.clone(), backend.clone()));
     }
-    if named.is_empty() {
-        return Err("give a volume: --backend URI (and --name), or --volume NAME=URI".into());
+    if named.is_empty() && args.replica_listen.is_none() {
+        return Err(
+            "give a volume (--backend URI and --name, or --volume NAME=URI), or \
+             --replica-listen to keep other nodes' copies"
+                .into(),
+        );
+    }
+    let replication = (!args.replica_peers.is_empty()).then(|| ReplicationConfig {
+        ack: args.ack_level,
+        min_replicas: args.min_replicas,
+        epoch: args.epoch,
+        peer_timeout: Duration::from_millis(args.replica_timeout_ms.max(1)),
+        ..ReplicationConfig::new(args.replica_peers.clone())
+    });
+    if let Some(r) = &replication {
+        r.check().map_err(|e| e.to_string())?;
     }
     if let Some((name, _)) = args
         .volume_modes
@@ -173,6 +216,7 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
                 low_watermark: args.low_watermark,
                 large_write: args.large_write,
                 promote_after: args.promote_after,
+                replication: replication.clone(),
                 ..VolumeConfig::new(&name, id, log_dir.join(format!("{name}.log")))
             };
             (config, spec)
@@ -193,6 +237,10 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
         tiers: args.tiers.configs(&args.dir),
         volumes,
         backend_connections: args.backend_connections,
+        replica: args
+            .replica_listen
+            .clone()
+            .map(|addr| (addr, log_dir.clone())),
     };
     let service = Service::start(config).map_err(|e| e.to_string())?;
     wait_for_signal()?;

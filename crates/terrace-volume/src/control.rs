@@ -7,7 +7,9 @@
 //! - `mode NAME MODE`: switches a volume's mode while it runs;
 //! - `resize NAME SIZE`: grows a volume while it runs (`10GiB`, or bytes);
 //! - `snapshot NAME TAG`: writes a volume back and has its backend copy itself; answers
-//!   where the snapshot is.
+//!   where the snapshot is;
+//! - `replicas`: the copies this node keeps for other nodes' primaries (whole or not,
+//!   their epoch and stream).
 //!
 //! A reply's first line is `OK` or `ERROR <why>`. Bad input (an unknown command, a line
 //! over 4 KiB, a client that never sends) gets an error or a timeout, never a stuck
@@ -22,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::VolumeError;
+use crate::replication::replica::ReplicaStatusSource;
 use crate::volume::{Mode, Volume};
 
 /// How long `flush` waits for a drain.
@@ -36,7 +39,12 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Listens on `path` (a stale socket there is replaced) for `volumes`.
-    pub fn start(path: &Path, volumes: Vec<Arc<Volume>>) -> Result<ControlServer, VolumeError> {
+    /// `replicas`: the copies this node keeps for other primaries, if it serves any.
+    pub fn start(
+        path: &Path,
+        volumes: Vec<Arc<Volume>>,
+        replicas: Option<ReplicaStatusSource>,
+    ) -> Result<ControlServer, VolumeError> {
         let io_err = |source| VolumeError::Io {
             path: path.to_path_buf(),
             source,
@@ -70,7 +78,7 @@ impl ControlServer {
             "volume-control",
             Arc::clone(&stop),
             move || listener.accept().map(|(stream, _)| stream),
-            move |stream| serve(stream, &volumes),
+            move |stream| serve(stream, &volumes, replicas.as_ref()),
         )
         .map_err(io_err)?;
         Ok(ControlServer {
@@ -130,7 +138,7 @@ where
         })
 }
 
-fn serve(stream: UnixStream, volumes: &[Arc<Volume>]) {
+fn serve(stream: UnixStream, volumes: &[Arc<Volume>], replicas: Option<&ReplicaStatusSource>) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
     let mut line = String::new();
@@ -139,7 +147,7 @@ fn serve(stream: UnixStream, volumes: &[Arc<Volume>]) {
         Ok(_) if !line.ends_with('\n') && line.len() >= 4096 => {
             "ERROR command line longer than 4 KiB\n".to_string()
         }
-        Ok(_) => answer(line.trim(), volumes),
+        Ok(_) => answer(line.trim(), volumes, replicas),
         Err(e) => format!("ERROR reading the command: {e}\n"),
     };
     let mut stream = stream;
@@ -147,7 +155,11 @@ fn serve(stream: UnixStream, volumes: &[Arc<Volume>]) {
 }
 
 /// The reply to one command line.
-pub fn answer(line: &str, volumes: &[Arc<Volume>]) -> String {
+pub fn answer(
+    line: &str,
+    volumes: &[Arc<Volume>],
+    replicas: Option<&ReplicaStatusSource>,
+) -> String {
     let words: Vec<&str> = line.split_whitespace().collect();
     let pick = |name: Option<&&str>| -> Result<Vec<&Arc<Volume>>, String> {
         match name {
@@ -199,8 +211,28 @@ pub fn answer(line: &str, volumes: &[Arc<Volume>]) -> String {
             }),
             _ => Err("usage: snapshot NAME TAG".into()),
         },
+        Some("replicas") => Ok(replicas.map_or(String::new(), |r| {
+            r.status()
+                .iter()
+                .map(|c| {
+                    format!(
+                        "copy {} {} epoch {} stream {} frames {} bytes {}\n",
+                        c.volume,
+                        if c.state.consistent {
+                            "whole"
+                        } else {
+                            "inconsistent"
+                        },
+                        c.state.epoch,
+                        c.state.stream,
+                        c.frames,
+                        c.bytes
+                    )
+                })
+                .collect()
+        })),
         Some(other) => Err(format!(
-            "unknown command {other:?}: status, metrics, flush, mode, resize, snapshot"
+            "unknown command {other:?}: status, metrics, flush, mode, resize, snapshot, replicas"
         )),
         None => Err("empty command".into()),
     };

@@ -19,6 +19,7 @@ use crate::error::VolumeError;
 use crate::export::Export;
 use crate::metrics::MetricsServer;
 use crate::nbd::{Listen, NbdBackend, NbdServer};
+use crate::replication::ReplicaServer;
 use crate::s3::{S3Backend, S3Config};
 use crate::volume::{Volume, VolumeConfig};
 
@@ -82,6 +83,10 @@ pub struct ServiceConfig {
     pub volumes: Vec<(VolumeConfig, BackendSpec)>,
     /// Connections per NBD backend (requests in flight to it).
     pub backend_connections: usize,
+    /// Serve secondaries' copies of other nodes' volumes: where to listen (`HOST:PORT`)
+    /// and the directory of the copies (the write logs' directory, so that this node
+    /// can take a volume over by serving it with the copy as its log).
+    pub replica: Option<(String, PathBuf)>,
 }
 
 /// A running `terrace serve-volume`.
@@ -92,14 +97,15 @@ pub struct Service {
     servers: Vec<NbdServer>,
     control: Option<ControlServer>,
     metrics: Option<MetricsServer>,
+    replica: Option<ReplicaServer>,
 }
 
 impl Service {
     pub fn start(config: ServiceConfig) -> Result<Service, VolumeError> {
-        if config.volumes.is_empty() {
+        if config.volumes.is_empty() && config.replica.is_none() {
             return Err(VolumeError::Config("no volume to serve".into()));
         }
-        if config.listen.is_empty() {
+        if config.listen.is_empty() && !config.volumes.is_empty() {
             return Err(VolumeError::Config("no address to listen on".into()));
         }
         let mut names: Vec<&str> = config
@@ -136,9 +142,24 @@ impl Service {
             servers: Vec::new(),
             control: None,
             metrics: None,
+            replica: None,
         };
+        if let Some((addr, dir)) = &config.replica {
+            match ReplicaServer::start(addr, dir) {
+                Ok(r) => service.replica = Some(r),
+                Err(e) => {
+                    service.stop_quietly();
+                    return Err(e);
+                }
+            }
+        }
         if let Some(path) = &config.control {
-            service.control = Some(ControlServer::start(path, service.volumes.clone())?);
+            let replicas = service.replica.as_ref().map(ReplicaServer::status_source);
+            service.control = Some(ControlServer::start(
+                path,
+                service.volumes.clone(),
+                replicas,
+            )?);
         }
         if let Some(addr) = &config.metrics {
             match MetricsServer::start(addr, service.volumes.clone()) {
@@ -151,6 +172,9 @@ impl Service {
                     return Err(e);
                 }
             }
+        }
+        if service.volumes.is_empty() {
+            return Ok(service);
         }
         let exports: Vec<(String, Arc<dyn Export>)> = service
             .volumes
@@ -186,7 +210,15 @@ impl Service {
         self.servers.iter().map(|s| s.uri(export)).collect()
     }
 
+    /// Where the replica server listens, if this node serves copies.
+    pub fn replica_addr(&self) -> Option<std::net::SocketAddr> {
+        self.replica.as_ref().map(ReplicaServer::local_addr)
+    }
+
     fn stop_quietly(&mut self) {
+        if let Some(r) = self.replica.take() {
+            r.stop();
+        }
         for s in self.servers.drain(..) {
             s.shutdown();
         }

@@ -44,6 +44,7 @@ fn control_socket_and_metrics_endpoint_answer_and_refuse_bad_input() {
             BackendSpec::File(backend),
         )],
         backend_connections: 1,
+        replica: None,
     };
     let service = Service::start(config).unwrap();
     let addr = service.metrics_addr().expect("a metrics endpoint");
@@ -124,6 +125,7 @@ fn one_file_volume(dir: &Path, size: u64, mode: Mode, log_bytes: u64) -> Service
             BackendSpec::File(backend),
         )],
         backend_connections: 1,
+        replica: None,
     }
 }
 

@@ -194,21 +194,12 @@ impl ReplicaServer {
 
     /// Every copy this server has taken a connection for since it started.
     pub fn status(&self) -> Vec<ReplicaCopyStatus> {
-        let copies = self.shared.copies.lock();
-        let mut out: Vec<ReplicaCopyStatus> = copies
-            .iter()
-            .map(|(name, copy)| {
-                let a = copy.apply.lock();
-                ReplicaCopyStatus {
-                    volume: name.clone(),
-                    state: a.state,
-                    frames: a.frames,
-                    bytes: a.bytes,
-                }
-            })
-            .collect();
-        out.sort_by(|a, b| a.volume.cmp(&b.volume));
-        out
+        self.status_source().status()
+    }
+
+    /// A handle that reads [`status`](ReplicaServer::status) (for the control socket).
+    pub fn status_source(&self) -> ReplicaStatusSource {
+        ReplicaStatusSource(Arc::clone(&self.shared))
     }
 
     /// Stops listening, ends every connection and waits for their threads (so the
@@ -233,6 +224,30 @@ impl ReplicaServer {
             let _ = t.join();
         }
         self.shared.copies.lock().clear();
+    }
+}
+
+/// Reads a replica server's copies' states.
+#[derive(Clone)]
+pub struct ReplicaStatusSource(Arc<Shared>);
+
+impl ReplicaStatusSource {
+    pub fn status(&self) -> Vec<ReplicaCopyStatus> {
+        let copies = self.0.copies.lock();
+        let mut out: Vec<ReplicaCopyStatus> = copies
+            .iter()
+            .map(|(name, copy)| {
+                let a = copy.apply.lock();
+                ReplicaCopyStatus {
+                    volume: name.clone(),
+                    state: a.state,
+                    frames: a.frames,
+                    bytes: a.bytes,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.volume.cmp(&b.volume));
+        out
     }
 }
 

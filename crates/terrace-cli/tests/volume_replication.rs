@@ -1,0 +1,338 @@
+//! Replicated volumes, black box: three `terrace serve-volume` processes on loopback —
+//! a primary (write-back, `--ack-level all --min-replicas 2`) and two secondaries
+//! (`--replica-listen`, no volume of their own) — over one backend file standing for
+//! shared storage. Sixteen writers write stamped 4 KiB blocks over NBD and record each
+//! acknowledged write. A secondary is SIGKILLed and restarted (the volume stays writable,
+//! degraded, then healthy again); then the primary is SIGKILLed and its node's files
+//! deleted (the node is lost). A secondary takes the volume over from its copy with a
+//! newer epoch, replicating to the other; every block must hold its last acknowledged
+//! write or the one in flight after it — nothing the dead primary acknowledged is lost,
+//! although none of it had been written back.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{free_port, terrace_bin, ChildGuard};
+use terrace_volume::Backend;
+
+const BLOCKS: u64 = 4096;
+const WRITERS: u64 = 16;
+const BS: usize = 4096;
+
+/// A TCP relay standing for the network between the primary and a secondary: it holds
+/// each chunk a moment before passing it on, so data is in flight, and `cut` drops
+/// whatever is in it — as the loss of the primary's node would (a SIGKILLed process's
+/// sent bytes still arrive, a dead node's do not).
+struct Link {
+    addr: String,
+    cut: std::sync::Arc<AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Link {
+    fn new(to: &str) -> Link {
+        use std::io::{Read, Write};
+        use std::sync::{Arc, Mutex};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+        let (to, cut2, conns2) = (to.to_string(), Arc::clone(&cut), Arc::clone(&conns));
+        std::thread::spawn(move || {
+            for inbound in listener.incoming() {
+                let Ok(inbound) = inbound else { return };
+                if cut2.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(outbound) = std::net::TcpStream::connect(&to) else {
+                    continue;
+                };
+                let _ = outbound.set_nodelay(true);
+                let _ = inbound.set_nodelay(true);
+                let mut kept = conns2.lock().unwrap();
+                kept.push(inbound.try_clone().unwrap());
+                kept.push(outbound.try_clone().unwrap());
+                for (mut from, mut into) in [
+                    (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
+                    (outbound, inbound),
+                ] {
+                    let cut = Arc::clone(&cut2);
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            std::thread::sleep(Duration::from_micros(500));
+                            if cut.load(Ordering::Acquire) || into.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Link { addr, cut, conns }
+    }
+
+    /// Drops what is in flight and every connection; accepts no more.
+    fn cut(&self) {
+        self.cut.store(true, Ordering::Release);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Starts `terrace serve-volume` in `dir` with `args`; waits for `ready` (a socket path
+/// or a TCP address) to accept.
+fn start(dir: &Path, args: &[String], ready: &str) -> ChildGuard {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .unwrap();
+    let child = Command::new(terrace_bin())
+        .arg("serve-volume")
+        .args(["--tiers", "dram:32MiB", "--log-size", "64MiB"])
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting terrace serve-volume");
+    let mut guard = ChildGuard::new("serve-volume", child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let up = if ready.starts_with('/') {
+            std::os::unix::net::UnixStream::connect(ready).is_ok()
+        } else {
+            std::net::TcpStream::connect(ready).is_ok()
+        };
+        if up {
+            return guard;
+        }
+        assert!(guard.running(), "serve-volume exited:\n{}", log_of(dir));
+        assert!(
+            Instant::now() < deadline,
+            "serve-volume did not listen:\n{}",
+            log_of(dir)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn log_of(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+}
+
+fn secondary(dir: &Path, addr: &str) -> ChildGuard {
+    start(dir, &["--replica-listen".into(), addr.into()], addr)
+}
+
+fn primary(dir: &Path, backend: &Path, peers: &[&str], extra: &[&str]) -> ChildGuard {
+    let sock = dir.join("nbd.sock");
+    let mut args = vec![
+        "--mode".to_string(),
+        "write-back".into(),
+        "--backend".into(),
+        format!("file:{}", backend.display()),
+        "--listen".into(),
+        format!("unix:{}", sock.display()),
+        "--replica-timeout-ms".into(),
+        "1000".into(),
+    ];
+    for p in peers {
+        args.push("--replica-peer".into());
+        args.push(p.to_string());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    start(dir, &args, sock.to_str().unwrap())
+}
+
+/// The primary's `terrace volume status`.
+fn status(dir: &Path) -> String {
+    let out = Command::new(terrace_bin())
+        .args(["volume", "status", "--control"])
+        .arg(dir.join("control.sock"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_for_state(dir: &Path, state: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let want = format!("replication {state}\n");
+    loop {
+        let s = status(dir);
+        if s.contains(&want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {state:?} state:\n{s}\n{}",
+            log_of(dir)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn stamp(block: u64, count: u64) -> Vec<u8> {
+    let mut b = vec![(block as u8) ^ (count as u8); BS];
+    b[..8].copy_from_slice(&block.to_le_bytes());
+    b[8..16].copy_from_slice(&count.to_le_bytes());
+    let crc = crc32fast::hash(&b[..BS - 4]);
+    b[BS - 4..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn read_stamp(block: u64, b: &[u8]) -> u64 {
+    if b.iter().all(|&x| x == 0) {
+        return 0;
+    }
+    let crc = u32::from_le_bytes(b[BS - 4..].try_into().unwrap());
+    assert_eq!(crc, crc32fast::hash(&b[..BS - 4]), "block {block} is torn");
+    assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), block);
+    u64::from_le_bytes(b[8..16].try_into().unwrap())
+}
+
+/// Writers over `uri` until `stop`, `acked` updated per acknowledged write; returns when
+/// `stop` is set or the server is gone.
+fn write_until(uri: &str, acked: &[AtomicU64], stop: &AtomicBool, seed: u64) {
+    let client = terrace_volume::nbd::NbdBackend::connect_with_timeout(
+        uri,
+        WRITERS as usize,
+        Duration::from_secs(10),
+    )
+    .expect("connect");
+    std::thread::scope(|s| {
+        for t in 0..WRITERS {
+            let client = &client;
+            s.spawn(move || {
+                let mut x = t * 7919 + seed;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let block = (x % (BLOCKS / WRITERS)) * WRITERS + t;
+                    let count = acked[block as usize].load(Ordering::Relaxed) + 1;
+                    if client
+                        .write_at(block * BS as u64, &stamp(block, count))
+                        .is_err()
+                    {
+                        return;
+                    }
+                    acked[block as usize].store(count, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_secondary_takes_over_a_killed_primary_with_every_acknowledged_write() {
+    let root = tempfile::Builder::new()
+        .prefix("terrace-repl")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let node = |n: &str| {
+        let d = root.path().join(n);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let (a, b, c) = (node("a"), node("b"), node("c"));
+    let backend = root.path().join("shared.img");
+    std::fs::File::create(&backend)
+        .unwrap()
+        .set_len(BLOCKS * BS as u64)
+        .unwrap();
+    let (addr_b, addr_c) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut sec_b = secondary(&b, &addr_b);
+    let mut sec_c = secondary(&c, &addr_c);
+    let (link_b, link_c) = (Link::new(&addr_b), Link::new(&addr_c));
+    let mut prim = primary(
+        &a,
+        &backend,
+        &[&link_b.addr, &link_c.addr],
+        &["--ack-level", "all", "--min-replicas", "2", "--epoch", "1"],
+    );
+    wait_for_state(&a, "healthy");
+    let uri_a = format!("nbd+unix:///volume?socket={}", a.join("nbd.sock").display());
+    let acked: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| write_until(&uri_a, &acked, &stop, 1));
+        // A secondary dies: two of three copies remain, the volume stays writable.
+        std::thread::sleep(Duration::from_millis(400));
+        sec_c.kill9();
+        wait_for_state(&a, "degraded");
+        let before: u64 = acked.iter().map(|a| a.load(Ordering::Relaxed)).sum();
+        std::thread::sleep(Duration::from_millis(300));
+        let after: u64 = acked.iter().map(|a| a.load(Ordering::Relaxed)).sum();
+        assert!(
+            after > before + 50,
+            "writes stalled while degraded: {before} → {after}"
+        );
+        sec_c = secondary(&c, &addr_c);
+        wait_for_state(&a, "healthy");
+        std::thread::sleep(Duration::from_millis(300));
+        // The primary's node is lost, with what its links carried.
+        link_b.cut();
+        link_c.cut();
+        prim.kill9();
+        stop.store(true, Ordering::Relaxed);
+    });
+    std::fs::remove_dir_all(&a).unwrap();
+    let total: u64 = acked.iter().map(|a| a.load(Ordering::Relaxed)).sum();
+    assert!(total > 500, "only {total} writes before the kill");
+    let st = std::fs::read_to_string(b.join("volume.replica")).unwrap();
+    assert!(st.contains("consistent 1"), "{st}");
+
+    // Failover: node b serves the volume from its copy, epoch 2, replicating to c.
+    sec_b.signal(libc::SIGTERM);
+    assert!(sec_b.wait_timeout(Duration::from_secs(20)).is_some());
+    let mut prim_b = primary(
+        &b,
+        &backend,
+        &[&addr_c],
+        &["--ack-level", "all", "--min-replicas", "1", "--epoch", "2"],
+    );
+    let uri_b = format!("nbd+unix:///volume?socket={}", b.join("nbd.sock").display());
+    let client = terrace_volume::nbd::NbdBackend::connect(&uri_b, 1).expect("connect to b");
+    let mut buf = vec![0u8; BS];
+    for block in 0..BLOCKS {
+        let want = acked[block as usize].load(Ordering::Relaxed);
+        client.read_at(block * BS as u64, &mut buf).unwrap();
+        let got = read_stamp(block, &buf);
+        assert!(
+            got == want || got == want + 1,
+            "block {block} holds write {got}, {want} was acknowledged\n{}",
+            log_of(&b)
+        );
+    }
+    wait_for_state(&b, "healthy");
+    // The new primary writes; the old epoch is recorded as passed on c.
+    client.write_at(0, &stamp(0, 1_000_000)).unwrap();
+    drop(client);
+    let st = std::fs::read_to_string(c.join("volume.replica")).unwrap();
+    assert!(st.contains("epoch 2"), "{st}");
+    prim_b.signal(libc::SIGTERM);
+    assert!(
+        prim_b.wait_timeout(Duration::from_secs(20)).is_some(),
+        "no clean stop"
+    );
+    sec_c.signal(libc::SIGTERM);
+    assert!(sec_c.wait_timeout(Duration::from_secs(20)).is_some());
+}
