@@ -26,7 +26,8 @@ const BS: usize = 4096;
 /// A TCP relay standing for the network between the primary and a secondary: it holds
 /// each chunk a moment before passing it on, so data is in flight, and `cut` drops
 /// whatever is in it — as the loss of the primary's node would (a SIGKILLed process's
-/// sent bytes still arrive, a dead node's do not).
+/// sent bytes still arrive, a dead node's do not) — and refuses new connections (a
+/// partition) until `heal`.
 struct Link {
     addr: String,
     cut: std::sync::Arc<AtomicBool>,
@@ -46,7 +47,7 @@ impl Link {
             for inbound in listener.incoming() {
                 let Ok(inbound) = inbound else { return };
                 if cut2.load(Ordering::Acquire) {
-                    return;
+                    continue; // dropped: the connection is refused by the partition
                 }
                 let Ok(outbound) = std::net::TcpStream::connect(&to) else {
                     continue;
@@ -69,7 +70,8 @@ impl Link {
                                 Ok(n) => n,
                             };
                             std::thread::sleep(Duration::from_micros(500));
-                            if cut.load(Ordering::Acquire) || into.write_all(&buf[..n]).is_err() {
+                            let cut_now = cut.load(Ordering::Acquire);
+                            if cut_now || into.write_all(&buf[..n]).is_err() {
                                 break;
                             }
                         }
@@ -82,7 +84,12 @@ impl Link {
         Link { addr, cut, conns }
     }
 
-    /// Drops what is in flight and every connection; accepts no more.
+    /// Ends the partition.
+    fn heal(&self) {
+        self.cut.store(false, Ordering::Release);
+    }
+
+    /// Drops what is in flight and every connection; takes no more until `heal`.
     fn cut(&self) {
         self.cut.store(true, Ordering::Release);
         for c in self.conns.lock().unwrap().drain(..) {
@@ -335,4 +342,100 @@ fn a_secondary_takes_over_a_killed_primary_with_every_acknowledged_write() {
     );
     sec_c.signal(libc::SIGTERM);
     assert!(sec_c.wait_timeout(Duration::from_secs(20)).is_some());
+}
+
+/// Pauses and partitions, without a failover: a secondary stopped (SIGSTOP) for 2.5× the
+/// replica timeout is cut off within about one timeout and the volume writes on,
+/// degraded, then takes it back; cutting the primary off from both secondaries
+/// (`--min-replicas 2`) makes it read-only — writes refused, reads served — until the
+/// network heals. Every acknowledged write reads back at the end.
+#[test]
+fn pauses_and_partitions_degrade_then_heal() {
+    let root = tempfile::Builder::new()
+        .prefix("terrace-repl")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let node = |n: &str| {
+        let d = root.path().join(n);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let (a, b, c) = (node("a"), node("b"), node("c"));
+    let backend = root.path().join("shared.img");
+    std::fs::File::create(&backend)
+        .unwrap()
+        .set_len(BLOCKS * BS as u64)
+        .unwrap();
+    let (addr_b, addr_c) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut sec_b = secondary(&b, &addr_b);
+    let mut sec_c = secondary(&c, &addr_c);
+    let (link_b, link_c) = (Link::new(&addr_b), Link::new(&addr_c));
+    let mut prim = primary(
+        &a,
+        &backend,
+        &[&link_b.addr, &link_c.addr],
+        &["--ack-level", "all", "--min-replicas", "2", "--epoch", "1"],
+    );
+    wait_for_state(&a, "healthy");
+    let uri = format!("nbd+unix:///volume?socket={}", a.join("nbd.sock").display());
+    let acked: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
+    let sum =
+        |acked: &[AtomicU64]| -> u64 { acked.iter().map(|a| a.load(Ordering::Relaxed)).sum() };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| write_until(&uri, &acked, &stop, 3));
+        std::thread::sleep(Duration::from_millis(300));
+        sec_c.signal(libc::SIGSTOP);
+        let paused = Instant::now();
+        wait_for_state(&a, "degraded");
+        assert!(
+            paused.elapsed() < Duration::from_secs(4),
+            "cut off after {:?}",
+            paused.elapsed()
+        );
+        let before = sum(&acked);
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(
+            sum(&acked) > before + 50,
+            "writes stalled while a secondary was paused"
+        );
+        sec_c.signal(libc::SIGCONT);
+        wait_for_state(&a, "healthy");
+        stop.store(true, Ordering::Relaxed);
+    });
+    let client = terrace_volume::nbd::NbdBackend::connect(&uri, 1).expect("connect");
+    link_b.cut();
+    link_c.cut();
+    wait_for_state(&a, "read-only");
+    assert!(
+        client.write_at(0, &stamp(0, 999_999)).is_err(),
+        "a write with no copy in sync was accepted"
+    );
+    let mut buf = vec![0u8; BS];
+    client
+        .read_at(BS as u64, &mut buf)
+        .expect("reads go on while read-only");
+    link_b.heal();
+    wait_for_state(&a, "degraded");
+    link_c.heal();
+    wait_for_state(&a, "healthy");
+    for block in 0..BLOCKS {
+        let want = acked[block as usize].load(Ordering::Relaxed);
+        client.read_at(block * BS as u64, &mut buf).unwrap();
+        assert_eq!(read_stamp(block, &buf), want, "block {block}");
+    }
+    client
+        .write_at(0, &stamp(0, acked[0].load(Ordering::Relaxed) + 1))
+        .unwrap();
+    drop(client);
+    for p in [&mut prim, &mut sec_b, &mut sec_c] {
+        p.signal(libc::SIGTERM);
+        assert!(
+            p.wait_timeout(Duration::from_secs(20)).is_some(),
+            "no clean stop"
+        );
+    }
 }
