@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use terrace_cache::spec::{parse_size, TierList};
 use terrace_volume::nbd::Listen;
+use terrace_volume::replication::ha::HaConfig;
 use terrace_volume::replication::{AckLevel, ReplicationConfig};
 use terrace_volume::{AckDurability, BackendSpec, Mode, Service, ServiceConfig, VolumeConfig};
 
@@ -107,6 +108,28 @@ pub struct ServeVolumeArgs {
     /// no volume of its own the process is a secondary only.
     #[arg(long, value_name = "HOST:PORT")]
     replica_listen: Option<String>,
+    /// Coordinate through etcd (ENDPOINT[,ENDPOINT…]): every node serves the same
+    /// volumes; each is placed on --replicas nodes, led by one (elected, its epoch the
+    /// election's revision) and failed over when that node is lost. Needs
+    /// --replica-listen and --node; the ack level must be `all`.
+    #[arg(long, value_name = "URLS", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// This node's name among the coordinated nodes.
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// This node's failure domain (copies go to distinct ones first) [default: --node].
+    #[arg(long, value_name = "LABEL")]
+    failure_domain: Option<String>,
+    /// Copies of each coordinated volume, the primary's included.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Where other nodes reach this node's replica server [default: --replica-listen].
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise_replica: Option<String>,
+    /// The etcd lease a node holds its volumes by (ms): a lost primary's volumes move
+    /// after about this long.
+    #[arg(long, value_name = "MS", default_value_t = 3000)]
+    lease_ttl_ms: u64,
     /// Logs as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -188,6 +211,35 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
     if let Some(r) = &replication {
         r.check().map_err(|e| e.to_string())?;
     }
+    let ha = if args.etcd.is_empty() {
+        None
+    } else {
+        if replication.is_some() {
+            return Err("--etcd places the copies itself: drop --replica-peer".into());
+        }
+        let node = args.node.clone().ok_or("--etcd needs --node NAME")?;
+        let listen = args
+            .replica_listen
+            .clone()
+            .ok_or("--etcd needs --replica-listen HOST:PORT")?;
+        let ha = HaConfig {
+            endpoints: args.etcd.clone(),
+            domain: args.failure_domain.clone().unwrap_or_else(|| node.clone()),
+            node,
+            replica_addr: args.advertise_replica.clone().unwrap_or(listen),
+            replicas: args.replicas,
+            lease_ttl: Duration::from_millis(args.lease_ttl_ms),
+            prefix: "/terrace".into(),
+            template: ReplicationConfig {
+                ack: args.ack_level,
+                min_replicas: args.min_replicas,
+                peer_timeout: Duration::from_millis(args.replica_timeout_ms.max(1)),
+                ..ReplicationConfig::new(Vec::new())
+            },
+        };
+        ha.check().map_err(|e| e.to_string())?;
+        Some(ha)
+    };
     if let Some((name, _)) = args
         .volume_modes
         .iter()
@@ -241,6 +293,7 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
             .replica_listen
             .clone()
             .map(|addr| (addr, log_dir.clone())),
+        ha,
     };
     let service = Service::start(config).map_err(|e| e.to_string())?;
     wait_for_signal()?;

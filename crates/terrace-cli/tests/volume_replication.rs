@@ -439,3 +439,202 @@ fn pauses_and_partitions_degrade_then_heal() {
         );
     }
 }
+
+/// Three etcd members on loopback; returns the guards and the client URLs.
+fn start_etcd(root: &Path) -> Option<(Vec<ChildGuard>, Vec<String>)> {
+    let etcd = common::require_tool("etcd", "etcd-server")?;
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let cluster: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("e{i}=http://127.0.0.1:{peer}"))
+        .collect();
+    let mut guards = Vec::new();
+    let mut urls = Vec::new();
+    for (i, (client, peer)) in ports.iter().enumerate() {
+        let url = format!("http://127.0.0.1:{client}");
+        let log = std::fs::File::create(root.join(format!("etcd{i}.log"))).unwrap();
+        let child = Command::new(&etcd)
+            .arg("--name")
+            .arg(format!("e{i}"))
+            .arg("--data-dir")
+            .arg(root.join(format!("etcd{i}")))
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer}"))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer}"))
+            .arg("--initial-cluster")
+            .arg(cluster.join(","))
+            .args(["--initial-cluster-state", "new", "--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting etcd");
+        guards.push(ChildGuard::new("etcd", child));
+        urls.push(url);
+    }
+    Some((guards, urls))
+}
+
+/// The node of `dirs` whose status shows the volume led there, if one does.
+fn leader(dirs: &[std::path::PathBuf]) -> Option<usize> {
+    dirs.iter()
+        .position(|d| d.exists() && status(d).contains("replication healthy"))
+}
+
+/// Failover through etcd: three nodes, each `--etcd` with a replica server reached
+/// through a relay; the volume is placed on all three, one leads. The leader's node is
+/// lost (relays cut with what they carried, process killed, files deleted): another
+/// node serves writes within the lease TTL + 2 s, from its copy, with every
+/// acknowledged write; the lost node comes back as a secondary and the volume is
+/// healthy again.
+#[test]
+fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
+    let root = tempfile::Builder::new()
+        .prefix("terrace-ha")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let Some((_etcd, urls)) = start_etcd(root.path()) else {
+        return;
+    };
+    let backend = root.path().join("shared.img");
+    std::fs::File::create(&backend)
+        .unwrap()
+        .set_len(BLOCKS * BS as u64)
+        .unwrap();
+    let dirs: Vec<_> = (0..3).map(|i| root.path().join(format!("n{i}"))).collect();
+    let replica: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let links: Vec<Link> = replica.iter().map(|r| Link::new(r)).collect();
+    let node = |i: usize| {
+        std::fs::create_dir_all(&dirs[i]).unwrap();
+        let args: Vec<String> = [
+            "--etcd",
+            &urls.join(","),
+            "--node",
+            &format!("n{i}"),
+            "--replica-listen",
+            &replica[i],
+            "--advertise-replica",
+            &links[i].addr,
+            "--volume",
+            &format!("volume=file:{}", backend.display()),
+            "--mode",
+            "write-back",
+            "--listen",
+            &format!("unix:{}", dirs[i].join("nbd.sock").display()),
+            "--min-replicas",
+            "2",
+            "--lease-ttl-ms",
+            "3000",
+            "--replica-timeout-ms",
+            "1000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        start(
+            &dirs[i],
+            &args,
+            dirs[i].join("control.sock").to_str().unwrap(),
+        )
+    };
+    let mut nodes: Vec<Option<ChildGuard>> = (0..3).map(|i| Some(node(i))).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        if let Some(l) = leader(&dirs) {
+            break l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader:\n{}",
+            log_of(&dirs[0])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let uri = |i: usize| {
+        format!(
+            "nbd+unix:///volume?socket={}",
+            dirs[i].join("nbd.sock").display()
+        )
+    };
+    let acked: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| write_until(&uri(first), &acked, &stop, 5));
+        std::thread::sleep(Duration::from_millis(800));
+        for l in &links {
+            l.cut();
+        }
+        nodes[first].as_mut().unwrap().kill9();
+        stop.store(true, Ordering::Relaxed);
+    });
+    let lost = Instant::now();
+    std::fs::remove_dir_all(&dirs[first]).unwrap();
+    for l in &links {
+        l.heal();
+    }
+    let total: u64 = acked.iter().map(|a| a.load(Ordering::Relaxed)).sum();
+    assert!(total > 300, "only {total} writes before the loss");
+
+    // Another node serves writes within the lease TTL + 2 s.
+    let (next, client) = loop {
+        let found = (0..3).filter(|&i| i != first).find_map(|i| {
+            let c = terrace_volume::nbd::NbdBackend::connect(&uri(i), 1).ok()?;
+            let block = 1;
+            let count = acked[block].load(Ordering::Relaxed);
+            // A write the old primary may have had in flight is `count + 1`; write past it.
+            c.write_at(block as u64 * BS as u64, &stamp(block as u64, count + 2))
+                .ok()?;
+            acked[block].store(count + 2, Ordering::Relaxed);
+            Some((i, c))
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(
+            lost.elapsed() < Duration::from_secs(30),
+            "no node took over:\n{}\n{}",
+            log_of(&dirs[(first + 1) % 3]),
+            log_of(&dirs[(first + 2) % 3])
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = lost.elapsed();
+    assert!(took <= Duration::from_secs(5), "failover took {took:?}");
+    eprintln!("failover: n{next} served writes {took:?} after n{first} was lost");
+    let mut buf = vec![0u8; BS];
+    for block in 0..BLOCKS {
+        let want = acked[block as usize].load(Ordering::Relaxed);
+        client.read_at(block * BS as u64, &mut buf).unwrap();
+        let got = read_stamp(block, &buf);
+        assert!(
+            got == want || got == want + 1,
+            "block {block} holds write {got}, {want} was acknowledged\n{}",
+            log_of(&dirs[next])
+        );
+    }
+    // The lost node returns, empty, as a secondary.
+    nodes[first] = Some(node(first));
+    wait_for_state(&dirs[next], "healthy");
+    assert!(
+        !status(&dirs[first]).contains("replication "),
+        "two leaders"
+    );
+    drop(client);
+    for n in nodes.iter_mut().flatten() {
+        n.signal(libc::SIGTERM);
+        assert!(
+            n.wait_timeout(Duration::from_secs(20)).is_some(),
+            "no clean stop"
+        );
+    }
+}

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use crate::error::VolumeError;
 use crate::replication::replica::ReplicaStatusSource;
-use crate::volume::{Mode, Volume};
+use crate::volume::{Mode, Volume, VolumeList};
 
 /// How long `flush` waits for a drain.
 const FLUSH_WAIT: Duration = Duration::from_secs(600);
@@ -42,7 +42,7 @@ impl ControlServer {
     /// `replicas`: the copies this node keeps for other primaries, if it serves any.
     pub fn start(
         path: &Path,
-        volumes: Vec<Arc<Volume>>,
+        volumes: VolumeList,
         replicas: Option<ReplicaStatusSource>,
     ) -> Result<ControlServer, VolumeError> {
         let io_err = |source| VolumeError::Io {
@@ -78,7 +78,7 @@ impl ControlServer {
             "volume-control",
             Arc::clone(&stop),
             move || listener.accept().map(|(stream, _)| stream),
-            move |stream| serve(stream, &volumes, replicas.as_ref()),
+            move |stream| serve(stream, &volumes.snapshot(), replicas.as_ref()),
         )
         .map_err(io_err)?;
         Ok(ControlServer {

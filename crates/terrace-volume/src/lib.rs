@@ -55,5 +55,6 @@ pub use log::{FileLogStore, LogStore, WriteLog};
 pub use s3::{S3Backend, S3Config};
 pub use service::{BackendSpec, Service, ServiceConfig};
 pub use volume::{
-    AckDurability, FlushProgress, Mode, RecoveryReport, Volume, VolumeConfig, VolumeStatus,
+    AckDurability, FlushProgress, Mode, RecoveryReport, Volume, VolumeConfig, VolumeList,
+    VolumeStatus,
 };

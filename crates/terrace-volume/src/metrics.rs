@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::accept_loop;
 use crate::error::VolumeError;
-use crate::volume::Volume;
+use crate::volume::{Volume, VolumeList};
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 const HEAD_MAX: usize = 8 << 10;
@@ -28,7 +28,7 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     /// Listens on `addr` (`HOST:PORT`; port 0 picks one) for `volumes`.
-    pub fn start(addr: &str, volumes: Vec<Arc<Volume>>) -> Result<MetricsServer, VolumeError> {
+    pub fn start(addr: &str, volumes: VolumeList) -> Result<MetricsServer, VolumeError> {
         let bad = |what: String| VolumeError::Config(format!("metrics address {addr}: {what}"));
         let listener = TcpListener::bind(addr).map_err(|e| bad(e.to_string()))?;
         let local = listener.local_addr().map_err(|e| bad(e.to_string()))?;
@@ -40,7 +40,7 @@ impl MetricsServer {
             "volume-metrics",
             Arc::clone(&stop),
             move || listener.accept().map(|(stream, _)| stream),
-            move |stream| answer(stream, &volumes),
+            move |stream| answer(stream, &volumes.snapshot()),
         )
         .map_err(|e| bad(e.to_string()))?;
         Ok(MetricsServer {

@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
+
 use terrace_cache::{Cache, CacheConfig, Movers, TierConfig};
 
 use crate::backend::{Backend, FileBackend};
@@ -19,9 +21,10 @@ use crate::error::VolumeError;
 use crate::export::Export;
 use crate::metrics::MetricsServer;
 use crate::nbd::{Listen, NbdBackend, NbdServer};
-use crate::replication::ReplicaServer;
+use crate::replication::ha::{Coordinator, HaConfig, Leadership};
+use crate::replication::{ReplicaServer, ReplicationConfig};
 use crate::s3::{S3Backend, S3Config};
-use crate::volume::{Volume, VolumeConfig};
+use crate::volume::{Volume, VolumeConfig, VolumeList};
 
 /// Where a volume's data lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,17 +90,21 @@ pub struct ServiceConfig {
     /// and the directory of the copies (the write logs' directory, so that this node
     /// can take a volume over by serving it with the copy as its log).
     pub replica: Option<(String, PathBuf)>,
+    /// Coordinate through etcd: the volumes are opened on the node that leads them
+    /// (their copies on the others), failing over when it is lost.
+    pub ha: Option<HaConfig>,
 }
 
 /// A running `terrace serve-volume`.
 pub struct Service {
     cache: Arc<Cache>,
     movers: Option<Movers>,
-    volumes: Vec<Arc<Volume>>,
-    servers: Vec<NbdServer>,
+    volumes: VolumeList,
+    servers: Arc<Mutex<Vec<NbdServer>>>,
     control: Option<ControlServer>,
     metrics: Option<MetricsServer>,
-    replica: Option<ReplicaServer>,
+    replica: Option<Arc<ReplicaServer>>,
+    coordinator: Option<Coordinator>,
 }
 
 impl Service {
@@ -124,76 +131,92 @@ impl Service {
                 "two volumes share a cache id (rename one)".into(),
             ));
         }
-        let (cache, restart) = Cache::open(CacheConfig::new(config.tiers))?;
+        if let Some(ha) = &config.ha {
+            ha.check()?;
+            if config.replica.is_none() {
+                return Err(VolumeError::Config(
+                    "a coordinated node keeps copies: give it a replica listen address".into(),
+                ));
+            }
+        }
+        let (cache, restart) = Cache::open(CacheConfig::new(config.tiers.clone()))?;
         tracing::info!(?restart, "cache opened");
         let cache = Arc::new(cache);
         let movers = Cache::start_movers(&cache, Duration::from_millis(100));
-        let mut volumes = Vec::new();
-        for (vc, spec) in config.volumes {
-            let backend = spec.open(config.backend_connections)?;
-            let (volume, report) = Volume::open(vc, backend, Arc::clone(&cache))?;
-            tracing::info!(volume = volume.name(), ?report, "volume recovered");
-            volumes.push(volume);
-        }
         let mut service = Service {
             cache,
             movers: Some(movers),
-            volumes,
-            servers: Vec::new(),
+            volumes: VolumeList::default(),
+            servers: Arc::new(Mutex::new(Vec::new())),
             control: None,
             metrics: None,
             replica: None,
+            coordinator: None,
         };
-        if let Some((addr, dir)) = &config.replica {
-            match ReplicaServer::start(addr, dir) {
-                Ok(r) => service.replica = Some(r),
-                Err(e) => {
-                    service.stop_quietly();
-                    return Err(e);
-                }
-            }
-        }
-        if let Some(path) = &config.control {
-            let replicas = service.replica.as_ref().map(ReplicaServer::status_source);
-            service.control = Some(ControlServer::start(
-                path,
-                service.volumes.clone(),
-                replicas,
-            )?);
-        }
-        if let Some(addr) = &config.metrics {
-            match MetricsServer::start(addr, service.volumes.clone()) {
-                Ok(m) => {
-                    tracing::info!(addr = %m.local_addr(), "serving metrics");
-                    service.metrics = Some(m);
-                }
-                Err(e) => {
-                    service.stop_quietly();
-                    return Err(e);
-                }
-            }
-        }
-        if service.volumes.is_empty() {
-            return Ok(service);
-        }
-        let exports: Vec<(String, Arc<dyn Export>)> = service
-            .volumes
-            .iter()
-            .map(|v| (v.name().to_string(), Arc::clone(v) as Arc<dyn Export>))
-            .collect();
-        for listen in config.listen {
-            match NbdServer::start(listen.clone(), exports.clone()) {
-                Ok(server) => {
-                    tracing::info!(%listen, uri = %server.uri(exports[0].0.as_str()), "serving NBD");
-                    service.servers.push(server);
-                }
-                Err(e) => {
-                    service.stop_quietly();
-                    return Err(e);
-                }
-            }
+        if let Err(e) = service.start_parts(config) {
+            service.stop_quietly();
+            return Err(e);
         }
         Ok(service)
+    }
+
+    /// Everything after the cache, in start order; on an error the caller stops what
+    /// started.
+    fn start_parts(&mut self, config: ServiceConfig) -> Result<(), VolumeError> {
+        // A coordinated node opens its volumes when it comes to lead them.
+        let opened_now = if config.ha.is_none() {
+            config.volumes.clone()
+        } else {
+            Vec::new()
+        };
+        for (vc, spec) in opened_now {
+            let backend = spec.open(config.backend_connections)?;
+            let (volume, report) = Volume::open(vc, backend, Arc::clone(&self.cache))?;
+            tracing::info!(volume = volume.name(), ?report, "volume recovered");
+            self.volumes.push(volume);
+        }
+        if let Some((addr, dir)) = &config.replica {
+            self.replica = Some(Arc::new(ReplicaServer::start(addr, dir)?));
+        }
+        if let Some(path) = &config.control {
+            let replicas = self.replica.as_ref().map(|r| r.status_source());
+            self.control = Some(ControlServer::start(path, self.volumes.clone(), replicas)?);
+        }
+        if let Some(addr) = &config.metrics {
+            let m = MetricsServer::start(addr, self.volumes.clone())?;
+            tracing::info!(addr = %m.local_addr(), "serving metrics");
+            self.metrics = Some(m);
+        }
+        let exports: Vec<(String, Arc<dyn Export>)> = self
+            .volumes
+            .snapshot()
+            .into_iter()
+            .map(|v| (v.name().to_string(), v as Arc<dyn Export>))
+            .collect();
+        if !exports.is_empty() || config.ha.is_some() {
+            for listen in &config.listen {
+                let server = if exports.is_empty() {
+                    NbdServer::start_empty(listen.clone())?
+                } else {
+                    NbdServer::start(listen.clone(), exports.clone())?
+                };
+                tracing::info!(%listen, "serving NBD");
+                self.servers.lock().push(server);
+            }
+        }
+        if let Some(ha) = config.ha {
+            let names = config.volumes.iter().map(|(v, _)| v.name.clone()).collect();
+            let node = Arc::new(CoordinatedNode {
+                cache: Arc::clone(&self.cache),
+                specs: config.volumes,
+                backend_connections: config.backend_connections,
+                volumes: self.volumes.clone(),
+                servers: Arc::clone(&self.servers),
+                replica: Arc::clone(self.replica.as_ref().expect("checked at start")),
+            });
+            self.coordinator = Some(Coordinator::start(ha, names, node)?);
+        }
+        Ok(())
     }
 
     /// Where the metrics endpoint listens, if it does.
@@ -201,25 +224,28 @@ impl Service {
         self.metrics.as_ref().map(MetricsServer::local_addr)
     }
 
-    pub fn volumes(&self) -> &[Arc<Volume>] {
-        &self.volumes
+    /// The volumes served now.
+    pub fn volumes(&self) -> Vec<Arc<Volume>> {
+        self.volumes.snapshot()
     }
 
     /// The servers' URIs for `export` (tests connect through them).
     pub fn uris(&self, export: &str) -> Vec<String> {
-        self.servers.iter().map(|s| s.uri(export)).collect()
+        self.servers.lock().iter().map(|s| s.uri(export)).collect()
     }
 
     /// Where the replica server listens, if this node serves copies.
     pub fn replica_addr(&self) -> Option<std::net::SocketAddr> {
-        self.replica.as_ref().map(ReplicaServer::local_addr)
+        self.replica.as_ref().map(|r| r.local_addr())
     }
 
     fn stop_quietly(&mut self) {
+        // The coordinator first: it steps down from the volumes it leads.
+        self.coordinator.take();
         if let Some(r) = self.replica.take() {
             r.stop();
         }
-        for s in self.servers.drain(..) {
+        for s in self.servers.lock().drain(..) {
             s.shutdown();
         }
         if let Some(c) = self.control.take() {
@@ -228,7 +254,7 @@ impl Service {
         if let Some(m) = self.metrics.take() {
             m.shutdown();
         }
-        for v in &self.volumes {
+        for v in self.volumes.snapshot() {
             v.close();
         }
         self.movers.take();
@@ -237,11 +263,69 @@ impl Service {
     /// Stops cleanly (see the module docs).
     pub fn stop(mut self) -> Result<(), VolumeError> {
         self.stop_quietly();
-        self.volumes.clear();
+        while let Some(v) = self.volumes.snapshot().first() {
+            self.volumes.remove(v.name());
+        }
         match Arc::try_unwrap(self.cache) {
             Ok(cache) => cache.shutdown()?,
             Err(_) => tracing::warn!("the cache is still shared at stop; its index is not saved"),
         }
         Ok(())
+    }
+}
+
+/// What a coordinator asks of a node ([`Leadership`]): open a volume it now leads from
+/// its copy, serve it; give it up.
+struct CoordinatedNode {
+    cache: Arc<Cache>,
+    specs: Vec<(VolumeConfig, BackendSpec)>,
+    backend_connections: usize,
+    volumes: VolumeList,
+    servers: Arc<Mutex<Vec<NbdServer>>>,
+    replica: Arc<ReplicaServer>,
+}
+
+impl Leadership for CoordinatedNode {
+    fn lead(&self, volume: &str, replication: ReplicationConfig) -> Result<(), String> {
+        let (config, spec) = self
+            .specs
+            .iter()
+            .find(|(c, _)| c.name == volume)
+            .ok_or_else(|| format!("no volume named {volume:?} here"))?;
+        self.replica.release(volume).map_err(|e| e.to_string())?;
+        let opened = spec.open(self.backend_connections).and_then(|backend| {
+            let config = VolumeConfig {
+                replication: Some(replication),
+                ..config.clone()
+            };
+            Volume::open(config, backend, Arc::clone(&self.cache))
+        });
+        let (v, report) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                let _ = self.replica.reclaim(volume);
+                return Err(e.to_string());
+            }
+        };
+        tracing::info!(volume, ?report, "took the volume over");
+        self.volumes.push(Arc::clone(&v));
+        for s in self.servers.lock().iter() {
+            if let Err(e) = s.add_export(volume, Arc::clone(&v) as Arc<dyn Export>) {
+                tracing::warn!(volume, error = %e, "exporting");
+            }
+        }
+        Ok(())
+    }
+
+    fn step_down(&self, volume: &str) {
+        for s in self.servers.lock().iter() {
+            s.remove_export(volume);
+        }
+        if let Some(v) = self.volumes.remove(volume) {
+            v.close();
+        }
+        if let Err(e) = self.replica.reclaim(volume) {
+            tracing::warn!(volume, error = %e, "keeping a copy again");
+        }
     }
 }

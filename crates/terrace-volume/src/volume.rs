@@ -228,6 +228,32 @@ impl VolumeConfig {
     }
 }
 
+/// The volumes a service serves now (a coordinated node's change as it takes volumes
+/// over and gives them up); the control socket and the metrics endpoint read it.
+#[derive(Clone, Default)]
+pub struct VolumeList(Arc<RwLock<Vec<Arc<Volume>>>>);
+
+impl VolumeList {
+    pub fn new(volumes: Vec<Arc<Volume>>) -> VolumeList {
+        VolumeList(Arc::new(RwLock::new(volumes)))
+    }
+
+    pub fn snapshot(&self) -> Vec<Arc<Volume>> {
+        self.0.read().clone()
+    }
+
+    pub fn push(&self, v: Arc<Volume>) {
+        self.0.write().push(v);
+    }
+
+    /// Takes the volume named `name` out of the list.
+    pub fn remove(&self, name: &str) -> Option<Arc<Volume>> {
+        let mut list = self.0.write();
+        let at = list.iter().position(|v| v.name() == name)?;
+        Some(list.remove(at))
+    }
+}
+
 /// A log that was a secondary's copy (a `.replica` state beside it, see
 /// [`crate::replication::replica`]) is taken over only whole — never one left
 /// mid-resync — and by a primary whose epoch is at least the one the copy recorded.
@@ -896,6 +922,10 @@ impl Volume {
     /// syncs the log. Requests after this fail.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        // A sync waiting for peers (below min_replicas) would hold the write-back.
+        if let Some(r) = &self.replication {
+            r.stop();
+        }
         self.control.lock().shutdown = true;
         self.wake.notify_all();
         self.drained.notify_all();

@@ -45,6 +45,7 @@ fn control_socket_and_metrics_endpoint_answer_and_refuse_bad_input() {
         )],
         backend_connections: 1,
         replica: None,
+        ha: None,
     };
     let service = Service::start(config).unwrap();
     let addr = service.metrics_addr().expect("a metrics endpoint");
@@ -126,6 +127,7 @@ fn one_file_volume(dir: &Path, size: u64, mode: Mode, log_bytes: u64) -> Service
         )],
         backend_connections: 1,
         replica: None,
+        ha: None,
     }
 }
 

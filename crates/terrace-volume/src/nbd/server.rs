@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 use terrace_media::error::MediaError;
 
 use super::buffers::{Buffer, BufferPool};
@@ -153,6 +153,7 @@ impl Counters {
     }
 }
 
+#[derive(Clone)]
 struct NamedExport {
     name: String,
     export: Arc<dyn Export>,
@@ -160,7 +161,9 @@ struct NamedExport {
 
 /// What the accept thread, the connections and the server handle share.
 struct Shared {
-    exports: Vec<NamedExport>,
+    /// Changes while the server runs (a volume this node takes over, or gives up);
+    /// a connection keeps the export it opened.
+    exports: RwLock<Vec<NamedExport>>,
     stats: Counters,
     shutting_down: AtomicBool,
     /// A clone of every open connection's socket, so shutdown can close them.
@@ -171,12 +174,24 @@ struct Shared {
 
 impl Shared {
     /// The export called `name`; "" is the first export.
-    fn find(&self, name: &str) -> Option<&NamedExport> {
+    fn find(&self, name: &str) -> Option<NamedExport> {
+        let exports = self.exports.read();
         if name.is_empty() {
-            return self.exports.first();
+            return exports.first().cloned();
         }
-        self.exports.iter().find(|named| named.name == name)
+        exports.iter().find(|named| named.name == name).cloned()
     }
+}
+
+fn check_export_name(name: &str) -> Result<(), VolumeError> {
+    if name.len() > proto::MAX_STRING {
+        return Err(VolumeError::Config(format!(
+            "NBD export name of {} bytes (the limit is {})",
+            name.len(),
+            proto::MAX_STRING
+        )));
+    }
+    Ok(())
 }
 
 /// What a server is bound to, to wake its accept thread and clean up after it.
@@ -226,14 +241,45 @@ impl NbdServer {
                 "an NBD server needs at least one export".into(),
             ));
         }
+        NbdServer::start_with(listen, exports)
+    }
+
+    /// [`NbdServer::start`] with no export yet ([`NbdServer::add_export`] adds them):
+    /// a node that serves the volumes it leads.
+    pub fn start_empty(listen: Listen) -> Result<NbdServer, VolumeError> {
+        NbdServer::start_with(listen, Vec::new())
+    }
+
+    /// Serves `export` as `name` from now on (connections opened before see it too).
+    pub fn add_export(&self, name: &str, export: Arc<dyn Export>) -> Result<(), VolumeError> {
+        check_export_name(name)?;
+        let mut exports = self.shared.exports.write();
+        if exports.iter().any(|named| named.name == name) {
+            return Err(VolumeError::Config(format!(
+                "NBD export {name:?} named twice"
+            )));
+        }
+        exports.push(NamedExport {
+            name: name.to_string(),
+            export,
+        });
+        Ok(())
+    }
+
+    /// Stops offering `name` to new connections; whether it was offered.
+    pub fn remove_export(&self, name: &str) -> bool {
+        let mut exports = self.shared.exports.write();
+        let before = exports.len();
+        exports.retain(|named| named.name != name);
+        exports.len() != before
+    }
+
+    fn start_with(
+        listen: Listen,
+        exports: Vec<(String, Arc<dyn Export>)>,
+    ) -> Result<NbdServer, VolumeError> {
         for (index, (name, _)) in exports.iter().enumerate() {
-            if name.len() > proto::MAX_STRING {
-                return Err(VolumeError::Config(format!(
-                    "NBD export name of {} bytes (the limit is {})",
-                    name.len(),
-                    proto::MAX_STRING
-                )));
-            }
+            check_export_name(name)?;
             if exports[..index].iter().any(|(earlier, _)| earlier == name) {
                 return Err(VolumeError::Config(format!(
                     "NBD export {name:?} named twice"
@@ -269,10 +315,12 @@ impl NbdServer {
             }
         };
         let shared = Arc::new(Shared {
-            exports: exports
-                .into_iter()
-                .map(|(name, export)| NamedExport { name, export })
-                .collect(),
+            exports: RwLock::new(
+                exports
+                    .into_iter()
+                    .map(|(name, export)| NamedExport { name, export })
+                    .collect(),
+            ),
             stats: Counters::default(),
             shutting_down: AtomicBool::new(false),
             open_connections: Mutex::new(HashMap::new()),
@@ -296,7 +344,7 @@ impl NbdServer {
                 return Err(error);
             }
         };
-        tracing::debug!(listen = %listen, exports = shared.exports.len(), "nbd server listening");
+        tracing::debug!(listen = %listen, exports = shared.exports.read().len(), "nbd server listening");
         Ok(NbdServer {
             shared,
             accept_thread: Some(accept_thread),
@@ -409,7 +457,9 @@ impl fmt::Debug for NbdServer {
             Bound::Unix { path, .. } => debug.field("socket", path),
             Bound::Tcp(addr) => debug.field("addr", addr),
         };
-        debug.field("exports", &self.shared.exports.len()).finish()
+        debug
+            .field("exports", &self.shared.exports.read().len())
+            .finish()
     }
 }
 
@@ -712,7 +762,8 @@ fn handshake(shared: &Shared, stream: &mut Stream) -> Result<Option<Session>, Co
                     )?;
                     continue;
                 }
-                for named in &shared.exports {
+                let exports = shared.exports.read().clone();
+                for named in &exports {
                     send_option_reply(
                         stream,
                         option,

@@ -23,11 +23,14 @@
 //! carries it; a secondary that has seen a newer one refuses the older primary, which
 //! then acknowledges nothing more (fencing).
 
+pub mod ha;
 pub mod primary;
 pub mod replica;
 pub mod wire;
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 pub use primary::{ReplicatedStore, Replication};
 pub use replica::{read_replica_state, replica_paths, ReplicaServer, ReplicaState};
@@ -150,6 +153,60 @@ pub struct ReplicationConfig {
     pub peer_timeout: Duration,
     /// The pause between attempts to reach a peer that is down.
     pub reconnect: Duration,
+    /// Under a coordinator: the lease this primary holds the volume by. Once it has
+    /// run out, no sync succeeds and no write is taken (another node may lead).
+    pub lease: Option<LeaseWatch>,
+    /// Under a coordinator: publishes the peers in sync (their addresses); called, and
+    /// must succeed, before a sync counts without a peer it last published, so a node
+    /// outside the published set (which may lack acknowledged writes) never leads.
+    pub publish_in_sync: Option<InSyncPublisher>,
+}
+
+/// Until when a primary's lease holds, as a coordinator last renewed it.
+#[derive(Clone, Debug)]
+pub struct LeaseWatch(Arc<AtomicU64>);
+
+fn clock_base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+impl LeaseWatch {
+    /// A lease that has run out (none held yet).
+    pub fn expired() -> LeaseWatch {
+        LeaseWatch(Arc::new(AtomicU64::new(0)))
+    }
+
+    /// The lease holds until `until` (a renewal sent at `t` with a TTL holds until
+    /// `t + TTL`: the server's expiry can only be later).
+    pub fn hold_until(&self, until: Instant) {
+        let ms = until.saturating_duration_since(clock_base()).as_millis() as u64;
+        self.0.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// The lease is gone (resigned, or the coordinator stopped).
+    pub fn expire(&self) {
+        self.0.store(0, Ordering::Release);
+    }
+
+    pub fn holds(&self) -> bool {
+        let now = clock_base().elapsed().as_millis() as u64;
+        now < self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Publishes the addresses of the peers in sync (see
+/// [`ReplicationConfig::publish_in_sync`]).
+pub type PublishFn = dyn Fn(&[String]) -> std::io::Result<()> + Send + Sync;
+
+/// See [`ReplicationConfig::publish_in_sync`].
+#[derive(Clone)]
+pub struct InSyncPublisher(pub Arc<PublishFn>);
+
+impl std::fmt::Debug for InSyncPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InSyncPublisher")
+    }
 }
 
 impl ReplicationConfig {
@@ -163,6 +220,8 @@ impl ReplicationConfig {
             epoch: 1,
             peer_timeout: Duration::from_secs(2),
             reconnect: Duration::from_millis(200),
+            lease: None,
+            publish_in_sync: None,
         }
     }
 

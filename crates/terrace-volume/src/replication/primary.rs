@@ -28,7 +28,12 @@
 //!   and durable there) and until its connection ends. A peer that does not ack within
 //!   `peer_timeout` while a sync waits is cut off (its ranges marked, P2).
 //! - P5 (fencing): a secondary that has seen a newer epoch fences this primary: every
-//!   later `sync` fails, so the log refuses every later acknowledgement.
+//!   later `sync` fails, so the log refuses every later acknowledgement. Under a
+//!   coordinator, so does a lease that ran out (checked last, before `sync` returns).
+//! - P6 (published set): under a coordinator, `sync` returns only once the peers in sync
+//!   equal the set last published through `publish_in_sync` — a peer cut off is
+//!   unpublished before any acknowledgement goes without it, so every node in the
+//!   published set holds every acknowledged write (with ack `all`).
 //!
 //! Lock order: the log's locks (commit, tail) → `Shared` (leaf; nothing else is taken
 //! under it but the local store's reads).
@@ -44,7 +49,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::wire::{Ack, FrameHeader, FrameKind, Hello, Verdict, Welcome};
-use super::{AckLevel, Health, LinkState, PeerStatus, ReplicationConfig, ReplicationStatus};
+use super::{
+    AckLevel, Health, LeaseWatch, LinkState, PeerStatus, ReplicationConfig, ReplicationStatus,
+};
 use crate::log::LogStore;
 
 /// The bitmap's unit: bytes of the log store per bit.
@@ -216,6 +223,8 @@ struct Shared {
     failed: Option<String>,
     health: Health,
     transitions: u64,
+    /// The peers in sync as last published (`publish_in_sync`), by index.
+    published: Vec<bool>,
 }
 
 /// The replication of one volume's write log, shared by its store, the volume (state,
@@ -291,6 +300,7 @@ impl Replication {
                 failed: None,
                 health: Health::Healthy,
                 transitions: 0,
+                published: vec![false; config.peers.len()],
             }),
             work: Condvar::new(),
             acks: Condvar::new(),
@@ -321,12 +331,18 @@ impl Replication {
         self.shared.lock().opening = false;
     }
 
-    /// Whether the volume may take writes now (healthy or degraded).
+    /// Whether the volume may take writes now: healthy or degraded, and its lease (if
+    /// it has one) holding.
     pub fn accepts_writes(&self) -> bool {
-        matches!(
-            self.shared.lock().health,
-            Health::Healthy | Health::Degraded
-        )
+        self.lease_holds()
+            && matches!(
+                self.shared.lock().health,
+                Health::Healthy | Health::Degraded
+            )
+    }
+
+    fn lease_holds(&self) -> bool {
+        self.config.lease.as_ref().is_none_or(LeaseWatch::holds)
     }
 
     pub fn health(&self) -> Health {
@@ -384,7 +400,7 @@ impl Replication {
             Health::Healthy
         };
         if health != s.health || s.transitions == 0 {
-            let from = s.health;
+            let from = (s.transitions > 0).then_some(s.health);
             s.health = health;
             s.transitions += 1;
             if matches!(health, Health::Healthy | Health::Degraded) {
@@ -708,7 +724,7 @@ impl Replication {
             if let Some(epoch) = s.fenced_by {
                 return Err(fenced(epoch));
             }
-            return Ok(());
+            return self.check_lease();
         }
         let epoch = self.config.epoch;
         // For each peer: the connection and SYNC this call waits on, and since when.
@@ -721,6 +737,7 @@ impl Replication {
             if self.stop.load(Ordering::Acquire) {
                 return Err(io::Error::other("replication is stopping"));
             }
+            self.check_lease()?;
             let mut asked = false;
             for (i, p) in s.peers.iter_mut().enumerate() {
                 let current = targets[i].is_some_and(|(conn, _, _)| conn == p.conn);
@@ -755,7 +772,35 @@ impl Replication {
                 .min(in_sync_peers)
                 .max(self.config.min_replicas - 1);
             if in_sync_peers + 1 >= self.config.min_replicas && acked >= need {
-                return Ok(());
+                // P6: a peer that left the published set's sync is unpublished first.
+                let current: Vec<bool> = s
+                    .peers
+                    .iter()
+                    .map(|p| p.link == LinkState::InSync)
+                    .collect();
+                match &self.config.publish_in_sync {
+                    Some(publisher) if current != s.published => {
+                        let addrs: Vec<String> = s
+                            .peers
+                            .iter()
+                            .zip(&current)
+                            .filter(|(_, &c)| c)
+                            .map(|(p, _)| p.addr.clone())
+                            .collect();
+                        drop(s);
+                        let published = (publisher.0)(&addrs);
+                        s = self.shared.lock();
+                        match published {
+                            Ok(()) => s.published = current,
+                            Err(e) => {
+                                tracing::warn!(volume = %self.volume, error = %e, "publishing the peers in sync");
+                                self.acks.wait_for(&mut s, Duration::from_millis(100));
+                            }
+                        }
+                        continue;
+                    }
+                    _ => return self.check_lease(),
+                }
             }
             if !waited {
                 waited = true;
@@ -781,6 +826,19 @@ impl Replication {
                 self.cut_off(&mut s, i, conn, format!("no ack within {waited:?}"));
             }
             self.acks.wait_for(&mut s, Duration::from_millis(50));
+        }
+    }
+}
+
+impl Replication {
+    /// A sync of a primary whose lease ran out fails: another node may lead now.
+    fn check_lease(&self) -> io::Result<()> {
+        if self.lease_holds() {
+            Ok(())
+        } else {
+            Err(io::Error::other(
+                "the primary's lease ran out: another node may lead the volume",
+            ))
         }
     }
 }

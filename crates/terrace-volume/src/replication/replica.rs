@@ -121,6 +121,9 @@ struct Copy {
 struct Applied {
     state: ReplicaState,
     store: Option<FileLogStore>,
+    /// This node serves the volume as its primary (see [`ReplicaServer::release`]):
+    /// its copy is the volume's log, and no primary's stream is taken.
+    led: bool,
     frames: u64,
     bytes: u64,
 }
@@ -149,7 +152,7 @@ struct Shared {
 pub struct ReplicaServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl ReplicaServer {
@@ -184,7 +187,7 @@ impl ReplicaServer {
         Ok(ReplicaServer {
             addr,
             shared,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -197,6 +200,35 @@ impl ReplicaServer {
         self.status_source().status()
     }
 
+    /// Hands `volume`'s copy to this node, which takes the volume over: the primary
+    /// streaming to it is cut off, the copy's file closed (so a volume can open it as its
+    /// log), and hellos for it refused until [`reclaim`](ReplicaServer::reclaim). Fails
+    /// when the copy was left mid-resync (R3): it may lack acknowledged writes.
+    pub fn release(&self, volume: &str) -> Result<(), VolumeError> {
+        let copy = copy_for(&self.shared, volume)?;
+        copy.session.store(
+            self.shared.sessions.fetch_add(1, Ordering::AcqRel) + 1,
+            Ordering::Release,
+        );
+        let mut a = copy.apply.lock();
+        if a.state.stream != 0 && !a.state.consistent {
+            return Err(VolumeError::Config(format!(
+                "the copy of volume {volume} was left mid-resync: it cannot be taken over"
+            )));
+        }
+        a.led = true;
+        a.store = None;
+        Ok(())
+    }
+
+    /// `volume` is no longer led here: its log becomes a copy again, for the next
+    /// primary's stream (which copies it whole: it follows another stream).
+    pub fn reclaim(&self, volume: &str) -> Result<(), VolumeError> {
+        let copy = copy_for(&self.shared, volume)?;
+        copy.apply.lock().led = false;
+        Ok(())
+    }
+
     /// A handle that reads [`status`](ReplicaServer::status) (for the control socket).
     pub fn status_source(&self) -> ReplicaStatusSource {
         ReplicaStatusSource(Arc::clone(&self.shared))
@@ -204,16 +236,13 @@ impl ReplicaServer {
 
     /// Stops listening, ends every connection and waits for their threads (so the
     /// copies' files are closed when it returns).
-    pub fn stop(mut self) {
-        self.stop_now();
-    }
-
-    fn stop_now(&mut self) {
+    pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
         for (_, c) in self.shared.connections.lock().drain(..) {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
-        if let Some(t) = self.thread.take() {
+        let accept = self.thread.lock().take();
+        if let Some(t) = accept {
             let _ = t.join();
         }
         for (_, c) in self.shared.connections.lock().drain(..) {
@@ -253,7 +282,7 @@ impl ReplicaStatusSource {
 
 impl Drop for ReplicaServer {
     fn drop(&mut self) {
-        self.stop_now();
+        self.stop();
     }
 }
 
@@ -322,6 +351,7 @@ fn copy_for(shared: &Shared, volume: &str) -> Result<Arc<Copy>, VolumeError> {
         apply: Mutex::new(Applied {
             state,
             store: None,
+            led: false,
             frames: 0,
             bytes: 0,
         }),
@@ -354,6 +384,13 @@ fn serve_primary(session: u64, stream: TcpStream, shared: &Shared) -> io::Result
     };
     let welcome = {
         let mut a = copy.apply.lock();
+        if a.led {
+            drop(a);
+            return refuse(
+                &mut writer,
+                format!("this node is the primary of volume {}", hello.volume),
+            );
+        }
         if hello.epoch < a.state.epoch {
             Welcome {
                 verdict: Verdict::Fenced,
