@@ -440,6 +440,18 @@ fn pauses_and_partitions_degrade_then_heal() {
     }
 }
 
+/// Writes a block through `uri`, then SIGSTOPs `server`; returns when it paused.
+fn client_write_then_pause(uri: &str, acked: &[AtomicU64], server: &mut ChildGuard) -> Instant {
+    let c = terrace_volume::nbd::NbdBackend::connect(uri, 1).expect("connect");
+    let count = acked[4].load(Ordering::Relaxed) + 1;
+    c.write_at(4 * BS as u64, &stamp(4, count))
+        .expect("a write before the pause");
+    acked[4].store(count, Ordering::Relaxed);
+    drop(c);
+    server.signal(libc::SIGSTOP);
+    Instant::now()
+}
+
 /// Three etcd members on loopback; returns the guards and the client URLs.
 fn start_etcd(root: &Path) -> Option<(Vec<ChildGuard>, Vec<String>)> {
     let etcd = common::require_tool("etcd", "etcd-server")?;
@@ -629,6 +641,52 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
         !status(&dirs[first]).contains("replication "),
         "two leaders"
     );
+    drop(client);
+
+    // The primary pauses (SIGSTOP) for over twice the lease TTL: another node leads;
+    // resumed, the old primary's lease has run out and it takes no write.
+    let paused = client_write_then_pause(&uri(next), &acked, nodes[next].as_mut().unwrap());
+    let (third, client) = loop {
+        let taken = (0..3).filter(|&i| i != next).find_map(|i| {
+            let c = terrace_volume::nbd::NbdBackend::connect(&uri(i), 1).ok()?;
+            let count = acked[2].load(Ordering::Relaxed);
+            c.write_at(2 * BS as u64, &stamp(2, count + 2)).ok()?;
+            acked[2].store(count + 2, Ordering::Relaxed);
+            Some((i, c))
+        });
+        if let Some(t) = taken {
+            break t;
+        }
+        assert!(
+            paused.elapsed() < Duration::from_secs(30),
+            "no node took over from the paused one:\n{}\n{}",
+            log_of(&dirs[(next + 1) % 3]),
+            log_of(&dirs[(next + 2) % 3])
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!(
+        "pause: n{third} served writes {:?} after n{next} paused",
+        paused.elapsed()
+    );
+    std::thread::sleep(Duration::from_secs(7).saturating_sub(paused.elapsed()));
+    nodes[next].as_mut().unwrap().signal(libc::SIGCONT);
+    if let Ok(old) = terrace_volume::nbd::NbdBackend::connect(&uri(next), 1) {
+        assert!(
+            old.write_at(3 * BS as u64, &stamp(3, 1 << 40)).is_err(),
+            "the paused primary took a write after its lease ran out"
+        );
+    }
+    for block in 0..BLOCKS {
+        let want = acked[block as usize].load(Ordering::Relaxed);
+        client.read_at(block * BS as u64, &mut buf).unwrap();
+        let got = read_stamp(block, &buf);
+        assert!(
+            got == want || got == want + 1,
+            "after the pause: block {block} holds write {got}, {want} was acknowledged"
+        );
+    }
+    wait_for_state(&dirs[third], "healthy");
     drop(client);
     for n in nodes.iter_mut().flatten() {
         n.signal(libc::SIGTERM);
