@@ -379,3 +379,73 @@ fn writes_in_flight_when_a_secondary_drops_reach_it_after_the_resync() {
     r1.stop();
     check_copy(nodes[1].path().join("vol.log"), nodes[0].path(), &model);
 }
+
+/// P6: under a coordinator the primary publishes the peers in sync, and a write that
+/// goes without a peer it last published waits until the smaller set is published —
+/// so a node that may lack the write is never named as one that may lead.
+#[test]
+fn a_peer_cut_off_is_unpublished_before_a_write_goes_without_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    use terrace_volume::replication::InSyncPublisher;
+    let nodes: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let r2 = ReplicaServer::start("127.0.0.1:0", nodes[2].path()).unwrap();
+    let published: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let refuse = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let (published, refuse) = (Arc::clone(&published), Arc::clone(&refuse));
+        InSyncPublisher(Arc::new(move |peers: &[String]| {
+            if refuse.load(Ordering::Acquire) {
+                return Err(std::io::Error::other("etcd is away"));
+            }
+            published.lock().unwrap().push(peers.to_vec());
+            Ok(())
+        }))
+    };
+    let rc = ReplicationConfig {
+        publish_in_sync: Some(publisher),
+        ..replicated(&[&r1, &r2], AckLevel::All, 1, 1)
+    };
+    let (v, _) = Volume::open(
+        config(nodes[0].path().join("vol.log"), Some(rc)),
+        backend(nodes[0].path()),
+        cache(),
+    )
+    .unwrap();
+    wait_until("healthy", || health(&v) == Health::Healthy);
+    let data = vec![5u8; BS];
+    v.write(0, &data, false).unwrap();
+    let mut both = vec![r1.local_addr().to_string(), r2.local_addr().to_string()];
+    both.sort();
+    let last = |p: &Mutex<Vec<Vec<String>>>| {
+        let mut l = p.lock().unwrap().last().cloned().unwrap_or_default();
+        l.sort();
+        l
+    };
+    assert_eq!(last(&published), both, "both peers published once in sync");
+
+    // etcd is away when a peer drops: the write waits for the publication.
+    refuse.store(true, Ordering::Release);
+    let r2_addr = r2.local_addr().to_string();
+    r2.stop();
+    wait_until("degraded", || health(&v) == Health::Degraded);
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (v, done) = (Arc::clone(&v), Arc::clone(&done));
+        std::thread::spawn(move || {
+            v.write(BS as u64, &[6u8; BS], false).unwrap();
+            done.store(true, Ordering::Release);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !done.load(Ordering::Acquire),
+        "a write went without {r2_addr} while it was still published"
+    );
+    refuse.store(false, Ordering::Release);
+    writer.join().unwrap();
+    assert_eq!(last(&published), vec![r1.local_addr().to_string()]);
+    drop(v);
+    r1.stop();
+}
