@@ -696,3 +696,443 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Randomized fault rounds with a per-block linearizability check
+
+/// One operation of a client's history: a write of `value` to `block`, or a read that
+/// returned it. `complete` is `None` for a write whose outcome is unknown (its server
+/// went away before answering).
+#[derive(Clone, Copy, Debug)]
+struct Op {
+    block: u64,
+    write: bool,
+    value: u64,
+    invoke: Instant,
+    complete: Option<Instant>,
+}
+
+/// Checks one register per block. Each block has one writer, which writes increasing
+/// values one at a time, so the writes' order is known and a history is linearizable iff
+/// every read returns a value some write of it began before the read ended (0: none),
+/// no lower than the last write acknowledged before the read began, and reads never go
+/// back: one that began after another ended returns no lower a value.
+fn check_linearizable(history: &[Op]) -> Result<(), String> {
+    use std::collections::HashMap;
+    let mut by_block: HashMap<u64, (Vec<&Op>, Vec<&Op>)> = HashMap::new();
+    for op in history {
+        let e = by_block.entry(op.block).or_default();
+        if op.write {
+            e.0.push(op);
+        } else {
+            e.1.push(op);
+        }
+    }
+    for (block, (mut writes, mut reads)) in by_block {
+        writes.sort_by_key(|w| w.value);
+        for r in &reads {
+            let end = r.complete.expect("a read that ended");
+            if r.value != 0 {
+                let w = writes
+                    .binary_search_by_key(&r.value, |w| w.value)
+                    .map(|i| writes[i])
+                    .map_err(|_| format!("block {block}: read {} was never written", r.value))?;
+                if w.invoke > end {
+                    return Err(format!(
+                        "block {block}: read {} before its write began",
+                        r.value
+                    ));
+                }
+            }
+            let floor = writes
+                .iter()
+                .filter(|w| w.complete.is_some_and(|c| c < r.invoke))
+                .map(|w| w.value)
+                .max()
+                .unwrap_or(0);
+            if r.value < floor {
+                return Err(format!(
+                    "block {block}: read {} after write {floor} was acknowledged (lost)",
+                    r.value
+                ));
+            }
+        }
+        // Reads never go back in real time.
+        reads.sort_by_key(|r| r.invoke);
+        let mut ended: Vec<&&Op> = reads.iter().collect();
+        ended.sort_by_key(|r| r.complete);
+        let (mut i, mut highest) = (0, 0);
+        for r in &reads {
+            while i < ended.len() && ended[i].complete.unwrap() < r.invoke {
+                highest = highest.max(ended[i].value);
+                i += 1;
+            }
+            if r.value < highest {
+                return Err(format!(
+                    "block {block}: read {} after a read of {highest} had ended",
+                    r.value
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_checker_finds_lost_and_backward_reads() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let w = |v, a, b: Option<u64>| Op {
+        block: 1,
+        write: true,
+        value: v,
+        invoke: at(a),
+        complete: b.map(at),
+    };
+    let r = |v, a, b| Op {
+        block: 1,
+        write: false,
+        value: v,
+        invoke: at(a),
+        complete: Some(at(b)),
+    };
+    let good = [
+        w(1, 0, Some(10)),
+        w(2, 20, None),
+        r(1, 11, 12),
+        r(2, 30, 31),
+        r(2, 40, 41),
+    ];
+    assert!(check_linearizable(&good).is_ok());
+    let lost = [w(1, 0, Some(10)), w(2, 20, Some(30)), r(1, 40, 41)];
+    assert!(check_linearizable(&lost).unwrap_err().contains("lost"));
+    let backward = [
+        w(1, 0, Some(10)),
+        w(2, 20, None),
+        r(2, 30, 31),
+        r(1, 40, 41),
+    ];
+    assert!(check_linearizable(&backward)
+        .unwrap_err()
+        .contains("had ended"));
+    let early = [w(1, 50, Some(60)), r(1, 10, 20)];
+    assert!(check_linearizable(&early).is_err());
+    let invented = [r(7, 10, 20)];
+    assert!(check_linearizable(&invented).is_err());
+}
+
+/// Three etcd members and three coordinated nodes; node i reaches etcd member i through
+/// `etcd_links[i]` and is reached by the others through `links[i]`, so a node can be cut
+/// off from etcd alone, and a lost node's in-flight bytes dropped.
+struct Cluster {
+    root: tempfile::TempDir,
+    _etcd: Vec<ChildGuard>,
+    etcd_links: Vec<Link>,
+    links: Vec<Link>,
+    replica: Vec<String>,
+    dirs: Vec<std::path::PathBuf>,
+    backend: std::path::PathBuf,
+    nodes: Vec<Option<ChildGuard>>,
+}
+
+impl Cluster {
+    fn new() -> Option<Cluster> {
+        let root = tempfile::Builder::new()
+            .prefix("terrace-ha")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let (etcd, urls) = start_etcd(root.path())?;
+        let etcd_links = urls
+            .iter()
+            .map(|u| Link::new(u.trim_start_matches("http://")))
+            .collect();
+        let backend = root.path().join("shared.img");
+        std::fs::File::create(&backend)
+            .unwrap()
+            .set_len(BLOCKS * BS as u64)
+            .unwrap();
+        let replica: Vec<String> = (0..3)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let mut c = Cluster {
+            dirs: (0..3).map(|i| root.path().join(format!("n{i}"))).collect(),
+            links: replica.iter().map(|r| Link::new(r)).collect(),
+            root,
+            _etcd: etcd,
+            etcd_links,
+            replica,
+            backend,
+            nodes: (0..3).map(|_| None).collect(),
+        };
+        for i in 0..3 {
+            c.start_node(i);
+        }
+        Some(c)
+    }
+
+    fn start_node(&mut self, i: usize) {
+        std::fs::create_dir_all(&self.dirs[i]).unwrap();
+        let args: Vec<String> = [
+            "--etcd",
+            &format!("http://{}", self.etcd_links[i].addr),
+            "--node",
+            &format!("n{i}"),
+            "--replica-listen",
+            &self.replica[i],
+            "--advertise-replica",
+            &self.links[i].addr,
+            "--volume",
+            &format!("volume=file:{}", self.backend.display()),
+            "--mode",
+            "write-back",
+            "--listen",
+            &format!("unix:{}", self.dirs[i].join("nbd.sock").display()),
+            "--min-replicas",
+            "2",
+            "--lease-ttl-ms",
+            "3000",
+            "--replica-timeout-ms",
+            "1000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let ready = self.dirs[i].join("control.sock");
+        self.nodes[i] = Some(start(&self.dirs[i], &args, ready.to_str().unwrap()));
+    }
+
+    fn uri(&self, i: usize) -> String {
+        format!(
+            "nbd+unix:///volume?socket={}",
+            self.dirs[i].join("nbd.sock").display()
+        )
+    }
+
+    fn node(&mut self, i: usize) -> &mut ChildGuard {
+        self.nodes[i].as_mut().expect("a running node")
+    }
+
+    /// The node leading with every copy in sync; checks that no two nodes report the
+    /// same epoch as primaries (`epochs`: epoch → node, kept across rounds).
+    fn wait_healthy(&self, epochs: &mut std::collections::HashMap<u64, usize>) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            for (i, d) in self.dirs.iter().enumerate() {
+                if self.nodes[i].is_none() || !d.exists() {
+                    continue;
+                }
+                let s = status(d);
+                let epoch = s
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("replication_epoch "))
+                    .and_then(|e| e.parse::<u64>().ok());
+                if let Some(e) = epoch {
+                    let first = *epochs.entry(e).or_insert(i);
+                    assert_eq!(first, i, "epoch {e} led by n{first} and n{i}");
+                }
+                if s.contains("replication healthy\n") {
+                    return i;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not healthy:\n{}",
+                (0..3)
+                    .map(|i| log_of(&self.dirs[i]))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop(mut self) {
+        for n in self.nodes.iter_mut().flatten() {
+            n.signal(libc::SIGCONT);
+            n.signal(libc::SIGTERM);
+            assert!(
+                n.wait_timeout(Duration::from_secs(20)).is_some(),
+                "no clean stop"
+            );
+        }
+        let _ = &self.root;
+    }
+}
+
+/// Clients of one round: `WRITERS` writers (writer t owns the blocks ≡ t) and a reader,
+/// on node `at`, until `stop` or their first error; every operation recorded.
+fn clients(
+    uri: &str,
+    next: &[AtomicU64],
+    stop: &AtomicBool,
+    history: &std::sync::Mutex<Vec<Op>>,
+    seed: u64,
+) {
+    let Ok(client) = terrace_volume::nbd::NbdBackend::connect_with_timeout(
+        uri,
+        WRITERS as usize + 1,
+        Duration::from_secs(10),
+    ) else {
+        return;
+    };
+    std::thread::scope(|s| {
+        for t in 0..=WRITERS {
+            let client = &client;
+            s.spawn(move || {
+                let mut ops = Vec::new();
+                let mut x = t * 7919 + seed + 1;
+                let mut buf = vec![0u8; BS];
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let invoke = Instant::now();
+                    if t < WRITERS {
+                        let block = (x % (BLOCKS / WRITERS)) * WRITERS + t;
+                        let value = next[block as usize].fetch_add(1, Ordering::Relaxed) + 1;
+                        let ok = client
+                            .write_at(block * BS as u64, &stamp(block, value))
+                            .is_ok();
+                        ops.push(Op {
+                            block,
+                            write: true,
+                            value,
+                            invoke,
+                            complete: ok.then(Instant::now),
+                        });
+                        if !ok {
+                            break;
+                        }
+                    } else {
+                        let block = x % BLOCKS;
+                        if client.read_at(block * BS as u64, &mut buf).is_err() {
+                            break;
+                        }
+                        ops.push(Op {
+                            block,
+                            write: false,
+                            value: read_stamp(block, &buf),
+                            invoke,
+                            complete: Some(Instant::now()),
+                        });
+                    }
+                }
+                history.lock().unwrap().extend(ops);
+            });
+        }
+    });
+}
+
+/// Reads every block from node `at` into the history.
+fn read_all(uri: &str, history: &std::sync::Mutex<Vec<Op>>) {
+    let client = terrace_volume::nbd::NbdBackend::connect(uri, 1).expect("connect");
+    let mut buf = vec![0u8; BS];
+    let mut ops = Vec::new();
+    for block in 0..BLOCKS {
+        let invoke = Instant::now();
+        client.read_at(block * BS as u64, &mut buf).expect("read");
+        ops.push(Op {
+            block,
+            write: false,
+            value: read_stamp(block, &buf),
+            invoke,
+            complete: Some(Instant::now()),
+        });
+    }
+    history.lock().unwrap().extend(ops);
+}
+
+/// `rounds` fault rounds, fault `round % 4` or a random one (`random`): the primary's
+/// node lost, a secondary killed, the primary paused past its lease, the primary cut
+/// off from etcd past its lease. After each the volume must be healthy again on some
+/// node, the whole history linearizable per block, and no epoch led by two nodes.
+fn fault_rounds(rounds: u64, random: bool) {
+    let Some(mut c) = Cluster::new() else { return };
+    let next: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
+    let history = std::sync::Mutex::new(Vec::new());
+    let mut epochs = std::collections::HashMap::new();
+    let mut x = 0x9e37_79b9u64;
+    for round in 0..rounds {
+        let leader = c.wait_healthy(&mut epochs);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let fault = if random { x % 4 } else { round % 4 };
+        let stop = AtomicBool::new(false);
+        let uri = c.uri(leader);
+        let secondary = (leader + 1 + (x as usize >> 8) % 2) % 3;
+        std::thread::scope(|s| {
+            s.spawn(|| clients(&uri, &next, &stop, &history, round));
+            std::thread::sleep(Duration::from_millis(300 + x % 400));
+            match fault {
+                0 => {
+                    for l in &c.links {
+                        l.cut();
+                    }
+                    c.etcd_links[leader].cut();
+                    c.node(leader).kill9();
+                }
+                1 => {
+                    c.node(secondary).kill9();
+                }
+                2 => {
+                    c.node(leader).signal(libc::SIGSTOP);
+                }
+                _ => {
+                    c.etcd_links[leader].cut();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(400));
+            stop.store(true, Ordering::Relaxed);
+        });
+        match fault {
+            0 => {
+                std::fs::remove_dir_all(&c.dirs[leader]).unwrap();
+                for l in &c.links {
+                    l.heal();
+                }
+                c.etcd_links[leader].heal();
+                c.start_node(leader);
+            }
+            1 => {
+                std::thread::sleep(Duration::from_millis(500));
+                c.start_node(secondary);
+            }
+            2 => {
+                std::thread::sleep(Duration::from_millis(6500));
+                c.node(leader).signal(libc::SIGCONT);
+            }
+            _ => {
+                std::thread::sleep(Duration::from_millis(6500));
+                c.etcd_links[leader].heal();
+            }
+        }
+        let now = c.wait_healthy(&mut epochs);
+        read_all(&c.uri(now), &history);
+        let h = history.lock().unwrap();
+        if let Err(e) = check_linearizable(&h) {
+            panic!(
+                "round {round} (fault {fault}, leader n{leader}, now n{now}): {e}\n{}",
+                (0..3)
+                    .map(|i| log_of(&c.dirs[i]))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        eprintln!(
+            "round {round}: fault {fault}, n{leader} → n{now}, {} operations checked",
+            h.len()
+        );
+    }
+    c.stop();
+}
+
+/// One round of each fault (the soak, `bench/volume-replication-soak.sh`, runs 100
+/// random ones).
+#[test]
+fn fault_rounds_keep_every_history_linearizable() {
+    let rounds = std::env::var("TERRACE_FAULT_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok());
+    fault_rounds(rounds.unwrap_or(4), rounds.is_some());
+}
