@@ -15,8 +15,9 @@
 //!   Writes go on.
 //! - **read-only**: fewer than `min_replicas` copies in sync, or fenced by a newer
 //!   primary (a secondary has seen a higher epoch): writes are refused, reads go on.
-//! - **inconsistent**: a copy mid-resync (on a peer: *resyncing*); it is not counted in
-//!   sync, and a secondary records it so it is never taken over from.
+//! - **inconsistent**: a copy mid-resync — a state of a copy, not of the volume: the
+//!   primary shows the peer *resyncing* and does not count it in sync, and the secondary
+//!   records it (`terrace volume replicas`) so the copy is never taken over.
 //! - **error**: the local log's medium failed.
 //!
 //! Epochs: each primary runs with one ([`ReplicationConfig::epoch`]) and every message
@@ -84,13 +85,13 @@ impl std::str::FromStr for AckLevel {
     }
 }
 
-/// A replicated volume's health (see the module docs).
+/// A replicated volume's health on its primary (see the module docs; *inconsistent* is
+/// a copy's state, [`ReplicaState::consistent`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Health {
     Healthy,
     Degraded,
     ReadOnly,
-    Inconsistent,
     Error,
 }
 
@@ -100,7 +101,6 @@ impl Health {
             Health::Healthy => "healthy",
             Health::Degraded => "degraded",
             Health::ReadOnly => "read-only",
-            Health::Inconsistent => "inconsistent",
             Health::Error => "error",
         }
     }
@@ -111,8 +111,7 @@ impl Health {
             Health::Healthy => 0,
             Health::Degraded => 1,
             Health::ReadOnly => 2,
-            Health::Inconsistent => 3,
-            Health::Error => 4,
+            Health::Error => 3,
         }
     }
 }
@@ -298,7 +297,7 @@ impl ReplicationStatus {
         };
         gauge(
             "replication_state",
-            "0 healthy, 1 degraded, 2 read-only, 3 inconsistent, 4 error.",
+            "0 healthy, 1 degraded, 2 read-only, 3 error.",
             "",
             st.health.code(),
         );

@@ -351,8 +351,13 @@ impl Replication {
 
     pub fn status(&self) -> ReplicationStatus {
         let s = self.shared.lock();
+        // A primary whose lease ran out takes no write, whatever its links.
+        let health = match s.health {
+            Health::Healthy | Health::Degraded if !self.lease_holds() => Health::ReadOnly,
+            h => h,
+        };
         ReplicationStatus {
-            health: s.health,
+            health,
             epoch: self.config.epoch,
             ack: self.config.ack,
             replicas: self.config.peers.len() + 1,
