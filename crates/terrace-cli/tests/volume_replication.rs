@@ -495,103 +495,34 @@ fn start_etcd(root: &Path) -> Option<(Vec<ChildGuard>, Vec<String>)> {
     Some((guards, urls))
 }
 
-/// The node of `dirs` whose status shows the volume led there, if one does.
-fn leader(dirs: &[std::path::PathBuf]) -> Option<usize> {
-    dirs.iter()
-        .position(|d| d.exists() && status(d).contains("replication healthy"))
-}
-
-/// Failover through etcd: three nodes, each `--etcd` with a replica server reached
-/// through a relay; the volume is placed on all three, one leads. The leader's node is
-/// lost (relays cut with what they carried, process killed, files deleted): another
-/// node serves writes within the lease TTL + 2 s, from its copy, with every
-/// acknowledged write; the lost node comes back as a secondary and the volume is
-/// healthy again.
+/// Failover through etcd: three nodes (a [`Cluster`]); the volume is placed on all
+/// three, one leads. The leader's node is lost (relays cut with what they carried,
+/// process killed, files deleted): another node serves writes within the lease TTL +
+/// 2 s, from its copy, with every acknowledged write; the lost node comes back as a
+/// secondary and the volume is healthy again.
 #[test]
 fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
-    let root = tempfile::Builder::new()
-        .prefix("terrace-ha")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let Some((_etcd, urls)) = start_etcd(root.path()) else {
+    let Some(mut c) = Cluster::new() else {
         return;
     };
-    let backend = root.path().join("shared.img");
-    std::fs::File::create(&backend)
-        .unwrap()
-        .set_len(BLOCKS * BS as u64)
-        .unwrap();
-    let dirs: Vec<_> = (0..3).map(|i| root.path().join(format!("n{i}"))).collect();
-    let replica: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let links: Vec<Link> = replica.iter().map(|r| Link::new(r)).collect();
-    let node = |i: usize| {
-        std::fs::create_dir_all(&dirs[i]).unwrap();
-        let args: Vec<String> = [
-            "--etcd",
-            &urls.join(","),
-            "--node",
-            &format!("n{i}"),
-            "--replica-listen",
-            &replica[i],
-            "--advertise-replica",
-            &links[i].addr,
-            "--volume",
-            &format!("volume=file:{}", backend.display()),
-            "--mode",
-            "write-back",
-            "--listen",
-            &format!("unix:{}", dirs[i].join("nbd.sock").display()),
-            "--min-replicas",
-            "2",
-            "--lease-ttl-ms",
-            "3000",
-            "--replica-timeout-ms",
-            "1000",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        start(
-            &dirs[i],
-            &args,
-            dirs[i].join("control.sock").to_str().unwrap(),
-        )
-    };
-    let mut nodes: Vec<Option<ChildGuard>> = (0..3).map(|i| Some(node(i))).collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let first = loop {
-        if let Some(l) = leader(&dirs) {
-            break l;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no leader:\n{}",
-            log_of(&dirs[0])
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let uri = |i: usize| {
-        format!(
-            "nbd+unix:///volume?socket={}",
-            dirs[i].join("nbd.sock").display()
-        )
-    };
+    let first = c.wait_healthy(&mut std::collections::HashMap::new());
+    let dirs = c.dirs.clone();
+    let uris: Vec<String> = (0..3).map(|i| c.uri(i)).collect();
+    let uri = |i: usize| uris[i].clone();
     let acked: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| write_until(&uri(first), &acked, &stop, 5));
         std::thread::sleep(Duration::from_millis(800));
-        for l in &links {
+        for l in &c.links {
             l.cut();
         }
-        nodes[first].as_mut().unwrap().kill9();
+        c.node(first).kill9();
         stop.store(true, Ordering::Relaxed);
     });
     let lost = Instant::now();
     std::fs::remove_dir_all(&dirs[first]).unwrap();
-    for l in &links {
+    for l in &c.links {
         l.heal();
     }
     let total: u64 = acked.iter().map(|a| a.load(Ordering::Relaxed)).sum();
@@ -635,7 +566,7 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
         );
     }
     // The lost node returns, empty, as a secondary.
-    nodes[first] = Some(node(first));
+    c.start_node(first);
     wait_for_state(&dirs[next], "healthy");
     assert!(
         !status(&dirs[first]).contains("replication "),
@@ -645,7 +576,7 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
 
     // The primary pauses (SIGSTOP) for over twice the lease TTL: another node leads;
     // resumed, the old primary's lease has run out and it takes no write.
-    let paused = client_write_then_pause(&uri(next), &acked, nodes[next].as_mut().unwrap());
+    let paused = client_write_then_pause(&uri(next), &acked, c.node(next));
     let (third, client) = loop {
         let taken = (0..3).filter(|&i| i != next).find_map(|i| {
             let c = terrace_volume::nbd::NbdBackend::connect(&uri(i), 1).ok()?;
@@ -670,7 +601,7 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
         paused.elapsed()
     );
     std::thread::sleep(Duration::from_secs(7).saturating_sub(paused.elapsed()));
-    nodes[next].as_mut().unwrap().signal(libc::SIGCONT);
+    c.node(next).signal(libc::SIGCONT);
     if let Ok(old) = terrace_volume::nbd::NbdBackend::connect(&uri(next), 1) {
         assert!(
             old.write_at(3 * BS as u64, &stamp(3, 1 << 40)).is_err(),
@@ -688,13 +619,7 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
     }
     wait_for_state(&dirs[third], "healthy");
     drop(client);
-    for n in nodes.iter_mut().flatten() {
-        n.signal(libc::SIGTERM);
-        assert!(
-            n.wait_timeout(Duration::from_secs(20)).is_some(),
-            "no clean stop"
-        );
-    }
+    c.stop();
 }
 
 // ---------------------------------------------------------------------------------------
