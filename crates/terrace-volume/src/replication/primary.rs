@@ -649,7 +649,8 @@ impl Replication {
         loop {
             let ack = Ack::read_from(&mut r);
             let mut s = self.shared.lock();
-            if s.peers[index].conn != conn {
+            // Our own stop ends the connection: nothing to report.
+            if s.peers[index].conn != conn || self.stop.load(Ordering::Acquire) {
                 return;
             }
             match ack {
