@@ -294,7 +294,11 @@ impl Leadership for CoordinatedNode {
             .ok_or_else(|| format!("no volume named {volume:?} here"))?;
         self.replica.release(volume).map_err(|e| e.to_string())?;
         let opened = spec.open(self.backend_connections).and_then(|backend| {
+            // A cache key prefix of this term's own: clean blocks this node cached when
+            // it led the volume before are stale (another primary wrote since).
+            let id = crc32fast::hash(format!("{volume}\0{}", replication.epoch).as_bytes());
             let config = VolumeConfig {
+                id,
                 replication: Some(replication),
                 ..config.clone()
             };

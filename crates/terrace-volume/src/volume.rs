@@ -1634,10 +1634,24 @@ impl Volume {
         }
     }
 
+    /// A replicated primary whose lease ran out writes nothing more to the backend:
+    /// another node may lead the volume and write newer data there. (Checked before
+    /// each batch and each run; a pause between the check and the write is not covered
+    /// — a file backend has no way to refuse an older primary.)
+    fn check_may_write_back(&self) -> Result<(), BlockError> {
+        match &self.replication {
+            Some(r) if !r.lease_holds() => Err(BlockError::Log(
+                "the primary's lease ran out: no more write-back from this node".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Writes the oldest batch back and releases it (V5).
     /// Ok(false) if there was nothing to take yet (the oldest record is still being
     /// written).
     fn write_back_one_batch(&self) -> Result<bool, BlockError> {
+        self.check_may_write_back()?;
         let Some(batch) = self.log.oldest_batch(WRITE_BACK_BATCH) else {
             return Ok(false);
         };
@@ -1853,6 +1867,7 @@ impl Volume {
         newest: &FxHashMap<u64, Dirty>,
         buffer: &mut AlignedBuf,
     ) -> Result<(), BlockError> {
+        self.check_may_write_back()?;
         let offset = first * BS;
         let data: &[u8] = if zero {
             self.backend

@@ -341,7 +341,8 @@ impl Replication {
             )
     }
 
-    fn lease_holds(&self) -> bool {
+    /// Whether the lease this primary holds the volume by (if any) still holds.
+    pub fn lease_holds(&self) -> bool {
         self.config.lease.as_ref().is_none_or(LeaseWatch::holds)
     }
 
