@@ -24,6 +24,8 @@
 //! carries it; a secondary that has seen a newer one refuses the older primary, which
 //! then acknowledges nothing more (fencing).
 
+#[cfg(feature = "etcd")]
+mod etcd;
 pub mod ha;
 pub mod primary;
 pub mod replica;
