@@ -1635,9 +1635,11 @@ impl Volume {
     }
 
     /// A replicated primary whose lease ran out writes nothing more to the backend:
-    /// another node may lead the volume and write newer data there. (Checked before
-    /// each batch and each run; a pause between the check and the write is not covered
-    /// — a file backend has no way to refuse an older primary.)
+    /// another node may lead the volume and write newer data there. Checked before each
+    /// batch and right before each run's backend write; a pause between that check and
+    /// the write is not covered — a file backend has no way to refuse an older primary,
+    /// and the fault soak caught one such write (a primary SIGSTOPped inside a run, when
+    /// the check came before the run's log reads) overwriting newer data.
     fn check_may_write_back(&self) -> Result<(), BlockError> {
         match &self.replication {
             Some(r) if !r.lease_holds() => Err(BlockError::Log(
@@ -1900,6 +1902,8 @@ impl Volume {
                 i += stretch;
             }
             let data = &buffer[..(n * BS) as usize];
+            // Again just before the write: reading the run from the log takes a while.
+            self.check_may_write_back()?;
             self.backend
                 .write_at(offset, data)
                 .map_err(|e| self.backend_error(format!("write-back at {offset}"), e))?;
