@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{terrace_bin, ChildGuard};
+use common::{read_stamp, stamp, terrace_bin, ChildGuard};
 
 /// Starts `terrace serve-volume` and waits until its NBD socket accepts.
 fn start(dir: &Path, backend: &Path, mode: &str) -> ChildGuard {
@@ -71,31 +71,6 @@ fn server_log(dir: &Path) -> String {
 const BLOCKS: u64 = 4096;
 const WRITERS: u64 = 16;
 const BS: usize = 4096;
-
-/// A block's bytes for its `count`-th write: block number, count, a fill, a checksum.
-fn stamp(block: u64, count: u64) -> Vec<u8> {
-    let mut b = vec![(block as u8) ^ (count as u8); BS];
-    b[..8].copy_from_slice(&block.to_le_bytes());
-    b[8..16].copy_from_slice(&count.to_le_bytes());
-    let crc = crc32fast::hash(&b[..BS - 4]);
-    b[BS - 4..].copy_from_slice(&crc.to_le_bytes());
-    b
-}
-
-/// The write count a block's bytes carry (0 for zeroes); panics on a torn or foreign block.
-fn read_stamp(block: u64, b: &[u8]) -> u64 {
-    if b.iter().all(|&x| x == 0) {
-        return 0;
-    }
-    let crc = u32::from_le_bytes(b[BS - 4..].try_into().unwrap());
-    assert_eq!(crc, crc32fast::hash(&b[..BS - 4]), "block {block} is torn");
-    assert_eq!(
-        u64::from_le_bytes(b[..8].try_into().unwrap()),
-        block,
-        "block {block} holds another block"
-    );
-    u64::from_le_bytes(b[8..16].try_into().unwrap())
-}
 
 fn kill_rounds(mode: &str, rounds: u64) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

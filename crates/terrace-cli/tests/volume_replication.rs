@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{free_port, terrace_bin, ChildGuard};
+use common::{free_port, read_stamp, stamp, terrace_bin, ChildGuard};
 use terrace_volume::Backend;
 
 const BLOCKS: u64 = 4096;
@@ -193,25 +193,6 @@ fn wait_for_state(dir: &Path, state: &str) {
     }
 }
 
-fn stamp(block: u64, count: u64) -> Vec<u8> {
-    let mut b = vec![(block as u8) ^ (count as u8); BS];
-    b[..8].copy_from_slice(&block.to_le_bytes());
-    b[8..16].copy_from_slice(&count.to_le_bytes());
-    let crc = crc32fast::hash(&b[..BS - 4]);
-    b[BS - 4..].copy_from_slice(&crc.to_le_bytes());
-    b
-}
-
-fn read_stamp(block: u64, b: &[u8]) -> u64 {
-    if b.iter().all(|&x| x == 0) {
-        return 0;
-    }
-    let crc = u32::from_le_bytes(b[BS - 4..].try_into().unwrap());
-    assert_eq!(crc, crc32fast::hash(&b[..BS - 4]), "block {block} is torn");
-    assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), block);
-    u64::from_le_bytes(b[8..16].try_into().unwrap())
-}
-
 /// Writers over `uri` until `stop`, `acked` updated per acknowledged write; returns when
 /// `stop` is set or the server is gone.
 fn write_until(uri: &str, acked: &[AtomicU64], stop: &AtomicBool, seed: u64) {
@@ -245,37 +226,85 @@ fn write_until(uri: &str, acked: &[AtomicU64], stop: &AtomicBool, seed: u64) {
     });
 }
 
+/// A primary (node a: write-back, `--ack-level all --min-replicas 2`) replicating
+/// through relays to two secondaries (b, c) on loopback, healthy, over one backend file.
+struct Trio {
+    root: tempfile::TempDir,
+    a: std::path::PathBuf,
+    b: std::path::PathBuf,
+    c: std::path::PathBuf,
+    backend: std::path::PathBuf,
+    addr_c: String,
+    sec_b: ChildGuard,
+    sec_c: ChildGuard,
+    link_b: Link,
+    link_c: Link,
+    prim: ChildGuard,
+}
+
+impl Trio {
+    fn start() -> Trio {
+        let root = tempfile::Builder::new()
+            .prefix("terrace-repl")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let node = |n: &str| {
+            let d = root.path().join(n);
+            std::fs::create_dir_all(&d).unwrap();
+            d
+        };
+        let (a, b, c) = (node("a"), node("b"), node("c"));
+        let backend = root.path().join("shared.img");
+        std::fs::File::create(&backend)
+            .unwrap()
+            .set_len(BLOCKS * BS as u64)
+            .unwrap();
+        let (addr_b, addr_c) = (
+            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{}", free_port()),
+        );
+        let sec_b = secondary(&b, &addr_b);
+        let sec_c = secondary(&c, &addr_c);
+        let (link_b, link_c) = (Link::new(&addr_b), Link::new(&addr_c));
+        let prim = primary(
+            &a,
+            &backend,
+            &[&link_b.addr, &link_c.addr],
+            &["--ack-level", "all", "--min-replicas", "2", "--epoch", "1"],
+        );
+        wait_for_state(&a, "healthy");
+        Trio {
+            root,
+            a,
+            b,
+            c,
+            backend,
+            addr_c,
+            sec_b,
+            sec_c,
+            link_b,
+            link_c,
+            prim,
+        }
+    }
+}
+
 #[test]
 fn a_secondary_takes_over_a_killed_primary_with_every_acknowledged_write() {
-    let root = tempfile::Builder::new()
-        .prefix("terrace-repl")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let node = |n: &str| {
-        let d = root.path().join(n);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    };
-    let (a, b, c) = (node("a"), node("b"), node("c"));
-    let backend = root.path().join("shared.img");
-    std::fs::File::create(&backend)
-        .unwrap()
-        .set_len(BLOCKS * BS as u64)
-        .unwrap();
-    let (addr_b, addr_c) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let mut sec_b = secondary(&b, &addr_b);
-    let mut sec_c = secondary(&c, &addr_c);
-    let (link_b, link_c) = (Link::new(&addr_b), Link::new(&addr_c));
-    let mut prim = primary(
-        &a,
-        &backend,
-        &[&link_b.addr, &link_c.addr],
-        &["--ack-level", "all", "--min-replicas", "2", "--epoch", "1"],
-    );
-    wait_for_state(&a, "healthy");
+    let Trio {
+        root: _root,
+        a,
+        b,
+        c,
+        backend,
+        addr_c,
+        mut sec_b,
+        mut sec_c,
+        link_b,
+        link_c,
+        mut prim,
+        ..
+    } = Trio::start();
     let uri_a = format!("nbd+unix:///volume?socket={}", a.join("nbd.sock").display());
     let acked: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
     let stop = AtomicBool::new(false);
@@ -351,35 +380,16 @@ fn a_secondary_takes_over_a_killed_primary_with_every_acknowledged_write() {
 /// network heals. Every acknowledged write reads back at the end.
 #[test]
 fn pauses_and_partitions_degrade_then_heal() {
-    let root = tempfile::Builder::new()
-        .prefix("terrace-repl")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let node = |n: &str| {
-        let d = root.path().join(n);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    };
-    let (a, b, c) = (node("a"), node("b"), node("c"));
-    let backend = root.path().join("shared.img");
-    std::fs::File::create(&backend)
-        .unwrap()
-        .set_len(BLOCKS * BS as u64)
-        .unwrap();
-    let (addr_b, addr_c) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let mut sec_b = secondary(&b, &addr_b);
-    let mut sec_c = secondary(&c, &addr_c);
-    let (link_b, link_c) = (Link::new(&addr_b), Link::new(&addr_c));
-    let mut prim = primary(
-        &a,
-        &backend,
-        &[&link_b.addr, &link_c.addr],
-        &["--ack-level", "all", "--min-replicas", "2", "--epoch", "1"],
-    );
-    wait_for_state(&a, "healthy");
+    let Trio {
+        root: _root,
+        a,
+        mut sec_b,
+        mut sec_c,
+        link_b,
+        link_c,
+        mut prim,
+        ..
+    } = Trio::start();
     let uri = format!("nbd+unix:///volume?socket={}", a.join("nbd.sock").display());
     let acked: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
     let sum =

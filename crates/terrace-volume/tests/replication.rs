@@ -67,6 +67,14 @@ fn replicated(
     }
 }
 
+/// A replicated volume whose log and backend are in `node`.
+fn primary(node: &Path, replication: ReplicationConfig) -> Arc<Volume> {
+    let log = node.join("vol.log");
+    Volume::open(config(log, Some(replication)), backend(node), cache())
+        .unwrap()
+        .0
+}
+
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !done() {
@@ -110,15 +118,10 @@ fn acknowledged_writes_are_on_every_copy_with_nothing_written_back() {
     let nodes: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
     let r2 = ReplicaServer::start("127.0.0.1:0", nodes[2].path()).unwrap();
-    let (v, _) = Volume::open(
-        config(
-            nodes[0].path().join("vol.log"),
-            Some(replicated(&[&r1, &r2], AckLevel::All, 2, 1)),
-        ),
-        backend(nodes[0].path()),
-        cache(),
-    )
-    .unwrap();
+    let v = primary(
+        nodes[0].path(),
+        replicated(&[&r1, &r2], AckLevel::All, 2, 1),
+    );
     wait_until("both copies in sync", || health(&v) == Health::Healthy);
     let mut model = vec![None; (VOLUME / BS as u64) as usize];
     let mut rng = common::Rng(0x5eed);
@@ -142,15 +145,7 @@ fn a_secondary_that_returns_is_resynced_from_its_bitmap() {
     let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
     let addr = r1.local_addr();
-    let (v, _) = Volume::open(
-        config(
-            nodes[0].path().join("vol.log"),
-            Some(replicated(&[&r1], AckLevel::All, 1, 1)),
-        ),
-        backend(nodes[0].path()),
-        cache(),
-    )
-    .unwrap();
+    let v = primary(nodes[0].path(), replicated(&[&r1], AckLevel::All, 1, 1));
     wait_until("the copy in sync", || health(&v) == Health::Healthy);
     let mut model = vec![None; (VOLUME / BS as u64) as usize];
     let mut rng = common::Rng(77);
@@ -193,15 +188,7 @@ fn below_min_replicas_writes_stop_and_reads_go_on() {
     let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
     let addr = r1.local_addr();
-    let (v, _) = Volume::open(
-        config(
-            nodes[0].path().join("vol.log"),
-            Some(replicated(&[&r1], AckLevel::One, 2, 1)),
-        ),
-        backend(nodes[0].path()),
-        cache(),
-    )
-    .unwrap();
+    let v = primary(nodes[0].path(), replicated(&[&r1], AckLevel::One, 2, 1));
     // Below min_replicas from the start: nothing is in sync yet.
     wait_until("healthy", || health(&v) == Health::Healthy);
     let data = vec![7u8; BS];
@@ -287,15 +274,7 @@ fn a_lost_copy_is_copied_whole_and_a_copy_mid_resync_is_never_taken_over() {
     let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
     let addr = r1.local_addr();
-    let (v, _) = Volume::open(
-        config(
-            nodes[0].path().join("vol.log"),
-            Some(replicated(&[&r1], AckLevel::All, 1, 3)),
-        ),
-        backend(nodes[0].path()),
-        cache(),
-    )
-    .unwrap();
+    let v = primary(nodes[0].path(), replicated(&[&r1], AckLevel::All, 1, 3));
     wait_until("healthy", || health(&v) == Health::Healthy);
     let mut model = vec![None; (VOLUME / BS as u64) as usize];
     let mut rng = common::Rng(99);
@@ -349,15 +328,7 @@ fn writes_in_flight_when_a_secondary_drops_reach_it_after_the_resync() {
     let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
     let addr = r1.local_addr();
-    let (v, _) = Volume::open(
-        config(
-            nodes[0].path().join("vol.log"),
-            Some(replicated(&[&r1], AckLevel::Local, 1, 1)),
-        ),
-        backend(nodes[0].path()),
-        cache(),
-    )
-    .unwrap();
+    let v = primary(nodes[0].path(), replicated(&[&r1], AckLevel::Local, 1, 1));
     wait_until("healthy", || health(&v) == Health::Healthy);
     let mut model = vec![None; (VOLUME / BS as u64) as usize];
     let mut rng = common::Rng(4242);
@@ -407,12 +378,7 @@ fn a_peer_cut_off_is_unpublished_before_a_write_goes_without_it() {
         publish_in_sync: Some(publisher),
         ..replicated(&[&r1, &r2], AckLevel::All, 1, 1)
     };
-    let (v, _) = Volume::open(
-        config(nodes[0].path().join("vol.log"), Some(rc)),
-        backend(nodes[0].path()),
-        cache(),
-    )
-    .unwrap();
+    let v = primary(nodes[0].path(), rc);
     wait_until("healthy", || health(&v) == Health::Healthy);
     let data = vec![5u8; BS];
     v.write(0, &data, false).unwrap();

@@ -885,3 +885,38 @@ pub fn start_memcached(args: &[&str]) -> Option<(ChildGuard, u16)> {
     }
     panic!("memcached exited at start five times (ports taken?)");
 }
+
+// ---------------------------------------------------------------------------------------
+// Stamped blocks (the volume kill and replication tests)
+
+/// The size of a stamped block.
+pub const STAMPED: usize = 4096;
+
+/// A block's bytes for its `count`-th write: block number, count, a fill, a checksum.
+pub fn stamp(block: u64, count: u64) -> Vec<u8> {
+    let mut b = vec![(block as u8) ^ (count as u8); STAMPED];
+    b[..8].copy_from_slice(&block.to_le_bytes());
+    b[8..16].copy_from_slice(&count.to_le_bytes());
+    let crc = crc32fast::hash(&b[..STAMPED - 4]);
+    b[STAMPED - 4..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The write count a block's bytes carry (0 for zeroes); panics on a torn or foreign block.
+pub fn read_stamp(block: u64, b: &[u8]) -> u64 {
+    if b.iter().all(|&x| x == 0) {
+        return 0;
+    }
+    let crc = u32::from_le_bytes(b[STAMPED - 4..].try_into().unwrap());
+    assert_eq!(
+        crc,
+        crc32fast::hash(&b[..STAMPED - 4]),
+        "block {block} is torn"
+    );
+    assert_eq!(
+        u64::from_le_bytes(b[..8].try_into().unwrap()),
+        block,
+        "block {block} holds another block"
+    );
+    u64::from_le_bytes(b[8..16].try_into().unwrap())
+}

@@ -108,7 +108,7 @@ fn write_replica_state(path: &Path, state: &ReplicaState) -> io::Result<()> {
 }
 
 /// One volume's copy on this secondary.
-struct Copy {
+struct VolumeCopy {
     state_path: PathBuf,
     log_path: PathBuf,
     /// The newest connection's number (R2).
@@ -116,6 +116,18 @@ struct Copy {
     /// The recorded epoch, for the per-frame check (R1) without the lock.
     epoch: AtomicU64,
     apply: Mutex<Applied>,
+}
+
+impl VolumeCopy {
+    /// Records `next` durably if it differs from what `a` holds (R1, R3).
+    fn record(&self, a: &mut Applied, next: ReplicaState) -> io::Result<()> {
+        if next != a.state {
+            write_replica_state(&self.state_path, &next)?;
+            a.state = next;
+            self.epoch.store(next.epoch, Ordering::Release);
+        }
+        Ok(())
+    }
 }
 
 struct Applied {
@@ -139,7 +151,7 @@ pub struct ReplicaCopyStatus {
 
 struct Shared {
     dir: PathBuf,
-    copies: Mutex<HashMap<String, Arc<Copy>>>,
+    copies: Mutex<HashMap<String, Arc<VolumeCopy>>>,
     /// Numbers connections; a copy's newest one applies frames (R2).
     sessions: AtomicU64,
     stop: AtomicBool,
@@ -336,14 +348,14 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-fn copy_for(shared: &Shared, volume: &str) -> Result<Arc<Copy>, VolumeError> {
+fn copy_for(shared: &Shared, volume: &str) -> Result<Arc<VolumeCopy>, VolumeError> {
     let mut copies = shared.copies.lock();
     if let Some(c) = copies.get(volume) {
         return Ok(Arc::clone(c));
     }
     let (log_path, state_path) = replica_paths(&shared.dir, volume);
     let state = read_replica_state(&state_path)?.unwrap_or_default();
-    let copy = Arc::new(Copy {
+    let copy = Arc::new(VolumeCopy {
         state_path,
         log_path,
         session: AtomicU64::new(0),
@@ -463,18 +475,17 @@ fn serve_primary(session: u64, stream: TcpStream, shared: &Shared) -> io::Result
 }
 
 /// Records the hello's epoch, and opens (or makes) the copy at the primary's size.
-fn open_copy(copy: &Copy, a: &mut Applied, hello: &Hello) -> Result<(), VolumeError> {
+fn open_copy(copy: &VolumeCopy, a: &mut Applied, hello: &Hello) -> Result<(), VolumeError> {
+    let state_error = |source| VolumeError::Io {
+        path: copy.state_path.clone(),
+        source,
+    };
     if hello.epoch > a.state.epoch {
         let next = ReplicaState {
             epoch: hello.epoch,
             ..a.state
         };
-        write_replica_state(&copy.state_path, &next).map_err(|source| VolumeError::Io {
-            path: copy.state_path.clone(),
-            source,
-        })?;
-        a.state = next;
-        copy.epoch.store(next.epoch, Ordering::Release);
+        copy.record(a, next).map_err(state_error)?;
     }
     if a.store
         .as_ref()
@@ -497,18 +508,14 @@ fn open_copy(copy: &Copy, a: &mut Applied, hello: &Hello) -> Result<(), VolumeEr
             consistent: false,
             ..a.state
         };
-        write_replica_state(&copy.state_path, &next).map_err(|source| VolumeError::Io {
-            path: copy.state_path.clone(),
-            source,
-        })?;
-        a.state = next;
+        copy.record(a, next).map_err(state_error)?;
     }
     a.store = Some(FileLogStore::open(&copy.log_path, hello.store_size)?);
     Ok(())
 }
 
 fn apply(
-    copy: &Copy,
+    copy: &VolumeCopy,
     a: &mut Applied,
     hello: &Hello,
     frame: FrameHeader,
@@ -547,10 +554,7 @@ fn apply(
                 consistent: false,
                 ..a.state
             };
-            if next != a.state {
-                write_replica_state(&copy.state_path, &next)?;
-                a.state = next;
-            }
+            copy.record(a, next)?;
             Ok(None)
         }
         FrameKind::ResyncEnd => {
@@ -560,10 +564,7 @@ fn apply(
                 consistent: true,
                 ..a.state
             };
-            if next != a.state {
-                write_replica_state(&copy.state_path, &next)?;
-                a.state = next;
-            }
+            copy.record(a, next)?;
             tracing::info!(volume = %hello.volume, "copy is whole again");
             Ok(Some(Ack::Synced { seq: frame.seq }))
         }
