@@ -276,17 +276,41 @@ impl Ctx {
     }
 
     /// Whether this node may lead `volume` (H1): named in `in_sync`, or none is.
-    async fn eligible(&self, volume: &str) -> Result<bool, String> {
+    /// `volume`'s `in_sync` value (`None`: never written).
+    async fn read_in_sync(&self, volume: &str) -> Result<Option<String>, String> {
         let mut client = self.client.clone();
         let key = self.key(&format!("volumes/{volume}/in_sync"));
         let got = within(self.config.lease_ttl, client.get(key, None)).await?;
-        Ok(match got.kvs().first() {
+        Ok(got
+            .kvs()
+            .first()
+            .map(|kv| kv.value_str().unwrap_or_default().to_string()))
+    }
+
+    /// Whether this node may lead `volume` (H1): named in `in_sync`, or none is.
+    async fn eligible(&self, volume: &str) -> Result<bool, String> {
+        Ok(match self.read_in_sync(volume).await? {
             None => true,
-            Some(kv) => kv
-                .value_str()
-                .map(|v| v.split_whitespace().any(|n| n == self.config.node))
-                .unwrap_or(false),
+            Some(v) => v.split_whitespace().any(|n| n == self.config.node),
         })
+    }
+
+    /// Puts back the `in_sync` a failed takeover replaced with this node alone (H2), so
+    /// the nodes it named may lead; `None` deletes it.
+    async fn restore_in_sync(&self, volume: &str, previous: Option<String>) {
+        let mut client = self.client.clone();
+        let key = self.key(&format!("volumes/{volume}/in_sync"));
+        let restored = match previous {
+            Some(v) => within(self.config.lease_ttl, client.put(key, v, None))
+                .await
+                .map(|_| ()),
+            None => within(self.config.lease_ttl, client.delete(key, None))
+                .await
+                .map(|_| ()),
+        };
+        if let Err(e) = restored {
+            tracing::warn!(volume, error = %e, "etcd: putting in_sync back");
+        }
     }
 
     async fn publish_in_sync(&self, volume: &str, nodes: &[String]) -> Result<(), String> {
@@ -365,11 +389,20 @@ impl Ctx {
                             .await;
                 }
             };
-            if !matches!(self.eligible(&volume).await, Ok(true)) {
-                resign(leader).await;
-                self.pause(Duration::from_millis(500)).await;
-                continue;
-            }
+            // Read again under leadership (H1); kept to be put back if the takeover fails.
+            let previous = match self.read_in_sync(&volume).await {
+                Ok(p)
+                    if p.as_deref()
+                        .is_none_or(|v| v.split_whitespace().any(|n| n == self.config.node)) =>
+                {
+                    p
+                }
+                _ => {
+                    resign(leader).await;
+                    self.pause(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
             let epoch = leader.rev() as u64;
             // H2: this node alone holds every acknowledged write until its peers resync.
             if let Err(e) = self
@@ -387,13 +420,17 @@ impl Ctx {
             match led {
                 Ok(Ok(())) => tracing::info!(volume, epoch, "leading"),
                 Ok(Err(e)) => {
+                    // Liveness: the nodes named before may lead instead (this one, too,
+                    // if it was named: it retries after a pause).
                     tracing::warn!(volume, error = %e, "cannot lead");
+                    self.restore_in_sync(&volume, previous).await;
                     resign(leader).await;
                     self.pause(Duration::from_secs(1)).await;
                     continue;
                 }
                 Err(e) => {
                     tracing::warn!(volume, error = %e, "cannot lead");
+                    self.restore_in_sync(&volume, previous).await;
                     resign(leader).await;
                     continue;
                 }

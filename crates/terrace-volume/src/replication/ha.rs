@@ -21,7 +21,9 @@
 //!   exists, named in it; having won, it checks again and resigns if no longer named.
 //!   So with ack `all` the new primary holds every acknowledged write.
 //! - H2: the winner writes `in_sync` = itself before it opens the volume (its peers
-//!   must resync: their copies follow the old primary's stream).
+//!   must resync: their copies follow the old primary's stream); if it cannot open it
+//!   (its copy was left mid-resync, the backend is away), it puts the previous `in_sync`
+//!   back before resigning, so the nodes named there may lead.
 //! - H3: a primary holds V only while its lease does: each renewal sent at `t` holds it
 //!   until `t + TTL` (etcd's expiry is later), and past that the volume takes no write
 //!   and no sync succeeds (`LeaseWatch`); the node steps down and campaigns anew.
