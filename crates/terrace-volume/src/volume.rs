@@ -262,7 +262,7 @@ fn check_taken_over_copy(config: &VolumeConfig) -> Result<(), VolumeError> {
     let Some(state) = read_replica_state(&state_path)? else {
         return Ok(());
     };
-    if !state.consistent {
+    if !state.may_take_over() {
         return Err(VolumeError::Config(format!(
             "volume {}: {} is a secondary's copy left mid-resync (not whole); take the \
              volume over on a node whose copy is in sync",

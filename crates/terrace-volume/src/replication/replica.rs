@@ -43,6 +43,13 @@ pub struct ReplicaState {
 }
 
 impl ReplicaState {
+    /// Whether a node may take the volume over from this copy: it is whole, or it never
+    /// followed any primary (an empty copy of a volume nobody has written through a
+    /// primary yet). A copy left mid-resync may lack acknowledged writes (R3).
+    pub fn may_take_over(&self) -> bool {
+        self.consistent || self.stream == 0
+    }
+
     fn encode(&self) -> String {
         format!(
             "epoch {}\nstream {}\nconsistent {}\n",
@@ -223,7 +230,7 @@ impl ReplicaServer {
             Ordering::Release,
         );
         let mut a = copy.apply.lock();
-        if a.state.stream != 0 && !a.state.consistent {
+        if !a.state.may_take_over() {
             return Err(VolumeError::Config(format!(
                 "the copy of volume {volume} was left mid-resync: it cannot be taken over"
             )));
