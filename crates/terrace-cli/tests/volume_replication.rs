@@ -450,6 +450,40 @@ fn pauses_and_partitions_degrade_then_heal() {
     }
 }
 
+/// The node other than `gone` that first takes a write to `block` through `uris`
+/// (written past a write the old primary may have had in flight); panics after 30 s.
+fn first_writer(
+    uris: &[String],
+    gone: usize,
+    block: usize,
+    acked: &[AtomicU64],
+    since: Instant,
+    dirs: &[std::path::PathBuf],
+) -> (usize, terrace_volume::nbd::NbdBackend) {
+    loop {
+        let taken = (0..uris.len()).filter(|&i| i != gone).find_map(|i| {
+            let c = terrace_volume::nbd::NbdBackend::connect(&uris[i], 1).ok()?;
+            let count = acked[block].load(Ordering::Relaxed);
+            c.write_at(block as u64 * BS as u64, &stamp(block as u64, count + 2))
+                .ok()?;
+            acked[block].store(count + 2, Ordering::Relaxed);
+            Some((i, c))
+        });
+        if let Some(t) = taken {
+            return t;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "no node took over from n{gone}:\n{}",
+            dirs.iter()
+                .map(|d| log_of(d))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Writes a block through `uri`, then SIGSTOPs `server`; returns when it paused.
 fn client_write_then_pause(uri: &str, acked: &[AtomicU64], server: &mut ChildGuard) -> Instant {
     let c = terrace_volume::nbd::NbdBackend::connect(uri, 1).expect("connect");
@@ -539,28 +573,7 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
     assert!(total > 300, "only {total} writes before the loss");
 
     // Another node serves writes within the lease TTL + 2 s.
-    let (next, client) = loop {
-        let found = (0..3).filter(|&i| i != first).find_map(|i| {
-            let c = terrace_volume::nbd::NbdBackend::connect(&uri(i), 1).ok()?;
-            let block = 1;
-            let count = acked[block].load(Ordering::Relaxed);
-            // A write the old primary may have had in flight is `count + 1`; write past it.
-            c.write_at(block as u64 * BS as u64, &stamp(block as u64, count + 2))
-                .ok()?;
-            acked[block].store(count + 2, Ordering::Relaxed);
-            Some((i, c))
-        });
-        if let Some(f) = found {
-            break f;
-        }
-        assert!(
-            lost.elapsed() < Duration::from_secs(30),
-            "no node took over:\n{}\n{}",
-            log_of(&dirs[(first + 1) % 3]),
-            log_of(&dirs[(first + 2) % 3])
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (next, client) = first_writer(&uris, first, 1, &acked, lost, &dirs);
     let took = lost.elapsed();
     assert!(took <= Duration::from_secs(5), "failover took {took:?}");
     eprintln!("failover: n{next} served writes {took:?} after n{first} was lost");
@@ -587,25 +600,7 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
     // The primary pauses (SIGSTOP) for over twice the lease TTL: another node leads;
     // resumed, the old primary's lease has run out and it takes no write.
     let paused = client_write_then_pause(&uri(next), &acked, c.node(next));
-    let (third, client) = loop {
-        let taken = (0..3).filter(|&i| i != next).find_map(|i| {
-            let c = terrace_volume::nbd::NbdBackend::connect(&uri(i), 1).ok()?;
-            let count = acked[2].load(Ordering::Relaxed);
-            c.write_at(2 * BS as u64, &stamp(2, count + 2)).ok()?;
-            acked[2].store(count + 2, Ordering::Relaxed);
-            Some((i, c))
-        });
-        if let Some(t) = taken {
-            break t;
-        }
-        assert!(
-            paused.elapsed() < Duration::from_secs(30),
-            "no node took over from the paused one:\n{}\n{}",
-            log_of(&dirs[(next + 1) % 3]),
-            log_of(&dirs[(next + 2) % 3])
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (third, client) = first_writer(&uris, next, 2, &acked, paused, &dirs);
     eprintln!(
         "pause: n{third} served writes {:?} after n{next} paused",
         paused.elapsed()
