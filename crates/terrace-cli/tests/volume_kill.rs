@@ -14,58 +14,26 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{read_stamp, stamp, terrace_bin, ChildGuard};
+use common::{read_stamp, serve_volume_log, stamp, start_serve_volume, ChildGuard};
 
-/// Starts `terrace serve-volume` and waits until its NBD socket accepts.
+/// Starts `terrace serve-volume` in `mode` over `backend` and waits until its NBD
+/// socket accepts.
 fn start(dir: &Path, backend: &Path, mode: &str) -> ChildGuard {
     let sock = dir.join("nbd.sock");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("server.log"))
-        .unwrap();
-    let child = Command::new(terrace_bin())
-        .args([
-            "serve-volume",
-            "--mode",
-            mode,
-            "--tiers",
-            "dram:32MiB",
-            "--log-size",
-            "64MiB",
-        ])
-        .arg("--backend")
-        .arg(format!("file:{}", backend.display()))
-        .arg("--dir")
-        .arg(dir)
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starting terrace serve-volume");
-    let mut guard = ChildGuard::new("serve-volume", child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-            return guard;
-        }
-        assert!(guard.running(), "serve-volume exited:\n{}", server_log(dir));
-        assert!(
-            Instant::now() < deadline,
-            "serve-volume did not listen:\n{}",
-            server_log(dir)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn server_log(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+    let args: Vec<String> = [
+        "--mode",
+        mode,
+        "--backend",
+        &format!("file:{}", backend.display()),
+        "--listen",
+        &format!("unix:{}", sock.display()),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    start_serve_volume(dir, &args, sock.to_str().unwrap())
 }
 
 const BLOCKS: u64 = 4096;
@@ -137,7 +105,7 @@ fn kill_rounds(mode: &str, rounds: u64) {
             assert!(
                 got == want || got == want + 1,
                 "{mode}, round {round}: block {block} holds write {got}, {want} was acknowledged\n{}",
-                server_log(dir.path())
+                serve_volume_log(dir.path())
             );
             written += want;
         }

@@ -16,7 +16,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{free_port, read_stamp, stamp, terrace_bin, ChildGuard};
+use common::{
+    free_port, read_stamp, serve_volume_log, stamp, start_serve_volume, terrace_bin, ChildGuard,
+};
 use terrace_volume::Backend;
 
 const BLOCKS: u64 = 4096;
@@ -98,52 +100,8 @@ impl Link {
     }
 }
 
-/// Starts `terrace serve-volume` in `dir` with `args`; waits for `ready` (a socket path
-/// or a TCP address) to accept.
-fn start(dir: &Path, args: &[String], ready: &str) -> ChildGuard {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("server.log"))
-        .unwrap();
-    let child = Command::new(terrace_bin())
-        .arg("serve-volume")
-        .args(["--tiers", "dram:32MiB", "--log-size", "64MiB"])
-        .arg("--dir")
-        .arg(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starting terrace serve-volume");
-    let mut guard = ChildGuard::new("serve-volume", child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let up = if ready.starts_with('/') {
-            std::os::unix::net::UnixStream::connect(ready).is_ok()
-        } else {
-            std::net::TcpStream::connect(ready).is_ok()
-        };
-        if up {
-            return guard;
-        }
-        assert!(guard.running(), "serve-volume exited:\n{}", log_of(dir));
-        assert!(
-            Instant::now() < deadline,
-            "serve-volume did not listen:\n{}",
-            log_of(dir)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn log_of(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
-}
-
 fn secondary(dir: &Path, addr: &str) -> ChildGuard {
-    start(dir, &["--replica-listen".into(), addr.into()], addr)
+    start_serve_volume(dir, &["--replica-listen".into(), addr.into()], addr)
 }
 
 fn primary(dir: &Path, backend: &Path, peers: &[&str], extra: &[&str]) -> ChildGuard {
@@ -163,7 +121,7 @@ fn primary(dir: &Path, backend: &Path, peers: &[&str], extra: &[&str]) -> ChildG
         args.push(p.to_string());
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    start(dir, &args, sock.to_str().unwrap())
+    start_serve_volume(dir, &args, sock.to_str().unwrap())
 }
 
 /// The primary's `terrace volume status`.
@@ -187,7 +145,7 @@ fn wait_for_state(dir: &Path, state: &str) {
         assert!(
             Instant::now() < deadline,
             "no {state:?} state:\n{s}\n{}",
-            log_of(dir)
+            serve_volume_log(dir)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -355,7 +313,7 @@ fn a_secondary_takes_over_a_killed_primary_with_every_acknowledged_write() {
         assert!(
             got == want || got == want + 1,
             "block {block} holds write {got}, {want} was acknowledged\n{}",
-            log_of(&b)
+            serve_volume_log(&b)
         );
     }
     wait_for_state(&b, "healthy");
@@ -476,7 +434,7 @@ fn first_writer(
             since.elapsed() < Duration::from_secs(30),
             "no node took over from n{gone}:\n{}",
             dirs.iter()
-                .map(|d| log_of(d))
+                .map(|d| serve_volume_log(d))
                 .collect::<Vec<_>>()
                 .join("\n")
         );
@@ -585,7 +543,7 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
         assert!(
             got == want || got == want + 1,
             "block {block} holds write {got}, {want} was acknowledged\n{}",
-            log_of(&dirs[next])
+            serve_volume_log(&dirs[next])
         );
     }
     // The lost node returns, empty, as a secondary.
@@ -828,7 +786,11 @@ impl Cluster {
         .map(|s| s.to_string())
         .collect();
         let ready = self.dirs[i].join("control.sock");
-        self.nodes[i] = Some(start(&self.dirs[i], &args, ready.to_str().unwrap()));
+        self.nodes[i] = Some(start_serve_volume(
+            &self.dirs[i],
+            &args,
+            ready.to_str().unwrap(),
+        ));
     }
 
     fn uri(&self, i: usize) -> String {
@@ -868,7 +830,7 @@ impl Cluster {
                 Instant::now() < deadline,
                 "not healthy:\n{}",
                 (0..3)
-                    .map(|i| log_of(&self.dirs[i]))
+                    .map(|i| serve_volume_log(&self.dirs[i]))
                     .collect::<Vec<_>>()
                     .join("\n")
             );
@@ -1044,7 +1006,7 @@ fn fault_rounds(rounds: u64, random: bool) {
             panic!(
                 "round {round} (fault {fault}, leader n{leader}, now n{now}): {e}\n{}",
                 (0..3)
-                    .map(|i| log_of(&c.dirs[i]))
+                    .map(|i| serve_volume_log(&c.dirs[i]))
                     .collect::<Vec<_>>()
                     .join("\n")
             );

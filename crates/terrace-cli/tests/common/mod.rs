@@ -920,3 +920,54 @@ pub fn read_stamp(block: u64, b: &[u8]) -> u64 {
     );
     u64::from_le_bytes(b[8..16].try_into().unwrap())
 }
+
+// ---------------------------------------------------------------------------------------
+// terrace serve-volume
+
+/// Starts `terrace serve-volume` in `dir` with `args`; waits for `ready` (a socket path
+/// or a TCP address) to accept.
+pub fn start_serve_volume(dir: &Path, args: &[String], ready: &str) -> ChildGuard {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .unwrap();
+    let child = Command::new(terrace_bin())
+        .arg("serve-volume")
+        .args(["--tiers", "dram:32MiB", "--log-size", "64MiB"])
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting terrace serve-volume");
+    let mut guard = ChildGuard::new("serve-volume", child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let up = if ready.starts_with('/') {
+            std::os::unix::net::UnixStream::connect(ready).is_ok()
+        } else {
+            std::net::TcpStream::connect(ready).is_ok()
+        };
+        if up {
+            return guard;
+        }
+        assert!(
+            guard.running(),
+            "serve-volume exited:\n{}",
+            serve_volume_log(dir)
+        );
+        assert!(
+            Instant::now() < deadline,
+            "serve-volume did not listen:\n{}",
+            serve_volume_log(dir)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn serve_volume_log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+}
