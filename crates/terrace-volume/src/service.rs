@@ -286,12 +286,25 @@ struct CoordinatedNode {
 }
 
 impl Leadership for CoordinatedNode {
-    fn lead(&self, volume: &str, replication: ReplicationConfig) -> Result<(), String> {
+    fn lead(
+        &self,
+        volume: &str,
+        replication: ReplicationConfig,
+        succeeding: bool,
+    ) -> Result<(), String> {
         let (config, spec) = self
             .specs
             .iter()
             .find(|(c, _)| c.name == volume)
             .ok_or_else(|| format!("no volume named {volume:?} here"))?;
+        if succeeding && !config.log_path.exists() {
+            // H2: a new log would open as a fresh volume without the acknowledged writes.
+            return Err(format!(
+                "volume {volume} was led before and this node holds no copy of it ({} is \
+                 missing): a node whose copy is in sync must lead",
+                config.log_path.display()
+            ));
+        }
         self.replica.release(volume).map_err(|e| e.to_string())?;
         let opened = spec.open(self.backend_connections).and_then(|backend| {
             // A cache key prefix of this term's own: clean blocks this node cached when

@@ -256,16 +256,17 @@ impl VolumeList {
 
 /// A log that was a secondary's copy (a `.replica` state beside it, see
 /// [`crate::replication::replica`]) is taken over only whole — never one left
-/// mid-resync — and by a primary whose epoch is at least the one the copy recorded.
+/// mid-resync, nor one whose file is gone (R5) — and by a primary whose epoch is at
+/// least the one the copy recorded.
 fn check_taken_over_copy(config: &VolumeConfig) -> Result<(), VolumeError> {
     let state_path = config.log_path.with_extension("replica");
     let Some(state) = read_replica_state(&state_path)? else {
         return Ok(());
     };
-    if !state.may_take_over() {
+    if let Some(why) = state.take_over_refusal(&config.log_path) {
         return Err(VolumeError::Config(format!(
-            "volume {}: {} is a secondary's copy left mid-resync (not whole); take the \
-             volume over on a node whose copy is in sync",
+            "volume {}: {} is a secondary's copy that cannot be taken over ({why}); take \
+             the volume over on a node whose copy is in sync",
             config.name,
             config.log_path.display()
         )));

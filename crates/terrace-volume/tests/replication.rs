@@ -5,7 +5,8 @@
 //! writable, and on return is resynced from its bitmap (bytes ≈ those written while it
 //! was away) or copied whole when its copy was lost; below `min_replicas` writes are
 //! refused and reads go on; a newer epoch fences the older primary; a copy left
-//! mid-resync is never taken over; garbage on the replication port is refused.
+//! mid-resync, or whose log is gone, is never taken over; garbage on the replication port
+//! is refused.
 
 mod common;
 
@@ -270,7 +271,7 @@ fn a_newer_epoch_fences_the_older_primary() {
 }
 
 #[test]
-fn a_lost_copy_is_copied_whole_and_a_copy_mid_resync_is_never_taken_over() {
+fn a_lost_copy_is_copied_whole_and_never_taken_over_nor_one_mid_resync() {
     let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
     let addr = r1.local_addr();
@@ -318,6 +319,24 @@ fn a_lost_copy_is_copied_whole_and_a_copy_mid_resync_is_never_taken_over() {
     .expect("an older epoch takes the copy over");
     assert!(err.to_string().contains("older"), "{err}");
     other.stop();
+
+    // A whole copy whose log is gone is not taken over either (R5): an empty log would
+    // open as a fresh volume.
+    std::fs::remove_file(nodes[1].path().join("vol.log")).unwrap();
+    let err = Volume::open(
+        config(nodes[1].path().join("vol.log"), None),
+        backend(nodes[0].path()),
+        cache(),
+    )
+    .err()
+    .expect("a copy without its log is taken over");
+    assert!(err.to_string().contains("cannot be taken over"), "{err}");
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let err = r1
+        .release("vol")
+        .expect_err("a copy without its log is released");
+    assert!(err.to_string().contains("cannot be taken over"), "{err}");
+    r1.stop();
 }
 
 /// With ack=local nothing waits for the secondary, so when it is stopped many writes are

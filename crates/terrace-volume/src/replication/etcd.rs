@@ -416,7 +416,10 @@ impl Ctx {
             let replication = self.replication_for(&volume, &placement, epoch);
             let node = Arc::clone(&self.node);
             let name = volume.clone();
-            let led = tokio::task::spawn_blocking(move || node.lead(&name, replication)).await;
+            let succeeding = previous.is_some();
+            let led =
+                tokio::task::spawn_blocking(move || node.lead(&name, replication, succeeding))
+                    .await;
             match led {
                 Ok(Ok(())) => tracing::info!(volume, epoch, "leading"),
                 Ok(Err(e)) => {

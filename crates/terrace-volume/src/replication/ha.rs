@@ -22,8 +22,10 @@
 //!   So with ack `all` the new primary holds every acknowledged write.
 //! - H2: the winner writes `in_sync` = itself before it opens the volume (its peers
 //!   must resync: their copies follow the old primary's stream); if it cannot open it
-//!   (its copy was left mid-resync, the backend is away), it puts the previous `in_sync`
-//!   back before resigning, so the nodes named there may lead.
+//!   (its copy was left mid-resync or lost, the backend is away), it puts the previous
+//!   `in_sync` back before resigning, so the nodes named there may lead. A node named
+//!   in `in_sync` whose files are gone (the node was rebuilt, its copy deleted) holds
+//!   nothing: once `in_sync` exists, a winner without a log refuses (`succeeding`).
 //! - H3: a primary holds V only while its lease does: each renewal sent at `t` holds it
 //!   until `t + TTL` (etcd's expiry is later), and past that the volume takes no write
 //!   and no sync succeeds (`LeaseWatch`); the node steps down and campaigns anew.
@@ -116,8 +118,15 @@ impl HaConfig {
 
 /// What a coordinator asks of its node.
 pub trait Leadership: Send + Sync {
-    /// Open `volume` as its primary with `replication`, and serve it.
-    fn lead(&self, volume: &str, replication: ReplicationConfig) -> Result<(), String>;
+    /// Open `volume` as its primary with `replication`, and serve it. `succeeding`:
+    /// another primary led it before (etcd names the copies in sync), so this node
+    /// takes over from its copy and must refuse if it has none (H2).
+    fn lead(
+        &self,
+        volume: &str,
+        replication: ReplicationConfig,
+        succeeding: bool,
+    ) -> Result<(), String>;
     /// Stop serving `volume` (the lease ran out, or the node stops).
     fn step_down(&self, volume: &str);
 }

@@ -18,6 +18,12 @@
 //!   whole.
 //! - R4: an ack for frame `seq` is sent only after every frame through `seq` is applied
 //!   and the copy synced.
+//! - R5 (taking over): a node takes a volume over from its copy only when the copy is
+//!   whole and its log file is there — or the copy never followed a primary. A copy
+//!   that followed one and lost its file (deleted while the node was down) is recorded
+//!   as following the lost stream [`LOST_STREAM`] when it is made again, not as new:
+//!   an empty log would open as a fresh volume, without the writes its primary
+//!   acknowledged.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -42,12 +48,27 @@ pub struct ReplicaState {
     pub consistent: bool,
 }
 
+/// The stream a copy follows once its log was lost (R5): no primary's stream (a
+/// primary never numbers its stream so), and not 0, which means "never followed one".
+pub const LOST_STREAM: u64 = u64::MAX;
+
 impl ReplicaState {
-    /// Whether a node may take the volume over from this copy: it is whole, or it never
-    /// followed any primary (an empty copy of a volume nobody has written through a
-    /// primary yet). A copy left mid-resync may lack acknowledged writes (R3).
-    pub fn may_take_over(&self) -> bool {
-        self.consistent || self.stream == 0
+    /// Why a node may not take the volume over from this copy, whose log is at
+    /// `log_path` (R5); `None` when it may: the copy is whole and its log is there, or
+    /// it never followed any primary (an empty copy of a volume nobody has written
+    /// through a primary yet). A copy left mid-resync may lack acknowledged writes (R3).
+    pub fn take_over_refusal(&self, log_path: &Path) -> Option<String> {
+        if self.stream == 0 && !self.consistent {
+            return None;
+        }
+        if !self.consistent {
+            return Some("the copy was left mid-resync (not whole)".into());
+        }
+        match std::fs::metadata(log_path) {
+            Ok(m) if m.is_file() && m.len() > 0 => None,
+            Ok(_) => Some(format!("{} is empty", log_path.display())),
+            Err(e) => Some(format!("{}: {e}", log_path.display())),
+        }
     }
 
     fn encode(&self) -> String {
@@ -230,9 +251,9 @@ impl ReplicaServer {
             Ordering::Release,
         );
         let mut a = copy.apply.lock();
-        if !a.state.may_take_over() {
+        if let Some(why) = a.state.take_over_refusal(&copy.log_path) {
             return Err(VolumeError::Config(format!(
-                "the copy of volume {volume} was left mid-resync: it cannot be taken over"
+                "the copy of volume {volume} cannot be taken over: {why}"
             )));
         }
         a.led = true;
@@ -503,7 +524,8 @@ fn open_copy(copy: &VolumeCopy, a: &mut Applied, hello: &Hello) -> Result<(), Vo
     a.store = None;
     let existing = std::fs::metadata(&copy.log_path).ok().map(|m| m.len());
     if existing != Some(hello.store_size) {
-        // R3: a new copy (or one of another size) follows no stream.
+        // R3: a new copy (or one of another size) follows no stream — the lost one if
+        // it had followed one (R5).
         if existing.is_some() {
             std::fs::remove_file(&copy.log_path).map_err(|source| VolumeError::Io {
                 path: copy.log_path.clone(),
@@ -511,7 +533,7 @@ fn open_copy(copy: &VolumeCopy, a: &mut Applied, hello: &Hello) -> Result<(), Vo
             })?;
         }
         let next = ReplicaState {
-            stream: 0,
+            stream: if a.state.stream == 0 { 0 } else { LOST_STREAM },
             consistent: false,
             ..a.state
         };
@@ -598,5 +620,56 @@ mod tests {
         assert!(read_replica_state(&path).is_err());
         std::fs::write(&path, "epoch 4\nstream 1\n").unwrap();
         assert!(read_replica_state(&path).is_err());
+    }
+
+    /// R5: a copy that followed a stream and lost its log is made again as following
+    /// the lost stream — copied whole, never taken over — and a new one as following
+    /// none.
+    #[test]
+    fn a_copy_made_again_follows_the_lost_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log_path, state_path) = replica_paths(dir.path(), "v");
+        let hello = Hello {
+            epoch: 5,
+            stream: 1234,
+            store_size: 1 << 20,
+            volume: "v".into(),
+        };
+        let open = |state: ReplicaState| {
+            write_replica_state(&state_path, &state).unwrap();
+            let copy = VolumeCopy {
+                state_path: state_path.clone(),
+                log_path: log_path.clone(),
+                session: AtomicU64::new(0),
+                epoch: AtomicU64::new(state.epoch),
+                apply: Mutex::new(Applied {
+                    state,
+                    store: None,
+                    led: false,
+                    frames: 0,
+                    bytes: 0,
+                }),
+            };
+            open_copy(&copy, &mut copy.apply.lock(), &hello).unwrap();
+            read_replica_state(&state_path).unwrap().unwrap()
+        };
+        let whole = ReplicaState {
+            epoch: 4,
+            stream: 77,
+            consistent: true,
+        };
+        assert_eq!(whole.take_over_refusal(&log_path).map(|_| ()), Some(()));
+        let made = open(whole);
+        assert_eq!(
+            (made.epoch, made.stream, made.consistent),
+            (5, LOST_STREAM, false)
+        );
+        assert!(made.take_over_refusal(&log_path).is_some());
+        assert!(log_path.exists());
+
+        std::fs::remove_file(&log_path).unwrap();
+        let made = open(ReplicaState::default());
+        assert_eq!((made.epoch, made.stream, made.consistent), (5, 0, false));
+        assert_eq!(made.take_over_refusal(&log_path), None);
     }
 }
