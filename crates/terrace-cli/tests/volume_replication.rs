@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{
-    free_port, read_stamp, serve_volume_log, stamp, start_serve_volume, terrace_bin, ChildGuard,
+    free_port, read_stamp, serve_volume_log, stamp, start_serve_volume, start_serve_volume_env,
+    terrace_bin, ChildGuard,
 };
 use terrace_volume::Backend;
 
@@ -709,11 +710,36 @@ fn the_checker_finds_lost_and_backward_reads() {
     assert!(check_linearizable(&invented).is_err());
 }
 
+/// libfaketime's library (Debian package libfaketime), to step a node's wall clock; a
+/// loud skip without it, a failure when the tools are required.
+fn faketime_library() -> Option<std::path::PathBuf> {
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|arch| arch.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|lib| lib.exists());
+    if found.is_none() {
+        let required = std::env::var("TERRACE_REQUIRE_TOOLS").as_deref() == Ok("1");
+        assert!(
+            !required,
+            "libfaketime is not installed (apt-get install libfaketime)"
+        );
+        eprintln!("*** SKIPPED: clock jumps (apt-get install libfaketime)");
+    }
+    found
+}
+
 /// Three etcd members and three coordinated nodes; node i reaches etcd member i through
 /// `etcd_links[i]` and is reached by the others through `links[i]`, so a node can be cut
-/// off from etcd alone, and a lost node's in-flight bytes dropped.
+/// off from etcd alone, and a lost node's in-flight bytes dropped. With libfaketime,
+/// each node's wall clock reads `clocks[i]` (an offset in seconds, e.g. "-3600"), so a
+/// test can step it as an NTP step or an operator's `date -s` would; its monotonic
+/// clock is left alone, as the kernel does.
 struct Cluster {
     root: tempfile::TempDir,
+    faketime: Option<std::path::PathBuf>,
+    clocks: Vec<std::path::PathBuf>,
     _etcd: Vec<ChildGuard>,
     etcd_links: Vec<Link>,
     links: Vec<Link>,
@@ -742,7 +768,15 @@ impl Cluster {
         let replica: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
+        let clocks: Vec<std::path::PathBuf> = (0..3)
+            .map(|i| root.path().join(format!("clock-n{i}")))
+            .collect();
+        for clock in &clocks {
+            std::fs::write(clock, "+0\n").unwrap();
+        }
         let mut c = Cluster {
+            faketime: faketime_library(),
+            clocks,
             dirs: (0..3).map(|i| root.path().join(format!("n{i}"))).collect(),
             links: replica.iter().map(|r| Link::new(r)).collect(),
             root,
@@ -786,11 +820,36 @@ impl Cluster {
         .map(|s| s.to_string())
         .collect();
         let ready = self.dirs[i].join("control.sock");
-        self.nodes[i] = Some(start_serve_volume(
-            &self.dirs[i],
-            &args,
-            ready.to_str().unwrap(),
-        ));
+        let env: Vec<(String, String)> = match &self.faketime {
+            Some(lib) => [
+                ("LD_PRELOAD", lib.display().to_string()),
+                (
+                    "FAKETIME_TIMESTAMP_FILE",
+                    self.clocks[i].display().to_string(),
+                ),
+                ("FAKETIME_CACHE_DURATION", "1".into()),
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+            None => Vec::new(),
+        };
+        let node = start_serve_volume_env(&self.dirs[i], &args, ready.to_str().unwrap(), &env);
+        if self.faketime.is_some() {
+            // The clock faults act only if the library is in the process.
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", node.pid())).unwrap();
+            assert!(
+                maps.contains("libfaketime"),
+                "n{i} runs without libfaketime"
+            );
+        }
+        self.nodes[i] = Some(node);
+    }
+
+    /// Steps node `i`'s wall clock to `offset_s` seconds from the true time.
+    fn step_clock(&self, i: usize, offset_s: i64) {
+        std::fs::write(&self.clocks[i], format!("{offset_s:+}\n")).unwrap();
     }
 
     fn uri(&self, i: usize) -> String {
@@ -934,12 +993,25 @@ fn read_all(uri: &str, history: &std::sync::Mutex<Vec<Op>>) {
     history.lock().unwrap().extend(ops);
 }
 
-/// `rounds` fault rounds, fault `round % 4` or a random one (`random`): the primary's
-/// node lost, a secondary killed, the primary paused past its lease, the primary cut
-/// off from etcd past its lease. After each the volume must be healthy again on some
-/// node, the whole history linearizable per block, and no epoch led by two nodes.
-fn fault_rounds(rounds: u64, random: bool) {
+/// The faults of a round.
+const FAULTS: [&str; 6] = [
+    "the primary's node lost",
+    "a secondary killed",
+    "the primary paused past its lease",
+    "the primary cut off from etcd past its lease",
+    "a secondary's copy deleted while it is down, the primary's node lost, the third \
+     node cut off from etcd",
+    "the primary's wall clock stepped",
+];
+
+/// `rounds` fault rounds, fault `round % 6` or a random one (`random`), of [`FAULTS`].
+/// After each the volume must be healthy again on some node, the whole history
+/// linearizable per block, and no epoch led by two nodes. No more than one node is down
+/// at a time (`--replicas 3 --min-replicas 2`).
+fn fault_rounds(rounds: u64, random: bool, only: Option<u64>) {
     let Some(mut c) = Cluster::new() else { return };
+    // Without libfaketime, clocks are not stepped (a loud skip said so).
+    let kinds = if c.faketime.is_some() { 6 } else { 5 };
     let next: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
     let history = std::sync::Mutex::new(Vec::new());
     let mut epochs = std::collections::HashMap::new();
@@ -949,7 +1021,11 @@ fn fault_rounds(rounds: u64, random: bool) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let fault = if random { x % 4 } else { round % 4 };
+        let fault = match only {
+            Some(kind) => kind,
+            None if random => x % kinds,
+            None => round % kinds,
+        };
         let stop = AtomicBool::new(false);
         let uri = c.uri(leader);
         let secondary = (leader + 1 + (x as usize >> 8) % 2) % 3;
@@ -970,8 +1046,15 @@ fn fault_rounds(rounds: u64, random: bool) {
                 2 => {
                     c.node(leader).signal(libc::SIGSTOP);
                 }
-                _ => {
+                3 => {
                     c.etcd_links[leader].cut();
+                }
+                4 => {} // after the clients stop: no write unnames the secondary
+                _ => {
+                    // Up to an hour either way; the clients go on across the step.
+                    let offset = (x >> 16) as i64 % 3600 - 1800;
+                    c.step_clock(leader, offset.signum() * 60 + offset * 2);
+                    std::thread::sleep(Duration::from_millis(1600));
                 }
             }
             std::thread::sleep(Duration::from_millis(400));
@@ -994,10 +1077,35 @@ fn fault_rounds(rounds: u64, random: bool) {
                 std::thread::sleep(Duration::from_millis(6500));
                 c.node(leader).signal(libc::SIGCONT);
             }
-            _ => {
+            3 => {
                 std::thread::sleep(Duration::from_millis(6500));
                 c.etcd_links[leader].heal();
             }
+            4 => {
+                // The secondary comes back without its copy (its state still says
+                // whole), the primary's node comes back empty; both are still named in
+                // `in_sync`, and the only node with the data cannot reach etcd. Neither
+                // may lead from an empty log; the third leads once it is back.
+                let third = 3 - leader - secondary;
+                c.node(secondary).kill9();
+                std::fs::remove_file(c.dirs[secondary].join("volume.log")).unwrap();
+                c.etcd_links[third].cut();
+                c.start_node(secondary);
+                for l in &c.links {
+                    l.cut();
+                }
+                c.etcd_links[leader].cut();
+                c.node(leader).kill9();
+                std::fs::remove_dir_all(&c.dirs[leader]).unwrap();
+                for l in &c.links {
+                    l.heal();
+                }
+                c.etcd_links[leader].heal();
+                c.start_node(leader);
+                std::thread::sleep(Duration::from_millis(6000));
+                c.etcd_links[third].heal();
+            }
+            _ => {}
         }
         let now = c.wait_healthy(&mut epochs);
         read_all(&c.uri(now), &history);
@@ -1012,7 +1120,8 @@ fn fault_rounds(rounds: u64, random: bool) {
             );
         }
         eprintln!(
-            "round {round}: fault {fault}, n{leader} → n{now}, {} operations checked",
+            "round {round}: {} (n{leader} → n{now}), {} operations checked",
+            FAULTS[fault as usize],
             h.len()
         );
     }
@@ -1020,11 +1129,16 @@ fn fault_rounds(rounds: u64, random: bool) {
 }
 
 /// One round of each fault (the soak, `bench/volume-replication-soak.sh`, runs 100
-/// random ones).
+/// random ones: `TERRACE_FAULT_ROUNDS`; `TERRACE_FAULT_KIND=k` makes every round fault
+/// `k` of [`FAULTS`]).
 #[test]
 fn fault_rounds_keep_every_history_linearizable() {
-    let rounds = std::env::var("TERRACE_FAULT_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok());
-    fault_rounds(rounds.unwrap_or(4), rounds.is_some());
+    let env = |name: &str| std::env::var(name).ok().and_then(|r| r.parse::<u64>().ok());
+    let rounds = env("TERRACE_FAULT_ROUNDS");
+    let only = env("TERRACE_FAULT_KIND").filter(|&k| k < FAULTS.len() as u64);
+    fault_rounds(
+        rounds.unwrap_or(FAULTS.len() as u64),
+        rounds.is_some(),
+        only,
+    );
 }

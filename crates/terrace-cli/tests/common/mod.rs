@@ -927,6 +927,16 @@ pub fn read_stamp(block: u64, b: &[u8]) -> u64 {
 /// Starts `terrace serve-volume` in `dir` with `args`; waits for `ready` (a socket path
 /// or a TCP address) to accept.
 pub fn start_serve_volume(dir: &Path, args: &[String], ready: &str) -> ChildGuard {
+    start_serve_volume_env(dir, args, ready, &[])
+}
+
+/// [`start_serve_volume`] with `env` set for the process.
+pub fn start_serve_volume_env(
+    dir: &Path,
+    args: &[String],
+    ready: &str,
+    env: &[(String, String)],
+) -> ChildGuard {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -938,6 +948,7 @@ pub fn start_serve_volume(dir: &Path, args: &[String], ready: &str) -> ChildGuar
         .arg("--dir")
         .arg(dir)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
