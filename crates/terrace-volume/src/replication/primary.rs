@@ -21,7 +21,9 @@
 //!   when their extents are queued for the peer (and so enter `unacked`).
 //! - P3 (acks): `sync` returns only when the local store is durable and, of the peers
 //!   in sync, `need` have acknowledged a SYNC queued after every write before the call
-//!   — `need = max(min(level, in-sync peers), min_replicas - 1)`. While fewer than
+//!   — `need = max(min(level, in-sync peers), min_replicas - 1)`. The SYNC is queued
+//!   before the local store syncs, so a disk log's flush and the round trip (with the
+//!   peer's flush) overlap, as DRBD's protocol C does. While fewer than
 //!   `min_replicas` copies are in sync the volume takes no new writes (`accepts_writes`)
 //!   and `sync` waits for a peer to come back.
 //! - P4: a peer is *in sync* only after a resync's end is acknowledged (the copy is whole
@@ -137,6 +139,9 @@ impl Bitmap {
         Some((start, n))
     }
 }
+
+/// For each peer: the connection and SYNC a sync waits on, and since when.
+type SyncTargets = Vec<Option<(u64, u64, Instant)>>;
 
 /// A frame waiting for the peer's sender.
 struct Outgoing {
@@ -725,18 +730,51 @@ impl Replication {
         self.work.notify_all();
     }
 
-    /// The peers' half of a sync (P3).
-    fn wait_for_peers(&self) -> io::Result<()> {
+    /// Whether a sync waits for no peer: while the volume opens, or with ack `local`
+    /// and no copy but this one required.
+    fn sync_is_local(&self, s: &Shared) -> bool {
+        s.opening || (self.config.ack == AckLevel::Local && self.config.min_replicas <= 1)
+    }
+
+    /// Queues a SYNC for each connected peer not yet asked on its current connection.
+    fn ask_peers(&self, s: &mut Shared, targets: &mut SyncTargets) {
+        let epoch = self.config.epoch;
+        let mut asked = false;
+        for (i, p) in s.peers.iter_mut().enumerate() {
+            let current = targets[i].is_some_and(|(conn, _, _)| conn == p.conn);
+            if p.link != LinkState::Down && !current {
+                let seq = p.enqueue(FrameKind::Sync, epoch, 0, None);
+                p.unsynced_bytes = 0;
+                targets[i] = Some((p.conn, seq, Instant::now()));
+                asked = true;
+            }
+        }
+        if asked {
+            self.work.notify_all();
+        }
+    }
+
+    /// The first half of a sync (P3): the peers are asked before the local store
+    /// syncs, so that the two overlap.
+    fn ask_for_sync(&self) -> SyncTargets {
         let mut s = self.shared.lock();
-        if s.opening || (self.config.ack == AckLevel::Local && self.config.min_replicas <= 1) {
+        let mut targets = vec![None; s.peers.len()];
+        if !self.sync_is_local(&s) {
+            self.ask_peers(&mut s, &mut targets);
+        }
+        targets
+    }
+
+    /// The second half of a sync (P3), after the local store's: waits for the peers
+    /// asked in `targets` (and asks those that connected since).
+    fn wait_for_peers(&self, mut targets: SyncTargets) -> io::Result<()> {
+        let mut s = self.shared.lock();
+        if self.sync_is_local(&s) {
             if let Some(epoch) = s.fenced_by {
                 return Err(fenced(epoch));
             }
             return self.check_lease();
         }
-        let epoch = self.config.epoch;
-        // For each peer: the connection and SYNC this call waits on, and since when.
-        let mut targets: Vec<Option<(u64, u64, Instant)>> = vec![None; s.peers.len()];
         let mut waited = false;
         loop {
             if let Some(epoch) = s.fenced_by {
@@ -746,19 +784,7 @@ impl Replication {
                 return Err(io::Error::other("replication is stopping"));
             }
             self.check_lease()?;
-            let mut asked = false;
-            for (i, p) in s.peers.iter_mut().enumerate() {
-                let current = targets[i].is_some_and(|(conn, _, _)| conn == p.conn);
-                if p.link != LinkState::Down && !current {
-                    let seq = p.enqueue(FrameKind::Sync, epoch, 0, None);
-                    p.unsynced_bytes = 0;
-                    targets[i] = Some((p.conn, seq, Instant::now()));
-                    asked = true;
-                }
-            }
-            if asked {
-                self.work.notify_all();
-            }
+            self.ask_peers(&mut s, &mut targets);
             let in_sync_peers = s
                 .peers
                 .iter()
@@ -899,11 +925,12 @@ impl LogStore for ReplicatedStore {
         Ok(())
     }
     fn sync(&self) -> io::Result<()> {
+        let targets = self.replication.ask_for_sync();
         self.replication
             .local
             .sync()
             .inspect_err(|e| self.local_failed("sync", e))?;
-        self.replication.wait_for_peers()
+        self.replication.wait_for_peers(targets)
     }
     fn describe(&self) -> String {
         format!(
