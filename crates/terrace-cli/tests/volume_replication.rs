@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     free_port, read_stamp, serve_volume_log, stamp, start_serve_volume, start_serve_volume_env,
-    terrace_bin, ChildGuard,
+    start_serve_volume_in_netns, terrace_bin, ChildGuard,
 };
 use terrace_volume::Backend;
 
@@ -708,6 +708,144 @@ fn the_checker_finds_lost_and_backward_reads() {
     assert!(check_linearizable(&early).is_err());
     let invented = [r(7, 10, 20)];
     assert!(check_linearizable(&invented).is_err());
+}
+
+/// Two network namespaces joined by a veth pair (hosts `a` and `b`), deleted when
+/// dropped; needs root and iproute2.
+struct Netns {
+    names: [String; 2],
+    addrs: [String; 2],
+}
+
+impl Netns {
+    fn new() -> Option<Netns> {
+        common::require_tool("ip", "iproute2")?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("*** SKIPPED: network namespaces need root");
+            return None;
+        }
+        let tag = std::process::id() % 60_000;
+        let names = [format!("trv{tag}a"), format!("trv{tag}b")];
+        let subnet = format!("10.213.{}", tag % 250);
+        let net = Netns {
+            addrs: [format!("{subnet}.1"), format!("{subnet}.2")],
+            names,
+        };
+        let (a, b) = (&net.names[0], &net.names[1]);
+        for args in [
+            vec!["netns", "add", a],
+            vec!["netns", "add", b],
+            vec!["link", "add", a, "type", "veth", "peer", "name", b],
+            vec!["link", "set", a, "netns", a],
+            vec!["link", "set", b, "netns", b],
+        ] {
+            net.ip(&args);
+        }
+        for (i, ns) in net.names.iter().enumerate() {
+            let cidr = format!("{}/24", net.addrs[i]);
+            net.ip(&["-n", ns, "addr", "add", &cidr, "dev", ns]);
+            net.ip(&["-n", ns, "link", "set", ns, "up"]);
+            net.ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        Some(net)
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let out = Command::new("ip").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Host `i`'s link goes down: its packets are dropped, nothing tells the other end.
+    fn vanish(&self, i: usize) {
+        self.ip(&["-n", &self.names[i], "link", "set", &self.names[i], "down"]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for ns in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// A secondary whose host vanishes (its link down: no FIN, no RST) while the volume is
+/// idle is noticed by TCP keepalive within seconds, so the volume shows degraded — and a
+/// later write does not first wait `--replica-timeout-ms` for it.
+#[test]
+fn a_secondary_that_vanishes_while_the_volume_is_idle_is_noticed() {
+    let Some(net) = Netns::new() else { return };
+    let root = tempfile::Builder::new()
+        .prefix("terrace-vanish")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let (pdir, sdir) = (root.path().join("p"), root.path().join("s"));
+    for d in [&pdir, &sdir] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let backend = root.path().join("backend.img");
+    std::fs::File::create(&backend)
+        .unwrap()
+        .set_len(BLOCKS * BS as u64)
+        .unwrap();
+    let replica = format!("{}:7400", net.addrs[1]);
+    let sec_ready = sdir.join("control.sock");
+    let _sec = start_serve_volume_in_netns(
+        &net.names[1],
+        &sdir,
+        &["--replica-listen".into(), replica.clone()],
+        sec_ready.to_str().unwrap(),
+    );
+    let sock = pdir.join("nbd.sock");
+    let args: Vec<String> = [
+        "--mode",
+        "write-back",
+        "--backend",
+        &format!("file:{}", backend.display()),
+        "--listen",
+        &format!("unix:{}", sock.display()),
+        "--replica-peer",
+        &replica,
+        "--ack-level",
+        "all",
+        "--replica-timeout-ms",
+        "10000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let _prim = start_serve_volume_in_netns(&net.names[0], &pdir, &args, sock.to_str().unwrap());
+    wait_for_state(&pdir, "healthy");
+    let uri = format!("nbd+unix:///volume?socket={}", sock.display());
+    let client = terrace_volume::nbd::NbdBackend::connect(&uri, 1).expect("connect");
+
+    // No write until it is noticed: a write's sync would find the secondary gone after
+    // the replica timeout without any help from keepalive.
+    net.vanish(1);
+    let gone = Instant::now();
+    wait_for_state(&pdir, "degraded");
+    let noticed = gone.elapsed();
+    // Keepalive after 10 s of silence (the replica timeout) and three probes a second
+    // apart; without it an idle primary would say healthy for ever.
+    assert!(
+        noticed < Duration::from_secs(20),
+        "noticed after {noticed:?}"
+    );
+    let write = Instant::now();
+    client
+        .write_at(0, &stamp(0, 1))
+        .expect("a write while degraded");
+    assert!(
+        write.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        write.elapsed()
+    );
+    eprintln!("the vanished secondary was noticed after {noticed:?}");
 }
 
 /// libfaketime's library (Debian package libfaketime), to step a node's wall clock; a

@@ -937,12 +937,35 @@ pub fn start_serve_volume_env(
     ready: &str,
     env: &[(String, String)],
 ) -> ChildGuard {
+    start_serve_volume_with(Command::new(terrace_bin()), dir, args, ready, env)
+}
+
+/// [`start_serve_volume`] in network namespace `netns` (`ip netns exec`, which execs
+/// terrace: the guard's process is the server's). `ready` must be a socket path.
+pub fn start_serve_volume_in_netns(
+    netns: &str,
+    dir: &Path,
+    args: &[String],
+    ready: &str,
+) -> ChildGuard {
+    let mut ip = Command::new("ip");
+    ip.args(["netns", "exec", netns]).arg(terrace_bin());
+    start_serve_volume_with(ip, dir, args, ready, &[])
+}
+
+fn start_serve_volume_with(
+    mut command: Command,
+    dir: &Path,
+    args: &[String],
+    ready: &str,
+    env: &[(String, String)],
+) -> ChildGuard {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("server.log"))
         .unwrap();
-    let child = Command::new(terrace_bin())
+    let child = command
         .arg("serve-volume")
         .args(["--tiers", "dram:32MiB", "--log-size", "64MiB"])
         .arg("--dir")

@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::wire::{Ack, FrameHeader, FrameKind, Hello, Verdict, Welcome};
+use super::wire::{watch_for_vanished_peer, Ack, FrameHeader, FrameKind, Hello, Verdict, Welcome};
 use super::{
     AckLevel, Health, LeaseWatch, LinkState, PeerStatus, ReplicationConfig, ReplicationStatus,
 };
@@ -491,6 +491,7 @@ impl Replication {
             .ok_or_else(|| io::Error::other(format!("{addr} resolves to nothing")))?;
         let socket = TcpStream::connect_timeout(&target, self.config.peer_timeout)?;
         socket.set_nodelay(true)?;
+        watch_for_vanished_peer(&socket, self.config.peer_timeout)?;
         socket.set_read_timeout(Some(self.config.peer_timeout))?;
         let mut w = BufWriter::new(socket.try_clone()?);
         Hello {

@@ -36,7 +36,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::wire::{Ack, FrameHeader, FrameKind, Hello, Verdict, Welcome, FRAME_HEADER};
+use super::wire::{
+    watch_for_vanished_peer, Ack, FrameHeader, FrameKind, Hello, Verdict, Welcome, FRAME_HEADER,
+};
 use crate::error::VolumeError;
 use crate::log::{FileLogStore, LogStore};
 
@@ -47,6 +49,10 @@ pub struct ReplicaState {
     pub stream: u64,
     pub consistent: bool,
 }
+
+/// How long a primary's connection may carry nothing before TCP probes whether the
+/// primary is still there ([`watch_for_vanished_peer`]).
+const PRIMARY_SILENCE: Duration = Duration::from_secs(2);
 
 /// The stream a copy follows once its log was lost (R5): no primary's stream (a
 /// primary never numbers its stream so), and not 0, which means "never followed one".
@@ -403,6 +409,8 @@ fn copy_for(shared: &Shared, volume: &str) -> Result<Arc<VolumeCopy>, VolumeErro
 /// Takes one primary's connection from its hello to its end.
 fn serve_primary(session: u64, stream: TcpStream, shared: &Shared) -> io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    // A primary may go quiet for as long as its volume is idle, but not vanish.
+    watch_for_vanished_peer(&stream, PRIMARY_SILENCE)?;
     let mut reader = BufReader::with_capacity(256 << 10, stream.try_clone()?);
     let mut writer = BufWriter::new(stream.try_clone()?);
     let hello = Hello::read_from(&mut reader)?;

@@ -17,6 +17,8 @@
 //! bad message is an `InvalidData` error that ends the connection.
 
 use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
 
 const MAGIC: &[u8; 4] = b"TVRP";
 const VERSION: u32 = 1;
@@ -24,6 +26,24 @@ const VERSION: u32 = 1;
 /// writes records of at most a few MiB, and superblock slots).
 pub const MAX_WRITE: u32 = 64 << 20;
 const MAX_NAME: usize = 255;
+
+/// Makes a replication connection notice a peer that vanished without closing it (its
+/// node lost, the network cut, no FIN or RST ever comes): TCP keepalive probes after
+/// `silence` without traffic, one a second, three unanswered ending the connection; and
+/// data the peer's TCP leaves unacknowledged for `silence` + 3 s ending it too
+/// (`TCP_USER_TIMEOUT`). A thread blocked reading or writing then gets an error instead
+/// of waiting for ever — on an idle volume nothing else would tell.
+pub fn watch_for_vanished_peer(socket: &TcpStream, silence: Duration) -> io::Result<()> {
+    use rustix::net::sockopt;
+    let idle = silence.max(Duration::from_secs(1));
+    sockopt::set_socket_keepalive(socket, true)?;
+    sockopt::set_tcp_keepidle(socket, idle)?;
+    sockopt::set_tcp_keepintvl(socket, Duration::from_secs(1))?;
+    sockopt::set_tcp_keepcnt(socket, 3)?;
+    let unacknowledged = (idle + Duration::from_secs(3)).as_millis();
+    sockopt::set_tcp_user_timeout(socket, u32::try_from(unacknowledged).unwrap_or(u32::MAX))?;
+    Ok(())
+}
 
 fn bad(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
