@@ -24,6 +24,8 @@
 # Usage: bench/volume-replication.sh                 (RUNTIME=15 RUNS=1: about 6-8 minutes)
 #        RUNTIME=10 BIN=/path/to/terrace OUT=summary.json bench/volume-replication.sh
 #        CONFIGS="1:local 2:all" bench/volume-replication.sh   (a subset)
+#        LOGDIR=/var/tmp/terrace-repl-logs bench/volume-replication.sh   (logs on disk, an
+#          SSD tier's case: the local flush and the round trip overlap)
 # Env: RUNTIME RUNS SIZE IMG_SIZE LOG_SIZE TIERS CONFIGS DIR LOGDIR NS PORT
 #      HEALTHY_WAIT STOP_WAIT BIN OUT (a JSON summary; raw rows always go to $DIR/results.jsonl).
 # Needs: root (ip netns), iproute2, fio with the nbd engine (3.33), /usr/bin/python3, a
