@@ -150,6 +150,11 @@ pub trait LogStore: Send + Sync {
         self.write_at(offset, &bytes)
     }
     fn sync(&self) -> io::Result<()>;
+    /// Makes what this node's own store holds durable, and waits for nothing else (a
+    /// replicated store's peers): a clean stop's last step. By default, `sync`.
+    fn sync_local(&self) -> io::Result<()> {
+        self.sync()
+    }
     fn describe(&self) -> String;
     /// Whether [`sync`](LogStore::sync) costs nothing (memory: tmpfs, a test's store), so
     /// an append may wait for durability on a thread that must not block long.
@@ -1165,9 +1170,10 @@ impl WriteLog {
         self.store.unlock();
     }
 
-    /// Syncs the store (a clean stop's last step).
+    /// Syncs this node's store (a clean stop's last step: replication, if any, has
+    /// stopped, and nothing is acknowledged after it — [`LogStore::sync_local`]).
     pub fn sync(&self) -> io::Result<()> {
-        self.store.sync()
+        self.store.sync_local()
     }
 
     pub fn stats(&self) -> LogStats {

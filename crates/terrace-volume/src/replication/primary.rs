@@ -933,6 +933,12 @@ impl LogStore for ReplicatedStore {
             .inspect_err(|e| self.local_failed("sync", e))?;
         self.replication.wait_for_peers(targets)
     }
+    fn sync_local(&self) -> io::Result<()> {
+        self.replication
+            .local
+            .sync()
+            .inspect_err(|e| self.local_failed("sync", e))
+    }
     fn describe(&self) -> String {
         format!(
             "{} (replicated to {} peers)",
