@@ -15,8 +15,10 @@
 # write acknowledged before it began, written by a write begun before it ended, and
 # reads never go back in time); no epoch may be led by two nodes.
 #
-# Usage: bench/volume-replication-soak.sh          (ROUNDS=100; about 11 s a round; the
+# Usage: bench/volume-replication-soak.sh          (ROUNDS=100; about 8-11 s a round; the
 #        test profile, which the workspace optimizes)
+#        TERRACE_FAULT_SEED=N bench/volume-replication-soak.sh   (replays a run's faults and
+#        timings; every run prints its seed)
 # Needs etcd (Debian etcd-server), libfaketime and, to build, protoc (protobuf-compiler).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +34,7 @@ else
 fi
 grep -E '^round [0-9]+:' "$LOG" | sed -E 's/^round [0-9]+: (.*) \(n[0-9] → n[0-9]\).*/\1/' |
   sort | uniq -c | sed 's/^/  /'
+grep -m1 -o 'TERRACE_FAULT_SEED=[0-9]*' "$LOG" | sed 's/^/replay with: /' || true
 echo "rounds done: $(grep -cE '^round [0-9]+:' "$LOG") of $ROUNDS, $(( $(date +%s) - start )) s"
 echo "result: $result"
 [ "$result" = passed ] || { tail -40 "$LOG"; exit 1; }

@@ -1159,7 +1159,16 @@ fn fault_rounds(rounds: u64, random: bool, only: Option<u64>) {
     let next: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
     let history = std::sync::Mutex::new(Vec::new());
     let mut epochs = std::collections::HashMap::new();
-    let mut x = 0x9e37_79b9u64;
+    // A new sequence of faults and timings each run; TERRACE_FAULT_SEED replays one.
+    let seed = std::env::var("TERRACE_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            now.map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("fault rounds: TERRACE_FAULT_SEED={seed}");
+    let mut x = seed.max(1);
     for round in 0..rounds {
         let leader = c.wait_healthy(&mut epochs);
         x ^= x << 13;
@@ -1274,7 +1283,7 @@ fn fault_rounds(rounds: u64, random: bool, only: Option<u64>) {
 
 /// One round of each fault (the soak, `bench/volume-replication-soak.sh`, runs 100
 /// random ones: `TERRACE_FAULT_ROUNDS`; `TERRACE_FAULT_KIND=k` makes every round fault
-/// `k` of [`FAULTS`]).
+/// `k` of [`FAULTS`]; `TERRACE_FAULT_SEED`, printed by every run, replays its choices).
 #[test]
 fn fault_rounds_keep_every_history_linearizable() {
     let env = |name: &str| std::env::var(name).ok().and_then(|r| r.parse::<u64>().ok());
