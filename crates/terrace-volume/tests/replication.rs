@@ -294,43 +294,29 @@ fn a_lost_copy_is_copied_whole_and_never_taken_over_nor_one_mid_resync() {
 
     // A copy whose state says a resync was under way is refused; so is a primary whose
     // epoch is older than the copy's.
+    let refusal = |replication| {
+        let copy = config(nodes[1].path().join("vol.log"), replication);
+        match Volume::open(copy, backend(nodes[0].path()), cache()) {
+            Ok(_) => panic!("the copy was taken over"),
+            Err(e) => e.to_string(),
+        }
+    };
     let state = nodes[1].path().join("vol.replica");
     let text = std::fs::read_to_string(&state).unwrap();
     std::fs::write(&state, text.replace("consistent 1", "consistent 0")).unwrap();
-    let err = Volume::open(
-        config(nodes[1].path().join("vol.log"), None),
-        backend(nodes[0].path()),
-        cache(),
-    )
-    .err()
-    .expect("a copy mid-resync opens");
-    assert!(err.to_string().contains("mid-resync"), "{err}");
+    let err = refusal(None);
+    assert!(err.contains("mid-resync"), "{err}");
     std::fs::write(&state, text).unwrap();
     let other = ReplicaServer::start("127.0.0.1:0", nodes[0].path()).unwrap();
-    let err = Volume::open(
-        config(
-            nodes[1].path().join("vol.log"),
-            Some(replicated(&[&other], AckLevel::All, 1, 2)),
-        ),
-        backend(nodes[0].path()),
-        cache(),
-    )
-    .err()
-    .expect("an older epoch takes the copy over");
-    assert!(err.to_string().contains("older"), "{err}");
+    let err = refusal(Some(replicated(&[&other], AckLevel::All, 1, 2)));
+    assert!(err.contains("older"), "{err}");
     other.stop();
 
     // A whole copy whose log is gone is not taken over either (R5): an empty log would
     // open as a fresh volume.
     std::fs::remove_file(nodes[1].path().join("vol.log")).unwrap();
-    let err = Volume::open(
-        config(nodes[1].path().join("vol.log"), None),
-        backend(nodes[0].path()),
-        cache(),
-    )
-    .err()
-    .expect("a copy without its log is taken over");
-    assert!(err.to_string().contains("cannot be taken over"), "{err}");
+    let err = refusal(None);
+    assert!(err.contains("cannot be taken over"), "{err}");
     let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
     let err = r1
         .release("vol")

@@ -153,6 +153,23 @@ struct VolumeCopy {
 }
 
 impl VolumeCopy {
+    /// A copy at `log_path` whose recorded state is `state`; its log not open yet.
+    fn new(state_path: PathBuf, log_path: PathBuf, state: ReplicaState) -> VolumeCopy {
+        VolumeCopy {
+            state_path,
+            log_path,
+            session: AtomicU64::new(0),
+            epoch: AtomicU64::new(state.epoch),
+            apply: Mutex::new(Applied {
+                state,
+                store: None,
+                led: false,
+                frames: 0,
+                bytes: 0,
+            }),
+        }
+    }
+
     /// Records `next` durably if it differs from what `a` holds (R1, R3).
     fn record(&self, a: &mut Applied, next: ReplicaState) -> io::Result<()> {
         if next != a.state {
@@ -389,19 +406,7 @@ fn copy_for(shared: &Shared, volume: &str) -> Result<Arc<VolumeCopy>, VolumeErro
     }
     let (log_path, state_path) = replica_paths(&shared.dir, volume);
     let state = read_replica_state(&state_path)?.unwrap_or_default();
-    let copy = Arc::new(VolumeCopy {
-        state_path,
-        log_path,
-        session: AtomicU64::new(0),
-        epoch: AtomicU64::new(state.epoch),
-        apply: Mutex::new(Applied {
-            state,
-            store: None,
-            led: false,
-            frames: 0,
-            bytes: 0,
-        }),
-    });
+    let copy = Arc::new(VolumeCopy::new(state_path, log_path, state));
     copies.insert(volume.to_string(), Arc::clone(&copy));
     Ok(copy)
 }
@@ -645,19 +650,7 @@ mod tests {
         };
         let open = |state: ReplicaState| {
             write_replica_state(&state_path, &state).unwrap();
-            let copy = VolumeCopy {
-                state_path: state_path.clone(),
-                log_path: log_path.clone(),
-                session: AtomicU64::new(0),
-                epoch: AtomicU64::new(state.epoch),
-                apply: Mutex::new(Applied {
-                    state,
-                    store: None,
-                    led: false,
-                    frames: 0,
-                    bytes: 0,
-                }),
-            };
+            let copy = VolumeCopy::new(state_path.clone(), log_path.clone(), state);
             open_copy(&copy, &mut copy.apply.lock(), &hello).unwrap();
             read_replica_state(&state_path).unwrap().unwrap()
         };
