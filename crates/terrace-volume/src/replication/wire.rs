@@ -14,7 +14,9 @@
 //!   and durable there) or FENCED (a newer epoch, carried, took the volume).
 //!
 //! Nothing here trusts the peer: lengths are bounded, magic and version checked, and a
-//! bad message is an `InvalidData` error that ends the connection.
+//! bad message is an `InvalidData` error that ends the connection. Both ends set their
+//! connection up with [`watch_for_vanished_peer`], so a peer that silently went away
+//! ends it too.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
