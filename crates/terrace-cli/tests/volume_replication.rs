@@ -764,6 +764,11 @@ impl Netns {
     fn vanish(&self, i: usize) {
         self.ip(&["-n", &self.names[i], "link", "set", &self.names[i], "down"]);
     }
+
+    /// Host `i`'s link comes back.
+    fn reappear(&self, i: usize) {
+        self.ip(&["-n", &self.names[i], "link", "set", &self.names[i], "up"]);
+    }
 }
 
 impl Drop for Netns {
@@ -776,7 +781,9 @@ impl Drop for Netns {
 
 /// A secondary whose host vanishes (its link down: no FIN, no RST) while the volume is
 /// idle is noticed by TCP keepalive within seconds, so the volume shows degraded — and a
-/// later write does not first wait `--replica-timeout-ms` for it.
+/// later write does not first wait `--replica-timeout-ms` for it. Back, it resyncs; then
+/// the primary's host vanishes, and the secondary notices too: `terrace volume replicas`
+/// shows no primary connected (its connection's thread has ended).
 #[test]
 fn a_secondary_that_vanishes_while_the_volume_is_idle_is_noticed() {
     let Some(net) = Netns::new() else { return };
@@ -846,6 +853,32 @@ fn a_secondary_that_vanishes_while_the_volume_is_idle_is_noticed() {
         write.elapsed()
     );
     eprintln!("the vanished secondary was noticed after {noticed:?}");
+
+    net.reappear(1);
+    wait_for_state(&pdir, "healthy");
+    let copies = |want: &str| {
+        let out = Command::new(terrace_bin())
+            .args(["volume", "replicas", "--control"])
+            .arg(&sec_ready)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains(want)
+    };
+    assert!(copies(" primary-connected\n"));
+    net.vanish(0);
+    let gone = Instant::now();
+    while !copies(" no-primary\n") {
+        assert!(
+            gone.elapsed() < Duration::from_secs(20),
+            "the secondary still sees its primary:\n{}",
+            serve_volume_log(&sdir)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "the vanished primary was noticed after {:?}",
+        gone.elapsed()
+    );
 }
 
 /// libfaketime's library (Debian package libfaketime), to step a node's wall clock; a

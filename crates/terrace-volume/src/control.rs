@@ -216,7 +216,7 @@ pub fn answer(
                 .iter()
                 .map(|c| {
                     format!(
-                        "copy {} {} epoch {} stream {} frames {} bytes {}\n",
+                        "copy {} {} epoch {} stream {} frames {} bytes {} {}\n",
                         c.volume,
                         if c.state.consistent {
                             "whole"
@@ -226,7 +226,12 @@ pub fn answer(
                         c.state.epoch,
                         c.state.stream,
                         c.frames,
-                        c.bytes
+                        c.bytes,
+                        match (c.led, c.primary_connected) {
+                            (true, _) => "led-here",
+                            (false, true) => "primary-connected",
+                            (false, false) => "no-primary",
+                        }
                     )
                 })
                 .collect()

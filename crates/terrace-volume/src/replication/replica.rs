@@ -164,6 +164,7 @@ impl VolumeCopy {
                 state,
                 store: None,
                 led: false,
+                feeding: None,
                 frames: 0,
                 bytes: 0,
             }),
@@ -187,8 +188,33 @@ struct Applied {
     /// This node serves the volume as its primary (see [`ReplicaServer::release`]):
     /// its copy is the volume's log, and no primary's stream is taken.
     led: bool,
+    /// The connection applying a primary's frames now, if one is.
+    feeding: Option<u64>,
     frames: u64,
     bytes: u64,
+}
+
+/// Marks connection `session` as the one feeding `copy` until dropped (unless a newer
+/// one took over meanwhile).
+struct Feeding<'a> {
+    copy: &'a VolumeCopy,
+    session: u64,
+}
+
+impl<'a> Feeding<'a> {
+    fn start(copy: &'a VolumeCopy, session: u64) -> Feeding<'a> {
+        copy.apply.lock().feeding = Some(session);
+        Feeding { copy, session }
+    }
+}
+
+impl Drop for Feeding<'_> {
+    fn drop(&mut self) {
+        let mut a = self.copy.apply.lock();
+        if a.feeding == Some(self.session) {
+            a.feeding = None;
+        }
+    }
 }
 
 /// A replica volume's counters for `status`.
@@ -196,6 +222,10 @@ struct Applied {
 pub struct ReplicaCopyStatus {
     pub volume: String,
     pub state: ReplicaState,
+    /// A primary's connection is applying frames to the copy now.
+    pub primary_connected: bool,
+    /// This node leads the volume: the copy is its log.
+    pub led: bool,
     pub frames: u64,
     pub bytes: u64,
 }
@@ -333,6 +363,8 @@ impl ReplicaStatusSource {
                 ReplicaCopyStatus {
                     volume: name.clone(),
                     state: a.state,
+                    primary_connected: a.feeding.is_some(),
+                    led: a.led,
                     frames: a.frames,
                     bytes: a.bytes,
                 }
@@ -480,6 +512,7 @@ fn serve_primary(session: u64, stream: TcpStream, shared: &Shared) -> io::Result
     if welcome.verdict != Verdict::Proceed {
         return Ok(());
     }
+    let _feeding = Feeding::start(&copy, session);
     tracing::info!(
         volume = %hello.volume, epoch = hello.epoch, stream = hello.stream,
         consistent = welcome.consistent, "primary connected"
