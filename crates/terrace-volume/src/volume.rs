@@ -38,6 +38,10 @@
 //!   the write-back waits. Before that, with every write held, the log was drained and
 //!   the backend flushed, so the copy is the volume as of the snapshot; a log that fills
 //!   meanwhile makes writes wait, then fail with ENOSPC, as in storage mode.
+//! - V8 (reads see only what stays): with writes acknowledged once durable, a read that
+//!   returns a record's data waits until that record is durable (on the copies the ack
+//!   level names, for a replicated log) — a value read is never taken back by a crash
+//!   or a failover.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -1548,6 +1552,18 @@ impl Volume {
             buf.copy_from_slice(&whole[from..from + buf.len()]);
             done
         };
+        // V8: a read of a record not yet durable waits for it, as its writer does.
+        let newest = (self.config.ack == AckDurability::OnWrite)
+            .then(|| {
+                (first..=last)
+                    .filter_map(|b| locked.shard(b).get(&b).map(|d| d.seq))
+                    .max()
+            })
+            .flatten();
+        drop(locked);
+        if let (true, Some(seq)) = (done, newest) {
+            self.log.wait_durable(seq)?;
+        }
         if done {
             self.counters.bytes_read.fetch_add(len, Ordering::Relaxed);
         }
