@@ -605,3 +605,85 @@ fn writes_during_a_snapshot_wait_in_the_log_and_the_backend_holds_still() {
         .all(|&b| b == 2));
     volume.close();
 }
+
+/// A log in memory whose syncs wait while `held` is set.
+struct Gated {
+    bytes: Mutex<Vec<u8>>,
+    held: Mutex<bool>,
+    opened: parking_lot::Condvar,
+}
+
+struct GatedShared(Arc<Gated>);
+
+impl LogStore for GatedShared {
+    fn size(&self) -> u64 {
+        self.0.bytes.lock().len() as u64
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let b = self.0.bytes.lock();
+        buf.copy_from_slice(&b[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.bytes.lock()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn sync(&self) -> io::Result<()> {
+        let mut held = self.0.held.lock();
+        while *held {
+            self.0.opened.wait(&mut held);
+        }
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "gated memory".into()
+    }
+}
+
+/// V8: a read of a block whose newest write is not durable yet waits for it, as the
+/// writer does — it never returns a value that a crash (or a failover to a copy the
+/// write never reached) would take back.
+#[test]
+fn a_read_waits_for_the_write_it_returns_to_be_durable() {
+    let gated = Arc::new(Gated {
+        bytes: Mutex::new(vec![0; LOG_BYTES as usize]),
+        held: Mutex::new(false),
+        opened: parking_lot::Condvar::new(),
+    });
+    let backend = Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize])));
+    let config = VolumeConfig {
+        mode: Mode::WriteBack,
+        log_bytes: LOG_BYTES,
+        ..VolumeConfig::new("v", 3, "unused.log")
+    };
+    let store: Box<dyn LogStore> = Box::new(GatedShared(Arc::clone(&gated)));
+    let v = Volume::open_with_store(config, backend, small_cache(), store)
+        .unwrap()
+        .0;
+    *gated.held.lock() = true;
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| v.write(0, &[7u8; BS as usize], false));
+        // The write's record is in the log and its sync held.
+        std::thread::sleep(Duration::from_millis(100));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = Arc::clone(&v);
+        s.spawn(move || {
+            let mut buf = vec![0u8; BS as usize];
+            let result = reader.read(0, &mut buf);
+            let _ = tx.send((result, buf));
+        });
+        let early = rx.recv_timeout(Duration::from_millis(300));
+        // Released before any check, so that a failure does not leave the writer held.
+        *gated.held.lock() = false;
+        gated.opened.notify_all();
+        assert!(
+            early.is_err(),
+            "a read returned a write that is not durable"
+        );
+        let (result, buf) = rx.recv_timeout(Duration::from_secs(10)).expect("the read");
+        result.unwrap();
+        assert!(buf.iter().all(|&b| b == 7), "the read after the sync");
+        writer.join().unwrap().unwrap();
+    });
+    v.close();
+}
