@@ -31,13 +31,15 @@ const GROWN: u64 = 16;
 const LOG_BYTES: u64 = 512 << 10;
 
 /// A log in memory whose `fail_at`-th write or sync (counting both from 1) fails once;
-/// with a recorder, it keeps a crash image at each sync.
+/// with a recorder, it keeps a crash image at each sync; while `held`, syncs wait.
 struct FaultyStore {
     current: Mutex<Vec<u8>>,
     durable: Mutex<Vec<u8>>,
     ops: AtomicU64,
     fail_at: u64,
     recorder: Option<Recorder>,
+    held: Mutex<bool>,
+    let_go: parking_lot::Condvar,
 }
 
 /// What a crash image needs: the script's ledger and the backend, to copy at each sync.
@@ -61,6 +63,8 @@ impl FaultyStore {
             ops: AtomicU64::new(0),
             fail_at,
             recorder: None,
+            held: Mutex::new(false),
+            let_go: parking_lot::Condvar::new(),
         })
     }
 
@@ -90,6 +94,11 @@ impl LogStore for Shared {
         Ok(())
     }
     fn sync(&self) -> io::Result<()> {
+        let mut held = self.0.held.lock();
+        while *held {
+            self.0.let_go.wait(&mut held);
+        }
+        drop(held);
         if self.0.failing_now() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
@@ -329,6 +338,8 @@ fn every_sync_of_the_log_is_a_crash_image_the_volume_recovers_from() {
             backend: Arc::clone(&backend),
             images: Mutex::new(Vec::new()),
         }),
+        held: Mutex::new(false),
+        let_go: parking_lot::Condvar::new(),
     });
     let volume = open(&store, &backend, Mode::WriteBack).unwrap();
     script(&volume, &ledger);
@@ -606,60 +617,19 @@ fn writes_during_a_snapshot_wait_in_the_log_and_the_backend_holds_still() {
     volume.close();
 }
 
-/// A log in memory whose syncs wait while `held` is set.
-struct Gated {
-    bytes: Mutex<Vec<u8>>,
-    held: Mutex<bool>,
-    opened: parking_lot::Condvar,
-}
-
-struct GatedShared(Arc<Gated>);
-
-impl LogStore for GatedShared {
-    fn size(&self) -> u64 {
-        self.0.bytes.lock().len() as u64
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let b = self.0.bytes.lock();
-        buf.copy_from_slice(&b[offset as usize..offset as usize + buf.len()]);
-        Ok(())
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.0.bytes.lock()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn sync(&self) -> io::Result<()> {
-        let mut held = self.0.held.lock();
-        while *held {
-            self.0.opened.wait(&mut held);
-        }
-        Ok(())
-    }
-    fn describe(&self) -> String {
-        "gated memory".into()
-    }
-}
-
 /// V8: a read of a block whose newest write is not durable yet waits for it, as the
 /// writer does — it never returns a value that a crash (or a failover to a copy the
 /// write never reached) would take back.
 #[test]
 fn a_read_waits_for_the_write_it_returns_to_be_durable() {
-    let gated = Arc::new(Gated {
-        bytes: Mutex::new(vec![0; LOG_BYTES as usize]),
-        held: Mutex::new(false),
-        opened: parking_lot::Condvar::new(),
-    });
+    let gated = FaultyStore::new(vec![0; LOG_BYTES as usize], 0);
     let backend = Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize])));
     let config = VolumeConfig {
         mode: Mode::WriteBack,
         log_bytes: LOG_BYTES,
         ..VolumeConfig::new("v", 3, "unused.log")
     };
-    let store: Box<dyn LogStore> = Box::new(GatedShared(Arc::clone(&gated)));
-    let v = Volume::open_with_store(config, backend, small_cache(), store)
-        .unwrap()
-        .0;
+    let v = open_over(backend, config, small_cache(), Some(&gated));
     *gated.held.lock() = true;
     std::thread::scope(|s| {
         let writer = s.spawn(|| v.write(0, &[7u8; BS as usize], false));
@@ -675,7 +645,7 @@ fn a_read_waits_for_the_write_it_returns_to_be_durable() {
         let early = rx.recv_timeout(Duration::from_millis(300));
         // Released before any check, so that a failure does not leave the writer held.
         *gated.held.lock() = false;
-        gated.opened.notify_all();
+        gated.let_go.notify_all();
         assert!(
             early.is_err(),
             "a read returned a write that is not durable"
