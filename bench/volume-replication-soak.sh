@@ -19,7 +19,8 @@
 #        test profile, which the workspace optimizes)
 #        TERRACE_FAULT_SEED=N bench/volume-replication-soak.sh   (replays a run's faults and
 #        timings; every run prints its seed)
-# Needs etcd (Debian etcd-server), libfaketime and, to build, protoc (protobuf-compiler).
+# Needs etcd (Debian etcd-server), libfaketime and, to build, protoc (protobuf-compiler
+# and libprotobuf-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-100}
