@@ -455,9 +455,37 @@ fn client_write_then_pause(uri: &str, acked: &[AtomicU64], server: &mut ChildGua
     Instant::now()
 }
 
-/// Three etcd members on loopback; returns the guards and the client URLs.
+/// Three etcd members on loopback, each answering `/health` (so with a quorum). Their
+/// ports are picked free and let go before etcd binds them, so a test running beside
+/// this one may take one first: then a member exits (it cannot listen) and the three
+/// start again on other ports, up to three times.
 fn start_etcd(root: &Path) -> Option<(Vec<ChildGuard>, Vec<String>)> {
     let etcd = common::require_tool("etcd", "etcd-server")?;
+    for attempt in 0..3 {
+        let (mut guards, urls) = spawn_etcd(&etcd, root, attempt);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if !guards.iter_mut().all(ChildGuard::running) {
+                break;
+            }
+            if urls.iter().all(|u| etcd_healthy(u)) {
+                // A member that lost its port exits before the others have a quorum.
+                if guards.iter_mut().all(ChildGuard::running) {
+                    return Some((guards, urls));
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("etcd members did not all come up (attempt {attempt}); again on new ports");
+    }
+    panic!("three etcd members did not come up in three attempts (see etcd*.log)");
+}
+
+fn spawn_etcd(etcd: &Path, root: &Path, attempt: usize) -> (Vec<ChildGuard>, Vec<String>) {
     let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
     let cluster: Vec<String> = ports
         .iter()
@@ -469,11 +497,11 @@ fn start_etcd(root: &Path) -> Option<(Vec<ChildGuard>, Vec<String>)> {
     for (i, (client, peer)) in ports.iter().enumerate() {
         let url = format!("http://127.0.0.1:{client}");
         let log = std::fs::File::create(root.join(format!("etcd{i}.log"))).unwrap();
-        let child = Command::new(&etcd)
+        let child = Command::new(etcd)
             .arg("--name")
             .arg(format!("e{i}"))
             .arg("--data-dir")
-            .arg(root.join(format!("etcd{i}")))
+            .arg(root.join(format!("etcd{i}-{attempt}")))
             .args([
                 "--listen-client-urls",
                 &url,
@@ -495,7 +523,24 @@ fn start_etcd(root: &Path) -> Option<(Vec<ChildGuard>, Vec<String>)> {
         guards.push(ChildGuard::new("etcd", child));
         urls.push(url);
     }
-    Some((guards, urls))
+    (guards, urls)
+}
+
+/// Whether the etcd member at `url` answers `GET /health` with `"health":"true"`.
+fn etcd_healthy(url: &str) -> bool {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    if s.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply.contains("\"health\":\"true\"")
 }
 
 /// Failover through etcd: three nodes (a [`Cluster`]); the volume is placed on all
