@@ -24,6 +24,7 @@
 //! carries it; a secondary that has seen a newer one refuses the older primary, which
 //! then acknowledges nothing more (fencing).
 
+pub mod digest;
 #[cfg(feature = "etcd")]
 mod etcd;
 pub mod ha;
@@ -263,8 +264,11 @@ pub struct PeerStatus {
     /// Bytes sent by resyncs (bitmap extents), over all of them.
     pub bytes_resynced: u64,
     pub resyncs: u64,
-    /// Resyncs that had to copy the whole log (its copy followed another stream).
-    pub full_copies: u64,
+    /// Resyncs of a copy that followed another stream (a failover, a restart of the
+    /// primary, a lost copy): compared with the log by digest, what differs sent.
+    pub compared_resyncs: u64,
+    /// Bytes the comparisons' digests took (requests and answers).
+    pub digest_bytes: u64,
     pub last_error: Option<String>,
 }
 
@@ -348,6 +352,12 @@ impl ReplicationStatus {
                 &peer,
                 p.bytes_resynced,
             );
+            gauge(
+                "replication_peer_digest_bytes",
+                "Bytes of digests exchanged comparing the peer's copy before resyncs.",
+                &peer,
+                p.digest_bytes,
+            );
         }
         out
     }
@@ -373,7 +383,7 @@ impl ReplicationStatus {
         for p in &self.peers {
             out.push_str(&format!(
                 "  peer {} {} dirty_bytes {} queued_bytes {} sent_bytes {} resynced_bytes {} \
-                 resyncs {} full_copies {} last_error {}\n",
+                 resyncs {} compared_resyncs {} digest_bytes {} last_error {}\n",
                 p.addr,
                 p.link.name(),
                 p.dirty_bytes,
@@ -381,7 +391,8 @@ impl ReplicationStatus {
                 p.bytes_sent,
                 p.bytes_resynced,
                 p.resyncs,
-                p.full_copies,
+                p.compared_resyncs,
+                p.digest_bytes,
                 p.last_error.as_deref().unwrap_or("none"),
             ));
         }

@@ -7,8 +7,10 @@
 //!
 //! Below the volume this is DRBD's design applied to the write log: a secondary that
 //! drops out is tracked in a per-peer *dirty bitmap* of the log's 4 KiB extents, and
-//! when it returns only those extents are sent (resync); a secondary following another
-//! stream (this primary restarted, its copy was lost) gets the whole log.
+//! when it returns only those extents are sent (resync). A secondary whose copy follows
+//! another stream (a failover, this primary restarted, its copy was lost) has its copy
+//! compared with the local log by digest ([`super::digest`]) and gets the extents that
+//! differ.
 //!
 //! # Invariants
 //! - P1 (order): a write reaches the local store before it is queued for any peer, and
@@ -18,7 +20,8 @@
 //! - P2 (nothing forgotten): every byte range written since a peer's last ack is either
 //!   in its `unacked` list (queued or sent, not acknowledged) or marked in its bitmap.
 //!   When a connection ends, its `unacked` ranges are marked. Bits are cleared only
-//!   when their extents are queued for the peer (and so enter `unacked`).
+//!   when their extents are queued for the peer (and so enter `unacked`), or by a
+//!   comparison (P7).
 //! - P3 (acks): `sync` returns only when the local store is durable and, of the peers
 //!   in sync, `need` have acknowledged a SYNC queued after every write before the call
 //!   — `need = max(min(level, in-sync peers), min_replicas - 1)`. The SYNC is queued
@@ -37,6 +40,16 @@
 //!   unpublished before any acknowledgement goes without it, so every node in the
 //!   published set holds every acknowledged write (with ack `all`).
 //!
+//! - P7 (comparison): a copy that follows another stream starts with every bit set. A
+//!   comparison round clears a range's bits under the lock *before* reading the range
+//!   locally, and marks again each unit whose hash differs from the copy's; the peer
+//!   stays down meanwhile, so a write to the range after the clear marks it again, and
+//!   one before it is in what was read (a write reaches the local store before its
+//!   bits are marked, P1). The copy's hashes stay true until the resync: nothing but
+//!   this connection's frames changes it from its welcome on (R2) and a DIGEST changes
+//!   nothing (R6). So a bit left clear is an extent the copy holds as the local log
+//!   does. A failed comparison sets every bit again.
+//!
 //! Lock order: the log's locks (commit, tail) → `Shared` (leaf; nothing else is taken
 //! under it but the local store's reads).
 
@@ -50,7 +63,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::wire::{watch_for_vanished_peer, Ack, FrameHeader, FrameKind, Hello, Verdict, Welcome};
+use super::digest;
+use super::wire::{
+    read_hashes, watch_for_vanished_peer, Ack, DigestRequest, FrameHeader, FrameKind, Hello,
+    Verdict, Welcome, ACK_BYTES, FRAME_HEADER,
+};
 use super::{
     AckLevel, Health, LeaseWatch, LinkState, PeerStatus, ReplicationConfig, ReplicationStatus,
 };
@@ -96,6 +113,19 @@ impl Bitmap {
             if self.words[w] & (1 << b) == 0 {
                 self.words[w] |= 1 << b;
                 self.set += 1;
+            }
+        }
+    }
+
+    /// Clears the extents inside `offset..offset + len` (extent-aligned).
+    fn clear(&mut self, offset: u64, len: u64) {
+        let first = offset / EXTENT;
+        let end = (offset + len).div_ceil(EXTENT).min(self.extents);
+        for e in first..end {
+            let (w, b) = ((e / 64) as usize, e % 64);
+            if self.words[w] & (1 << b) != 0 {
+                self.words[w] &= !(1 << b);
+                self.set -= 1;
             }
         }
     }
@@ -169,7 +199,10 @@ struct Peer {
     bytes_sent: u64,
     bytes_resynced: u64,
     resyncs: u64,
-    full_copies: u64,
+    /// Resyncs of a copy that followed another stream, compared by digest.
+    compared_resyncs: u64,
+    /// Bytes of digest requests and answers.
+    digest_bytes: u64,
     last_error: Option<String>,
 }
 
@@ -290,7 +323,8 @@ impl Replication {
                     bytes_sent: 0,
                     bytes_resynced: 0,
                     resyncs: 0,
-                    full_copies: 0,
+                    compared_resyncs: 0,
+                    digest_bytes: 0,
                     last_error: None,
                 }
             })
@@ -388,7 +422,8 @@ impl Replication {
                     bytes_sent: p.bytes_sent,
                     bytes_resynced: p.bytes_resynced,
                     resyncs: p.resyncs,
-                    full_copies: p.full_copies,
+                    compared_resyncs: p.compared_resyncs,
+                    digest_bytes: p.digest_bytes,
                     last_error: p.last_error.clone(),
                 })
                 .collect(),
@@ -502,12 +537,12 @@ impl Replication {
         }
         .write_to(&mut w)?;
         w.flush()?;
-        let welcome = Welcome::read_from(&mut BufReader::new(socket.try_clone()?))?;
-        socket.set_read_timeout(None)?;
-        let mut s = self.shared.lock();
+        let mut reader = BufReader::new(socket.try_clone()?);
+        let welcome = Welcome::read_from(&mut reader)?;
         match welcome.verdict {
             Verdict::Proceed => {}
             Verdict::Fenced => {
+                let mut s = self.shared.lock();
                 s.fenced_by = Some(welcome.epoch);
                 let why = format!("{addr} has epoch {}: {}", welcome.epoch, welcome.message);
                 self.publish(&mut s, format!("fenced: {why}"));
@@ -520,11 +555,20 @@ impl Replication {
                 )));
             }
         }
+        let epoch = self.config.epoch;
+        let stream = self.stream;
+        // Its copy follows another primary (or none): the bitmap means nothing, and a
+        // comparison finds what differs (P7).
+        let compared = if welcome.stream != stream {
+            Some(self.compare_copy(index, &mut w, &mut reader)?)
+        } else {
+            None
+        };
+        socket.set_read_timeout(None)?;
+        let mut s = self.shared.lock();
         if self.stop.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let epoch = self.config.epoch;
-        let stream = self.stream;
         let p = &mut s.peers[index];
         p.conn += 1;
         p.link = LinkState::Resyncing;
@@ -538,20 +582,148 @@ impl Replication {
         p.resync_end = None;
         p.resync_started = Some(Instant::now());
         p.resyncs += 1;
-        if welcome.stream != stream {
-            // Its copy follows another primary (or none): the bitmap means nothing.
-            p.dirty.mark_all();
-            p.full_copies += 1;
+        if let Some(digest_bytes) = compared {
+            p.compared_resyncs += 1;
+            p.digest_bytes += digest_bytes;
         }
         p.enqueue(FrameKind::ResyncBegin, epoch, 0, None);
         let conn = p.conn;
         tracing::info!(
             volume = %self.volume, peer = %addr, dirty_bytes = p.dirty.set * EXTENT,
-            full = welcome.stream != stream, "replica connected, resyncing"
+            compared = compared.is_some(), "replica connected, resyncing"
         );
         self.publish(&mut s, format!("{addr} connected"));
         self.work.notify_all();
         Ok(Some((conn, socket)))
+    }
+
+    /// Compares peer `index`'s copy, which followed another stream, with the local
+    /// store (P7); returns the bytes the digests took. Its bitmap is all set first and
+    /// keeps only the extents found to differ, or written meanwhile. The peer is down
+    /// throughout: every write marks its bitmap.
+    fn compare_copy(
+        &self,
+        index: usize,
+        w: &mut BufWriter<TcpStream>,
+        r: &mut BufReader<TcpStream>,
+    ) -> io::Result<u64> {
+        self.shared.lock().peers[index].dirty.mark_all();
+        let result = self.compare_rounds(index, w, r);
+        if result.is_err() {
+            // What was cleared held for this copy as it was; the next connection may
+            // find it changed (another primary's stream): nothing is known.
+            self.shared.lock().peers[index].dirty.mark_all();
+        }
+        result
+    }
+
+    fn compare_rounds(
+        &self,
+        index: usize,
+        w: &mut BufWriter<TcpStream>,
+        r: &mut BufReader<TcpStream>,
+    ) -> io::Result<u64> {
+        let size = self.local.size();
+        // The copy reads and hashes all of itself in the first round.
+        let hashing = Duration::from_secs(size / (64 << 20));
+        r.get_ref()
+            .set_read_timeout(Some(self.config.peer_timeout + hashing))?;
+        let chunks = size.div_ceil(digest::CHUNK);
+        let mut bytes = 0;
+        let (differing, sent) = self.compare_round(index, w, r, digest::CHUNK, &[(0, chunks)])?;
+        bytes += sent;
+        let extents_per_chunk = digest::CHUNK / EXTENT;
+        let ranges: Vec<(u64, u64)> = differing
+            .iter()
+            .map(|&c| (c * extents_per_chunk, extents_per_chunk))
+            .map(|(first, n)| (first, n.min(size.div_ceil(EXTENT) - first)))
+            .collect();
+        if !ranges.is_empty() {
+            bytes += self.compare_round(index, w, r, EXTENT, &ranges)?.1;
+        }
+        Ok(bytes)
+    }
+
+    /// One round of [`compare_copy`](Self::compare_copy): asks the peer's hashes of
+    /// `unit`-byte units in `ranges`, then for each range: clears its bits, reads it
+    /// locally, and marks again each unit whose hash differs (P7). Returns the units
+    /// that differed and the bytes the round took.
+    fn compare_round(
+        &self,
+        index: usize,
+        w: &mut BufWriter<TcpStream>,
+        r: &mut BufReader<TcpStream>,
+        unit: u64,
+        ranges: &[(u64, u64)],
+    ) -> io::Result<(Vec<u64>, u64)> {
+        let request = DigestRequest {
+            unit: unit as u32,
+            ranges: ranges.to_vec(),
+        }
+        .encode();
+        let header = FrameHeader {
+            kind: FrameKind::Digest,
+            epoch: self.config.epoch,
+            seq: 0,
+            offset: 0,
+            len: request.len() as u32,
+        };
+        w.write_all(&header.encode())?;
+        w.write_all(&request)?;
+        w.flush()?;
+        let hashes = match Ack::read_from(r)? {
+            Ack::Digest { count } => read_hashes(r, count)?,
+            Ack::Fenced { epoch } => {
+                let mut s = self.shared.lock();
+                s.fenced_by = Some(epoch);
+                let addr = s.peers[index].addr.clone();
+                self.publish(&mut s, format!("fenced: {addr} has epoch {epoch}"));
+                return Err(fenced(epoch));
+            }
+            other => return Err(io::Error::other(format!("{other:?} answering a digest"))),
+        };
+        let asked: u64 = ranges.iter().map(|&(_, n)| n).sum();
+        if hashes.len() as u64 != asked {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} hashes for {asked} units", hashes.len()),
+            ));
+        }
+        let size = self.local.size();
+        let mut theirs = hashes.iter();
+        let mut differing = Vec::new();
+        let mut buf = Vec::new();
+        // Read a chunk's worth of units at a time (one unit when units are chunks).
+        let per_read = (digest::CHUNK / unit).max(1);
+        let spans = ranges.iter().flat_map(|&(first, n)| {
+            (first..first + n)
+                .step_by(per_read as usize)
+                .map(move |f| (f, per_read.min(first + n - f)))
+        });
+        for (first, n) in spans {
+            let start = first * unit;
+            let len = (n * unit).min(size - start);
+            // P7: cleared before the read, so a write from now on marks again.
+            self.shared.lock().peers[index].dirty.clear(start, len);
+            buf.resize(len as usize, 0);
+            self.local.read_at(start, &mut buf)?;
+            let mut marks = Vec::new();
+            for (i, bytes) in buf.chunks(unit as usize).enumerate() {
+                let ours = digest::hash_unit(bytes, self.stream);
+                if theirs.next() != Some(&ours) {
+                    differing.push(first + i as u64);
+                    marks.push(start + i as u64 * unit);
+                }
+            }
+            if !marks.is_empty() {
+                let mut s = self.shared.lock();
+                for offset in marks {
+                    s.peers[index].dirty.mark(offset, unit);
+                }
+            }
+        }
+        let bytes = (FRAME_HEADER + request.len() + ACK_BYTES + 8 * hashes.len()) as u64;
+        Ok((differing, bytes))
     }
 
     /// Sends peer `index`'s frames and resync runs until the connection ends.
@@ -685,6 +857,11 @@ impl Replication {
                     let addr = s.peers[index].addr.clone();
                     self.cut_off(&mut s, index, conn, format!("fenced by epoch {epoch}"));
                     self.publish(&mut s, format!("fenced: {addr} has epoch {epoch}"));
+                    return;
+                }
+                Ok(Ack::Digest { .. }) => {
+                    let why = "a digest answer nothing asked".to_string();
+                    self.cut_off(&mut s, index, conn, why);
                     return;
                 }
                 Err(e) => {
@@ -988,5 +1165,14 @@ mod tests {
             total += n;
         }
         assert_eq!(total, 256);
+        // A comparison clears whole extents, clipped at the end.
+        b.mark_all();
+        b.clear(EXTENT * 2, EXTENT * 3);
+        b.clear(EXTENT * 254, EXTENT * 10);
+        assert_eq!(b.set, 256 - 5);
+        b.clear(EXTENT * 2, EXTENT);
+        assert_eq!(b.set, 256 - 5, "clearing a clear extent changes nothing");
+        assert_eq!(b.take_run(), Some((0, 2)));
+        assert_eq!(b.take_run(), Some((5, RESYNC_RUN)));
     }
 }

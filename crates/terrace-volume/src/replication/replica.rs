@@ -24,6 +24,8 @@
 //!   as following the lost stream [`LOST_STREAM`] when it is made again, not as new:
 //!   an empty log would open as a fresh volume, without the writes its primary
 //!   acknowledged.
+//! - R6: a DIGEST frame reads the copy and changes nothing (not even its state): a
+//!   primary comparing copies before a resync leaves the copy as it found it.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -36,8 +38,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::digest::hash_units;
 use super::wire::{
-    watch_for_vanished_peer, Ack, FrameHeader, FrameKind, Hello, Verdict, Welcome, FRAME_HEADER,
+    watch_for_vanished_peer, write_digest, Ack, DigestRequest, FrameHeader, FrameKind, Hello,
+    Verdict, Welcome, FRAME_HEADER,
 };
 use crate::error::VolumeError;
 use crate::log::{FileLogStore, LogStore};
@@ -315,7 +319,7 @@ impl ReplicaServer {
     }
 
     /// `volume` is no longer led here: its log becomes a copy again, for the next
-    /// primary's stream (which copies it whole: it follows another stream).
+    /// primary's stream (which compares it: it follows another stream).
     pub fn reclaim(&self, volume: &str) -> Result<(), VolumeError> {
         let copy = copy_for(&self.shared, volume)?;
         copy.apply.lock().led = false;
@@ -539,6 +543,13 @@ fn serve_primary(session: u64, stream: TcpStream, shared: &Shared) -> io::Result
         if copy.session.load(Ordering::Acquire) != session {
             return Err(io::Error::other("a newer connection took the volume"));
         }
+        if frame.kind == FrameKind::Digest {
+            let hashes = digest_copy(&a, &hello, &data)?;
+            drop(a);
+            write_digest(&mut writer, &hashes)?;
+            writer.flush()?;
+            continue;
+        }
         let ack = apply(&copy, &mut a, &hello, frame, &data)?;
         drop(a);
         if let Some(ack) = ack {
@@ -589,6 +600,17 @@ fn open_copy(copy: &VolumeCopy, a: &mut Applied, hello: &Hello) -> Result<(), Vo
     Ok(())
 }
 
+/// Answers a DIGEST: the hashes of the copy's units it asks (seeded with the
+/// primary's stream; see [`super::digest`]). Reads only.
+fn digest_copy(a: &Applied, hello: &Hello, request: &[u8]) -> io::Result<Vec<u64>> {
+    let store = a
+        .store
+        .as_ref()
+        .ok_or_else(|| io::Error::other("the copy is not open"))?;
+    let request = DigestRequest::decode(request, store.size())?;
+    hash_units(store, &request, hello.stream)
+}
+
 fn apply(
     copy: &VolumeCopy,
     a: &mut Applied,
@@ -632,6 +654,10 @@ fn apply(
             copy.record(a, next)?;
             Ok(None)
         }
+        FrameKind::Digest => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a DIGEST frame is answered, not applied",
+        )),
         FrameKind::ResyncEnd => {
             store.sync()?;
             let next = ReplicaState {

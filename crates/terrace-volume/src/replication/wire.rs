@@ -9,9 +9,14 @@
 //!   length u16 | message`. The verdict is 0 (go on), 1 (fenced: the secondary has seen
 //!   a newer epoch, which the reply carries) or 2 (refused; the message says why).
 //! - Frame: `kind u8 | epoch u64 | seq u64 | offset u64 | length u32`, then `length`
-//!   data bytes for a WRITE. `seq` numbers the frames of one connection from 1.
-//! - Ack: `kind u8 | seq u64 | epoch u64`: SYNCED (every frame through `seq` is applied
-//!   and durable there) or FENCED (a newer epoch, carried, took the volume).
+//!   data bytes for a WRITE or a DIGEST. `seq` numbers the frames of one connection
+//!   from 1; DIGEST frames, sent before a resync begins, have seq 0.
+//! - DIGEST data ([`DigestRequest`]): `unit u32 | ranges u32`, then per range `first
+//!   unit u64 | units u64`: asks a hash of each unit of the copy in those ranges.
+//! - Ack: `kind u8 | seq u64 | epoch-or-count u64`: SYNCED (every frame through `seq`
+//!   is applied and durable there), FENCED (a newer epoch, carried, took the volume) or
+//!   DIGEST (a DIGEST frame's answer: `count` hashes of 8 bytes follow, one per unit
+//!   asked, in order).
 //!
 //! Nothing here trusts the peer: lengths are bounded, magic and version checked, and a
 //! bad message is an `InvalidData` error that ends the connection. Both ends set their
@@ -23,7 +28,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 const MAGIC: &[u8; 4] = b"TVRP";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// The most data one WRITE frame carries (the primary splits nothing: the write log
 /// writes records of at most a few MiB, and superblock slots).
 pub const MAX_WRITE: u32 = 64 << 20;
@@ -191,6 +196,9 @@ pub enum FrameKind {
     ResyncBegin = 3,
     /// The resync is done: make everything durable, record the copy whole, ack.
     ResyncEnd = 4,
+    /// Hash units of the copy (the data is a [`DigestRequest`]) and answer with an
+    /// [`Ack::Digest`]; changes nothing.
+    Digest = 5,
 }
 
 pub const FRAME_HEADER: usize = 29;
@@ -221,10 +229,11 @@ impl FrameHeader {
             2 => FrameKind::Sync,
             3 => FrameKind::ResyncBegin,
             4 => FrameKind::ResyncEnd,
+            5 => FrameKind::Digest,
             k => return Err(bad(format!("unknown frame kind {k}"))),
         };
         let len = u32::from_le_bytes(b[25..29].try_into().unwrap());
-        if kind != FrameKind::Write && len != 0 {
+        if !matches!(kind, FrameKind::Write | FrameKind::Digest) && len != 0 {
             return Err(bad(format!("a {kind:?} frame with {len} data bytes")));
         }
         if len > MAX_WRITE {
@@ -240,11 +249,112 @@ impl FrameHeader {
     }
 }
 
-/// The secondary's answer to a SYNC or RESYNC_END.
+/// The most units one DIGEST asks (8 bytes of answer each: 128 MiB at most).
+pub const MAX_DIGEST_UNITS: u64 = 16 << 20;
+
+/// What a DIGEST frame asks: a hash of each `unit`-byte unit of the copy in `ranges`
+/// (first unit, units), the last unit of the store cut at its end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DigestRequest {
+    pub unit: u32,
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl DigestRequest {
+    pub fn units(&self) -> u64 {
+        self.ranges.iter().map(|&(_, n)| n).sum()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(8 + 16 * self.ranges.len());
+        b.extend_from_slice(&self.unit.to_le_bytes());
+        b.extend_from_slice(&(self.ranges.len() as u32).to_le_bytes());
+        for &(first, n) in &self.ranges {
+            b.extend_from_slice(&first.to_le_bytes());
+            b.extend_from_slice(&n.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes a request for a store of `store_size` bytes: every range inside it, a
+    /// unit of 4 KiB to 64 MiB, at most [`MAX_DIGEST_UNITS`] in all.
+    pub fn decode(b: &[u8], store_size: u64) -> io::Result<DigestRequest> {
+        if b.len() < 8 {
+            return Err(bad("a digest request under 8 bytes"));
+        }
+        let unit = u32::from_le_bytes(b[0..4].try_into().unwrap());
+        let count = u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize;
+        if !(4096..=64 << 20).contains(&unit) {
+            return Err(bad(format!("a digest unit of {unit} bytes")));
+        }
+        if b.len() != 8 + 16 * count {
+            return Err(bad(format!(
+                "a digest request of {} bytes for {count} ranges",
+                b.len()
+            )));
+        }
+        let units_in_store = store_size.div_ceil(unit as u64);
+        let mut ranges = Vec::with_capacity(count);
+        let mut total = 0u64;
+        for r in b[8..].chunks_exact(16) {
+            let first = u64::from_le_bytes(r[0..8].try_into().unwrap());
+            let n = u64::from_le_bytes(r[8..16].try_into().unwrap());
+            if first.checked_add(n).is_none_or(|end| end > units_in_store) {
+                return Err(bad(format!(
+                    "digest units {first}+{n} past the store's {units_in_store}"
+                )));
+            }
+            total += n;
+            ranges.push((first, n));
+        }
+        if total > MAX_DIGEST_UNITS {
+            return Err(bad(format!("a digest of {total} units")));
+        }
+        Ok(DigestRequest { unit, ranges })
+    }
+}
+
+/// The secondary's answer to a SYNC, RESYNC_END or DIGEST.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ack {
-    Synced { seq: u64 },
-    Fenced { epoch: u64 },
+    Synced {
+        seq: u64,
+    },
+    Fenced {
+        epoch: u64,
+    },
+    /// `count` hashes follow ([`read_hashes`]).
+    Digest {
+        count: u64,
+    },
+}
+
+/// Writes a DIGEST answer: the ack, then the hashes.
+pub fn write_digest(w: &mut impl Write, hashes: &[u64]) -> io::Result<()> {
+    let mut b = Vec::with_capacity(ACK_BYTES + 8 * hashes.len());
+    b.extend_from_slice(
+        &Ack::Digest {
+            count: hashes.len() as u64,
+        }
+        .encode(),
+    );
+    for h in hashes {
+        b.extend_from_slice(&h.to_le_bytes());
+    }
+    w.write_all(&b)
+}
+
+/// Reads the `count` hashes that follow an [`Ack::Digest`] (at most
+/// [`MAX_DIGEST_UNITS`]).
+pub fn read_hashes(r: &mut impl Read, count: u64) -> io::Result<Vec<u64>> {
+    if count > MAX_DIGEST_UNITS {
+        return Err(bad(format!("a digest of {count} hashes")));
+    }
+    let mut b = vec![0u8; count as usize * 8];
+    r.read_exact(&mut b)?;
+    Ok(b.chunks_exact(8)
+        .map(|h| u64::from_le_bytes(h.try_into().unwrap()))
+        .collect())
 }
 
 pub const ACK_BYTES: usize = 17;
@@ -261,6 +371,10 @@ impl Ack {
                 b[0] = 2;
                 b[9..17].copy_from_slice(&epoch.to_le_bytes());
             }
+            Ack::Digest { count } => {
+                b[0] = 3;
+                b[9..17].copy_from_slice(&count.to_le_bytes());
+            }
         }
         b
     }
@@ -274,6 +388,9 @@ impl Ack {
             }),
             2 => Ok(Ack::Fenced {
                 epoch: u64::from_le_bytes(b[9..17].try_into().unwrap()),
+            }),
+            3 => Ok(Ack::Digest {
+                count: u64::from_le_bytes(b[9..17].try_into().unwrap()),
             }),
             k => Err(bad(format!("unknown ack kind {k}"))),
         }
@@ -332,9 +449,44 @@ mod tests {
         sync_with_data[0] = FrameKind::Sync as u8;
         assert!(FrameHeader::decode(&sync_with_data).is_err());
 
-        for ack in [Ack::Synced { seq: 5 }, Ack::Fenced { epoch: 6 }] {
+        for ack in [
+            Ack::Synced { seq: 5 },
+            Ack::Fenced { epoch: 6 },
+            Ack::Digest { count: 7 },
+        ] {
             assert_eq!(Ack::read_from(&mut &ack.encode()[..]).unwrap(), ack);
         }
+        let mut b = Vec::new();
+        write_digest(&mut b, &[1, u64::MAX]).unwrap();
+        let mut r = &b[..];
+        assert_eq!(Ack::read_from(&mut r).unwrap(), Ack::Digest { count: 2 });
+        assert_eq!(read_hashes(&mut r, 2).unwrap(), vec![1, u64::MAX]);
+        assert!(read_hashes(&mut &[0u8; 8][..], 2).is_err());
+        assert!(read_hashes(&mut &[][..], MAX_DIGEST_UNITS + 1).is_err());
+
+        let req = DigestRequest {
+            unit: 4096,
+            ranges: vec![(0, 3), (10, 6)],
+        };
+        assert_eq!(
+            DigestRequest::decode(&req.encode(), 16 * 4096).unwrap(),
+            req
+        );
+        // Past the store, a unit out of bounds, a length that lies: errors.
+        assert!(DigestRequest::decode(&req.encode(), 15 * 4096).is_err());
+        let odd = DigestRequest {
+            unit: 512,
+            ..req.clone()
+        };
+        assert!(DigestRequest::decode(&odd.encode(), 1 << 20).is_err());
+        let mut short = req.encode();
+        short.pop();
+        assert!(DigestRequest::decode(&short, 1 << 20).is_err());
+        let wrapping = DigestRequest {
+            unit: 4096,
+            ranges: vec![(u64::MAX, 2)],
+        };
+        assert!(DigestRequest::decode(&wrapping.encode(), 1 << 20).is_err());
         assert!(Ack::read_from(&mut &[9u8; ACK_BYTES][..]).is_err());
         // A truncated message is an error, not a hang or a panic.
         assert!(Ack::read_from(&mut &[1u8; 3][..]).is_err());
