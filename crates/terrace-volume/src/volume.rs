@@ -61,8 +61,10 @@ use crate::export::Export;
 use crate::log::{
     FileLogStore, LogStats, LogStore, Payload, RecordKind, RecordMeta, Wait, WriteLog,
 };
+use crate::replication::replica::record_led;
 use crate::replication::{
-    read_replica_state, ReplicatedStore, Replication, ReplicationConfig, ReplicationStatus,
+    read_replica_state, ReplicaState, ReplicatedStore, Replication, ReplicationConfig,
+    ReplicationStatus,
 };
 
 const BS: u64 = BLOCK_SIZE as u64;
@@ -261,11 +263,11 @@ impl VolumeList {
 /// A log that was a secondary's copy (a `.replica` state beside it, see
 /// [`crate::replication::replica`]) is taken over only whole — never one left
 /// mid-resync, nor one whose file is gone (R5) — and by a primary whose epoch is at
-/// least the one the copy recorded.
-fn check_taken_over_copy(config: &VolumeConfig) -> Result<(), VolumeError> {
+/// least the one the copy recorded. Returns the copy's state, if it is one.
+fn check_taken_over_copy(config: &VolumeConfig) -> Result<Option<ReplicaState>, VolumeError> {
     let state_path = config.log_path.with_extension("replica");
     let Some(state) = read_replica_state(&state_path)? else {
-        return Ok(());
+        return Ok(None);
     };
     if let Some(why) = state.take_over_refusal(&config.log_path) {
         return Err(VolumeError::Config(format!(
@@ -280,7 +282,7 @@ fn check_taken_over_copy(config: &VolumeConfig) -> Result<(), VolumeError> {
             "volume {}: epoch {} is older than the {} its copy has seen",
             config.name, rc.epoch, state.epoch
         ))),
-        _ => Ok(()),
+        _ => Ok(Some(state)),
     }
 }
 
@@ -620,8 +622,17 @@ impl Volume {
         backend: Arc<dyn Backend>,
         cache: Arc<Cache>,
     ) -> Result<(Arc<Volume>, RecoveryReport), VolumeError> {
-        check_taken_over_copy(&config)?;
+        let copy = check_taken_over_copy(&config)?;
         let store = FileLogStore::open(&config.log_path, config.log_bytes)?;
+        if let Some(state) = copy {
+            // R7: written to from now on, the copy follows no primary's stream.
+            let epoch = config.replication.as_ref().map_or(0, |rc| rc.epoch);
+            let state_path = config.log_path.with_extension("replica");
+            record_led(&state_path, state, epoch).map_err(|source| VolumeError::Io {
+                path: state_path.clone(),
+                source,
+            })?;
+        }
         Volume::open_with_store(config, backend, cache, Box::new(store))
     }
 

@@ -423,6 +423,54 @@ fn after_a_failover_the_old_copies_get_what_differs_not_the_whole_log() {
     }
 }
 
+/// R7: a secondary that took the volume over and gave it up again does not take the
+/// old primary's stream back. Its state records the leader's epoch, so the old primary
+/// (paused, say, and still writing on its own) is fenced when it reconnects, instead of
+/// resyncing the copy from a bitmap that knows nothing of what was written while the
+/// copy led — which would overwrite those records.
+#[test]
+fn a_copy_that_led_fences_the_primary_before_it() {
+    let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let old = primary(nodes[0].path(), replicated(&[&r1], AckLevel::All, 1, 1));
+    wait_until("healthy", || health(&old) == Health::Healthy);
+    let mut model = vec![None; (VOLUME / BS as u64) as usize];
+    let mut rng = common::Rng(0x1ed);
+    write_blocks(&old, &mut rng, 50, &mut model);
+
+    // n1 leads for a while (epoch 2), from its copy, its own peer away.
+    r1.release("vol").unwrap();
+    let away = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().to_string()
+    };
+    let rc = ReplicationConfig {
+        epoch: 2,
+        ..ReplicationConfig::new(vec![away])
+    };
+    let log = nodes[1].path().join("vol.log");
+    let led = Volume::open(config(log, Some(rc)), backend(nodes[0].path()), cache())
+        .unwrap()
+        .0;
+    write_blocks(&led, &mut rng, 50, &mut model);
+    // Meanwhile the old primary, cut off from n1, writes on its own (degraded).
+    let mut stale = model.clone();
+    write_blocks(&old, &mut rng, 30, &mut stale);
+    led.close();
+    drop(led);
+    r1.reclaim("vol").unwrap();
+
+    // The old primary reconnects: fenced by the leader's epoch, it sends nothing.
+    wait_until("the old primary fenced", || {
+        old.status().replication.unwrap().fenced_by == Some(2)
+    });
+    let peer = old.status().replication.unwrap().peers[0].clone();
+    assert_ne!(peer.link, LinkState::InSync, "{peer:?}");
+    drop(old);
+    r1.stop();
+    check_copy(nodes[1].path().join("vol.log"), nodes[0].path(), &model);
+}
+
 /// With ack=local nothing waits for the secondary, so when it is stopped many writes are
 /// in flight (queued, in socket buffers, unacknowledged); after it returns and resyncs,
 /// its copy has every one of them.

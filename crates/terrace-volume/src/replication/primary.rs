@@ -287,8 +287,9 @@ fn new_stream() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let mixed = (nanos ^ ((std::process::id() as u64) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    // Neither 0 ("no stream") nor the lost stream (`replica::LOST_STREAM`).
-    mixed.clamp(1, super::replica::LOST_STREAM - 1)
+    // Neither 0 ("no stream") nor the lost or led streams (`replica::LOST_STREAM`,
+    // `replica::LED_STREAM`).
+    mixed.clamp(1, super::replica::LED_STREAM - 1)
 }
 
 impl Replication {

@@ -26,6 +26,12 @@
 //!   acknowledged.
 //! - R6: a DIGEST frame reads the copy and changes nothing (not even its state): a
 //!   primary comparing copies before a resync leaves the copy as it found it.
+//! - R7 (led here): a volume opened from the copy (this node takes it over) records,
+//!   before it writes, the copy as following [`LED_STREAM`] with its epoch; a copy's
+//!   state is read again when the node gives the volume up ([`ReplicaServer::reclaim`]).
+//!   So no primary — the old one back from a pause included — resyncs it from a bitmap
+//!   that does not know what this node wrote while it led: the streams differ and the
+//!   copy is compared (P7 in `primary`), and a primary older than the leader is fenced.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -61,6 +67,9 @@ const PRIMARY_SILENCE: Duration = Duration::from_secs(2);
 /// The stream a copy follows once its log was lost (R5): no primary's stream (a
 /// primary never numbers its stream so), and not 0, which means "never followed one".
 pub const LOST_STREAM: u64 = u64::MAX;
+
+/// The stream a copy follows once this node led the volume from it (R7): no primary's.
+pub const LED_STREAM: u64 = u64::MAX - 1;
 
 impl ReplicaState {
     /// Why a node may not take the volume over from this copy, whose log is at
@@ -143,6 +152,21 @@ fn write_replica_state(path: &Path, state: &ReplicaState) -> io::Result<()> {
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+/// Records that the copy whose state is at `path` (now `state`) is taken over as the
+/// volume's log by a primary of `epoch` (R7): it follows [`LED_STREAM`], is whole (it
+/// is the primary's log), and has seen `epoch`.
+pub fn record_led(path: &Path, state: ReplicaState, epoch: u64) -> io::Result<()> {
+    let led = ReplicaState {
+        epoch: state.epoch.max(epoch),
+        stream: LED_STREAM,
+        consistent: true,
+    };
+    if led == state {
+        return Ok(());
+    }
+    write_replica_state(path, &led)
 }
 
 /// One volume's copy on this secondary.
@@ -319,10 +343,15 @@ impl ReplicaServer {
     }
 
     /// `volume` is no longer led here: its log becomes a copy again, for the next
-    /// primary's stream (which compares it: it follows another stream).
+    /// primary's stream, which compares it (R7: its state, read again, follows
+    /// [`LED_STREAM`] once the volume opened here).
     pub fn reclaim(&self, volume: &str) -> Result<(), VolumeError> {
         let copy = copy_for(&self.shared, volume)?;
-        copy.apply.lock().led = false;
+        let state = read_replica_state(&copy.state_path)?.unwrap_or_default();
+        let mut a = copy.apply.lock();
+        a.state = state;
+        copy.epoch.store(state.epoch, Ordering::Release);
+        a.led = false;
         Ok(())
     }
 
