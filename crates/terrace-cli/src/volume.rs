@@ -111,7 +111,8 @@ pub struct ServeVolumeArgs {
     /// Coordinate through etcd (ENDPOINT[,ENDPOINT…]): every node serves the same
     /// volumes; each is placed on --replicas nodes, led by one (elected, its epoch the
     /// election's revision) and failed over when that node is lost. Needs
-    /// --replica-listen and --node; the ack level must be `all`.
+    /// --replica-listen and --node. With ack `one` or `majority` a primary waits for a
+    /// fixed set of secondaries (kept while in sync), the ones etcd names as able to lead.
     #[arg(long, value_name = "URLS", value_delimiter = ',')]
     etcd: Vec<String>,
     /// This node's name among the coordinated nodes.

@@ -566,3 +566,64 @@ fn a_peer_cut_off_is_unpublished_before_a_write_goes_without_it() {
     drop(v);
     r1.stop();
 }
+
+/// P8: under a coordinator, ack `one` waits for one designated peer and publishes only
+/// it (with the primary): the other peer, streamed to but never waited for, may lag and
+/// must not be named as able to lead. When the designated peer drops out, the other is
+/// designated, and published only once it acknowledged — before any write goes on.
+#[test]
+fn with_ack_one_under_a_coordinator_one_designated_peer_is_published() {
+    use std::sync::Mutex;
+    use terrace_volume::replication::InSyncPublisher;
+    let nodes: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let r2 = ReplicaServer::start("127.0.0.1:0", nodes[2].path()).unwrap();
+    let published: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let publisher = {
+        let published = Arc::clone(&published);
+        InSyncPublisher(Arc::new(move |peers: &[String]| {
+            published.lock().unwrap().push(peers.to_vec());
+            Ok(())
+        }))
+    };
+    let rc = ReplicationConfig {
+        publish_in_sync: Some(publisher),
+        ..replicated(&[&r1, &r2], AckLevel::One, 2, 1)
+    };
+    let v = primary(nodes[0].path(), rc);
+    wait_until("healthy", || health(&v) == Health::Healthy);
+    let mut model = vec![None; (VOLUME / BS as u64) as usize];
+    let mut rng = common::Rng(0xf1257);
+    write_blocks(&v, &mut rng, 50, &mut model);
+    let last = || {
+        published
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let first = last();
+    assert_eq!(first.len(), 1, "one designated peer: {first:?}");
+    let publications = published.lock().unwrap().len();
+    write_blocks(&v, &mut rng, 50, &mut model);
+    assert_eq!(
+        published.lock().unwrap().len(),
+        publications,
+        "the designated peer is kept: no publication per write"
+    );
+
+    // The designated peer goes: the other is published before the next write returns,
+    // and holds every acknowledged write.
+    let (gone, other, other_dir) = if first[0] == r1.local_addr().to_string() {
+        (r1, r2, nodes[2].path())
+    } else {
+        (r2, r1, nodes[1].path())
+    };
+    gone.stop();
+    write_blocks(&v, &mut rng, 20, &mut model);
+    assert_eq!(last(), vec![other.local_addr().to_string()]);
+    drop(v);
+    other.stop();
+    check_copy(other_dir.join("vol.log"), nodes[0].path(), &model);
+}

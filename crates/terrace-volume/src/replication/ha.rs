@@ -19,7 +19,7 @@
 //! # Rules
 //! - H1: a node campaigns for V only when it is in V's placement and, if `in_sync`
 //!   exists, named in it; having won, it checks again and resigns if no longer named.
-//!   So with ack `all` the new primary holds every acknowledged write.
+//!   So the new primary holds every acknowledged write (P6 in `primary`).
 //! - H2: the winner writes `in_sync` = itself before it opens the volume (its peers
 //!   must resync: their copies follow the old primary's stream); if it cannot open it
 //!   (its copy was left mid-resync or lost, the backend is away), it puts the previous
@@ -29,13 +29,15 @@
 //! - H3: a primary holds V only while its lease does: each renewal sent at `t` holds it
 //!   until `t + TTL` (etcd's expiry is later), and past that the volume takes no write
 //!   and no sync succeeds (`LeaseWatch`); the node steps down and campaigns anew.
-//! - H4: with ack `one` or `majority` a new primary could lack a write that only
-//!   another copy acknowledged; until primaries catch up from their peers on taking
-//!   over, a coordinated volume must use ack `all` ([`HaConfig::check`]).
+//! - H4: with ack `one` or `majority` the primary waits for, and names in `in_sync`,
+//!   a fixed set of peers (P8 in `primary`: PostgreSQL's `FIRST k`), not whichever
+//!   answer first: a copy that may lack a write another acknowledged is never named.
+//!   With ack `local` and `--min-replicas 1` only the primary is named, and a volume
+//!   whose primary is lost waits for it.
 
 use std::time::Duration;
 
-use super::{AckLevel, ReplicationConfig};
+use super::ReplicationConfig;
 use crate::error::VolumeError;
 
 #[cfg(feature = "etcd")]
@@ -97,13 +99,6 @@ impl HaConfig {
         if self.replicas < 2 {
             return Err(VolumeError::Config(
                 "a coordinated volume needs 2 or more replicas".into(),
-            ));
-        }
-        if self.template.ack != AckLevel::All {
-            return Err(VolumeError::Config(
-                "with --etcd the ack level must be `all` (a new primary does not yet catch up \
-                 from its peers)"
-                    .into(),
             ));
         }
         if self.template.min_replicas > self.replicas {

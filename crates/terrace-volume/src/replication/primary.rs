@@ -35,10 +35,18 @@
 //! - P5 (fencing): a secondary that has seen a newer epoch fences this primary: every
 //!   later `sync` fails, so the log refuses every later acknowledgement. Under a
 //!   coordinator, so does a lease that ran out (checked last, before `sync` returns).
-//! - P6 (published set): under a coordinator, `sync` returns only once the peers in sync
-//!   equal the set last published through `publish_in_sync` — a peer cut off is
-//!   unpublished before any acknowledgement goes without it, so every node in the
-//!   published set holds every acknowledged write (with ack `all`).
+//! - P6 (published set): under a coordinator, `sync` returns only once the set it
+//!   waited for — every peer in sync with ack `all`, the designated peers (P8) with a
+//!   lower level — equals the set last published through `publish_in_sync`, and only
+//!   after each of them acknowledged it. A peer cut off is unpublished before any
+//!   acknowledgement goes without it, a peer added is published only once it holds every
+//!   write so far; so every node in the published set holds every acknowledged write.
+//! - P8 (designated peers): under a coordinator, ack `one` and `majority` wait for a
+//!   fixed set of `need` peers in sync — kept while they stay in sync, filled first from
+//!   those that acknowledged the sync at hand (PostgreSQL's `FIRST k`), not for whichever
+//!   `need` answer first (`ANY k`, as without a coordinator): then the published set
+//!   names exactly copies that hold every acknowledged write, and a failover needs no
+//!   comparison of how far each copy got. The other peers are streamed to as usual.
 //!
 //! - P7 (comparison): a copy that follows another stream starts with every bit set. A
 //!   comparison round clears a range's bits under the lock *before* reading the range
@@ -263,6 +271,8 @@ struct Shared {
     transitions: u64,
     /// The peers in sync as last published (`publish_in_sync`), by index.
     published: Vec<bool>,
+    /// The peers syncs wait for under a coordinator with ack `one` or `majority` (P8).
+    designated: Vec<bool>,
 }
 
 /// The replication of one volume's write log, shared by its store, the volume (state,
@@ -342,6 +352,7 @@ impl Replication {
                 health: Health::Healthy,
                 transitions: 0,
                 published: vec![false; config.peers.len()],
+                designated: vec![false; config.peers.len()],
             }),
             work: Condvar::new(),
             acks: Condvar::new(),
@@ -969,28 +980,41 @@ impl Replication {
                 .iter()
                 .filter(|p| p.link == LinkState::InSync)
                 .count();
-            let acked = s
+            let acked: Vec<bool> = s
                 .peers
                 .iter()
                 .zip(&targets)
-                .filter(|(p, t)| {
+                .map(|(p, t)| {
                     p.link == LinkState::InSync
                         && t.is_some_and(|(conn, seq, _)| conn == p.conn && p.acked >= seq)
                 })
-                .count();
+                .collect();
             let need = self
                 .config
                 .ack
                 .peers_needed(self.config.peers.len() + 1)
                 .min(in_sync_peers)
                 .max(self.config.min_replicas - 1);
-            if in_sync_peers + 1 >= self.config.min_replicas && acked >= need {
-                // P6: a peer that left the published set's sync is unpublished first.
-                let current: Vec<bool> = s
-                    .peers
+            // The peers this sync waits for: every one in sync, or under a coordinator
+            // with a lower level the designated ones (P8); any `need` of them otherwise.
+            let designate =
+                self.config.publish_in_sync.is_some() && self.config.ack != AckLevel::All;
+            let waited_for: Vec<bool> = if designate {
+                designate_peers(&mut s, &acked, need)
+            } else {
+                s.peers
                     .iter()
                     .map(|p| p.link == LinkState::InSync)
-                    .collect();
+                    .collect()
+            };
+            let enough = if designate {
+                waited_for.iter().zip(&acked).all(|(&w, &a)| !w || a)
+            } else {
+                acked.iter().filter(|&&a| a).count() >= need
+            };
+            if in_sync_peers + 1 >= self.config.min_replicas && enough {
+                // P6: a peer that left the published set's sync is unpublished first.
+                let current = waited_for;
                 match &self.config.publish_in_sync {
                     Some(publisher) if current != s.published => {
                         let addrs: Vec<String> = s
@@ -1041,6 +1065,36 @@ impl Replication {
             self.acks.wait_for(&mut s, Duration::from_millis(50));
         }
     }
+}
+
+/// Keeps the designated peers (P8) at `need` of those in sync: drops the ones no longer
+/// in sync, then fills from those that acknowledged the sync at hand (`acked`), then
+/// from the others in sync, lowest index first; returns the set.
+fn designate_peers(s: &mut Shared, acked: &[bool], need: usize) -> Vec<bool> {
+    let in_sync: Vec<bool> = s
+        .peers
+        .iter()
+        .map(|p| p.link == LinkState::InSync)
+        .collect();
+    for (d, &i) in s.designated.iter_mut().zip(&in_sync) {
+        *d &= i;
+    }
+    let mut count = s.designated.iter().filter(|&&d| d).count();
+    for prefer_acked in [true, false] {
+        for i in 0..in_sync.len() {
+            if count < need && in_sync[i] && !s.designated[i] && (acked[i] || !prefer_acked) {
+                s.designated[i] = true;
+                count += 1;
+            }
+        }
+    }
+    for i in (0..in_sync.len()).rev() {
+        if count > need && s.designated[i] {
+            s.designated[i] = false;
+            count -= 1;
+        }
+    }
+    s.designated.clone()
 }
 
 impl Replication {
