@@ -8,7 +8,7 @@
 # Configurations: replicas 1 (no peers); replicas 2, ack local/one/all; replicas 3, ack
 # local/one/majority/all (all with --min-replicas 1). Each one gets a fresh backend image
 # (IMG_SIZE on DIR), fresh secondaries and a fresh primary, and waits (HEALTHY_WAIT s)
-# for `replication healthy` (the first sync copies the whole log to each peer). Then
+# for `replication healthy` (each new copy is first compared with the log). Then
 # fio's nbd engine writes 4 KiB at random over the first SIZE of the volume, RUNTIME s:
 #   qd1    iodepth 1, 1 job       (IOPS, completion latency p50 / p99)
 #   qd64   iodepth 16, 4 jobs     (IOPS)
