@@ -40,6 +40,7 @@ mod cached;
 pub mod control;
 pub mod error;
 pub mod export;
+pub mod fence;
 pub mod log;
 pub mod metrics;
 pub mod nbd;

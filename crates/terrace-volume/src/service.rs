@@ -19,6 +19,7 @@ use crate::backend::{Backend, FileBackend};
 use crate::control::ControlServer;
 use crate::error::VolumeError;
 use crate::export::Export;
+use crate::fence::FencedBackend;
 use crate::metrics::MetricsServer;
 use crate::nbd::{Listen, NbdBackend, NbdServer};
 use crate::replication::ha::{Coordinator, HaConfig, Leadership};
@@ -72,6 +73,15 @@ impl BackendSpec {
             BackendSpec::Nbd(uri) => Arc::new(NbdBackend::connect(uri, connections)?),
             BackendSpec::S3(config) => Arc::new(S3Backend::open(config.clone())?),
         })
+    }
+
+    /// The file a primary locks to fence earlier ones from the backend ([`crate::fence`]):
+    /// a file or block device's own path; NBD and S3 backends have none.
+    pub fn lock_path(&self) -> Option<PathBuf> {
+        match self {
+            BackendSpec::File(path) => Some(path.clone()),
+            BackendSpec::Nbd(_) | BackendSpec::S3(_) => None,
+        }
     }
 }
 
@@ -213,6 +223,7 @@ impl Service {
                 volumes: self.volumes.clone(),
                 servers: Arc::clone(&self.servers),
                 replica: Arc::clone(self.replica.as_ref().expect("checked at start")),
+                fences: Mutex::new(Vec::new()),
             });
             self.coordinator = Some(Coordinator::start(ha, names, node)?);
         }
@@ -283,6 +294,8 @@ struct CoordinatedNode {
     volumes: VolumeList,
     servers: Arc<Mutex<Vec<NbdServer>>>,
     replica: Arc<ReplicaServer>,
+    /// The backends of the volumes led here, fenced (F1–F3 in [`crate::fence`]).
+    fences: Mutex<Vec<(String, Arc<FencedBackend>)>>,
 }
 
 impl Leadership for CoordinatedNode {
@@ -307,6 +320,8 @@ impl Leadership for CoordinatedNode {
         }
         self.replica.release(volume).map_err(|e| e.to_string())?;
         let opened = spec.open(self.backend_connections).and_then(|backend| {
+            // F1: this term writes the backend only while it holds the writer lock.
+            let fence = Arc::new(FencedBackend::new(backend, spec.lock_path()));
             // A cache key prefix of this term's own: clean blocks this node cached when
             // it led the volume before are stale (another primary wrote since).
             let id = crc32fast::hash(format!("{volume}\0{}", replication.epoch).as_bytes());
@@ -315,9 +330,14 @@ impl Leadership for CoordinatedNode {
                 replication: Some(replication),
                 ..config.clone()
             };
-            Volume::open(config, backend, Arc::clone(&self.cache))
+            let backend = Arc::clone(&fence) as Arc<dyn Backend>;
+            let opened = Volume::open(config, backend, Arc::clone(&self.cache));
+            if opened.is_err() {
+                fence.release();
+            }
+            opened.map(|o| (o, fence))
         });
-        let (v, report) = match opened {
+        let ((v, report), fence) = match opened {
             Ok(o) => o,
             Err(e) => {
                 let _ = self.replica.reclaim(volume);
@@ -325,6 +345,7 @@ impl Leadership for CoordinatedNode {
             }
         };
         tracing::info!(volume, ?report, "took the volume over");
+        self.fences.lock().push((volume.to_string(), fence));
         self.volumes.push(Arc::clone(&v));
         for s in self.servers.lock().iter() {
             if let Err(e) = s.add_export(volume, Arc::clone(&v) as Arc<dyn Export>) {
@@ -338,8 +359,21 @@ impl Leadership for CoordinatedNode {
         for s in self.servers.lock().iter() {
             s.remove_export(volume);
         }
+        let fence = {
+            let mut fences = self.fences.lock();
+            let at = fences.iter().position(|(name, _)| name == volume);
+            at.map(|at| fences.swap_remove(at).1)
+        };
+        // F3, then F2: a writer waiting for the lock gives up so the volume can close;
+        // the lock goes only once nothing of this term can write any more.
+        if let Some(f) = &fence {
+            f.abandon();
+        }
         if let Some(v) = self.volumes.remove(volume) {
             v.close();
+        }
+        if let Some(f) = fence {
+            f.release();
         }
         if let Err(e) = self.replica.reclaim(volume) {
             tracing::warn!(volume, error = %e, "keeping a copy again");

@@ -1664,10 +1664,11 @@ impl Volume {
 
     /// A replicated primary whose lease ran out writes nothing more to the backend:
     /// another node may lead the volume and write newer data there. Checked before each
-    /// batch and right before each run's backend write; a pause between that check and
-    /// the write is not covered — a file backend has no way to refuse an older primary,
-    /// and the fault soak caught one such write (a primary SIGSTOPped inside a run, when
-    /// the check came before the run's log reads) overwriting newer data.
+    /// batch and right before each run's backend write. A pause between that check and
+    /// the write (the fault soak once caught a primary SIGSTOPped inside a run write
+    /// older data over newer) is covered, under a coordinator, by the backend's writer
+    /// lock ([`crate::fence`]): the next primary writes nothing back until this one's
+    /// volume has closed. NBD and S3 backends have no such lock.
     fn check_may_write_back(&self) -> Result<(), BlockError> {
         match &self.replication {
             Some(r) if !r.lease_holds() => Err(BlockError::Log(
