@@ -20,6 +20,13 @@
 //!   block its log holds newer.
 //! - F3: after [`FencedBackend::abandon`] (the node steps down), a writer still waiting for
 //!   the lock gets an error instead of waiting for ever, so the volume can close.
+//! - F4: a lock just taken is kept only if the primary's lease still holds, checked under
+//!   it. A primary paused across whole terms — its lease long gone, the next primary
+//!   done and its lock let go, the one after not yet writing — would otherwise take the
+//!   free lock on resuming and write an older block over one a later term wrote back
+//!   and no log holds any more. Once the lock is held, a lease that runs out is the
+//!   volume's to notice (it writes nothing more back), and the lock orders whatever
+//!   write was already under way before the next term's.
 //!
 //! The price (safety before liveness, as with any fence): while an old primary is paused
 //! holding the lock, the new one takes writes into its log but writes nothing back until
@@ -35,6 +42,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::backend::Backend;
+use crate::replication::LeaseWatch;
 
 /// How often a writer tries the lock again while another holds it.
 const RETRY: Duration = Duration::from_millis(20);
@@ -44,6 +52,8 @@ pub struct FencedBackend {
     inner: Arc<dyn Backend>,
     /// The file to lock; `None`: the backend cannot be fenced.
     lock_path: Option<PathBuf>,
+    /// The lease the primary holds the volume by (F4); `None`: none to check.
+    lease: Option<LeaseWatch>,
     /// The open file whose `flock` is held, once taken.
     held: Mutex<Option<File>>,
     /// F3: stepped down; no more waiting.
@@ -54,8 +64,13 @@ pub struct FencedBackend {
 
 impl FencedBackend {
     /// Wraps `inner`; `lock_path` is the file to lock (a file or block device backend's),
-    /// `None` for a backend that has no lock.
-    pub fn new(inner: Arc<dyn Backend>, lock_path: Option<PathBuf>) -> FencedBackend {
+    /// `None` for a backend that has no lock; `lease` the primary's, checked when the lock
+    /// is taken (F4).
+    pub fn new(
+        inner: Arc<dyn Backend>,
+        lock_path: Option<PathBuf>,
+        lease: Option<LeaseWatch>,
+    ) -> FencedBackend {
         if lock_path.is_none() {
             tracing::warn!(
                 backend = %inner.describe(),
@@ -65,6 +80,7 @@ impl FencedBackend {
         FencedBackend {
             inner,
             lock_path,
+            lease,
             held: Mutex::new(None),
             abandoned: AtomicBool::new(false),
             released: AtomicBool::new(false),
@@ -110,6 +126,14 @@ impl FencedBackend {
                 match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
                 {
                     Ok(()) => {
+                        if self.lease.as_ref().is_some_and(|l| !l.holds()) {
+                            // F4: closing the file lets the lock go at once.
+                            drop(file);
+                            return Err(io::Error::other(
+                                "the primary's lease ran out: not taking the backend's writer \
+                                 lock (another node may lead)",
+                            ));
+                        }
                         if let Some(since) = waited_since {
                             tracing::info!(
                                 backend = %self.inner.describe(), waited = ?since.elapsed(),
@@ -179,7 +203,7 @@ mod tests {
 
     fn fenced(path: &std::path::Path) -> FencedBackend {
         let inner: Arc<dyn Backend> = Arc::new(FileBackend::open(path).unwrap());
-        FencedBackend::new(inner, Some(path.to_path_buf()))
+        FencedBackend::new(inner, Some(path.to_path_buf()), None)
     }
 
     /// F1–F3: the new primary writes nothing while the old one holds the lock, and its
@@ -226,5 +250,29 @@ mod tests {
         // Reads never wait.
         third.read_at(0, &mut buf).unwrap();
         new.release();
+    }
+
+    /// F4: a primary whose lease ran out (paused across terms) does not take a free lock,
+    /// and leaves it free for the node that leads now.
+    #[test]
+    fn a_primary_whose_lease_ran_out_does_not_take_a_free_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backend.img");
+        File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        let inner: Arc<dyn Backend> = Arc::new(FileBackend::open(&path).unwrap());
+        let lease = LeaseWatch::expired();
+        let stale = FencedBackend::new(inner, Some(path.clone()), Some(lease.clone()));
+        let err = stale.write_at(0, &[1u8; 4096]).unwrap_err();
+        assert!(err.to_string().contains("lease"), "{err}");
+        assert!(!stale.holds());
+        let current = fenced(&path);
+        current.write_at(0, &[2u8; 4096]).unwrap();
+        assert!(current.holds(), "the lock was left free");
+        current.release();
+        // With its lease renewed it takes the lock like any primary.
+        lease.hold_until(Instant::now() + Duration::from_secs(5));
+        stale.write_at(0, &[3u8; 4096]).unwrap();
+        assert!(stale.holds());
+        stale.release();
     }
 }

@@ -321,7 +321,8 @@ impl Leadership for CoordinatedNode {
         self.replica.release(volume).map_err(|e| e.to_string())?;
         let opened = spec.open(self.backend_connections).and_then(|backend| {
             // F1: this term writes the backend only while it holds the writer lock.
-            let fence = Arc::new(FencedBackend::new(backend, spec.lock_path()));
+            let lease = replication.lease.clone();
+            let fence = Arc::new(FencedBackend::new(backend, spec.lock_path(), lease));
             // A cache key prefix of this term's own: clean blocks this node cached when
             // it led the volume before are stale (another primary wrote since).
             let id = crc32fast::hash(format!("{volume}\0{}", replication.epoch).as_bytes());
