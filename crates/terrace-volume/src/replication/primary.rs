@@ -58,8 +58,9 @@
 //!   nothing (R6). So a bit left clear is an extent the copy holds as the local log
 //!   does. A failed comparison sets every bit again.
 //!
-//! Lock order: the log's locks (commit, tail) → `Shared` (leaf; nothing else is taken
-//! under it but the local store's reads).
+//! Lock order: the log's locks (commit, tail) → `publishing` (a sync under a
+//! coordinator) → `Shared` (leaf; nothing else is taken under it but the local store's
+//! reads).
 
 use std::collections::VecDeque;
 use std::io::{self, BufReader, BufWriter, Write};
@@ -87,6 +88,11 @@ pub const EXTENT: u64 = 4096;
 const RESYNC_RUN: u64 = 64;
 /// A peer with more than this queued is cut off (it resyncs when it can keep up).
 const MAX_QUEUED_BYTES: u64 = 256 << 20;
+/// The most units one DIGEST asks (8 bytes of answer each: 512 KiB) ...
+const DIGEST_BATCH_UNITS: u64 = 1 << 16;
+/// ... and the most log bytes it makes the copy hash (its read timeout allows for that
+/// much at 32 MiB/s; the copy holds its copy's lock while it hashes).
+const DIGEST_BATCH_BYTES: u64 = 1 << 30;
 /// The sender asks for an ack after this many bytes without one, so `unacked` stays
 /// short when nothing syncs (acknowledge-on-flush volumes).
 const SYNC_EVERY_BYTES: u64 = 16 << 20;
@@ -178,6 +184,30 @@ impl Bitmap {
     }
 }
 
+/// `ranges` (first unit, units) cut into requests of at most `per_batch` units each, in
+/// order.
+fn digest_batches(ranges: &[(u64, u64)], per_batch: u64) -> Vec<Vec<(u64, u64)>> {
+    let mut batches: Vec<Vec<(u64, u64)>> = vec![Vec::new()];
+    let mut in_batch = 0;
+    for &(mut first, mut n) in ranges {
+        while n > 0 {
+            if in_batch == per_batch {
+                batches.push(Vec::new());
+                in_batch = 0;
+            }
+            let take = n.min(per_batch - in_batch);
+            if let Some(batch) = batches.last_mut() {
+                batch.push((first, take));
+            }
+            in_batch += take;
+            first += take;
+            n -= take;
+        }
+    }
+    batches.retain(|b| !b.is_empty());
+    batches
+}
+
 /// For each peer: the connection and SYNC a sync waits on, and since when.
 type SyncTargets = Vec<Option<(u64, u64, Instant)>>;
 
@@ -263,7 +293,7 @@ impl Peer {
 struct Shared {
     peers: Vec<Peer>,
     /// Until the volume has opened, syncs are local (recovery writes the superblock
-    /// before any peer can be in sync; every peer starts with a whole copy to make).
+    /// before any peer can be in sync; every peer starts with a comparison to make).
     opening: bool,
     fenced_by: Option<u64>,
     failed: Option<String>,
@@ -290,6 +320,11 @@ pub struct Replication {
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     syncs_waited: AtomicU64,
+    /// Held by a sync under a coordinator from before it reads the peers' state until
+    /// it returns, so publications (P6) happen one at a time, in the order of the
+    /// states they publish: two syncs can run at once (a superblock's beside a group
+    /// commit's), and an older set published last would name a peer cut off since.
+    publishing: Mutex<()>,
 }
 
 fn new_stream() -> u64 {
@@ -359,6 +394,7 @@ impl Replication {
             stop: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             syncs_waited: AtomicU64::new(0),
+            publishing: Mutex::new(()),
             config,
         });
         {
@@ -572,6 +608,8 @@ impl Replication {
         // Its copy follows another primary (or none): the bitmap means nothing, and a
         // comparison finds what differs (P7).
         let compared = if welcome.stream != stream {
+            // Where `stop` can end it: a comparison may take a while.
+            self.shared.lock().peers[index].socket = Some(socket.try_clone()?);
             Some(self.compare_copy(index, &mut w, &mut reader)?)
         } else {
             None
@@ -624,7 +662,9 @@ impl Replication {
         if result.is_err() {
             // What was cleared held for this copy as it was; the next connection may
             // find it changed (another primary's stream): nothing is known.
-            self.shared.lock().peers[index].dirty.mark_all();
+            let mut s = self.shared.lock();
+            s.peers[index].dirty.mark_all();
+            s.peers[index].socket = None;
         }
         result
     }
@@ -636,30 +676,33 @@ impl Replication {
         r: &mut BufReader<TcpStream>,
     ) -> io::Result<u64> {
         let size = self.local.size();
-        // The copy reads and hashes all of itself in the first round.
-        let hashing = Duration::from_secs(size / (64 << 20));
-        r.get_ref()
-            .set_read_timeout(Some(self.config.peer_timeout + hashing))?;
         let chunks = size.div_ceil(digest::CHUNK);
         let mut bytes = 0;
         let (differing, sent) = self.compare_round(index, w, r, digest::CHUNK, &[(0, chunks)])?;
         bytes += sent;
         let extents_per_chunk = digest::CHUNK / EXTENT;
-        let ranges: Vec<(u64, u64)> = differing
-            .iter()
-            .map(|&c| (c * extents_per_chunk, extents_per_chunk))
-            .map(|(first, n)| (first, n.min(size.div_ceil(EXTENT) - first)))
-            .collect();
+        let extents = size.div_ceil(EXTENT);
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for chunk in differing {
+            let first = chunk * extents_per_chunk;
+            let n = extents_per_chunk.min(extents - first);
+            match ranges.last_mut() {
+                Some((f, m)) if *f + *m == first => *m += n,
+                _ => ranges.push((first, n)),
+            }
+        }
         if !ranges.is_empty() {
             bytes += self.compare_round(index, w, r, EXTENT, &ranges)?.1;
         }
         Ok(bytes)
     }
 
-    /// One round of [`compare_copy`](Self::compare_copy): asks the peer's hashes of
-    /// `unit`-byte units in `ranges`, then for each range: clears its bits, reads it
-    /// locally, and marks again each unit whose hash differs (P7). Returns the units
-    /// that differed and the bytes the round took.
+    /// One round of [`compare_copy`](Self::compare_copy) over `unit`-byte units in
+    /// `ranges` (first unit, units), in requests of at most [`DIGEST_BATCH_UNITS`] units
+    /// and [`DIGEST_BATCH_BYTES`] of log each: the copy answers a request once it has
+    /// hashed it all, so each has its own read timeout. For each answer, range by range:
+    /// clears the range's bits, reads it locally, marks again each unit whose hash
+    /// differs (P7). Returns the units that differed and the bytes the round took.
     fn compare_round(
         &self,
         index: usize,
@@ -668,6 +711,35 @@ impl Replication {
         unit: u64,
         ranges: &[(u64, u64)],
     ) -> io::Result<(Vec<u64>, u64)> {
+        let per_batch = DIGEST_BATCH_UNITS.min(DIGEST_BATCH_BYTES / unit).max(1);
+        let mut differing = Vec::new();
+        let mut bytes = 0;
+        for batch in digest_batches(ranges, per_batch) {
+            if self.stop.load(Ordering::Acquire) {
+                return Err(io::Error::other("replication is stopping"));
+            }
+            bytes += self.compare_batch(index, w, r, unit, &batch, &mut differing)?;
+        }
+        Ok((differing, bytes))
+    }
+
+    /// One DIGEST request of [`compare_round`](Self::compare_round) and the comparison
+    /// of its answer; adds the units that differ to `differing`, returns the bytes.
+    fn compare_batch(
+        &self,
+        index: usize,
+        w: &mut BufWriter<TcpStream>,
+        r: &mut BufReader<TcpStream>,
+        unit: u64,
+        ranges: &[(u64, u64)],
+        differing: &mut Vec<u64>,
+    ) -> io::Result<u64> {
+        let size = self.local.size();
+        let asked: u64 = ranges.iter().map(|&(_, n)| n).sum();
+        // The copy reads and hashes all of it before it answers: 32 MiB/s at the least.
+        let hashing = Duration::from_secs((asked * unit).min(size) / (32 << 20));
+        r.get_ref()
+            .set_read_timeout(Some(self.config.peer_timeout + hashing))?;
         let request = DigestRequest {
             unit: unit as u32,
             ranges: ranges.to_vec(),
@@ -684,7 +756,13 @@ impl Replication {
         w.write_all(&request)?;
         w.flush()?;
         let hashes = match Ack::read_from(r)? {
-            Ack::Digest { count } => read_hashes(r, count)?,
+            Ack::Digest { count } if count == asked => read_hashes(r, count)?,
+            Ack::Digest { count } => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{count} hashes for {asked} units"),
+                ))
+            }
             Ack::Fenced { epoch } => {
                 let mut s = self.shared.lock();
                 s.fenced_by = Some(epoch);
@@ -694,16 +772,7 @@ impl Replication {
             }
             other => return Err(io::Error::other(format!("{other:?} answering a digest"))),
         };
-        let asked: u64 = ranges.iter().map(|&(_, n)| n).sum();
-        if hashes.len() as u64 != asked {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{} hashes for {asked} units", hashes.len()),
-            ));
-        }
-        let size = self.local.size();
         let mut theirs = hashes.iter();
-        let mut differing = Vec::new();
         let mut buf = Vec::new();
         // Read a chunk's worth of units at a time (one unit when units are chunks).
         let per_read = (digest::CHUNK / unit).max(1);
@@ -734,8 +803,7 @@ impl Replication {
                 }
             }
         }
-        let bytes = (FRAME_HEADER + request.len() + ACK_BYTES + 8 * hashes.len()) as u64;
-        Ok((differing, bytes))
+        Ok((FRAME_HEADER + request.len() + ACK_BYTES + 8 * hashes.len()) as u64)
     }
 
     /// Sends peer `index`'s frames and resync runs until the connection ends.
@@ -958,6 +1026,11 @@ impl Replication {
     /// The second half of a sync (P3), after the local store's: waits for the peers
     /// asked in `targets` (and asks those that connected since).
     fn wait_for_peers(&self, mut targets: SyncTargets) -> io::Result<()> {
+        let _publishing = self
+            .config
+            .publish_in_sync
+            .as_ref()
+            .map(|_| self.publishing.lock());
         let mut s = self.shared.lock();
         if self.sync_is_local(&s) {
             if let Some(epoch) = s.fenced_by {
@@ -1197,6 +1270,21 @@ impl Drop for ReplicatedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digest_requests_are_cut_at_their_size_in_order() {
+        assert_eq!(digest_batches(&[], 4), Vec::<Vec<(u64, u64)>>::new());
+        assert_eq!(digest_batches(&[(0, 3)], 4), vec![vec![(0, 3)]]);
+        assert_eq!(
+            digest_batches(&[(0, 3), (10, 6), (20, 1)], 4),
+            vec![vec![(0, 3), (10, 1)], vec![(11, 4)], vec![(15, 1), (20, 1)]]
+        );
+        let big = digest_batches(&[(0, 1 << 20)], DIGEST_BATCH_UNITS);
+        assert_eq!(big.len(), 16);
+        assert!(big
+            .iter()
+            .all(|b| b.iter().map(|r| r.1).sum::<u64>() == DIGEST_BATCH_UNITS));
+    }
 
     #[test]
     fn bitmap_runs_cover_what_was_marked_once() {

@@ -14,8 +14,8 @@
 //!   and the write are under `apply`).
 //! - R3: the copy is recorded *not whole* before the first frame of a resync is
 //!   applied, and whole again only after the resync's end is durable; a copy created
-//!   afresh (missing, or of another size) follows no stream, so its primary copies it
-//!   whole.
+//!   afresh (missing, or of another size) follows no stream, so its primary compares
+//!   it (P7 in `primary`) and sends every extent that differs.
 //! - R4: an ack for frame `seq` is sent only after every frame through `seq` is applied
 //!   and the copy synced.
 //! - R5 (taking over): a node takes a volume over from its copy only when the copy is
@@ -25,7 +25,9 @@
 //!   an empty log would open as a fresh volume, without the writes its primary
 //!   acknowledged.
 //! - R6: a DIGEST frame reads the copy and changes nothing (not even its state): a
-//!   primary comparing copies before a resync leaves the copy as it found it.
+//!   primary comparing copies before a resync leaves the copy as it found it. A
+//!   RESYNC_BEGIN syncs the copy before it records the new stream, so the extents a
+//!   comparison found equal are durable before the primary's bitmap stops marking them.
 //! - R7 (led here): a volume opened from the copy (this node takes it over) records,
 //!   before it writes, the copy as following [`LED_STREAM`] with its epoch; a copy's
 //!   state is read again when the node gives the volume up ([`ReplicaServer::reclaim`]).
@@ -675,6 +677,10 @@ fn apply(
             Ok(Some(Ack::Synced { seq: frame.seq }))
         }
         FrameKind::ResyncBegin => {
+            // R6: what a comparison found equal must be on disk before the copy says it
+            // follows this stream — from then on a reconnection of this stream trusts
+            // the primary's bitmap, which no longer marks those extents.
+            store.sync()?;
             let next = ReplicaState {
                 stream: hello.stream,
                 consistent: false,
@@ -724,8 +730,8 @@ mod tests {
     }
 
     /// R5: a copy that followed a stream and lost its log is made again as following
-    /// the lost stream — copied whole, never taken over — and a new one as following
-    /// none.
+    /// the lost stream — compared and resent, never taken over — and a new one as
+    /// following none.
     #[test]
     fn a_copy_made_again_follows_the_lost_stream() {
         let dir = tempfile::tempdir().unwrap();

@@ -61,7 +61,7 @@ fn bad(what: impl Into<String>) -> io::Error {
 pub struct Hello {
     pub epoch: u64,
     /// The primary's stream: one per primary process, so a secondary that was in sync
-    /// with it can be caught up from the primary's bitmap instead of copied whole.
+    /// with it can be caught up from the primary's bitmap instead of compared whole.
     pub stream: u64,
     pub store_size: u64,
     pub volume: String,
