@@ -78,6 +78,12 @@ fn primary(node: &Path, replication: ReplicationConfig) -> Arc<Volume> {
         .0
 }
 
+/// A loopback address nothing listens on (a peer that is down).
+fn unused_addr() -> String {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap().to_string()
+}
+
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !done() {
@@ -353,10 +359,7 @@ fn after_a_failover_the_old_copies_get_what_differs_not_the_whole_log() {
     old.close();
     drop(old);
     r1.stop();
-    let r0_addr = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().to_string()
-    };
+    let r0_addr = unused_addr();
     let rc = ReplicationConfig {
         ack: AckLevel::All,
         min_replicas: 1,
@@ -440,10 +443,7 @@ fn a_copy_that_led_fences_the_primary_before_it() {
 
     // n1 leads for a while (epoch 2), from its copy, its own peer away.
     r1.release("vol").unwrap();
-    let away = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().to_string()
-    };
+    let away = unused_addr();
     let rc = ReplicationConfig {
         epoch: 2,
         ..ReplicationConfig::new(vec![away])

@@ -41,13 +41,6 @@
 //!   after each of them acknowledged it. A peer cut off is unpublished before any
 //!   acknowledgement goes without it, a peer added is published only once it holds every
 //!   write so far; so every node in the published set holds every acknowledged write.
-//! - P8 (designated peers): under a coordinator, ack `one` and `majority` wait for a
-//!   fixed set of `need` peers in sync — kept while they stay in sync, filled first from
-//!   those that acknowledged the sync at hand (PostgreSQL's `FIRST k`), not for whichever
-//!   `need` answer first (`ANY k`, as without a coordinator): then the published set
-//!   names exactly copies that hold every acknowledged write, and a failover needs no
-//!   comparison of how far each copy got. The other peers are streamed to as usual.
-//!
 //! - P7 (comparison): a copy that follows another stream starts with every bit set. A
 //!   comparison round clears a range's bits under the lock *before* reading the range
 //!   locally, and marks again each unit whose hash differs from the copy's; the peer
@@ -55,8 +48,16 @@
 //!   one before it is in what was read (a write reaches the local store before its
 //!   bits are marked, P1). The copy's hashes stay true until the resync: nothing but
 //!   this connection's frames changes it from its welcome on (R2) and a DIGEST changes
-//!   nothing (R6). So a bit left clear is an extent the copy holds as the local log
-//!   does. A failed comparison sets every bit again.
+//!   nothing (R6), and the copy syncs before it records this stream (R6), so what was
+//!   found equal is durable before the bitmap stops marking it. So a bit left clear is
+//!   an extent the copy holds as the local log does. A failed comparison sets every bit
+//!   again.
+//! - P8 (designated peers): under a coordinator, ack `one` and `majority` wait for a
+//!   fixed set of `need` peers in sync — kept while they stay in sync, filled first from
+//!   those that acknowledged the sync at hand (PostgreSQL's `FIRST k`), not for whichever
+//!   `need` answer first (`ANY k`, as without a coordinator): then the published set
+//!   names exactly copies that hold every acknowledged write, and a failover needs no
+//!   comparison of how far each copy got. The other peers are streamed to as usual.
 //!
 //! Lock order: the log's locks (commit, tail) → `publishing` (a sync under a
 //! coordinator) → `Shared` (leaf; nothing else is taken under it but the local store's
