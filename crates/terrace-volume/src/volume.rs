@@ -1727,12 +1727,15 @@ impl Volume {
             .flush()
             .map_err(|e| self.backend_error("flush after a batch".into(), e))?;
         let last = *batch.last().expect("a batch is never empty");
-        // The release and the dirty entries' removal happen with every shard held: before
-        // the release, recovery would replay the batch, so a write to one of its blocks
-        // must go through the log (V4); after it, the batch's log space may be written
-        // over, so no read may follow a dirty entry into it (V3).
+        // The head moves durably first, with no shard held: that may wait long (a
+        // replicated log's sync waits for a copy in sync, indefinitely while the volume
+        // is read-only) and reads must go on meanwhile. The batch's dirty entries stay
+        // until after it, so a write to one of its blocks still goes through the log
+        // (V4). Its space is reused, and the entries removed, with every shard held: no
+        // read may follow a dirty entry into space being written over (V3).
+        self.log.persist_release(&last)?;
         let mut all: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(|m| m.lock()).collect();
-        self.log.release_through(&last)?;
+        self.log.reuse_through(&last);
         for (&block, d) in &newest {
             let shard = &mut all[shard_of(block)];
             if shard.get(&block).is_some_and(|now| now.seq == d.seq) {
@@ -1804,8 +1807,11 @@ impl Volume {
         // that block's last acknowledged write (the fail-Nth-write test found this).
         self.log.wait_durable(self.log.last_seq())?;
         let last = *batch.last().expect("a batch is never empty");
+        // As in the write-back: the durable move with no shard held, the space's reuse
+        // once no read can still be in the batch (V3).
+        self.log.persist_release(&last)?;
         let all: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(|m| m.lock()).collect();
-        self.log.release_through(&last)?;
+        self.log.reuse_through(&last);
         drop(all);
         self.counters
             .batches_compacted

@@ -6,7 +6,8 @@
 //! was away), or compared by digest when it followed another primary (after a failover
 //! the old primary and the other secondary get about what the new primary wrote since,
 //! not the whole log; a lost copy gets every extent that is not zero); below
-//! `min_replicas` writes are refused and reads go on; a newer epoch fences the older primary; a copy left
+//! `min_replicas` writes are refused and reads go on, even while a written-back batch
+//! waits to be released; a newer epoch fences the older primary; a copy left
 //! mid-resync, or whose log is gone, is never taken over; garbage on the replication port
 //! is refused.
 
@@ -218,6 +219,70 @@ fn below_min_replicas_writes_stop_and_reads_go_on() {
     v.write(BS as u64, &data, false).unwrap();
     let r = v.status().replication.unwrap();
     assert!(r.transitions >= 3, "healthy → read-only → healthy: {r:?}");
+    drop(v);
+    r1.stop();
+}
+
+/// Runs `f` on another thread and panics if it has not returned within 10 s (a call
+/// that blocked): the blocked thread is left behind.
+fn within_10s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("{what} blocked for 10 s"))
+}
+
+/// A batch written back while the volume is read-only cannot be released (the head's
+/// move waits for a copy in sync); meanwhile reads and status go on, and once a copy
+/// returns the batch is released and the drain finishes. Once, the release held every
+/// block's lock while it waited, and a read-only primary answered nothing.
+#[test]
+fn a_release_that_waits_for_a_copy_blocks_no_read() {
+    let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let r1 = ReplicaServer::start("127.0.0.1:0", nodes[1].path()).unwrap();
+    let addr = r1.local_addr();
+    let v = primary(nodes[0].path(), replicated(&[&r1], AckLevel::One, 2, 1));
+    wait_until("healthy", || health(&v) == Health::Healthy);
+    let mut rng = common::Rng(11);
+    let mut model = vec![None; (VOLUME / BS as u64) as usize];
+    write_blocks(&v, &mut rng, 200, &mut model);
+
+    r1.stop();
+    wait_until("read-only", || health(&v) == Health::ReadOnly);
+    // The drain writes the batch back, then waits in the release.
+    let drained = v.drain(Duration::from_secs(2));
+    assert!(
+        drained.is_err(),
+        "a release needs a copy in sync: {drained:?}"
+    );
+    let (block, want) = model
+        .iter()
+        .enumerate()
+        .find_map(|(b, d)| d.clone().map(|d| (b, d)))
+        .unwrap();
+    let reader = Arc::clone(&v);
+    let got = within_10s("a read", move || {
+        let mut buf = vec![0u8; BS];
+        reader.read((block * BS) as u64, &mut buf).map(|()| buf)
+    });
+    assert!(got.unwrap() == want, "block {block}");
+    let reader = Arc::clone(&v);
+    let status = within_10s("status", move || reader.status());
+    assert!(status.dirty_bytes > 0, "nothing released: {status:?}");
+
+    let r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+    wait_until("healthy again", || health(&v) == Health::Healthy);
+    v.drain(Duration::from_secs(20)).unwrap();
+    assert_eq!(v.status().dirty_bytes, 0);
+    let mut buf = vec![0u8; BS];
+    for (block, want) in model.iter().enumerate() {
+        if let Some(want) = want {
+            v.read((block * BS) as u64, &mut buf).unwrap();
+            assert!(buf == *want, "block {block}");
+        }
+    }
     drop(v);
     r1.stop();
 }
