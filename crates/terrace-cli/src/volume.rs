@@ -320,9 +320,19 @@ fn wait_for_signal() -> Result<(), String> {
     })
 }
 
+/// How long `terrace volume` waits for a reply: status, metrics and replicas answer
+/// from memory, so a server that takes long is stuck and the caller should hear so;
+/// flush, mode, resize and snapshot may wait for a whole drain.
+fn reply_timeout(command: &str) -> Duration {
+    match command.split_whitespace().next() {
+        Some("status" | "metrics" | "replicas") => Duration::from_secs(30),
+        _ => Duration::from_secs(900),
+    }
+}
+
 /// `terrace volume ...`: one control command.
 pub fn control(socket: &std::path::Path, command: &str) -> Result<(), String> {
-    let reply = terrace_volume::control::send(socket, command, Duration::from_secs(900))
+    let reply = terrace_volume::control::send(socket, command, reply_timeout(command))
         .map_err(|e| e.to_string())?;
     let (first, rest) = reply.split_once('\n').unwrap_or((reply.as_str(), ""));
     if first == "OK" {
