@@ -445,8 +445,33 @@ pub fn raise_nofile(want: u64) -> u64 {
     lim.rlim_cur
 }
 
-/// A TCP port free right now on 127.0.0.1 (for tools that cannot listen on port 0).
+/// A TCP port free right now on 127.0.0.1 (for tools that cannot listen on port 0),
+/// taken *below* the kernel's ephemeral range: between this call and the tool's bind,
+/// a port from that range may go to any listener on port 0 or any outgoing connection
+/// (a test's relay, a client), and the tool then fails with "Address already in use".
+/// Ports below it go only to whoever names them; each call of this process gets a
+/// different one, and ones in use are skipped.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u32, ephemeral_low.max(20_000));
+    // Processes started at once (test binaries side by side) start far apart.
+    let _ = NEXT.compare_exchange(
+        0,
+        std::process::id().wrapping_mul(7919),
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..(high - low) {
+        let port = low + NEXT.fetch_add(1, Ordering::Relaxed) % (high - low);
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
     l.local_addr().expect("local address").port()
 }
