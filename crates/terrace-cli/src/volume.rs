@@ -8,7 +8,7 @@ use std::time::Duration;
 use terrace_cache::spec::{parse_size, TierList};
 use terrace_volume::nbd::Listen;
 use terrace_volume::replication::ha::HaConfig;
-use terrace_volume::replication::{AckLevel, ReplicationConfig};
+use terrace_volume::replication::{AckLevel, ReplicationConfig, VolumeReplication};
 use terrace_volume::{AckDurability, BackendSpec, Mode, Service, ServiceConfig, VolumeConfig};
 
 /// The flags of `terrace serve-volume`.
@@ -96,6 +96,13 @@ pub struct ServeVolumeArgs {
     /// below it writes are refused and reads go on.
     #[arg(long, default_value_t = 1)]
     min_replicas: usize,
+    /// One volume's own replication, NAME=SETTINGS (repeatable), SETTINGS being any of
+    /// replicas=N, ack-level=LEVEL, min-replicas=M joined by commas, e.g.
+    /// db=ack-level=majority,min-replicas=2 or scratch=replicas=1 (not replicated);
+    /// what it leaves out is the flags' above. Without --etcd a volume with N replicas
+    /// streams to the first N-1 --replica-peer addresses.
+    #[arg(long = "volume-replication", value_name = "NAME=SETTINGS", value_parser = parse_volume_replication)]
+    volume_replication: Vec<(String, VolumeReplication)>,
     /// This primary's epoch: higher than every earlier primary's of its volumes (a
     /// secondary that has seen a higher one refuses this primary).
     #[arg(long, default_value_t = 1)]
@@ -180,6 +187,13 @@ fn parse_volume_mode(s: &str) -> Result<(String, Mode), String> {
     Ok((name.to_string(), mode.parse()?))
 }
 
+fn parse_volume_replication(s: &str) -> Result<(String, VolumeReplication), String> {
+    let (name, settings) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=SETTINGS"))?;
+    Ok((name.to_string(), settings.parse()?))
+}
+
 fn parse_ack(s: &str) -> Result<AckDurability, String> {
     s.parse()
 }
@@ -237,6 +251,8 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
                 peer_timeout: Duration::from_millis(args.replica_timeout_ms.max(1)),
                 ..ReplicationConfig::new(Vec::new())
             },
+            // The last one given for a volume counts (a later insert replaces).
+            volumes: args.volume_replication.iter().cloned().collect(),
         };
         ha.check().map_err(|e| e.to_string())?;
         Some(ha)
@@ -248,9 +264,27 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
     {
         return Err(format!("--volume-mode {name}=…: no volume named {name:?}"));
     }
+    if let Some((name, _)) = args
+        .volume_replication
+        .iter()
+        .find(|(name, _)| !named.iter().any(|(n, _)| n == name))
+    {
+        return Err(format!(
+            "--volume-replication {name}=…: no volume named {name:?}"
+        ));
+    }
+    // The last one given for a volume counts, as for --volume-mode.
+    let own_replication = |name: &str| {
+        args.volume_replication
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .unwrap_or_default()
+    };
     let volumes = named
         .into_iter()
-        .map(|(name, spec)| {
+        .map(|(name, spec)| -> Result<_, String> {
             // The cache key prefix: from the name, so that a file tier kept across a
             // restart gives each volume back its own blocks whatever the flags' order.
             let id = crc32fast::hash(name.as_bytes());
@@ -269,12 +303,19 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
                 low_watermark: args.low_watermark,
                 large_write: args.large_write,
                 promote_after: args.promote_after,
-                replication: replication.clone(),
+                // Under etcd the coordinator replicates (`HaConfig::volumes`).
+                replication: match &ha {
+                    Some(_) => None,
+                    None => {
+                        ReplicationConfig::for_volume(replication.as_ref(), &own_replication(&name))
+                            .map_err(|e| format!("volume {name:?}: {e}"))?
+                    }
+                },
                 ..VolumeConfig::new(&name, id, log_dir.join(format!("{name}.log")))
             };
-            (config, spec)
+            Ok((config, spec))
         })
-        .collect();
+        .collect::<Result<_, String>>()?;
     let listen = if args.listen.is_empty() {
         vec![Listen::Unix(args.dir.join("nbd.sock"))]
     } else {

@@ -170,6 +170,43 @@ fn info_probes_a_directory() {
     assert!(!out.status.success());
 }
 
+/// `serve-volume --volume-replication` is refused, with the reason, for no such volume,
+/// for settings that do not parse, and for copies the node has no peers for.
+#[test]
+fn serve_volume_refuses_replication_settings_it_cannot_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("a.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let volume = format!("a=file:{}", img.display());
+    for (settings, why) in [
+        ("c=replicas=1", "no volume named \"c\""),
+        ("a=copies=2", "expected replicas, ack-level or min-replicas"),
+        (
+            "a=replicas=2",
+            "replicas=2 for a volume of a node with no replica peer",
+        ),
+        ("a=ack-level=one", "for a volume that is not replicated"),
+    ] {
+        let out = terrace(&[
+            "serve-volume",
+            "--volume",
+            &volume,
+            "--volume-replication",
+            settings,
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ]);
+        assert!(
+            !out.status.success() && text(&out).contains(why),
+            "{settings}: {}",
+            text(&out)
+        );
+    }
+}
+
 /// `serve-volume --volume-mode NAME=MODE` gives one volume its own mode (the others keep
 /// --mode), `terrace volume status` shows each, and a mode for no such volume is refused.
 #[test]

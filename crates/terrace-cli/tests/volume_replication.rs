@@ -7,7 +7,9 @@
 //! deleted (the node is lost). A secondary takes the volume over from its copy with a
 //! newer epoch, replicating to the other; every block must hold its last acknowledged
 //! write or the one in flight after it — nothing the dead primary acknowledged is lost,
-//! although none of it had been written back.
+//! although none of it had been written back. Further tests: pauses and partitions,
+//! volumes' own replication settings, etcd failover, a vanished secondary, and
+//! randomized fault rounds with a per-block linearizability check.
 
 mod common;
 
@@ -406,6 +408,126 @@ fn pauses_and_partitions_degrade_then_heal() {
             p.wait_timeout(Duration::from_secs(20)).is_some(),
             "no clean stop"
         );
+    }
+}
+
+/// `terrace volume status NAME` on the node in `dir`.
+fn status_of(dir: &Path, name: &str) -> String {
+    let out = Command::new(terrace_bin())
+        .args(["volume", "status", "--control"])
+        .arg(dir.join("control.sock"))
+        .arg(name)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Each volume's own replication (`--volume-replication`) over the node's flags (ack
+/// all, min-replicas 1, two peers): `db` waits for one peer but needs all three copies
+/// to take writes, `half` streams to the first peer only, `scratch` is not replicated.
+/// With one secondary killed, db refuses writes while half and scratch take them; the
+/// secondary back, db takes them again.
+#[test]
+fn a_volumes_own_replication_settings_override_the_nodes() {
+    let root = tempfile::Builder::new()
+        .prefix("terrace-repl")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let node = |n: &str| {
+        let d = root.path().join(n);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let (a, b, c) = (node("a"), node("b"), node("c"));
+    let (addr_b, addr_c) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let _sec_b = secondary(&b, &addr_b);
+    let mut sec_c = secondary(&c, &addr_c);
+    let sock = a.join("nbd.sock");
+    let mut args: Vec<String> = Vec::new();
+    for v in ["db", "half", "scratch"] {
+        let backend = root.path().join(format!("{v}.img"));
+        std::fs::File::create(&backend)
+            .unwrap()
+            .set_len(BLOCKS * BS as u64)
+            .unwrap();
+        args.extend(["--volume".into(), format!("{v}=file:{}", backend.display())]);
+    }
+    for arg in [
+        "--mode",
+        "write-back",
+        "--listen",
+        &format!("unix:{}", sock.display()),
+        "--replica-peer",
+        &addr_b,
+        "--replica-peer",
+        &addr_c,
+        "--replica-timeout-ms",
+        "1000",
+        "--volume-replication",
+        "db=ack-level=one,min-replicas=3",
+        "--volume-replication",
+        "half=replicas=2",
+        "--volume-replication",
+        "scratch=replicas=1",
+    ] {
+        args.push(arg.to_string());
+    }
+    let _prim = start_serve_volume(&a, &args, sock.to_str().unwrap());
+    let wait_for = |name: &str, state: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = status_of(&a, name);
+            if s.contains(&format!("replication {state}\n")) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "{name} not {state}:\n{s}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let db = wait_for("db", "healthy");
+    assert!(db.contains("replication_ack one\n"), "{db}");
+    assert!(db.contains("replication_in_sync 3 of 3 (min 3)\n"), "{db}");
+    let half = wait_for("half", "healthy");
+    assert!(half.contains("replication_ack all\n"), "{half}");
+    assert!(
+        half.contains("replication_in_sync 2 of 2 (min 1)\n"),
+        "{half}"
+    );
+    assert!(half.contains(&addr_b) && !half.contains(&addr_c), "{half}");
+    let scratch = status_of(&a, "scratch");
+    assert!(
+        scratch.contains("volume scratch") && !scratch.contains("replication"),
+        "{scratch}"
+    );
+
+    let client = |name: &str| {
+        let uri = format!("nbd+unix:///{name}?socket={}", sock.display());
+        terrace_volume::nbd::NbdBackend::connect(&uri, 1).expect("connect")
+    };
+    let (db, half, scratch) = (client("db"), client("half"), client("scratch"));
+    for v in [&db, &half, &scratch] {
+        v.write_at(0, &stamp(0, 1)).unwrap();
+    }
+    sec_c.kill9();
+    wait_for("db", "read-only");
+    assert!(
+        db.write_at(0, &stamp(0, 2)).is_err(),
+        "db took a write with 2 copies of the 3 it needs"
+    );
+    half.write_at(0, &stamp(0, 2)).unwrap();
+    scratch.write_at(0, &stamp(0, 2)).unwrap();
+    assert!(status_of(&a, "half").contains("replication healthy\n"));
+
+    let _sec_c = secondary(&c, &addr_c);
+    wait_for("db", "healthy");
+    db.write_at(0, &stamp(0, 2)).unwrap();
+    let mut buf = vec![0u8; BS];
+    for v in [&db, &half, &scratch] {
+        v.read_at(0, &mut buf).unwrap();
+        assert_eq!(read_stamp(0, &buf), 2);
     }
 }
 
@@ -954,7 +1076,7 @@ fn faketime_library() -> Option<std::path::PathBuf> {
 /// clock is left alone, as the kernel does.
 struct Cluster {
     root: tempfile::TempDir,
-    /// Every node's `--ack-level`.
+    /// The volume's ack level (`--volume-replication`; min-replicas 2).
     ack: String,
     faketime: Option<std::path::PathBuf>,
     clocks: Vec<std::path::PathBuf>,
@@ -1028,10 +1150,9 @@ impl Cluster {
             "write-back",
             "--listen",
             &format!("unix:{}", self.dirs[i].join("nbd.sock").display()),
-            "--min-replicas",
-            "2",
-            "--ack-level",
-            &self.ack,
+            // The volume's own settings, over the flags' defaults (ack all, min 1).
+            "--volume-replication",
+            &format!("volume=ack-level={},min-replicas=2", self.ack),
             "--lease-ttl-ms",
             "3000",
             "--replica-timeout-ms",
@@ -1103,6 +1224,8 @@ impl Cluster {
                     assert_eq!(first, i, "epoch {e} led by n{first} and n{i}");
                 }
                 if s.contains("replication healthy\n") {
+                    let ack = format!("replication_ack {}\n", self.ack);
+                    assert!(s.contains(&ack) && s.contains("(min 2)\n"), "n{i}: {s}");
                     return i;
                 }
             }
@@ -1268,7 +1391,13 @@ fn fault_rounds(rounds: u64, random: bool, only: Option<u64>, ack: &str) {
         x ^= x >> 7;
         x ^= x << 17;
         let fault = match only {
-            Some(kind) => kind,
+            Some(kind) => {
+                assert!(
+                    kinds.contains(&kind),
+                    "fault {kind} is not run with ack {ack}"
+                );
+                kind
+            }
             None if random => kinds[(x % kinds.len() as u64) as usize],
             None => kinds[(round % kinds.len() as u64) as usize],
         };

@@ -255,7 +255,8 @@ impl Ctx {
                     .ok_or_else(|| format!("{key}: garbled placement {text:?}"));
             }
             let nodes = self.live_nodes().await?;
-            if nodes.len() < self.config.replicas {
+            let replicas = self.config.replicas_of(volume);
+            if nodes.len() < replicas {
                 tracing::info!(
                     volume,
                     alive = nodes.len(),
@@ -267,7 +268,7 @@ impl Ctx {
                 }
                 continue;
             }
-            let chosen = place(volume, &nodes, self.config.replicas);
+            let chosen = place(volume, &nodes, replicas);
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.clone(), encode_placement(&chosen), None)]);
@@ -475,6 +476,7 @@ impl Ctx {
             .iter()
             .map(|p| (p.addr.clone(), p.node.clone()))
             .collect();
+        let template = self.config.template_of(volume);
         let ctx = Arc::clone(self);
         let volume = volume.to_string();
         let publish = move |addrs: &[String]| -> std::io::Result<()> {
@@ -493,7 +495,7 @@ impl Ctx {
             epoch,
             lease: Some(self.lease.clone()),
             publish_in_sync: Some(InSyncPublisher(Arc::new(publish))),
-            ..self.config.template.clone()
+            ..template
         }
     }
 }

@@ -35,9 +35,10 @@
 //!   With ack `local` and `--min-replicas 1` only the primary is named, and a volume
 //!   whose primary is lost waits for it.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::ReplicationConfig;
+use super::{ReplicationConfig, VolumeReplication};
 use crate::error::VolumeError;
 
 #[cfg(feature = "etcd")]
@@ -80,6 +81,11 @@ pub struct HaConfig {
     /// The replication of the volumes this node leads (peers, epoch, lease and publisher
     /// are filled in per volume).
     pub template: ReplicationConfig,
+    /// Volumes' own settings over `replicas` and the template's ack level and
+    /// `min_replicas`. Every node should be given the same: a volume's placement takes
+    /// the count of the node that places it first, and each primary waits as its own
+    /// settings say.
+    pub volumes: BTreeMap<String, VolumeReplication>,
 }
 
 impl HaConfig {
@@ -96,18 +102,47 @@ impl HaConfig {
                 self.domain
             )));
         }
-        if self.replicas < 2 {
-            return Err(VolumeError::Config(
-                "a coordinated volume needs 2 or more replicas".into(),
-            ));
-        }
-        if self.template.min_replicas > self.replicas {
-            return Err(VolumeError::Config("min-replicas above replicas".into()));
+        let names = std::iter::once(None).chain(self.volumes.keys().map(Some));
+        for name in names {
+            let volume = name.map(String::as_str).unwrap_or_default();
+            let of = name.map_or(String::new(), |n| format!(" (volume {n})"));
+            let replicas = self.replicas_of(volume);
+            if replicas < 2 {
+                return Err(VolumeError::Config(format!(
+                    "a coordinated volume needs 2 or more replicas{of}"
+                )));
+            }
+            if self.template_of(volume).min_replicas > replicas {
+                return Err(VolumeError::Config(format!(
+                    "min-replicas above replicas{of}"
+                )));
+            }
         }
         if self.lease_ttl < Duration::from_secs(1) {
             return Err(VolumeError::Config("a lease TTL under 1 s".into()));
         }
         Ok(())
+    }
+}
+
+impl HaConfig {
+    /// Copies of `volume`, its primary's included.
+    pub fn replicas_of(&self, volume: &str) -> usize {
+        self.volumes
+            .get(volume)
+            .and_then(|v| v.replicas)
+            .unwrap_or(self.replicas)
+    }
+
+    /// The replication `volume`'s primary runs with, before its peers, epoch, lease
+    /// and publisher are filled in.
+    pub fn template_of(&self, volume: &str) -> ReplicationConfig {
+        let own = self.volumes.get(volume).copied().unwrap_or_default();
+        ReplicationConfig {
+            ack: own.ack.unwrap_or(self.template.ack),
+            min_replicas: own.min_replicas.unwrap_or(self.template.min_replicas),
+            ..self.template.clone()
+        }
     }
 }
 
@@ -185,12 +220,43 @@ pub(crate) fn decode_placement(text: &str) -> Option<Vec<Placed>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replication::AckLevel;
 
     fn node(n: &str, d: &str) -> Placed {
         Placed {
             node: n.into(),
             domain: d.into(),
             addr: format!("{n}:1"),
+        }
+    }
+
+    #[test]
+    fn a_volumes_own_settings_replace_the_nodes_and_are_checked() {
+        let mut ha = HaConfig {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            node: "n1".into(),
+            domain: "r1".into(),
+            replica_addr: "127.0.0.1:7400".into(),
+            replicas: 3,
+            lease_ttl: Duration::from_secs(3),
+            prefix: "/terrace".into(),
+            template: ReplicationConfig {
+                min_replicas: 2,
+                ..ReplicationConfig::new(Vec::new())
+            },
+            volumes: BTreeMap::new(),
+        };
+        ha.volumes
+            .insert("db".into(), "replicas=5,ack-level=one".parse().unwrap());
+        ha.check().unwrap();
+        assert_eq!((ha.replicas_of("db"), ha.replicas_of("other")), (5, 3));
+        let (db, other) = (ha.template_of("db"), ha.template_of("other"));
+        assert_eq!((db.ack, db.min_replicas), (AckLevel::One, 2));
+        assert_eq!((other.ack, other.min_replicas), (AckLevel::All, 2));
+        for bad in ["replicas=1", "replicas=2,min-replicas=3", "min-replicas=4"] {
+            ha.volumes.insert("x".into(), bad.parse().unwrap());
+            let e = ha.check().unwrap_err().to_string();
+            assert!(e.contains("volume x"), "{bad}: {e}");
         }
     }
 

@@ -252,6 +252,94 @@ impl ReplicationConfig {
     }
 }
 
+/// One volume's own replication settings over its node's (Ceph's per-pool `size` and
+/// `min_size`): `serve-volume --volume-replication NAME=SETTINGS`, SETTINGS being
+/// `replicas=N,ack-level=L,min-replicas=M` (any of them, in any order; the keys are
+/// the node-wide flags' names). A field left unset takes the node's value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeReplication {
+    /// Copies, this one included. Without a coordinator the volume streams to the first
+    /// `replicas - 1` of the node's peers (1: not replicated).
+    pub replicas: Option<usize>,
+    pub ack: Option<AckLevel>,
+    pub min_replicas: Option<usize>,
+}
+
+impl std::str::FromStr for VolumeReplication {
+    type Err = String;
+    fn from_str(s: &str) -> Result<VolumeReplication, String> {
+        let mut v = VolumeReplication::default();
+        for item in s.split(',') {
+            let (key, value) = item.split_once('=').ok_or_else(|| {
+                format!("{item:?}: expected replicas=N, ack-level=LEVEL or min-replicas=M")
+            })?;
+            let count = |what: &str| {
+                value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| format!("{what}={value:?}: expected a count of 1 or more"))
+            };
+            match key {
+                "replicas" => v.replicas = Some(count(key)?),
+                "ack-level" => v.ack = Some(value.parse()?),
+                "min-replicas" => v.min_replicas = Some(count(key)?),
+                _ => {
+                    return Err(format!(
+                        "{key:?}: expected replicas, ack-level or min-replicas"
+                    ))
+                }
+            }
+        }
+        Ok(v)
+    }
+}
+
+impl ReplicationConfig {
+    /// The replication of a volume whose own settings are `own`, on a node replicating
+    /// with `node` (`None`: the node has no peers). `Ok(None)`: the volume is not
+    /// replicated (`replicas=1`, or neither the node nor the volume asks for copies).
+    /// The result is checked ([`ReplicationConfig::check`]).
+    pub fn for_volume(
+        node: Option<&ReplicationConfig>,
+        own: &VolumeReplication,
+    ) -> Result<Option<ReplicationConfig>, VolumeError> {
+        let unreplicated = || {
+            if own.ack.is_some() || own.min_replicas.is_some_and(|m| m > 1) {
+                return Err(VolumeError::Config(
+                    "ack-level or min-replicas for a volume that is not replicated".into(),
+                ));
+            }
+            Ok(None)
+        };
+        let Some(node) = node else {
+            return match own.replicas {
+                None | Some(1) => unreplicated(),
+                Some(n) => Err(VolumeError::Config(format!(
+                    "replicas={n} for a volume of a node with no replica peer"
+                ))),
+            };
+        };
+        let mut config = node.clone();
+        if let Some(n) = own.replicas {
+            if n == 1 {
+                return unreplicated();
+            }
+            if n - 1 > node.peers.len() {
+                return Err(VolumeError::Config(format!(
+                    "replicas={n} with {} replica peers",
+                    node.peers.len()
+                )));
+            }
+            config.peers.truncate(n - 1);
+        }
+        config.ack = own.ack.unwrap_or(config.ack);
+        config.min_replicas = own.min_replicas.unwrap_or(config.min_replicas);
+        config.check()?;
+        Ok(Some(config))
+    }
+}
+
 /// One secondary as the primary sees it.
 #[derive(Clone, Debug)]
 pub struct PeerStatus {
@@ -397,5 +485,61 @@ impl ReplicationStatus {
             ));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_volumes_settings_parse_and_override_the_nodes() {
+        let own: VolumeReplication = "ack-level=one,replicas=2".parse().unwrap();
+        assert_eq!(own.replicas, Some(2));
+        assert_eq!(own.ack, Some(AckLevel::One));
+        assert_eq!(own.min_replicas, None);
+        for bad in [
+            "",
+            "replicas",
+            "replicas=0",
+            "copies=2",
+            "ack-level=most",
+            "min-replicas=x",
+        ] {
+            assert!(bad.parse::<VolumeReplication>().is_err(), "{bad:?} parsed");
+        }
+
+        let node = ReplicationConfig {
+            min_replicas: 2,
+            ..ReplicationConfig::new(vec!["b:1".into(), "c:1".into()])
+        };
+        let got = ReplicationConfig::for_volume(Some(&node), &own)
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.peers, ["b:1"], "the first replicas - 1 peers");
+        assert_eq!((got.ack, got.min_replicas), (AckLevel::One, 2));
+        let all = ReplicationConfig::for_volume(Some(&node), &VolumeReplication::default());
+        assert_eq!(all.unwrap().unwrap().peers.len(), 2, "unset: the node's");
+        let one = "replicas=1".parse().unwrap();
+        assert!(ReplicationConfig::for_volume(Some(&node), &one)
+            .unwrap()
+            .is_none());
+        assert!(ReplicationConfig::for_volume(None, &one).unwrap().is_none());
+        for bad in [
+            "replicas=4",                // more than the node's peers
+            "replicas=2,min-replicas=3", // above replicas
+            "replicas=1,ack-level=all",  // not replicated
+        ] {
+            let own = bad.parse().unwrap();
+            assert!(
+                ReplicationConfig::for_volume(Some(&node), &own).is_err(),
+                "{bad} accepted"
+            );
+        }
+        let two = "replicas=2".parse().unwrap();
+        assert!(
+            ReplicationConfig::for_volume(None, &two).is_err(),
+            "no peer"
+        );
     }
 }
