@@ -604,7 +604,7 @@ fn start_etcd(root: &Path) -> Option<(Vec<ChildGuard>, Vec<String>)> {
         }
         eprintln!("etcd members did not all come up (attempt {attempt}); again on new ports");
     }
-    panic!("three etcd members did not come up in three attempts (see etcd*.log)");
+    panic!("three etcd members did not come up in three attempts (see etcd*-*.log)");
 }
 
 fn spawn_etcd(etcd: &Path, root: &Path, attempt: usize) -> (Vec<ChildGuard>, Vec<String>) {
@@ -618,7 +618,7 @@ fn spawn_etcd(etcd: &Path, root: &Path, attempt: usize) -> (Vec<ChildGuard>, Vec
     let mut urls = Vec::new();
     for (i, (client, peer)) in ports.iter().enumerate() {
         let url = format!("http://127.0.0.1:{client}");
-        let log = std::fs::File::create(root.join(format!("etcd{i}.log"))).unwrap();
+        let log = std::fs::File::create(root.join(format!("etcd{i}-{attempt}.log"))).unwrap();
         let child = Command::new(etcd)
             .arg("--name")
             .arg(format!("e{i}"))
