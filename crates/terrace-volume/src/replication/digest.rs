@@ -36,17 +36,24 @@ pub fn unit_span(index: u64, unit: u64, size: u64) -> (u64, u64) {
     (offset, unit.min(size.saturating_sub(offset)))
 }
 
-/// Hashes every unit `request` asks of `store`, in order (the copy's side).
+/// Hashes every unit `request` asks of `store`, in order (the copy's side). A request
+/// may cover a gigabyte: `abandoned` is asked before each unit, and true ends the
+/// hashing with an error (the copy is wanted elsewhere: a takeover waits for no more
+/// than one unit).
 pub fn hash_units(
     store: &dyn LogStore,
     request: &DigestRequest,
     seed: u64,
+    abandoned: &dyn Fn() -> bool,
 ) -> io::Result<Vec<u64>> {
     let unit = request.unit as u64;
     let mut hashes = Vec::with_capacity(request.units() as usize);
     let mut buf = vec![0u8; unit as usize];
     for &(first, n) in &request.ranges {
         for index in first..first + n {
+            if abandoned() {
+                return Err(io::Error::other("hashing abandoned: the copy is wanted"));
+            }
             let (offset, len) = unit_span(index, unit, store.size());
             let bytes = &mut buf[..len as usize];
             store.read_at(offset, bytes)?;
@@ -91,7 +98,7 @@ mod tests {
             unit: 4096,
             ranges: vec![(4, 2), (10, 1)],
         };
-        let got = hash_units(&store, &request, 9).unwrap();
+        let got = hash_units(&store, &request, 9, &|| false).unwrap();
         assert_eq!(
             got,
             vec![
@@ -103,5 +110,13 @@ mod tests {
         assert_ne!(got[0], got[1], "one byte changes the hash");
         assert_ne!(hash_unit(&bytes[..4096], 9), hash_unit(&bytes[..4096], 10));
         assert_eq!(unit_span(10, 4096, bytes.len() as u64), (10 * 4096, 100));
+
+        let asked = std::cell::Cell::new(0);
+        let stop_at_two = || {
+            asked.set(asked.get() + 1);
+            asked.get() > 2
+        };
+        assert!(hash_units(&store, &request, 9, &stop_at_two).is_err());
+        assert_eq!(asked.get(), 3, "asked before each unit, ended at once");
     }
 }

@@ -25,7 +25,9 @@
 //!   an empty log would open as a fresh volume, without the writes its primary
 //!   acknowledged.
 //! - R6: a DIGEST frame reads the copy and changes nothing (not even its state): a
-//!   primary comparing copies before a resync leaves the copy as it found it. A
+//!   primary comparing copies before a resync leaves the copy as it found it. Its
+//!   hashing (up to a gigabyte, under `apply`) ends at the next unit once a newer
+//!   session wants the copy, so a takeover's `release` does not wait for it. A
 //!   RESYNC_BEGIN syncs the copy before it records the new stream, so the extents a
 //!   comparison found equal are durable before the primary's bitmap stops marking them.
 //! - R7 (led here): a volume opened from the copy (this node takes it over) records,
@@ -575,7 +577,7 @@ fn serve_primary(session: u64, stream: TcpStream, shared: &Shared) -> io::Result
             return Err(io::Error::other("a newer connection took the volume"));
         }
         if frame.kind == FrameKind::Digest {
-            let hashes = digest_copy(&a, &hello, &data)?;
+            let hashes = digest_copy(&copy, session, &a, &hello, &data)?;
             drop(a);
             write_digest(&mut writer, &hashes)?;
             writer.flush()?;
@@ -632,14 +634,23 @@ fn open_copy(copy: &VolumeCopy, a: &mut Applied, hello: &Hello) -> Result<(), Vo
 }
 
 /// Answers a DIGEST: the hashes of the copy's units it asks (seeded with the
-/// primary's stream; see [`super::digest`]). Reads only.
-fn digest_copy(a: &Applied, hello: &Hello, request: &[u8]) -> io::Result<Vec<u64>> {
+/// primary's stream; see [`super::digest`]). Reads only. Ends early once a newer
+/// session — a takeover's `release`, which bumps it before it waits for the lock this
+/// runs under — wants the copy.
+fn digest_copy(
+    copy: &VolumeCopy,
+    session: u64,
+    a: &Applied,
+    hello: &Hello,
+    request: &[u8],
+) -> io::Result<Vec<u64>> {
     let store = a
         .store
         .as_ref()
         .ok_or_else(|| io::Error::other("the copy is not open"))?;
     let request = DigestRequest::decode(request, store.size())?;
-    hash_units(store, &request, hello.stream)
+    let abandoned = || copy.session.load(Ordering::Acquire) != session;
+    hash_units(store, &request, hello.stream, &abandoned)
 }
 
 fn apply(
