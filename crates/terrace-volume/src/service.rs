@@ -318,6 +318,7 @@ impl Leadership for CoordinatedNode {
                 config.log_path.display()
             ));
         }
+        let epoch = replication.epoch;
         self.replica.release(volume).map_err(|e| e.to_string())?;
         let opened = spec.open(self.backend_connections).and_then(|backend| {
             // F1: this term writes the backend only while it holds the writer lock.
@@ -341,7 +342,7 @@ impl Leadership for CoordinatedNode {
         let ((v, report), fence) = match opened {
             Ok(o) => o,
             Err(e) => {
-                let _ = self.replica.reclaim(volume);
+                let _ = self.replica.reclaim(volume, epoch);
                 return Err(e.to_string());
             }
         };
@@ -370,13 +371,15 @@ impl Leadership for CoordinatedNode {
         if let Some(f) = &fence {
             f.abandon();
         }
+        let mut epoch = 0;
         if let Some(v) = self.volumes.remove(volume) {
+            epoch = v.status().replication.map_or(0, |r| r.epoch);
             v.close();
         }
         if let Some(f) = fence {
             f.release();
         }
-        if let Err(e) = self.replica.reclaim(volume) {
+        if let Err(e) = self.replica.reclaim(volume, epoch) {
             tracing::warn!(volume, error = %e, "keeping a copy again");
         }
     }

@@ -346,15 +346,37 @@ impl ReplicaServer {
         Ok(())
     }
 
-    /// `volume` is no longer led here: its log becomes a copy again, for the next
-    /// primary's stream, which compares it (R7: its state, read again, follows
-    /// [`LED_STREAM`] once the volume opened here).
-    pub fn reclaim(&self, volume: &str) -> Result<(), VolumeError> {
+    /// `volume`, led here with `epoch`, is no longer: its log becomes a copy again,
+    /// for the next primary's stream, which compares it (R7: its state, read again,
+    /// follows [`LED_STREAM`] once the volume opened here). A state file that cannot
+    /// be read says nothing of the copy: it is recorded as a lost copy's (R5: compared
+    /// in full, not taken over before a resync) at the highest epoch known here, the
+    /// leader's included. Fails only if that cannot be recorded; the copy then stays
+    /// led, refusing every primary.
+    pub fn reclaim(&self, volume: &str, epoch: u64) -> Result<(), VolumeError> {
         let copy = copy_for(&self.shared, volume)?;
-        let state = read_replica_state(&copy.state_path)?.unwrap_or_default();
+        let read = read_replica_state(&copy.state_path);
         let mut a = copy.apply.lock();
-        a.state = state;
-        copy.epoch.store(state.epoch, Ordering::Release);
+        match read {
+            Ok(state) => {
+                a.state = state.unwrap_or_default();
+                copy.epoch.store(a.state.epoch, Ordering::Release);
+            }
+            Err(e) => {
+                tracing::warn!(volume, error = %e, "the copy's state is unreadable: recorded as lost");
+                let lost = ReplicaState {
+                    epoch: epoch.max(a.state.epoch),
+                    stream: LOST_STREAM,
+                    consistent: false,
+                };
+                write_replica_state(&copy.state_path, &lost).map_err(|source| VolumeError::Io {
+                    path: copy.state_path.clone(),
+                    source,
+                })?;
+                a.state = lost;
+                copy.epoch.store(lost.epoch, Ordering::Release);
+            }
+        }
         a.led = false;
         Ok(())
     }
@@ -777,5 +799,36 @@ mod tests {
         let made = open(ReplicaState::default());
         assert_eq!((made.epoch, made.stream, made.consistent), (5, 0, false));
         assert_eq!(made.take_over_refusal(&log_path), None);
+    }
+
+    /// A copy led here whose state file is garbled when the node gives the volume up
+    /// is kept as a lost copy at the leader's epoch, not left led (refusing every
+    /// primary) nor trusted.
+    #[test]
+    fn a_garbled_state_at_reclaim_makes_the_copy_a_lost_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log_path, state_path) = replica_paths(dir.path(), "v");
+        std::fs::write(&log_path, vec![0u8; 4096]).unwrap();
+        let whole = ReplicaState {
+            epoch: 4,
+            stream: 77,
+            consistent: true,
+        };
+        write_replica_state(&state_path, &whole).unwrap();
+        let server = ReplicaServer::start("127.0.0.1:0", dir.path()).unwrap();
+        server.release("v").unwrap();
+        assert!(server.status()[0].led);
+        std::fs::write(&state_path, "epoch 9\nstr").unwrap();
+        server.reclaim("v", 9).unwrap();
+        let lost = ReplicaState {
+            epoch: 9,
+            stream: LOST_STREAM,
+            consistent: false,
+        };
+        let status = &server.status()[0];
+        assert_eq!((status.led, status.state), (false, lost));
+        assert_eq!(read_replica_state(&state_path).unwrap(), Some(lost));
+        assert!(lost.take_over_refusal(&log_path).is_some());
+        server.stop();
     }
 }
