@@ -544,8 +544,8 @@ impl Replication {
         let retry = self.config.reconnect;
         while !self.stop.load(Ordering::Acquire) {
             match self.connect(index) {
-                Ok(Some((conn, socket))) => {
-                    if let Err(e) = self.stream_to(index, conn, socket) {
+                Ok(Some((conn, socket, reader))) => {
+                    if let Err(e) = self.stream_to(index, conn, socket, reader) {
                         let mut s = self.shared.lock();
                         self.cut_off(&mut s, index, conn, e.to_string());
                     }
@@ -566,8 +566,11 @@ impl Replication {
         }
     }
 
-    /// Connects and greets peer `index`; on success it is resyncing.
-    fn connect(&self, index: usize) -> io::Result<Option<(u64, TcpStream)>> {
+    /// Connects and greets peer `index`; on success it is resyncing, and this returns
+    /// its connection number, the socket and the reader that read the welcome (and any
+    /// digests): what it may have buffered beyond them is the peer's, for `read_acks`.
+    #[allow(clippy::type_complexity)]
+    fn connect(&self, index: usize) -> io::Result<Option<(u64, TcpStream, BufReader<TcpStream>)>> {
         let addr = self.config.peers[index].clone();
         let target = addr
             .to_socket_addrs()?
@@ -645,7 +648,7 @@ impl Replication {
         );
         self.publish(&mut s, format!("{addr} connected"));
         self.work.notify_all();
-        Ok(Some((conn, socket)))
+        Ok(Some((conn, socket, reader)))
     }
 
     /// Compares peer `index`'s copy, which followed another stream, with the local
@@ -808,13 +811,18 @@ impl Replication {
     }
 
     /// Sends peer `index`'s frames and resync runs until the connection ends.
-    fn stream_to(self: &Arc<Self>, index: usize, conn: u64, socket: TcpStream) -> io::Result<()> {
+    fn stream_to(
+        self: &Arc<Self>,
+        index: usize,
+        conn: u64,
+        socket: TcpStream,
+        acks: BufReader<TcpStream>,
+    ) -> io::Result<()> {
         let reader = {
             let r = Arc::clone(self);
-            let sock = socket.try_clone()?;
             std::thread::Builder::new()
                 .name(format!("replica-acks-{index}"))
-                .spawn(move || r.read_acks(index, conn, sock))?
+                .spawn(move || r.read_acks(index, conn, acks))?
         };
         let mut w = BufWriter::with_capacity(256 << 10, socket);
         let result = self.send_loop(index, conn, &mut w);
@@ -905,8 +913,7 @@ impl Replication {
         }
     }
 
-    fn read_acks(&self, index: usize, conn: u64, socket: TcpStream) {
-        let mut r = BufReader::new(socket);
+    fn read_acks(&self, index: usize, conn: u64, mut r: BufReader<TcpStream>) {
         loop {
             let ack = Ack::read_from(&mut r);
             let mut s = self.shared.lock();
