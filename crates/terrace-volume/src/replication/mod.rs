@@ -155,6 +155,10 @@ pub struct ReplicationConfig {
     pub peer_timeout: Duration,
     /// The pause between attempts to reach a peer that is down.
     pub reconnect: Duration,
+    /// The most units (of 256 KiB, then of 4 KiB) one DIGEST request of a comparison
+    /// asks (P7 in `primary`); the copy hashes them all before it answers. Default
+    /// [`primary::DIGEST_BATCH_UNITS`]; at most [`wire::MAX_DIGEST_UNITS`].
+    pub digest_request_units: u64,
     /// Under a coordinator: the lease this primary holds the volume by. Once it has
     /// run out, no sync succeeds and no write is taken (another node may lead).
     pub lease: Option<LeaseWatch>,
@@ -222,6 +226,7 @@ impl ReplicationConfig {
             epoch: 1,
             peer_timeout: Duration::from_secs(2),
             reconnect: Duration::from_millis(200),
+            digest_request_units: primary::DIGEST_BATCH_UNITS,
             lease: None,
             publish_in_sync: None,
         }
@@ -247,6 +252,13 @@ impl ReplicationConfig {
         }
         if self.peer_timeout.is_zero() {
             return Err(VolumeError::Config("a zero peer timeout".into()));
+        }
+        if !(1..=wire::MAX_DIGEST_UNITS).contains(&self.digest_request_units) {
+            return Err(VolumeError::Config(format!(
+                "{} units per digest request: it must be 1 to {}",
+                self.digest_request_units,
+                wire::MAX_DIGEST_UNITS
+            )));
         }
         Ok(())
     }

@@ -89,8 +89,9 @@ pub const EXTENT: u64 = 4096;
 const RESYNC_RUN: u64 = 64;
 /// A peer with more than this queued is cut off (it resyncs when it can keep up).
 const MAX_QUEUED_BYTES: u64 = 256 << 20;
-/// The most units one DIGEST asks (8 bytes of answer each: 512 KiB) ...
-const DIGEST_BATCH_UNITS: u64 = 1 << 16;
+/// The most units one DIGEST asks by default (8 bytes of answer each: 512 KiB;
+/// [`ReplicationConfig::digest_request_units`]) ...
+pub const DIGEST_BATCH_UNITS: u64 = 1 << 16;
 /// ... and the most log bytes it makes the copy hash (its read timeout allows for that
 /// much at 32 MiB/s; the copy holds its copy's lock while it hashes).
 const DIGEST_BATCH_BYTES: u64 = 1 << 30;
@@ -702,8 +703,9 @@ impl Replication {
     }
 
     /// One round of [`compare_copy`](Self::compare_copy) over `unit`-byte units in
-    /// `ranges` (first unit, units), in requests of at most [`DIGEST_BATCH_UNITS`] units
-    /// and [`DIGEST_BATCH_BYTES`] of log each: the copy answers a request once it has
+    /// `ranges` (first unit, units), in requests of at most
+    /// [`ReplicationConfig::digest_request_units`] units and [`DIGEST_BATCH_BYTES`] of
+    /// log each: the copy answers a request once it has
     /// hashed it all, so each has its own read timeout. For each answer, range by range:
     /// clears the range's bits, reads it locally, marks again each unit whose hash
     /// differs (P7). Returns the units that differed and the bytes the round took.
@@ -715,7 +717,11 @@ impl Replication {
         unit: u64,
         ranges: &[(u64, u64)],
     ) -> io::Result<(Vec<u64>, u64)> {
-        let per_batch = DIGEST_BATCH_UNITS.min(DIGEST_BATCH_BYTES / unit).max(1);
+        let per_batch = self
+            .config
+            .digest_request_units
+            .min(DIGEST_BATCH_BYTES / unit)
+            .max(1);
         let mut differing = Vec::new();
         let mut bytes = 0;
         for batch in digest_batches(ranges, per_batch) {
