@@ -8,8 +8,9 @@
 //! newer epoch, replicating to the other; every block must hold its last acknowledged
 //! write or the one in flight after it — nothing the dead primary acknowledged is lost,
 //! although none of it had been written back. Further tests: pauses and partitions,
-//! volumes' own replication settings, etcd failover, a vanished secondary, and
-//! randomized fault rounds with a per-block linearizability check.
+//! volumes' own replication settings, etcd failover, the operator's path when every copy
+//! in sync is gone, a vanished secondary, and randomized fault rounds with a per-block
+//! linearizability check.
 
 mod common;
 
@@ -749,6 +750,84 @@ fn etcd_fails_a_lost_primary_over_within_the_lease_and_two_seconds() {
         );
     }
     wait_for_state(&dirs[third], "healthy");
+    drop(client);
+    c.stop();
+}
+
+/// The operator's path (README): when every copy etcd names as in sync is gone — the
+/// three nodes' logs deleted while all were down, as a power loss does to logs on
+/// /dev/shm — no node leads, since none holds the writes not yet written back; an
+/// operator who accepts losing those deletes `in_sync` with etcdctl, and a node leads
+/// again over the backend, which holds every write flushed before.
+#[test]
+fn with_every_copy_in_sync_gone_the_volume_waits_for_the_operator() {
+    let Some(mut c) = Cluster::new("all") else {
+        return;
+    };
+    let first = c.wait_healthy(&mut std::collections::HashMap::new());
+    let client = terrace_volume::nbd::NbdBackend::connect(&c.uri(first), 1).expect("connect");
+    let blocks = 64;
+    for block in 0..blocks {
+        client
+            .write_at(block * BS as u64, &stamp(block, 1))
+            .unwrap();
+    }
+    let flushed = Command::new(terrace_bin())
+        .args(["volume", "flush", "--control"])
+        .arg(c.dirs[first].join("control.sock"))
+        .output()
+        .unwrap();
+    assert!(flushed.status.success(), "{flushed:?}");
+    for block in 0..blocks {
+        client
+            .write_at(block * BS as u64, &stamp(block, 2))
+            .unwrap();
+    }
+    drop(client);
+    for i in 0..3 {
+        c.node(i).kill9();
+    }
+    for d in &c.dirs {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+    for i in 0..3 {
+        c.start_node(i);
+    }
+    // Three lease TTLs: every node campaigns, and the one that wins has no copy (H2).
+    let until = Instant::now() + Duration::from_secs(9);
+    while Instant::now() < until {
+        for d in &c.dirs {
+            let s = status(d);
+            assert!(
+                !s.contains("replication "),
+                "a node led without a copy:\n{s}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let deleted = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(format!("http://{}", c.etcd_links[0].addr))
+        .args(["del", "/terrace/volumes/volume/in_sync"])
+        .output()
+        .expect("etcdctl (Debian etcd-client)");
+    assert!(
+        deleted.status.success() && String::from_utf8_lossy(&deleted.stdout).trim() == "1",
+        "{deleted:?}"
+    );
+    let next = c.wait_healthy(&mut std::collections::HashMap::new());
+    let client = terrace_volume::nbd::NbdBackend::connect(&c.uri(next), 1).expect("connect");
+    let mut buf = vec![0u8; BS];
+    for block in 0..blocks {
+        client.read_at(block * BS as u64, &mut buf).unwrap();
+        let got = read_stamp(block, &buf);
+        assert!(
+            got == 1 || got == 2,
+            "block {block} holds write {got}: the flush wrote 1 back"
+        );
+    }
+    client.write_at(0, &stamp(0, 3)).unwrap();
     drop(client);
     c.stop();
 }

@@ -276,16 +276,48 @@ impl Ctx {
         }
     }
 
-    /// Whether this node may lead `volume` (H1): named in `in_sync`, or none is.
-    /// `volume`'s `in_sync` value (`None`: never written).
+    /// `volume`'s `in_sync` value (`None`: never written, or deleted).
     async fn read_in_sync(&self, volume: &str) -> Result<Option<String>, String> {
+        Ok(self.read_in_sync_at(volume).await?.0)
+    }
+
+    /// `volume`'s `in_sync` value and the revision it was last written at (0 when
+    /// absent: what etcd compares a missing key's with).
+    async fn read_in_sync_at(&self, volume: &str) -> Result<(Option<String>, i64), String> {
         let mut client = self.client.clone();
         let key = self.key(&format!("volumes/{volume}/in_sync"));
         let got = within(self.config.lease_ttl, client.get(key, None)).await?;
-        Ok(got
-            .kvs()
-            .first()
-            .map(|kv| kv.value_str().unwrap_or_default().to_string()))
+        Ok(match got.kvs().first() {
+            Some(kv) => (
+                Some(kv.value_str().unwrap_or_default().to_string()),
+                kv.mod_revision(),
+            ),
+            None => (None, 0),
+        })
+    }
+
+    /// Sets `in_sync` to `value` (`None` deletes it) only if it was last written at
+    /// `revision` (H2): nobody else — an operator — changed it since. Returns the
+    /// revision of the change, or `None` if it was not made.
+    async fn swap_in_sync(
+        &self,
+        volume: &str,
+        revision: i64,
+        value: Option<String>,
+    ) -> Result<Option<i64>, String> {
+        let mut client = self.client.clone();
+        let key = self.key(&format!("volumes/{volume}/in_sync"));
+        let change = match value {
+            Some(v) => TxnOp::put(key.clone(), v, None),
+            None => TxnOp::delete(key.clone(), None),
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, revision)])
+            .and_then([change]);
+        let done = within(self.config.lease_ttl, client.txn(txn)).await?;
+        Ok(done
+            .succeeded()
+            .then(|| done.header().map_or(0, |h| h.revision())))
     }
 
     /// Whether this node may lead `volume` (H1): named in `in_sync`, or none is.
@@ -297,20 +329,13 @@ impl Ctx {
     }
 
     /// Puts back the `in_sync` a failed takeover replaced with this node alone (H2), so
-    /// the nodes it named may lead; `None` deletes it.
-    async fn restore_in_sync(&self, volume: &str, previous: Option<String>) {
-        let mut client = self.client.clone();
-        let key = self.key(&format!("volumes/{volume}/in_sync"));
-        let restored = match previous {
-            Some(v) => within(self.config.lease_ttl, client.put(key, v, None))
-                .await
-                .map(|_| ()),
-            None => within(self.config.lease_ttl, client.delete(key, None))
-                .await
-                .map(|_| ()),
-        };
-        if let Err(e) = restored {
-            tracing::warn!(volume, error = %e, "etcd: putting in_sync back");
+    /// the nodes it named may lead; `None` deletes it. Only if it still holds what the
+    /// takeover wrote at `revision`: an operator's delete meanwhile stands.
+    async fn restore_in_sync(&self, volume: &str, revision: i64, previous: Option<String>) {
+        match self.swap_in_sync(volume, revision, previous).await {
+            Ok(Some(_)) => {}
+            Ok(None) => tracing::warn!(volume, "in_sync changed during the takeover; left as is"),
+            Err(e) => tracing::warn!(volume, error = %e, "etcd: putting in_sync back"),
         }
     }
 
@@ -391,12 +416,12 @@ impl Ctx {
                 }
             };
             // Read again under leadership (H1); kept to be put back if the takeover fails.
-            let previous = match self.read_in_sync(&volume).await {
-                Ok(p)
+            let (previous, read_at) = match self.read_in_sync_at(&volume).await {
+                Ok((p, at))
                     if p.as_deref()
                         .is_none_or(|v| v.split_whitespace().any(|n| n == self.config.node)) =>
                 {
-                    p
+                    (p, at)
                 }
                 _ => {
                     resign(leader).await;
@@ -405,15 +430,23 @@ impl Ctx {
                 }
             };
             let epoch = leader.rev() as u64;
-            // H2: this node alone holds every acknowledged write until its peers resync.
-            if let Err(e) = self
-                .publish_in_sync(&volume, std::slice::from_ref(&self.config.node))
-                .await
-            {
-                tracing::warn!(volume, error = %e, "etcd: publishing in_sync");
-                resign(leader).await;
-                continue;
-            }
+            // H2: this node alone holds every acknowledged write until its peers resync
+            // — written only over what was read, so an operator's delete in between is
+            // seen by the next campaign, not overwritten.
+            let alone = Some(self.config.node.clone());
+            let published_at = match self.swap_in_sync(&volume, read_at, alone).await {
+                Ok(Some(at)) => at,
+                Ok(None) => {
+                    tracing::info!(volume, "in_sync changed since it was read; again");
+                    resign(leader).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(volume, error = %e, "etcd: publishing in_sync");
+                    resign(leader).await;
+                    continue;
+                }
+            };
             let replication = self.replication_for(&volume, &placement, epoch);
             let node = Arc::clone(&self.node);
             let name = volume.clone();
@@ -427,14 +460,14 @@ impl Ctx {
                     // Liveness: the nodes named before may lead instead (this one, too,
                     // if it was named: it retries after a pause).
                     tracing::warn!(volume, error = %e, "cannot lead");
-                    self.restore_in_sync(&volume, previous).await;
+                    self.restore_in_sync(&volume, published_at, previous).await;
                     resign(leader).await;
                     self.pause(Duration::from_secs(1)).await;
                     continue;
                 }
                 Err(e) => {
                     tracing::warn!(volume, error = %e, "cannot lead");
-                    self.restore_in_sync(&volume, previous).await;
+                    self.restore_in_sync(&volume, published_at, previous).await;
                     resign(leader).await;
                     continue;
                 }

@@ -26,6 +26,9 @@
 //!   `in_sync` back before resigning, so the nodes named there may lead. A node named
 //!   in `in_sync` whose files are gone (the node was rebuilt, its copy deleted) holds
 //!   nothing: once `in_sync` exists, a winner without a log refuses (`succeeding`).
+//!   Both writes are conditional on `in_sync`'s revision (what the winner read, then
+//!   what it wrote): an operator's change in between — `etcdctl del` accepting a loss —
+//!   stands, and the next campaign reads it.
 //! - H3: a primary holds V only while its lease does: each renewal sent at `t` holds it
 //!   until `t + TTL` (etcd's expiry is later), and past that the volume takes no write
 //!   and no sync succeeds (`LeaseWatch`); the node steps down and campaigns anew.
