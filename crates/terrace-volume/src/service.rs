@@ -318,7 +318,6 @@ impl Leadership for CoordinatedNode {
                 config.log_path.display()
             ));
         }
-        let epoch = replication.epoch;
         self.replica.release(volume).map_err(|e| e.to_string())?;
         let opened = spec.open(self.backend_connections).and_then(|backend| {
             // F1: this term writes the backend only while it holds the writer lock.
@@ -342,7 +341,9 @@ impl Leadership for CoordinatedNode {
         let ((v, report), fence) = match opened {
             Ok(o) => o,
             Err(e) => {
-                let _ = self.replica.reclaim(volume, epoch);
+                if let Err(e) = self.replica.reclaim(volume, None) {
+                    tracing::warn!(volume, error = %e, "keeping a copy again");
+                }
                 return Err(e.to_string());
             }
         };
@@ -371,15 +372,15 @@ impl Leadership for CoordinatedNode {
         if let Some(f) = &fence {
             f.abandon();
         }
-        let mut epoch = 0;
+        let mut led = None;
         if let Some(v) = self.volumes.remove(volume) {
-            epoch = v.status().replication.map_or(0, |r| r.epoch);
+            led = v.status().replication.map(|r| r.epoch);
             v.close();
         }
         if let Some(f) = fence {
             f.release();
         }
-        if let Err(e) = self.replica.reclaim(volume, epoch) {
+        if let Err(e) = self.replica.reclaim(volume, led) {
             tracing::warn!(volume, error = %e, "keeping a copy again");
         }
     }

@@ -526,7 +526,7 @@ fn a_copy_that_led_fences_the_primary_before_it() {
     write_blocks(&old, &mut rng, 30, &mut stale);
     led.close();
     drop(led);
-    r1.reclaim("vol", 2).unwrap();
+    r1.reclaim("vol", Some(2)).unwrap();
 
     // The old primary reconnects: fenced by the leader's epoch, it sends nothing.
     wait_until("the old primary fenced", || {

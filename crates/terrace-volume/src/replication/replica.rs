@@ -346,37 +346,52 @@ impl ReplicaServer {
         Ok(())
     }
 
-    /// `volume`, led here with `epoch`, is no longer: its log becomes a copy again,
-    /// for the next primary's stream, which compares it (R7: its state, read again,
-    /// follows [`LED_STREAM`] once the volume opened here). A state file that cannot
-    /// be read says nothing of the copy: it is recorded as a lost copy's (R5: compared
-    /// in full, not taken over before a resync) at the highest epoch known here, the
-    /// leader's included. Fails only if that cannot be recorded; the copy then stays
-    /// led, refusing every primary.
-    pub fn reclaim(&self, volume: &str, epoch: u64) -> Result<(), VolumeError> {
+    /// `volume` is no longer led here: its log becomes a copy again, for the next
+    /// primary's stream, which compares it (R7: its state, read again, follows
+    /// [`LED_STREAM`] once the volume opened here). `led`: the epoch of the volume this
+    /// node opened and closed, if it did (`None`: the takeover failed before).
+    ///
+    /// A state file that is missing or cannot be read is replaced: after a term here
+    /// by R7's record again (the copy is the closed volume's own log: whole, at that
+    /// epoch); after a failed takeover, when nothing is known of the copy, by a lost
+    /// copy's state (R5: compared in full, not taken over before a resync). Either at
+    /// the highest epoch known here, so an older primary stays fenced. Fails only if
+    /// that cannot be recorded; the copy then stays led, refusing every primary.
+    pub fn reclaim(&self, volume: &str, led: Option<u64>) -> Result<(), VolumeError> {
         let copy = copy_for(&self.shared, volume)?;
         let read = read_replica_state(&copy.state_path);
         let mut a = copy.apply.lock();
-        match read {
-            Ok(state) => {
-                a.state = state.unwrap_or_default();
-                copy.epoch.store(a.state.epoch, Ordering::Release);
-            }
-            Err(e) => {
-                tracing::warn!(volume, error = %e, "the copy's state is unreadable: recorded as lost");
-                let lost = ReplicaState {
-                    epoch: epoch.max(a.state.epoch),
-                    stream: LOST_STREAM,
-                    consistent: false,
+        let epoch = led.unwrap_or(0).max(a.state.epoch);
+        let state = match (read, led) {
+            (Ok(Some(state)), _) => state,
+            (Ok(None), None) => ReplicaState {
+                epoch,
+                ..ReplicaState::default()
+            },
+            (unknown, led) => {
+                if let Err(e) = unknown {
+                    tracing::warn!(volume, error = %e, "the copy's state is unreadable");
+                }
+                let state = ReplicaState {
+                    epoch,
+                    stream: if led.is_some() {
+                        LED_STREAM
+                    } else {
+                        LOST_STREAM
+                    },
+                    consistent: led.is_some(),
                 };
-                write_replica_state(&copy.state_path, &lost).map_err(|source| VolumeError::Io {
-                    path: copy.state_path.clone(),
-                    source,
+                write_replica_state(&copy.state_path, &state).map_err(|source| {
+                    VolumeError::Io {
+                        path: copy.state_path.clone(),
+                        source,
+                    }
                 })?;
-                a.state = lost;
-                copy.epoch.store(lost.epoch, Ordering::Release);
+                state
             }
-        }
+        };
+        a.state = state;
+        copy.epoch.store(state.epoch, Ordering::Release);
         a.led = false;
         Ok(())
     }
@@ -801,11 +816,11 @@ mod tests {
         assert_eq!(made.take_over_refusal(&log_path), None);
     }
 
-    /// A copy led here whose state file is garbled when the node gives the volume up
-    /// is kept as a lost copy at the leader's epoch, not left led (refusing every
-    /// primary) nor trusted.
+    /// A copy whose state file is garbled or gone when the node gives the volume up is
+    /// not left led (refusing every primary): after a term here it is recorded whole
+    /// as R7 had it, after a failed takeover as a lost copy — at the leader's epoch.
     #[test]
-    fn a_garbled_state_at_reclaim_makes_the_copy_a_lost_one() {
+    fn a_garbled_state_at_reclaim_is_recorded_again() {
         let dir = tempfile::tempdir().unwrap();
         let (log_path, state_path) = replica_paths(dir.path(), "v");
         std::fs::write(&log_path, vec![0u8; 4096]).unwrap();
@@ -816,19 +831,34 @@ mod tests {
         };
         write_replica_state(&state_path, &whole).unwrap();
         let server = ReplicaServer::start("127.0.0.1:0", dir.path()).unwrap();
-        server.release("v").unwrap();
-        assert!(server.status()[0].led);
-        std::fs::write(&state_path, "epoch 9\nstr").unwrap();
-        server.reclaim("v", 9).unwrap();
-        let lost = ReplicaState {
-            epoch: 9,
-            stream: LOST_STREAM,
-            consistent: false,
-        };
-        let status = &server.status()[0];
-        assert_eq!((status.led, status.state), (false, lost));
-        assert_eq!(read_replica_state(&state_path).unwrap(), Some(lost));
-        assert!(lost.take_over_refusal(&log_path).is_some());
+        let cases = [
+            (Some(9), "epoch 9\nstr", (9, LED_STREAM, true)),
+            (Some(10), "", (10, LED_STREAM, true)),
+            (None, "garbage", (10, LOST_STREAM, false)),
+        ];
+        for (led, file, (epoch, stream, consistent)) in cases {
+            server.release("v").unwrap();
+            assert!(server.status()[0].led);
+            if file.is_empty() {
+                std::fs::remove_file(&state_path).unwrap();
+            } else {
+                std::fs::write(&state_path, file).unwrap();
+            }
+            server.reclaim("v", led).unwrap();
+            let want = ReplicaState {
+                epoch,
+                stream,
+                consistent,
+            };
+            let status = &server.status()[0];
+            assert_eq!(
+                (status.led, status.state),
+                (false, want),
+                "{led:?} {file:?}"
+            );
+            assert_eq!(read_replica_state(&state_path).unwrap(), Some(want));
+            assert_eq!(want.take_over_refusal(&log_path).is_none(), consistent);
+        }
         server.stop();
     }
 }
