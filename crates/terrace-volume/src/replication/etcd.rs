@@ -315,9 +315,13 @@ impl Ctx {
             .when([Compare::mod_revision(key, CompareOp::Equal, revision)])
             .and_then([change]);
         let done = within(self.config.lease_ttl, client.txn(txn)).await?;
-        Ok(done
-            .succeeded()
-            .then(|| done.header().map_or(0, |h| h.revision())))
+        if !done.succeeded() {
+            return Ok(None);
+        }
+        let header = done
+            .header()
+            .ok_or("etcd answered a transaction without a header")?;
+        Ok(Some(header.revision()))
     }
 
     /// Whether this node may lead `volume` (H1): named in `in_sync`, or none is.
@@ -439,11 +443,20 @@ impl Ctx {
                 Ok(None) => {
                     tracing::info!(volume, "in_sync changed since it was read; again");
                     resign(leader).await;
+                    self.pause(Duration::from_millis(300)).await;
                     continue;
                 }
                 Err(e) => {
+                    // The write may have been made (a timeout): if in_sync names this
+                    // node alone at a newer revision, it is put back as it was read.
                     tracing::warn!(volume, error = %e, "etcd: publishing in_sync");
+                    if let Ok((Some(now), at)) = self.read_in_sync_at(&volume).await {
+                        if now == self.config.node && at != read_at {
+                            self.restore_in_sync(&volume, at, previous).await;
+                        }
+                    }
                     resign(leader).await;
+                    self.pause(Duration::from_millis(300)).await;
                     continue;
                 }
             };
@@ -501,6 +514,16 @@ impl Ctx {
         placement: &[Placed],
         epoch: u64,
     ) -> ReplicationConfig {
+        let replicas = self.config.replicas_of(volume);
+        if placement.len() != replicas {
+            tracing::warn!(
+                volume,
+                placed = placement.len(),
+                replicas,
+                "the stored placement has another number of copies than this node's \
+                 settings (placement is fixed once made): it counts"
+            );
+        }
         let peers: Vec<&Placed> = placement
             .iter()
             .filter(|p| p.node != self.config.node)
