@@ -19,7 +19,8 @@
 #        test profile, which the workspace optimizes)
 #        TERRACE_FAULT_SEED=N bench/volume-replication-soak.sh   (replays a run's faults and
 #        timings; every run prints its seed)
-#        ACK=one bench/volume-replication-soak.sh   (every node's --ack-level; default all.
+#        ACK=one bench/volume-replication-soak.sh   (the volume's ack level, given with
+#        --volume-replication; default all.
 #        Below all, the fault that loses a copy and then the primary is left out: see
 #        fault_rounds in the test)
 # Needs etcd (Debian etcd-server), libfaketime and, to build, protoc (protobuf-compiler

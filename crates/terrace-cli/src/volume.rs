@@ -100,7 +100,8 @@ pub struct ServeVolumeArgs {
     /// replicas=N, ack-level=LEVEL, min-replicas=M joined by commas, e.g.
     /// db=ack-level=majority,min-replicas=2 or scratch=replicas=1 (not replicated);
     /// what it leaves out is the flags' above. Without --etcd a volume with N replicas
-    /// streams to the first N-1 --replica-peer addresses.
+    /// streams to the first N-1 --replica-peer addresses; under --etcd every volume has
+    /// 2 or more.
     #[arg(long = "volume-replication", value_name = "NAME=SETTINGS", value_parser = parse_volume_replication)]
     volume_replication: Vec<(String, VolumeReplication)>,
     /// This primary's epoch: higher than every earlier primary's of its volumes (a

@@ -181,6 +181,24 @@ fn serve_volume_refuses_replication_settings_it_cannot_apply() {
         .set_len(4 << 20)
         .unwrap();
     let volume = format!("a=file:{}", img.display());
+    // Each must be refused at start: a server that serves instead is killed after 20 s.
+    let refused = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_terrace"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
+    };
     for (settings, why) in [
         ("c=replicas=1", "no volume named \"c\""),
         ("a=copies=2", "expected replicas, ack-level or min-replicas"),
@@ -190,7 +208,7 @@ fn serve_volume_refuses_replication_settings_it_cannot_apply() {
         ),
         ("a=ack-level=one", "for a volume that is not replicated"),
     ] {
-        let out = terrace(&[
+        let out = refused(&[
             "serve-volume",
             "--volume",
             &volume,

@@ -458,7 +458,7 @@ pub fn free_port() -> u16 {
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
         .unwrap_or(32768);
-    let (low, high) = (10_000u32, ephemeral_low.max(20_000));
+    let (low, high) = (10_000u32, ephemeral_low);
     // Processes started at once (test binaries side by side) start far apart.
     let _ = NEXT.compare_exchange(
         0,
@@ -466,7 +466,8 @@ pub fn free_port() -> u16 {
         Ordering::Relaxed,
         Ordering::Relaxed,
     );
-    for _ in 0..(high - low) {
+    // No room below the ephemeral range (a range starting under 10000): port 0's.
+    for _ in 0..high.saturating_sub(low) {
         let port = low + NEXT.fetch_add(1, Ordering::Relaxed) % (high - low);
         if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
             return port as u16;
