@@ -128,14 +128,9 @@ fn primary(dir: &Path, backend: &Path, peers: &[&str], extra: &[&str]) -> ChildG
     start_serve_volume(dir, &args, sock.to_str().unwrap())
 }
 
-/// The primary's `terrace volume status`.
+/// The primary's `terrace volume status`, every volume.
 fn status(dir: &Path) -> String {
-    let out = Command::new(terrace_bin())
-        .args(["volume", "status", "--control"])
-        .arg(dir.join("control.sock"))
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    status_of(dir, "")
 }
 
 fn wait_for_state(dir: &Path, state: &str) {
@@ -412,7 +407,7 @@ fn pauses_and_partitions_degrade_then_heal() {
     }
 }
 
-/// `terrace volume status NAME` on the node in `dir`.
+/// `terrace volume status NAME` on the node in `dir` (every volume when NAME is empty).
 fn status_of(dir: &Path, name: &str) -> String {
     let out = Command::new(terrace_bin())
         .args(["volume", "status", "--control"])
