@@ -102,8 +102,11 @@ impl LogStore for Shared {
         if self.0.failing_now() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
+        // One sync at a time, as the durable image never goes back: a sync that took
+        // its copy of `current` before another sync's must not land after it.
+        let mut durable = self.0.durable.lock();
         let c = self.0.current.lock().clone();
-        let before = std::mem::replace(&mut *self.0.durable.lock(), c.clone());
+        let before = std::mem::replace(&mut *durable, c.clone());
         if let Some(r) = &self.0.recorder {
             let allowed = r.ledger.lock().clone();
             let backend = r.backend.0.lock().clone();
