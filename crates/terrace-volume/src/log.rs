@@ -2,7 +2,7 @@
 //! persistent tier. In write-back a volume acknowledges a write once its record — and
 //! every record before it — is durable here; the write-back thread later copies records
 //! to the backend a batch (a prefix of the log) at a time and then releases them
-//! ([`WriteLog::release_through`]).
+//! ([`WriteLog::persist_release`], [`WriteLog::reuse_through`]).
 //!
 //! # Layout (all integers little-endian)
 //! - Bytes `[0, 8192)`: two superblock slots of 4 KiB (`SB_SLOT`). Each holds
@@ -37,7 +37,8 @@
 //!   from an earlier pass over the area, and records written after the last durable one
 //!   in an earlier life (never acknowledged), are never read as records.
 //! - L4: the head only moves forward, to just past a barrier, after the records before it
-//!   are in the backend (the caller's promise) — `release_through`.
+//!   are in the backend (the caller's promise) — `persist_release`, which moves
+//!   it durably; the records' space is reused only after, at `reuse_through`.
 //! - L5 (growing a volume): the superblock names the new size, with *grown from* the old
 //!   one, before the backend grows, and drops *grown from* after; so a superblock whose
 //!   *grown from* is set opens with a backend of either size, and the opener finishes the
@@ -1124,9 +1125,13 @@ impl WriteLog {
     }
 
     /// Releases every record through `last` (the end of a batch the caller wrote back
-    /// and flushed to the backend):
-    /// moves the head past it durably and wakes appends waiting for space.
-    pub fn release_through(&self, last: &RecordMeta) -> Result<(), BlockError> {
+    /// and flushed to the backend), in two steps (L4): this one moves the head past it
+    /// durably; the records stay where they are, readable, until
+    /// [`reuse_through`](Self::reuse_through). So a caller may hold its own locks over
+    /// the second step only: this one may wait long — a replicated store's sync waits
+    /// for a copy in sync (`ReplicatedStore`), indefinitely while the volume is
+    /// read-only. Only the write-back releases, one batch at a time.
+    pub fn persist_release(&self, last: &RecordMeta) -> Result<(), BlockError> {
         // L3: the life of the first record kept, or this life's if none is pending. (Only
         // the write-back releases, so nothing leaves the front meanwhile.)
         let head_life = {
@@ -1135,14 +1140,18 @@ impl WriteLog {
             after.map_or(self.life, |r| r.life)
         };
         let mut sb = self.superblock.lock();
-        let new_head = last.end();
         self.update_superblock(&mut sb, |sb| {
-            sb.head_pos = new_head;
+            sb.head_pos = last.end();
             sb.head_seq = last.seq + 1;
             sb.head_life = head_life;
         })
-        .map_err(|e| BlockError::Log(format!("writing the superblock: {e}")))?;
-        drop(sb);
+        .map_err(|e| BlockError::Log(format!("writing the superblock: {e}")))
+    }
+
+    /// The release's second step, after [`persist_release`](Self::persist_release) of
+    /// the same `last`: the space of every record through it may be written over from
+    /// now on; wakes appends waiting for space.
+    pub fn reuse_through(&self, last: &RecordMeta) {
         let mut tail = self.tail.lock();
         let mut released = 0;
         while let Some(r) = tail.records.front().copied().filter(|r| r.seq <= last.seq) {
@@ -1151,11 +1160,10 @@ impl WriteLog {
             tail.barrier_records -= usize::from(r.kind == RecordKind::Barrier);
             released += 1;
         }
-        tail.head_pos = new_head;
+        tail.head_pos = last.end();
         drop(tail);
         self.released_records.fetch_add(released, Ordering::Relaxed);
         self.space_freed.notify_all();
-        Ok(())
     }
 
     /// Whether waiting for durability costs no I/O ([`LogStore::sync_is_free`]).

@@ -1678,21 +1678,6 @@ impl Volume {
         }
     }
 
-    /// A replicated volume that takes no write (fewer copies in sync than it needs, or
-    /// fenced) releases no batch: the release syncs the superblock through the
-    /// replicated log, which waits for a copy in sync, and it holds every shard
-    /// meanwhile — every read and every status would wait behind it. The write-back
-    /// retries (with its backoff) until a copy is back. Left open: a volume that drops
-    /// below its copies while a release already waits (the wait ends when one returns).
-    fn check_may_release(&self) -> Result<(), BlockError> {
-        match &self.replication {
-            Some(r) if !r.accepts_writes() => Err(BlockError::Log(
-                "too few copies in sync to release the log: waiting for one".into(),
-            )),
-            _ => Ok(()),
-        }
-    }
-
     /// Writes the oldest batch back and releases it (V5).
     /// Ok(false) if there was nothing to take yet (the oldest record is still being
     /// written).
@@ -1742,13 +1727,15 @@ impl Volume {
             .flush()
             .map_err(|e| self.backend_error("flush after a batch".into(), e))?;
         let last = *batch.last().expect("a batch is never empty");
-        self.check_may_release()?;
-        // The release and the dirty entries' removal happen with every shard held: before
-        // the release, recovery would replay the batch, so a write to one of its blocks
-        // must go through the log (V4); after it, the batch's log space may be written
-        // over, so no read may follow a dirty entry into it (V3).
+        // The head moves durably first, with no shard held: that may wait long (a
+        // replicated log's sync waits for a copy in sync, indefinitely while the volume
+        // is read-only) and reads must go on meanwhile. The batch's dirty entries stay
+        // until after it, so a write to one of its blocks still goes through the log
+        // (V4). Its space is reused, and the entries removed, with every shard held: no
+        // read may follow a dirty entry into space being written over (V3).
+        self.log.persist_release(&last)?;
         let mut all: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(|m| m.lock()).collect();
-        self.log.release_through(&last)?;
+        self.log.reuse_through(&last);
         for (&block, d) in &newest {
             let shard = &mut all[shard_of(block)];
             if shard.get(&block).is_some_and(|now| now.seq == d.seq) {
@@ -1784,8 +1771,9 @@ impl Volume {
     /// the copy's shard is locked; a client write reserved before the copy is overtaken
     /// by it and retried (as for any logged write, V3), one reserved after it is newer.
     /// The batch is released only once every record appended so far is durable (the
-    /// copies, and the newer records that made its other blocks dead), with every shard
-    /// held (no entry names it by then: each live one moved to its copy).
+    /// copies, and the newer records that made its other blocks dead), as the write-back
+    /// releases: the head moves with no shard held, the space is reused under every
+    /// shard (no entry names the batch by then: each live one moved to its copy).
     ///
     /// Copies land after records that were written later, past barriers: the backend's
     /// point-in-time property (V5) holds again once a full drain has written it all.
@@ -1820,9 +1808,11 @@ impl Volume {
         // that block's last acknowledged write (the fail-Nth-write test found this).
         self.log.wait_durable(self.log.last_seq())?;
         let last = *batch.last().expect("a batch is never empty");
-        self.check_may_release()?;
+        // As in the write-back: the durable move with no shard held, the space's reuse
+        // once no read can still be in the batch (V3).
+        self.log.persist_release(&last)?;
         let all: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(|m| m.lock()).collect();
-        self.log.release_through(&last)?;
+        self.log.reuse_through(&last);
         drop(all);
         self.counters
             .batches_compacted

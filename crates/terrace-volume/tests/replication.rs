@@ -6,7 +6,7 @@
 //! was away), or compared by digest when it followed another primary (after a failover
 //! the old primary and the other secondary get about what the new primary wrote since,
 //! not the whole log; a lost copy gets every extent that is not zero); below
-//! `min_replicas` writes are refused and reads go on, while a written-back batch
+//! `min_replicas` writes are refused and reads go on, even while a written-back batch
 //! waits to be released; a newer epoch fences the older primary; a copy left
 //! mid-resync, or whose log is gone, is never taken over; garbage on the replication port
 //! is refused.
@@ -234,11 +234,10 @@ fn within_10s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'sta
         .unwrap_or_else(|_| panic!("{what} blocked for 10 s"))
 }
 
-/// A batch written back while the volume is read-only is not released (the head's move
-/// would wait for a copy in sync with every block's lock held); meanwhile reads and
-/// status go on, and once a copy returns the batch is released and the drain finishes.
-/// Once, the release waited with every lock held, and a read-only primary answered
-/// nothing.
+/// A batch written back while the volume is read-only cannot be released (the head's
+/// move waits for a copy in sync); meanwhile reads and status go on, and once a copy
+/// returns the batch is released and the drain finishes. Once, the release held every
+/// block's lock while it waited, and a read-only primary answered nothing.
 #[test]
 fn a_release_that_waits_for_a_copy_blocks_no_read() {
     let nodes: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -252,7 +251,7 @@ fn a_release_that_waits_for_a_copy_blocks_no_read() {
 
     r1.stop();
     wait_until("read-only", || health(&v) == Health::ReadOnly);
-    // The drain writes the batch back, then finds it may not release it.
+    // The drain writes the batch back, then waits in the release.
     let drained = v.drain(Duration::from_secs(2));
     assert!(
         drained.is_err(),

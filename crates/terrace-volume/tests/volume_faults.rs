@@ -31,7 +31,8 @@ const GROWN: u64 = 16;
 const LOG_BYTES: u64 = 512 << 10;
 
 /// A log in memory whose `fail_at`-th write or sync (counting both from 1) fails once;
-/// with a recorder, it keeps a crash image at each sync; while `held`, syncs wait.
+/// with a recorder, it keeps a crash image at each sync; while `held`, syncs wait
+/// (`syncs_waiting` of them now).
 struct FaultyStore {
     current: Mutex<Vec<u8>>,
     durable: Mutex<Vec<u8>>,
@@ -40,6 +41,7 @@ struct FaultyStore {
     recorder: Option<Recorder>,
     held: Mutex<bool>,
     let_go: parking_lot::Condvar,
+    syncs_waiting: AtomicU64,
 }
 
 /// What a crash image needs: the script's ledger and the backend, to copy at each sync.
@@ -65,6 +67,7 @@ impl FaultyStore {
             recorder: None,
             held: Mutex::new(false),
             let_go: parking_lot::Condvar::new(),
+            syncs_waiting: AtomicU64::new(0),
         })
     }
 
@@ -95,8 +98,12 @@ impl LogStore for Shared {
     }
     fn sync(&self) -> io::Result<()> {
         let mut held = self.0.held.lock();
-        while *held {
-            self.0.let_go.wait(&mut held);
+        if *held {
+            self.0.syncs_waiting.fetch_add(1, Ordering::SeqCst);
+            while *held {
+                self.0.let_go.wait(&mut held);
+            }
+            self.0.syncs_waiting.fetch_sub(1, Ordering::SeqCst);
         }
         drop(held);
         if self.0.failing_now() {
@@ -343,6 +350,7 @@ fn every_sync_of_the_log_is_a_crash_image_the_volume_recovers_from() {
         }),
         held: Mutex::new(false),
         let_go: parking_lot::Condvar::new(),
+        syncs_waiting: AtomicU64::new(0),
     });
     let volume = open(&store, &backend, Mode::WriteBack).unwrap();
     script(&volume, &ledger);
@@ -658,5 +666,65 @@ fn a_read_waits_for_the_write_it_returns_to_be_durable() {
         assert!(buf.iter().all(|&b| b == 7), "the read after the sync");
         writer.join().unwrap().unwrap();
     });
+    v.close();
+}
+
+/// The release of a written-back batch moves the log's head with a sync, which may wait
+/// long (a replicated log's waits for a copy in sync, indefinitely while the volume is
+/// read-only); reads and status go on meanwhile. Once, the release held every block's
+/// lock through its sync, and a read-only primary answered nothing.
+#[test]
+fn a_release_waiting_for_its_sync_holds_up_no_read() {
+    let gated = FaultyStore::new(vec![0; LOG_BYTES as usize], 0);
+    let backend = Arc::new(MemBackend(Mutex::new(vec![0; (BLOCKS * BS) as usize])));
+    let config = VolumeConfig {
+        mode: Mode::WriteBack,
+        log_bytes: LOG_BYTES,
+        idle_writeback: Duration::from_secs(3600),
+        ..VolumeConfig::new("v", 3, "unused.log")
+    };
+    let v = open_over(backend.clone(), config, small_cache(), Some(&gated));
+    for b in 0..8u8 {
+        v.write(u64::from(b) * BS, &[b + 1; BS as usize], false)
+            .unwrap();
+    }
+    *gated.held.lock() = true;
+    std::thread::scope(|s| {
+        let drain = s.spawn(|| v.drain(Duration::from_secs(20)));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while gated.syncs_waiting.load(Ordering::SeqCst) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the drain never reached its release"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The batch is in the backend; its release waits in the superblock's sync.
+        assert!(backend.0.lock()[..(8 * BS) as usize]
+            .chunks(BS as usize)
+            .enumerate()
+            .all(|(b, block)| block.iter().all(|&x| x == b as u8 + 1)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = Arc::clone(&v);
+        s.spawn(move || {
+            let mut buf = vec![0u8; 2 * BS as usize];
+            let read = reader.read(3 * BS, &mut buf).map(|()| buf);
+            let _ = tx.send((read, reader.status()));
+        });
+        let answered = rx.recv_timeout(Duration::from_secs(5));
+        // Let go before any check, so that a failure does not leave the drain held.
+        *gated.held.lock() = false;
+        gated.let_go.notify_all();
+        let (read, status) = answered.expect("a read and a status waited for the release");
+        let buf = read.unwrap();
+        assert!(buf[..BS as usize].iter().all(|&x| x == 4));
+        assert!(buf[BS as usize..].iter().all(|&x| x == 5));
+        assert!(
+            status.dirty_bytes > 0,
+            "released before its sync: {status:?}"
+        );
+        drain.join().unwrap().unwrap();
+    });
+    assert_eq!(v.status().dirty_bytes, 0);
     v.close();
 }

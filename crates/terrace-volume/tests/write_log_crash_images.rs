@@ -335,7 +335,8 @@ fn release_oldest(
         let last = *batch.last().unwrap();
         // From here on the release may have happened: records up to `last` may be gone.
         released_below.store(last.seq + 1, Ordering::SeqCst);
-        log.release_through(&last).expect("release");
+        log.persist_release(&last).expect("release");
+        log.reuse_through(&last);
     }
 }
 
@@ -498,7 +499,9 @@ fn a_record_left_past_a_hole_by_a_crash_never_comes_back_after_a_release() {
         )
         .unwrap();
         let batch = log.oldest_batch(u64::MAX).unwrap();
-        log.release_through(batch.last().unwrap()).unwrap();
+        let last = *batch.last().unwrap();
+        log.persist_release(&last).unwrap();
+        log.reuse_through(&last);
     }
     let (_, recovery) = WriteLog::open(Box::new(Plain(Arc::clone(&bytes))), VOLUME).unwrap();
     assert!(
