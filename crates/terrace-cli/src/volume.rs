@@ -139,6 +139,12 @@ pub struct ServeVolumeArgs {
     /// after about this long.
     #[arg(long, value_name = "MS", default_value_t = 3000)]
     lease_ttl_ms: u64,
+    /// Under --etcd, serve volumes whose backend (NBD, S3) has no writer lock: nothing
+    /// then keeps an earlier primary, paused past its lease, from writing an older block
+    /// over a newer one there. Without it such a volume is refused (file and block
+    /// device backends are fenced by a lock on them).
+    #[arg(long, requires = "etcd")]
+    unfenced_backends: bool,
     /// Logs as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -254,6 +260,7 @@ pub fn serve(args: ServeVolumeArgs) -> Result<(), String> {
             },
             // The last one given for a volume counts (a later insert replaces).
             volumes: args.volume_replication.iter().cloned().collect(),
+            unfenced_backends: args.unfenced_backends,
         };
         ha.check().map_err(|e| e.to_string())?;
         Some(ha)

@@ -171,7 +171,8 @@ fn info_probes_a_directory() {
 }
 
 /// `serve-volume --volume-replication` is refused, with the reason, for no such volume,
-/// for settings that do not parse, and for copies the node has no peers for.
+/// for settings that do not parse, and for copies the node has no peers for; under
+/// `--etcd` a backend with no writer lock is refused unless `--unfenced-backends`.
 #[test]
 fn serve_volume_refuses_replication_settings_it_cannot_apply() {
     let dir = tempfile::tempdir().unwrap();
@@ -223,6 +224,35 @@ fn serve_volume_refuses_replication_settings_it_cannot_apply() {
             text(&out)
         );
     }
+    // Under a coordinator, a backend no lock fences is served only when accepted (the
+    // refusal comes before any etcd connection: none listens here).
+    let coordinated = [
+        "serve-volume",
+        "--volume",
+        "s=s3://bucket/v?size=4MiB&endpoint=http://127.0.0.1:9",
+        "--etcd",
+        "http://127.0.0.1:9",
+        "--node",
+        "n1",
+        "--replica-listen",
+        "127.0.0.1:0",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ];
+    let out = refused(&coordinated);
+    assert!(
+        !out.status.success()
+            && text(&out).contains("volume s: its backend (S3) has no writer lock")
+            && text(&out).contains("--unfenced-backends"),
+        "{}",
+        text(&out)
+    );
+    let out = refused(&["serve-volume", "--volume", &volume, "--unfenced-backends"]);
+    assert!(
+        !out.status.success() && text(&out).contains("--etcd"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// `serve-volume --volume-mode NAME=MODE` gives one volume its own mode (the others keep

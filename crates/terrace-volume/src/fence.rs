@@ -9,7 +9,8 @@
 //! takes the lock, waiting while another holds it; reads never wait. For a file or
 //! block device the lock is `flock(LOCK_EX)` on it (advisory: every `terrace` takes it;
 //! it holds between processes on one host and, on NFSv4, between clients). An NBD or S3
-//! backend has no such lock: it is left unfenced, and that is logged.
+//! backend has no such lock: a coordinated node refuses to serve one unless told to
+//! accept that (`HaConfig::unfenced_backends`), and then leaves it unfenced and logs so.
 //!
 //! # Invariants
 //! - F1: a write reaches the backend only while this fence holds the lock.

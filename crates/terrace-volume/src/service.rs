@@ -75,6 +75,15 @@ impl BackendSpec {
         })
     }
 
+    /// What kind of backend this is, in words.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendSpec::File(_) => "a file or block device",
+            BackendSpec::Nbd(_) => "an NBD server",
+            BackendSpec::S3(_) => "S3",
+        }
+    }
+
     /// The file a primary locks to fence earlier ones from the backend ([`crate::fence`]):
     /// a file or block device's own path; NBD and S3 backends have none.
     pub fn lock_path(&self) -> Option<PathBuf> {
@@ -147,6 +156,16 @@ impl Service {
                 return Err(VolumeError::Config(
                     "a coordinated node keeps copies: give it a replica listen address".into(),
                 ));
+            }
+            let unfenced = config.volumes.iter().find(|(_, s)| s.lock_path().is_none());
+            if let (Some((volume, spec)), false) = (unfenced, ha.unfenced_backends) {
+                return Err(VolumeError::Config(format!(
+                    "volume {}: its backend ({}) has no writer lock, so nothing would keep \
+                     an earlier primary, paused past its lease, from writing an older block \
+                     over a newer one there; accept that with --unfenced-backends",
+                    volume.name,
+                    spec.kind()
+                )));
             }
         }
         let (cache, restart) = Cache::open(CacheConfig::new(config.tiers.clone()))?;

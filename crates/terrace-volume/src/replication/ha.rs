@@ -89,6 +89,10 @@ pub struct HaConfig {
     /// the count of the node that places it first, and each primary waits as its own
     /// settings say.
     pub volumes: BTreeMap<String, VolumeReplication>,
+    /// Serve volumes whose backend has no writer lock (NBD, S3): no fence keeps an
+    /// earlier primary, paused past its lease, from writing an older block over a newer
+    /// one there ([`crate::fence`]). Without it such a volume is refused.
+    pub unfenced_backends: bool,
 }
 
 impl HaConfig {
@@ -248,6 +252,7 @@ mod tests {
                 ..ReplicationConfig::new(Vec::new())
             },
             volumes: BTreeMap::new(),
+            unfenced_backends: false,
         };
         ha.volumes
             .insert("db".into(), "replicas=5,ack-level=one".parse().unwrap());
