@@ -199,8 +199,21 @@ struct Trio {
     prim: ChildGuard,
 }
 
-impl Trio {
-    fn start() -> Trio {
+/// Three nodes' directories (a, b, c) under one root on the disk, and secondaries on b
+/// and c listening on ports of their own.
+struct ThreeNodes {
+    root: tempfile::TempDir,
+    a: std::path::PathBuf,
+    b: std::path::PathBuf,
+    c: std::path::PathBuf,
+    addr_b: String,
+    addr_c: String,
+    sec_b: ChildGuard,
+    sec_c: ChildGuard,
+}
+
+impl ThreeNodes {
+    fn start() -> ThreeNodes {
         let root = tempfile::Builder::new()
             .prefix("terrace-repl")
             .tempdir_in("/var/tmp")
@@ -211,17 +224,42 @@ impl Trio {
             d
         };
         let (a, b, c) = (node("a"), node("b"), node("c"));
-        let backend = root.path().join("shared.img");
-        std::fs::File::create(&backend)
-            .unwrap()
-            .set_len(BLOCKS * BS as u64)
-            .unwrap();
         let (addr_b, addr_c) = (
             format!("127.0.0.1:{}", free_port()),
             format!("127.0.0.1:{}", free_port()),
         );
         let sec_b = secondary(&b, &addr_b);
         let sec_c = secondary(&c, &addr_c);
+        ThreeNodes {
+            root,
+            a,
+            b,
+            c,
+            addr_b,
+            addr_c,
+            sec_b,
+            sec_c,
+        }
+    }
+}
+
+impl Trio {
+    fn start() -> Trio {
+        let ThreeNodes {
+            root,
+            a,
+            b,
+            c,
+            addr_b,
+            addr_c,
+            sec_b,
+            sec_c,
+        } = ThreeNodes::start();
+        let backend = root.path().join("shared.img");
+        std::fs::File::create(&backend)
+            .unwrap()
+            .set_len(BLOCKS * BS as u64)
+            .unwrap();
         let (link_b, link_c) = (Link::new(&addr_b), Link::new(&addr_c));
         let prim = primary(
             &a,
@@ -425,22 +463,16 @@ fn status_of(dir: &Path, name: &str) -> String {
 /// secondary back, db takes them again.
 #[test]
 fn a_volumes_own_replication_settings_override_the_nodes() {
-    let root = tempfile::Builder::new()
-        .prefix("terrace-repl")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let node = |n: &str| {
-        let d = root.path().join(n);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    };
-    let (a, b, c) = (node("a"), node("b"), node("c"));
-    let (addr_b, addr_c) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let _sec_b = secondary(&b, &addr_b);
-    let mut sec_c = secondary(&c, &addr_c);
+    let ThreeNodes {
+        root,
+        a,
+        c,
+        addr_b,
+        addr_c,
+        sec_b: _sec_b,
+        mut sec_c,
+        ..
+    } = ThreeNodes::start();
     let sock = a.join("nbd.sock");
     let mut args: Vec<String> = Vec::new();
     for v in ["db", "half", "scratch"] {
