@@ -85,6 +85,23 @@ fn unused_addr() -> String {
     probe.local_addr().unwrap().to_string()
 }
 
+/// A replica server started again at the address it had (first taken from port 0, so in
+/// the ephemeral range): while it was down, a connection may have taken that port — a
+/// primary's reconnect can even connect to itself there — until it is closed, so
+/// binding is retried for a while.
+fn restart_replica(addr: &str, dir: &Path) -> ReplicaServer {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ReplicaServer::start(addr, dir) {
+            Ok(server) => return server,
+            Err(e) if Instant::now() < deadline && e.to_string().contains("in use") => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("restarting the replica server at {addr}: {e}"),
+        }
+    }
+}
+
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !done() {
@@ -175,7 +192,7 @@ fn a_secondary_that_returns_is_resynced_from_its_bitmap() {
     let outage_bytes = (outage_blocks * BS) as u64;
     assert!(v.status().replication.unwrap().peers[0].dirty_bytes >= outage_bytes);
 
-    let r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+    let r1 = restart_replica(&addr.to_string(), nodes[1].path());
     wait_until("healthy again", || health(&v) == Health::Healthy);
     let after = v.status().replication.unwrap().peers[0].clone();
     assert_eq!(
@@ -214,7 +231,7 @@ fn below_min_replicas_writes_stop_and_reads_go_on() {
     v.read(0, &mut buf).unwrap();
     assert_eq!(buf, data);
 
-    let r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+    let r1 = restart_replica(&addr.to_string(), nodes[1].path());
     wait_until("healthy again", || health(&v) == Health::Healthy);
     v.write(BS as u64, &data, false).unwrap();
     let r = v.status().replication.unwrap();
@@ -272,7 +289,7 @@ fn a_release_that_waits_for_a_copy_blocks_no_read() {
     let status = within_10s("status", move || reader.status());
     assert!(status.dirty_bytes > 0, "nothing released: {status:?}");
 
-    let r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+    let r1 = restart_replica(&addr.to_string(), nodes[1].path());
     wait_until("healthy again", || health(&v) == Health::Healthy);
     v.drain(Duration::from_secs(20)).unwrap();
     assert_eq!(v.status().dirty_bytes, 0);
@@ -358,7 +375,7 @@ fn a_lost_copy_is_made_again_and_never_taken_over_nor_one_mid_resync() {
     // The secondary's copy is deleted while it is down.
     std::fs::remove_file(nodes[1].path().join("vol.log")).unwrap();
     write_blocks(&v, &mut rng, 50, &mut model);
-    let r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+    let r1 = restart_replica(&addr.to_string(), nodes[1].path());
     wait_until("healthy again", || health(&v) == Health::Healthy);
     let peer = v.status().replication.unwrap().peers[0].clone();
     assert_eq!(peer.compared_resyncs, 2, "the lost copy is compared again");
@@ -455,7 +472,7 @@ fn after_a_failover_the_old_copies_get_what_differs_not_the_whole_log() {
     write_blocks(&new, &mut rng, outage_blocks, &mut model);
     let mut outage_bytes = (outage_blocks * BS) as u64;
     // The old node returns, its log now a copy; writes go on while it is compared.
-    let r0 = ReplicaServer::start(&r0_addr, nodes[0].path()).unwrap();
+    let r0 = restart_replica(&r0_addr, nodes[0].path());
     let writer = {
         let new = Arc::clone(&new);
         let mut rng = common::Rng(0xbeef);
@@ -561,7 +578,7 @@ fn writes_in_flight_when_a_secondary_drops_reach_it_after_the_resync() {
         write_blocks(&v, &mut rng, 400, &mut model);
         stopper.join().unwrap();
         wait_until("degraded", || health(&v) == Health::Degraded);
-        r1 = ReplicaServer::start(&addr.to_string(), nodes[1].path()).unwrap();
+        r1 = restart_replica(&addr.to_string(), nodes[1].path());
         wait_until("healthy again", || health(&v) == Health::Healthy);
     }
     drop(v);
