@@ -112,16 +112,17 @@ impl HaConfig {
         let names = std::iter::once(None).chain(self.volumes.keys().map(Some));
         for name in names {
             let volume = name.map(String::as_str).unwrap_or_default();
-            let of = name.map_or(String::new(), |n| format!(" (volume {n})"));
+            // Named as the static settings' errors name it (`volume "db": …`).
+            let of = name.map_or(String::new(), |n| format!("volume {n:?}: "));
             let replicas = self.replicas_of(volume);
             if replicas < 2 {
                 return Err(VolumeError::Config(format!(
-                    "a coordinated volume needs 2 or more replicas{of}"
+                    "{of}a coordinated volume needs 2 or more replicas"
                 )));
             }
             if self.template_of(volume).min_replicas > replicas {
                 return Err(VolumeError::Config(format!(
-                    "min-replicas above replicas{of}"
+                    "{of}min-replicas above replicas"
                 )));
             }
         }
@@ -264,7 +265,7 @@ mod tests {
         for bad in ["replicas=1", "replicas=2,min-replicas=3", "min-replicas=4"] {
             ha.volumes.insert("x".into(), bad.parse().unwrap());
             let e = ha.check().unwrap_err().to_string();
-            assert!(e.contains("volume x"), "{bad}: {e}");
+            assert!(e.contains("volume \"x\": "), "{bad}: {e}");
         }
     }
 
