@@ -3,6 +3,8 @@
 //! unreachable node found and swept, a corrupt node named); `info` on a directory;
 //! `serve-volume` with a mode per volume.
 
+mod common;
+
 use std::os::unix::fs::FileExt;
 use std::process::{Command, Output};
 
@@ -184,21 +186,9 @@ fn serve_volume_refuses_replication_settings_it_cannot_apply() {
     let volume = format!("a=file:{}", img.display());
     // Each must be refused at start: a server that serves instead is killed after 20 s.
     let refused = |args: &[&str]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_terrace"))
-            .args(args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while child.try_wait().unwrap().is_none() {
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        child.wait_with_output().unwrap()
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_terrace"));
+        cmd.args(args);
+        common::run_with_timeout(cmd, std::time::Duration::from_secs(20))
     };
     for (settings, why) in [
         ("c=replicas=1", "no volume named \"c\""),
@@ -219,9 +209,9 @@ fn serve_volume_refuses_replication_settings_it_cannot_apply() {
             dir.path().to_str().unwrap(),
         ]);
         assert!(
-            !out.status.success() && text(&out).contains(why),
+            !out.success() && out.text().contains(why),
             "{settings}: {}",
-            text(&out)
+            out.text()
         );
     }
     // Under a coordinator, a backend no lock fences is served only when accepted (the
@@ -241,17 +231,19 @@ fn serve_volume_refuses_replication_settings_it_cannot_apply() {
     ];
     let out = refused(&coordinated);
     assert!(
-        !out.status.success()
-            && text(&out).contains("volume s: its backend (S3) has no writer lock")
-            && text(&out).contains("--unfenced-backends"),
+        !out.success()
+            && out
+                .text()
+                .contains("volume \"s\": its backend (S3) has no writer lock")
+            && out.text().contains("--unfenced-backends"),
         "{}",
-        text(&out)
+        out.text()
     );
     let out = refused(&["serve-volume", "--volume", &volume, "--unfenced-backends"]);
     assert!(
-        !out.status.success() && text(&out).contains("--etcd"),
+        !out.success() && out.text().contains("--etcd"),
         "{}",
-        text(&out)
+        out.text()
     );
 }
 

@@ -160,7 +160,7 @@ impl Service {
             let unfenced = config.volumes.iter().find(|(_, s)| s.lock_path().is_none());
             if let (Some((volume, spec)), false) = (unfenced, ha.unfenced_backends) {
                 return Err(VolumeError::Config(format!(
-                    "volume {}: its backend ({}) has no writer lock, so nothing would keep \
+                    "volume {:?}: its backend ({}) has no writer lock, so nothing would keep \
                      an earlier primary, paused past its lease, from writing an older block \
                      over a newer one there; accept that with --unfenced-backends",
                     volume.name,
